@@ -1,0 +1,36 @@
+"""``python -m engine`` / ``make run-engine``: configure logging, start, stop on a signal."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from engine.config import config_from_args
+from engine.server import EngineServer
+from pegaflow.errors import PegaflowError
+
+logger = logging.getLogger("engine")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = config_from_args(argv)
+    except PegaflowError as exc:
+        print(f"pegaflow engine: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = EngineServer(config)
+    except PegaflowError as exc:
+        logger.error("cannot start: %s", exc)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: server.request_stop())
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""One attached client as the engine sees it: its rings, its memory, its answers."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.copy.base import LayerPlacement
+from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
+from pegaflow.wire import COMPLETION
+
+
+@dataclass(slots=True)
+class ClientState:
+    slot: int
+    view: RingSegmentView
+    submissions: RingConsumer
+    completions: RingProducer
+    pid: int = 0
+    is_attached: bool = False
+    is_detached: bool = False
+    layers: dict[int, LayerPlacement] = field(default_factory=dict)
+    region_blocks: dict[int, int] = field(default_factory=dict)  # region id -> num blocks
+    page_bytes: int = 0
+    num_events: int = 0
+    num_inflight: int = 0
+    backlog: deque = field(default_factory=deque)
+    _record: np.void = field(default_factory=lambda: np.zeros(1, dtype=COMPLETION)[0])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def entry_bytes(self) -> int:
+        return self.num_layers * self.page_bytes
+
+    def is_complete(self) -> bool:
+        """All layers 0..n-1 registered, so blocks can be stored."""
+        return bool(self.layers) and max(self.layers) + 1 == len(self.layers)
+
+    def answer(self, request_id: int, opcode: int, status: int, num_items: int = 0,
+               value: int = 0, value2: int = 0, value3: int = 0) -> None:
+        """Queue exactly one completion; it is published now or on a later flush."""
+        self.backlog.append((request_id, opcode, status, num_items, value, value2, value3))
+        self.flush()
+
+    def flush(self) -> bool:
+        """Publish queued completions while the completion ring has room."""
+        rec = self._record
+        while self.backlog:
+            (rec["request_id"], rec["opcode"], rec["status"], rec["num_items"],
+             rec["value"], rec["value2"], rec["value3"]) = self.backlog[0]
+            if not self.completions.try_put(rec):
+                return False
+            self.backlog.popleft()
+        return True

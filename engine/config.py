@@ -1,0 +1,97 @@
+"""The engine's one frozen config: flags first, then ``PEGAFLOW_*`` env vars, then defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+
+from pegaflow.errors import ConfigError
+from pegaflow.shm import check_engine_name
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40,
+          "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' -> 4294967296; plain numbers are bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ConfigError(f"size {text!r}: expected a number with an optional unit like 512MiB or 4GiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    name: str = "pegaflow"
+    pool_bytes: int = 4 << 30
+    slab_bytes: int = 64 << 20
+    backend: str = "auto"
+    copy_backend: str = "auto"
+    log_level: str = "INFO"
+    num_slots: int = 64
+    ring_slots: int = 1024
+    arena_bytes: int = 8 << 20
+    lease_ttl_s: float = 120.0
+    idle_spin_s: float = 2e-3
+    housekeeping_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_engine_name(self.name)
+        if self.pool_bytes <= 0:
+            raise ConfigError(f"--pool-size must be positive, got {self.pool_bytes}")
+        if self.slab_bytes <= 0:
+            raise ConfigError(f"--slab-size must be positive, got {self.slab_bytes}")
+        if self.backend not in ("auto", "cuda", "host"):
+            raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
+        if self.copy_backend not in ("auto", "kernel", "copy-engine"):
+            raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose auto, kernel or copy-engine")
+        if not 1 <= self.num_slots <= 4096 or self.ring_slots < 2 or self.arena_bytes < 4096:
+            raise ConfigError("--max-clients, --ring-slots and --arena-size are out of range")
+        if self.lease_ttl_s <= 0:
+            raise ConfigError(f"--lease-ttl must be positive, got {self.lease_ttl_s}")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"PEGAFLOW_{name}", default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = EngineConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m engine",
+        description="pegaflow engine: keeps vLLM KV blocks in pinned host memory shared by "
+                    "every vLLM on this host.")
+    p.add_argument("--name", default=_env("NAME", d.name),
+                   help="engine name; clients attach by it (env PEGAFLOW_NAME; default %(default)s)")
+    p.add_argument("--pool-size", default=_env("POOL_SIZE", "4GiB"),
+                   help="host memory for KV blocks, e.g. 512MiB, 64GiB (env PEGAFLOW_POOL_SIZE; default %(default)s)")
+    p.add_argument("--slab-size", default=_env("SLAB_SIZE", "64MiB"),
+                   help="pool allocation unit per block size; clamped to the pool size (default %(default)s)")
+    p.add_argument("--backend", choices=["auto", "cuda", "host"], default=_env("BACKEND", d.backend),
+                   help="auto: cuda when a GPU is present, else host (default %(default)s)")
+    p.add_argument("--copy-backend", choices=["auto", "kernel", "copy-engine"],
+                   default=_env("COPY_BACKEND", d.copy_backend),
+                   help="cuda copy path; auto picks by page size (default %(default)s)")
+    p.add_argument("--max-clients", type=int, default=int(_env("MAX_CLIENTS", str(d.num_slots))),
+                   help="client slots (one per vLLM scheduler or worker; default %(default)s)")
+    p.add_argument("--ring-slots", type=int, default=d.ring_slots, help="commands per ring (default %(default)s)")
+    p.add_argument("--arena-size", default="8MiB", help="payload arena per client (default %(default)s)")
+    p.add_argument("--lease-ttl", type=float, default=float(_env("LEASE_TTL_S", str(d.lease_ttl_s))),
+                   help="seconds a lookup's lease pins its blocks if never used (default %(default)s)")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level),
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default %(default)s")
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> EngineConfig:
+    args = build_parser().parse_args(argv)
+    pool_bytes = parse_size(args.pool_size)
+    return EngineConfig(
+        name=args.name, pool_bytes=pool_bytes,
+        slab_bytes=min(parse_size(args.slab_size), pool_bytes),
+        backend=args.backend, copy_backend=args.copy_backend, log_level=args.log_level,
+        num_slots=args.max_clients, ring_slots=args.ring_slots,
+        arena_bytes=parse_size(args.arena_size), lease_ttl_s=args.lease_ttl)

@@ -1,0 +1,102 @@
+"""What the dispatcher asks of a copy backend: register memory, enqueue copies, poll.
+
+A backend only enqueues; it never blocks the dispatcher on a copy.  ``poll`` reports
+the copies that have finished.  Addresses are computed the same way by every backend:
+
+    client page (layer l, block b) = region base + layer.offset_bytes + b * layer.block_stride_bytes
+    pool page   (layer l, entry e) = pool base + e.offset + l * page_bytes
+
+``region base`` is the registered pointer: the allocation's base (the shared-memory
+segment, or what ``cuIpcOpenMemHandle`` returns) plus ``REGION.base_offset``; the
+backend adds ``base_offset``, ``LayerPlacement.offset_bytes`` never includes it.
+
+where ``l`` is the client's global layer index and pages are ``page_bytes`` contiguous
+bytes.  The pool holds one entry per block hash: ``num_layers * page_bytes`` bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class Direction(enum.IntEnum):
+    SAVE = 1  # client (GPU) pages -> pool
+    LOAD = 2  # pool -> client (GPU) pages
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlacement:
+    """Where one layer of a client's KV cache lives inside a registered region."""
+
+    layer: int
+    region_id: int
+    offset_bytes: int
+    block_stride_bytes: int
+
+
+@dataclass(slots=True)
+class CopyOp:
+    """One command's copies: the same blocks for every layer in ``layers``.
+
+    ``wait_event``: index in the client's shared event pool that the copy must wait for
+    before reading client memory (SAVE), or None.  ``record_events``: for LOAD, the
+    first index of ``len(layers)`` consecutive client events, one recorded after each
+    layer's copy is issued, or None.
+    """
+
+    token: int
+    direction: Direction
+    slot: int
+    layers: list[LayerPlacement]
+    page_bytes: int
+    block_ids: np.ndarray      # int64, the client's block ids
+    entry_offsets: np.ndarray  # int64, byte offsets of the pool entries
+    wait_event: int | None = None
+    record_events: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyDone:
+    token: int
+    error: str | None = None
+
+
+class CopyBackend(abc.ABC):
+    """Mechanism only: where bytes go is decided by the dispatcher and the index."""
+
+    name: str
+
+    @abc.abstractmethod
+    def attach_pool(self, pool_segment) -> None:
+        """Make the pool (a ``pegaflow.shm.Segment``) reachable by copies."""
+
+    @abc.abstractmethod
+    def register_region(self, slot: int, region_id: int, region: np.void) -> None:
+        """Open a client's memory (a ``wire.REGION`` record); raises on failure."""
+
+    @abc.abstractmethod
+    def register_events(self, slot: int, handles: np.ndarray) -> None:
+        """Open a client's pool of IPC events (``wire.EVENT_HANDLE`` records)."""
+
+    @abc.abstractmethod
+    def unregister_client(self, slot: int) -> None:
+        """Close everything ``slot`` registered (after its copies are done)."""
+
+    @abc.abstractmethod
+    def submit(self, op: CopyOp) -> None:
+        """Enqueue ``op``; its completion comes back through ``poll``."""
+
+    @abc.abstractmethod
+    def poll(self) -> list[CopyDone]:
+        """Ops finished since the last call; never blocks."""
+
+    @abc.abstractmethod
+    def num_inflight(self) -> int:
+        """Ops submitted and not yet reported by ``poll``."""
+
+    def close(self) -> None:
+        """Release every resource; called once at shutdown after in-flight work ends."""

@@ -1,0 +1,327 @@
+"""Commands in, index and copy work out, and exactly one completion per command.
+
+Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
+
+    ATTACH(arg=pid)            the handshake after a slot is claimed
+    REGISTER(region, layers)   a region of KV memory and where each layer's pages are
+    REGISTER_EVENTS(handles)   the client's pool of IPC events (cuda)
+    LOOKUP(ns, hashes)         -> value = contiguous READY prefix, value2 = lease id
+    RELEASE(arg=lease)         ends a lease
+    SAVE(ns, ids, hashes)      client pages -> pool, ``layer`` or ALL_LAYERS; answered when copied
+    LOAD(ns, ids, hashes)      pool -> client pages; answered when copied, or when issued if
+                               the client's events fence it (``event_index``)
+    PING, UNREGISTER, DETACH
+
+A bad command (unknown opcode, wrong version, payload past the arena, block id out of
+range, ...) is answered with its status and changes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.clients import ClientState
+from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction, LayerPlacement
+from engine.index import BlockIndex, Key
+from engine.stats import StatsWriter
+from pegaflow.errors import CommandError, PegaflowError
+from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, EVENT_HANDLE, HASH, LAYER, NO_EVENT, REGION,
+                           WIRE_VERSION, CommandFlag, Opcode, Status, hash_keys)
+
+logger = logging.getLogger(__name__)
+
+MAX_LAYERS = 1024
+
+
+@dataclass(slots=True)
+class PendingCopy:
+    client: ClientState
+    request_id: int
+    opcode: Opcode
+    keys: list[Key]
+    layer_mask: int
+    num_bytes: int
+    lease_id: int = 0
+    is_answered: bool = False
+    num_deduped: int = 0
+    num_dropped: int = 0
+
+
+def _reject(status: Status, message: str) -> CommandError:
+    return CommandError(status, message)
+
+
+class Dispatcher:
+    def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter):
+        self.index = index
+        self.backend = backend
+        self.stats = stats
+        self.pending: dict[int, PendingCopy] = {}
+        self._tokens = itertools.count(1)
+        self._handlers = {
+            Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
+            Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
+            Opcode.REGISTER_EVENTS: self._register_events, Opcode.LOOKUP: self._lookup,
+            Opcode.RELEASE: self._release, Opcode.SAVE: self._save, Opcode.LOAD: self._load,
+        }
+
+    def handle(self, client: ClientState, rec: np.void) -> None:
+        request_id, opcode = int(rec["request_id"]), int(rec["opcode"])
+        try:
+            status, values = self._dispatch(client, rec, opcode)
+        except CommandError as exc:
+            logger.debug("slot %d: %s rejected: %s", client.slot, opcode, exc)
+            status, values = Status(exc.status), (0, 0, 0)
+        if status is not None:
+            client.answer(request_id, opcode, status, int(rec["num_items"]), *values)
+            self.stats.count_command(opcode, status)
+
+    def _dispatch(self, client: ClientState, rec: np.void, opcode: int):
+        if int(rec["version"]) != WIRE_VERSION:
+            raise _reject(Status.BAD_VERSION, f"wire version {int(rec['version'])}")
+        handler = self._handlers.get(opcode)
+        if handler is None:
+            raise _reject(Status.BAD_OPCODE, f"unknown opcode {opcode}")
+        if not client.is_attached and opcode != Opcode.ATTACH:
+            raise _reject(Status.NOT_ATTACHED, "ATTACH first")
+        return handler(client, rec, self._payload(client, rec))
+
+    def _payload(self, client: ClientState, rec: np.void) -> np.ndarray:
+        offset, num_bytes = int(rec["payload_offset"]), int(rec["payload_bytes"])
+        arena = client.view.arena
+        if offset + num_bytes > len(arena):
+            raise _reject(Status.BAD_PAYLOAD, f"payload [{offset}, +{num_bytes}) past the arena")
+        return arena[offset:offset + num_bytes].copy()
+
+    def _ping(self, client, rec, payload):
+        return Status.OK, (len(self.pending), 0, 0)
+
+    def _attach(self, client, rec, payload):
+        client.pid, client.is_attached = int(rec["arg"]), True
+        return Status.OK, (0, 0, 0)
+
+    def _detach(self, client, rec, payload):
+        self.release_client(client)
+        client.is_attached = False
+        return Status.OK, (0, 0, 0)
+
+    def release_client(self, client: ClientState) -> None:
+        self.index.release_slot(client.slot)
+        if client.num_inflight == 0:
+            self.backend.unregister_client(client.slot)
+        client.layers.clear()
+        client.region_blocks.clear()
+        client.page_bytes = client.num_events = 0
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def _register(self, client, rec, payload):
+        num_layers = int(rec["num_items"])
+        if len(payload) != REGION.itemsize + num_layers * LAYER.itemsize or not 0 < num_layers <= MAX_LAYERS:
+            raise _reject(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
+        region = payload[:REGION.itemsize].view(REGION)[0]
+        layers = payload[REGION.itemsize:].view(LAYER)
+        page_bytes = self._check_region(client, region, layers)
+        try:
+            self.backend.register_region(client.slot, int(rec["region_id"]), region)
+        except PegaflowError as exc:
+            raise _reject(Status.BAD_ARGUMENT, f"cannot open region: {exc}") from exc
+        client.page_bytes = page_bytes
+        client.region_blocks[int(rec["region_id"])] = int(region["num_blocks"])
+        for layer in layers:
+            client.layers[int(layer["layer"])] = LayerPlacement(
+                int(layer["layer"]), int(rec["region_id"]), int(layer["offset_bytes"]),
+                int(layer["block_stride_bytes"]))
+        logger.info("slot %d (pid %d) registered region %d: %d layers x %d blocks, %d-byte pages",
+                    client.slot, client.pid, int(rec["region_id"]), num_layers,
+                    int(region["num_blocks"]), page_bytes)
+        return Status.OK, (0, 0, 0)
+
+    def _check_region(self, client: ClientState, region: np.void, layers: np.ndarray) -> int:
+        page, num_blocks = int(region["page_bytes"]), int(region["num_blocks"])
+        limit = int(region["alloc_bytes"]) - int(region["base_offset"])
+        if page <= 0 or num_blocks <= 0 or limit <= 0:
+            raise _reject(Status.BAD_ARGUMENT, "region needs positive page size, blocks and bytes")
+        if client.page_bytes and page != client.page_bytes:
+            raise _reject(Status.BAD_ARGUMENT, f"page size {page} != {client.page_bytes} registered")
+        offsets, strides = layers["offset_bytes"], layers["block_stride_bytes"]
+        last = offsets + (num_blocks - 1) * strides + page
+        if (offsets < 0).any() or (strides < page).any() or (last > limit).any():
+            raise _reject(Status.BAD_ARGUMENT, "a layer's pages overlap or fall outside the region")
+        if (layers["layer"] >= MAX_LAYERS).any() or len(np.unique(layers["layer"])) != len(layers):
+            raise _reject(Status.BAD_ARGUMENT, "layer indices repeat or exceed the maximum")
+        if any(int(i) in client.layers for i in layers["layer"]):
+            raise _reject(Status.BAD_ARGUMENT, "a layer is already registered")
+        self.index.pool.check_entry_bytes(page * (len(client.layers) + len(layers)))
+        return page
+
+    def _unregister(self, client, rec, payload):
+        if client.num_inflight:
+            raise _reject(Status.BAD_ARGUMENT, "copies still in flight")
+        self.release_client(client)
+        return Status.OK, (0, 0, 0)
+
+    def _register_events(self, client, rec, payload):
+        num_events = int(rec["num_items"])
+        if len(payload) != num_events * EVENT_HANDLE.itemsize:
+            raise _reject(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
+        try:
+            self.backend.register_events(client.slot, payload.view(EVENT_HANDLE))
+        except PegaflowError as exc:
+            raise _reject(Status.BAD_ARGUMENT, f"cannot open events: {exc}") from exc
+        client.num_events = num_events
+        return Status.OK, (0, 0, 0)
+
+    # -- blocks ---------------------------------------------------------------------------
+
+    def _keys(self, rec: np.void, records: np.ndarray) -> list[Key]:
+        namespace = int(rec["namespace"])
+        if (records["length"] == 0).any() or (records["length"] > 32).any():
+            raise _reject(Status.BAD_PAYLOAD, "a hash record has a bad length")
+        return [(namespace, key) for key in hash_keys(records)]
+
+    def _lookup(self, client, rec, payload):
+        num_items = int(rec["num_items"])
+        if len(payload) != num_items * HASH.itemsize:
+            raise _reject(Status.BAD_PAYLOAD, "LOOKUP wants num_items hash records")
+        num_hits, lease_id = self.index.lookup(client.slot, self._keys(rec, payload.view(HASH)))
+        self.stats.add("lookups")
+        self.stats.add("lookup_blocks", num_items)
+        self.stats.add("lookup_hit_blocks", num_hits)
+        return Status.OK, (num_hits, lease_id, 0)
+
+    def _release(self, client, rec, payload):
+        if not self.index.release(int(rec["arg"])):
+            raise _reject(Status.UNKNOWN_LEASE, f"no lease {int(rec['arg'])}")
+        return Status.OK, (0, 0, 0)
+
+    def _blocks(self, client: ClientState, rec: np.void, payload: np.ndarray):
+        """Validated (block ids, keys, layer placements, layer mask) of a SAVE or LOAD."""
+        num_items = int(rec["num_items"])
+        if len(payload) != num_items * (BLOCK_ID.itemsize + HASH.itemsize):
+            raise _reject(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
+        if not client.is_complete():
+            raise _reject(Status.UNKNOWN_REGION, "register every layer's KV memory first")
+        split = num_items * BLOCK_ID.itemsize
+        block_ids = payload[:split].view(BLOCK_ID).astype(np.int64)
+        layer = int(rec["layer"])
+        if layer == ALL_LAYERS:
+            placements = [client.layers[i] for i in range(client.num_layers)]
+        elif layer in client.layers:
+            placements = [client.layers[layer]]
+        else:
+            raise _reject(Status.BAD_ARGUMENT, f"layer {layer} is not registered")
+        limit = min(client.region_blocks[p.region_id] for p in placements)
+        if num_items and (block_ids.min() < 0 or block_ids.max() >= limit):
+            raise _reject(Status.BLOCK_OUT_OF_RANGE, f"block ids must lie in [0, {limit})")
+        mask = sum(1 << p.layer for p in placements)
+        return block_ids, self._keys(rec, payload[split:].view(HASH)), placements, mask
+
+    def _check_event(self, client: ClientState, rec: np.void, count: int) -> int | None:
+        index = int(rec["event_index"])
+        if index == NO_EVENT:
+            return None
+        if index + count > client.num_events:
+            raise _reject(Status.BAD_ARGUMENT, f"event {index}+{count} outside the client's pool")
+        return index
+
+    def _save(self, client, rec, payload):
+        block_ids, keys, placements, mask = self._blocks(client, rec, payload)
+        wait_event = self._check_event(client, rec, 1)
+        chosen_ids, chosen_keys, offsets, deduped, dropped = [], [], [], 0, 0
+        for block_id, key in zip(block_ids.tolist(), keys):
+            entry = self.index.reserve(key, client.entry_bytes, client.num_layers, client.slot)
+            if entry is None:
+                dropped += 1
+            elif entry.is_ready or not mask & ~(entry.done_mask | entry.pending_mask):
+                deduped += 1
+            else:
+                entry.pending_mask |= mask
+                chosen_ids.append(block_id)
+                chosen_keys.append(key)
+                offsets.append(entry.offset)
+        self.stats.add("save_dedup_blocks", deduped)
+        self.stats.add("save_dropped_blocks", dropped)
+        pending = PendingCopy(client, int(rec["request_id"]), Opcode.SAVE, chosen_keys, mask,
+                              len(chosen_ids) * len(placements) * client.page_bytes,
+                              num_deduped=deduped, num_dropped=dropped)
+        op = CopyOp(0, Direction.SAVE, client.slot, placements, client.page_bytes,
+                    np.array(chosen_ids, np.int64), np.array(offsets, np.int64), wait_event=wait_event)
+        return self._submit(pending, op)
+
+    def _load(self, client, rec, payload):
+        block_ids, keys, placements, mask = self._blocks(client, rec, payload)
+        record_events = self._check_event(client, rec, len(placements))
+        entries = [self.index.get_ready(key) for key in keys]
+        missing = [i for i, entry in enumerate(entries) if entry is None]
+        if missing:
+            raise _reject(Status.MISSING_BLOCK, f"{len(missing)} of {len(keys)} blocks are not stored")
+        if any(entry.entry_bytes != client.entry_bytes for entry in entries):
+            raise _reject(Status.BAD_ARGUMENT, "stored blocks have another geometry")
+        lease_id = int(rec["arg"]) if int(rec["flags"]) & CommandFlag.RELEASE_LEASE else 0
+        self.index.pin(keys)
+        pending = PendingCopy(client, int(rec["request_id"]), Opcode.LOAD, keys, mask,
+                              len(keys) * len(placements) * client.page_bytes, lease_id=lease_id)
+        op = CopyOp(0, Direction.LOAD, client.slot, placements, client.page_bytes, block_ids,
+                    np.array([e.offset for e in entries], np.int64), record_events=record_events)
+        return self._submit(pending, op)
+
+    def _submit(self, pending: PendingCopy, op: CopyOp):
+        """Hand ``op`` to the backend; the answer comes from ``on_copy_done`` (or now, if fenced)."""
+        if len(op.block_ids) == 0:
+            self._finish(pending, None)
+            return Status.OK, (0, pending.num_deduped, pending.num_dropped)
+        op.token = next(self._tokens)
+        try:
+            self.backend.submit(op)
+        except PegaflowError as exc:
+            logger.error("slot %d: %s of %d blocks failed to start: %s", pending.client.slot,
+                         pending.opcode.name, len(op.block_ids), exc)
+            self._finish(pending, str(exc))
+            raise _reject(Status.COPY_FAILED, str(exc)) from exc
+        self.pending[op.token] = pending
+        pending.client.num_inflight += 1
+        self.stats.set("inflight_copies", len(self.pending))
+        if op.record_events is not None:
+            pending.is_answered = True
+            return Status.OK, (len(pending.keys), 0, 0)
+        return None, None
+
+    def on_copy_done(self, done: CopyDone) -> None:
+        pending = self.pending.pop(done.token)
+        pending.client.num_inflight -= 1
+        self.stats.set("inflight_copies", len(self.pending))
+        self._finish(pending, done.error)
+        if pending.is_answered:
+            if done.error:
+                logger.error("slot %d: fenced LOAD failed after issue: %s", pending.client.slot, done.error)
+            return
+        status = Status.OK if done.error is None else Status.COPY_FAILED
+        pending.client.answer(pending.request_id, pending.opcode, status, len(pending.keys),
+                              len(pending.keys), pending.num_deduped, pending.num_dropped)
+        self.stats.count_command(pending.opcode, status)
+
+    def _finish(self, pending: PendingCopy, error: str | None) -> None:
+        """Index bookkeeping once a copy is over (or never started)."""
+        if pending.opcode == Opcode.LOAD:
+            self.index.unpin(pending.keys)
+            if pending.lease_id:
+                self.index.release(pending.lease_id)
+            if error is None:
+                self.stats.add("bytes_loaded", pending.num_bytes)
+                if pending.layer_mask & 1:
+                    self.stats.add("blocks_loaded", len(pending.keys))
+            return
+        for key in pending.keys:
+            if error is None:
+                was_ready = self.index.entries[key].is_ready
+                self.index.mark_layers_done(key, pending.layer_mask)
+                self.stats.add("blocks_saved", int(self.index.entries[key].is_ready and not was_ready))
+            else:
+                self.index.abandon_layers(key, pending.layer_mask)
+        if error is None:
+            self.stats.add("bytes_saved", pending.num_bytes)

@@ -1,0 +1,33 @@
+"""Eviction policy: which stored block to give up first (least recently used).
+
+Policy only: it orders keys and never frees memory; the index asks it for victims and
+skips any that a lease or an in-flight copy still holds.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator
+
+
+class LruPolicy:
+    def __init__(self) -> None:
+        self._order: OrderedDict[Hashable, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def insert(self, key: Hashable) -> None:
+        self._order[key] = None
+        self._order.move_to_end(key)
+
+    def touch(self, key: Hashable) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def remove(self, key: Hashable) -> None:
+        self._order.pop(key, None)
+
+    def candidates(self) -> Iterator[Hashable]:
+        """Keys from least to most recently used (a snapshot: safe to remove while iterating)."""
+        return iter(list(self._order))

@@ -1,0 +1,156 @@
+"""The block index: ``(namespace, hash)`` -> pool entry, with refcounts and leases.
+
+An entry is WRITING until every layer of it has been copied into the pool, and only
+then READY: lookups and loads see READY entries only.  ``refs`` counts leases and
+in-flight copies; an entry with refs is never evicted.  Leases are created by LOOKUP,
+pin the contiguous hit prefix, and end on RELEASE, on the LOAD that uses them, when
+their client goes away, or at expiry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+from engine.eviction import LruPolicy
+from engine.pool import PagePool
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[int, bytes]
+
+
+@dataclass(slots=True)
+class Entry:
+    offset: int
+    entry_bytes: int
+    all_layers_mask: int
+    owner_slot: int
+    done_mask: int = 0
+    pending_mask: int = 0
+    refs: int = 0
+
+    @property
+    def is_ready(self) -> bool:
+        return self.done_mask == self.all_layers_mask
+
+
+@dataclass(slots=True)
+class Lease:
+    lease_id: int
+    slot: int
+    keys: list[Key]
+    expires_at: float
+
+
+@dataclass(slots=True)
+class IndexCounters:
+    evictions: int = 0
+    lease_expiries: int = 0
+
+
+@dataclass(slots=True)
+class BlockIndex:
+    pool: PagePool
+    lease_ttl_s: float
+    entries: dict[Key, Entry] = field(default_factory=dict)
+    leases: dict[int, Lease] = field(default_factory=dict)
+    policy: LruPolicy = field(default_factory=LruPolicy)
+    counters: IndexCounters = field(default_factory=IndexCounters)
+    _lease_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def get_ready(self, key: Key) -> Entry | None:
+        entry = self.entries.get(key)
+        return entry if entry is not None and entry.is_ready else None
+
+    def lookup(self, slot: int, keys: list[Key]) -> tuple[int, int]:
+        """Pin the READY prefix of ``keys`` under a new lease: (num hits, lease id or 0)."""
+        num_hits = 0
+        for key in keys:
+            if self.get_ready(key) is None:
+                break
+            num_hits += 1
+        if num_hits == 0:
+            return 0, 0
+        hit_keys = keys[:num_hits]
+        for key in hit_keys:
+            self.entries[key].refs += 1
+            self.policy.touch(key)
+        lease_id = next(self._lease_ids)
+        self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s)
+        return num_hits, lease_id
+
+    def release(self, lease_id: int) -> bool:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return False
+        self.unpin(lease.keys)
+        return True
+
+    def pin(self, keys: list[Key]) -> None:
+        for key in keys:
+            self.entries[key].refs += 1
+
+    def unpin(self, keys: list[Key]) -> None:
+        for key in keys:
+            entry = self.entries[key]
+            entry.refs -= 1
+            assert entry.refs >= 0, f"refcount of {key!r} went negative"
+
+    def expire_leases(self, now: float) -> int:
+        expired = [lease_id for lease_id, lease in self.leases.items() if lease.expires_at <= now]
+        for lease_id in expired:
+            self.release(lease_id)
+        self.counters.lease_expiries += len(expired)
+        return len(expired)
+
+    def release_slot(self, slot: int) -> None:
+        """A client went away: end its leases and drop the blocks it left half-written."""
+        for lease_id in [i for i, lease in self.leases.items() if lease.slot == slot]:
+            self.release(lease_id)
+        for key, entry in list(self.entries.items()):
+            if entry.owner_slot == slot and not entry.is_ready and entry.pending_mask == 0:
+                self._drop(key)
+
+    def reserve(self, key: Key, entry_bytes: int, num_layers: int, slot: int) -> Entry | None:
+        """The entry for ``key``, allocating (and evicting) if absent; None if the pool is full."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            return entry if entry.entry_bytes == entry_bytes else None
+        offset = self.pool.try_alloc(entry_bytes)
+        while offset is None and self._evict_one():
+            offset = self.pool.try_alloc(entry_bytes)
+        if offset is None:
+            return None
+        entry = Entry(offset, entry_bytes, (1 << num_layers) - 1, slot)
+        self.entries[key] = entry
+        return entry
+
+    def _evict_one(self) -> bool:
+        for key in self.policy.candidates():
+            if self.entries[key].refs == 0:
+                self._drop(key)
+                self.counters.evictions += 1
+                return True
+        return False
+
+    def _drop(self, key: Key) -> None:
+        entry = self.entries.pop(key)
+        self.policy.remove(key)
+        self.pool.free(entry.offset)
+
+    def mark_layers_done(self, key: Key, mask: int) -> None:
+        entry = self.entries[key]
+        entry.pending_mask &= ~mask
+        entry.done_mask |= mask
+        if entry.is_ready:
+            self.policy.insert(key)
+
+    def abandon_layers(self, key: Key, mask: int) -> None:
+        """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""
+        entry = self.entries[key]
+        entry.pending_mask &= ~mask
+        if not entry.is_ready and entry.pending_mask == 0 and entry.done_mask == 0:
+            self._drop(key)

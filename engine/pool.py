@@ -1,0 +1,83 @@
+"""The page pool: where block entries live in the pinned host segment.
+
+Mechanism only (no policy): the pool is cut into slabs of ``slab_bytes``; a slab serves
+one entry size at a time (one entry = every layer of one block, ``num_layers *
+page_bytes``), so engines serving several models do not fragment.  A slab whose
+entries are all free goes back to the shared free list.  Entry ids are byte offsets
+into the pool segment.  Which entry to give up when full is the index's and the
+eviction policy's business, not the pool's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pegaflow.errors import ConfigError
+
+
+@dataclass(slots=True)
+class _Slab:
+    entry_bytes: int
+    free_slots: list[int] = field(default_factory=list)
+    num_used: int = 0
+
+
+class PagePool:
+    def __init__(self, pool_bytes: int, slab_bytes: int):
+        if slab_bytes > pool_bytes:
+            raise ConfigError(f"slab of {slab_bytes} bytes exceeds the {pool_bytes}-byte pool")
+        self.pool_bytes = pool_bytes
+        self.slab_bytes = slab_bytes
+        self.num_slabs = pool_bytes // slab_bytes
+        self._free_slabs = list(range(self.num_slabs - 1, -1, -1))
+        self._slabs: dict[int, _Slab] = {}
+        self._partial: dict[int, set[int]] = {}  # entry_bytes -> slabs with a free slot
+        self.bytes_used = 0
+        self.num_entries = 0
+
+    @property
+    def bytes_total(self) -> int:
+        return self.num_slabs * self.slab_bytes
+
+    def check_entry_bytes(self, entry_bytes: int) -> None:
+        if not 0 < entry_bytes <= self.slab_bytes:
+            raise ConfigError(f"a block of {entry_bytes} bytes does not fit a "
+                              f"{self.slab_bytes}-byte slab: raise --slab-size")
+
+    def try_alloc(self, entry_bytes: int) -> int | None:
+        """Offset of a free entry of ``entry_bytes``, or None when the pool is full."""
+        self.check_entry_bytes(entry_bytes)
+        partial = self._partial.setdefault(entry_bytes, set())
+        if not partial:
+            if not self._free_slabs:
+                return None
+            slab_id = self._free_slabs.pop()
+            per_slab = self.slab_bytes // entry_bytes
+            self._slabs[slab_id] = _Slab(entry_bytes, list(range(per_slab - 1, -1, -1)))
+            partial.add(slab_id)
+        slab_id = next(iter(partial))
+        slab = self._slabs[slab_id]
+        index = slab.free_slots.pop()
+        slab.num_used += 1
+        if not slab.free_slots:
+            partial.discard(slab_id)
+        self.bytes_used += entry_bytes
+        self.num_entries += 1
+        return slab_id * self.slab_bytes + index * entry_bytes
+
+    def free(self, offset: int) -> None:
+        slab_id, within = divmod(offset, self.slab_bytes)
+        slab = self._slabs[slab_id]
+        index, rest = divmod(within, slab.entry_bytes)
+        assert rest == 0, f"entry offset {offset} is not on an entry boundary"
+        slab.free_slots.append(index)
+        slab.num_used -= 1
+        self.bytes_used -= slab.entry_bytes
+        self.num_entries -= 1
+        partial = self._partial[slab.entry_bytes]
+        if slab.num_used == 0:
+            partial.discard(slab_id)
+            del self._slabs[slab_id]
+            self._free_slabs.append(slab_id)
+        else:
+            partial.add(slab_id)

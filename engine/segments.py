@@ -1,0 +1,136 @@
+"""Everything the engine creates in shared memory, created once and unlinked once.
+
+Start-up claims the engine's name by creating the control segment exclusively.  If it
+exists, the pid in its header decides: a live engine means refuse to start, a dead one
+means a crash left the name behind, and its segments are removed first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+
+import numpy as np
+import posix_ipc
+
+from engine.config import EngineConfig
+from pegaflow import shm
+from pegaflow.client import is_pid_alive
+from pegaflow.errors import EngineAlreadyRunningError, WireVersionError
+from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
+from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT, STATS,
+                           WIRE_VERSION, SlotState)
+
+logger = logging.getLogger(__name__)
+
+
+def _what_names(config: EngineConfig) -> tuple[list[str], list[str]]:
+    segments = ["control", "stats", "pool"] + [f"ring.{i}" for i in range(config.num_slots)]
+    semaphores = ["lock", "doorbell"] + [f"cq.{i}" for i in range(config.num_slots)]
+    return segments, semaphores
+
+
+class EngineSegments:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.epoch = secrets.randbits(63) or 1
+        self._segments: list[shm.Segment] = []
+        self._semaphores: list[str] = []
+        self.control = self._create_control()
+        try:
+            self._create_rest()
+        except BaseException:
+            self.unlink_all()
+            raise
+
+    def _create_control(self) -> shm.Segment:
+        size = CONTROL_HEADER.itemsize + self.config.num_slots * SLOT.itemsize
+        name = shm.ipc_name(self.config.name, "control")
+        try:
+            segment = shm.create_segment(name, size)
+        except posix_ipc.ExistentialError:
+            self._remove_stale(name)
+            segment = shm.create_segment(name, size)
+        self._segments.append(segment)
+        return segment
+
+    def _remove_stale(self, control_name: str) -> None:
+        old = shm.attach_segment(control_name, readonly=True)
+        try:
+            header = old.array(CONTROL_HEADER, 1)[0].copy()
+        finally:
+            old.close()
+        pid = int(header["engine_pid"])
+        if int(header["magic"]) == MAGIC and pid and pid != os.getpid() and is_pid_alive(pid):
+            raise EngineAlreadyRunningError(
+                f"an engine named {self.config.name!r} is already running (pid {pid}); "
+                f"stop it or start this one with another --name")
+        logger.warning("removing segments left by a dead engine named %r (pid %d)",
+                       self.config.name, pid)
+        segments, semaphores = _what_names(self.config)
+        for what in segments:
+            shm.unlink_segment(shm.ipc_name(self.config.name, what))
+        for what in semaphores:
+            shm.unlink_semaphore(shm.ipc_name(self.config.name, what))
+
+    def _create_rest(self) -> None:
+        cfg = self.config
+        self.stats = self._segment("stats", STATS.itemsize)
+        self.pool = self._segment("pool", cfg.pool_bytes)
+        ring_bytes = ring_segment_bytes(cfg.ring_slots, cfg.arena_bytes)
+        self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
+                                      cfg.arena_bytes) for i in range(cfg.num_slots)]
+        for view in self.rings:
+            self.reset_ring(view)
+        self.lock = self._semaphore("lock", initial=1)
+        self.doorbell = self._semaphore("doorbell")
+        self.completion_bells = [self._semaphore(f"cq.{i}") for i in range(cfg.num_slots)]
+        self.slots = self.control.array(SLOT, cfg.num_slots, CONTROL_HEADER.itemsize)
+        self.header = self.control.array(CONTROL_HEADER, 1)
+        self.header[0] = (MAGIC, WIRE_VERSION, cfg.num_slots, FINGERPRINT, os.getpid(), self.epoch,
+                          time.time_ns(), cfg.ring_slots, 0, cfg.arena_bytes)
+
+    def _segment(self, what: str, size: int) -> shm.Segment:
+        segment = shm.create_segment(shm.ipc_name(self.config.name, what), size)
+        self._segments.append(segment)
+        return segment
+
+    def _semaphore(self, what: str, initial: int = 0) -> posix_ipc.Semaphore:
+        name = shm.ipc_name(self.config.name, what)
+        sem = shm.create_semaphore(name, initial)
+        self._semaphores.append(name)
+        return sem
+
+    def reset_ring(self, view: RingSegmentView) -> None:
+        reset_slots(view.submissions)
+        reset_slots(view.completions)
+        header = view.header[0]
+        view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
+                          int(header["generation"]) + 1)
+
+    def check_ring(self, view: RingSegmentView) -> None:
+        header = view.header[0]
+        if int(header["magic"]) != MAGIC or int(header["version"]) != WIRE_VERSION:
+            raise WireVersionError("ring segment header was overwritten")
+
+    def mark_stopping(self) -> None:
+        self.header["is_stopping"] = 1
+
+    def unlink_all(self) -> None:
+        """Unlink every segment and semaphore this engine created (its name becomes free)."""
+        for segment in self._segments:
+            shm.unlink_segment(segment.name)
+        for name in self._semaphores:
+            shm.unlink_semaphore(name)
+        self._segments.clear()
+        self._semaphores.clear()
+
+    def free_slot(self, slot: int) -> None:
+        self.slots["pid"][slot] = 0
+        self.slots["generation"][slot] += 1
+        self.slots["state"][slot] = SlotState.FREE
+
+    def claimed_slots(self) -> np.ndarray:
+        return np.flatnonzero(self.slots["state"] == SlotState.CLAIMED)

@@ -1,0 +1,178 @@
+"""The engine's main loop: drain every client ring, poll copies, keep house, sleep when idle.
+
+One thread does everything, so the index, pool and stats need no locks.  The loop spins
+while there is work (and for ``idle_spin_s`` after it), then sleeps on the shared
+doorbell that every client rings after submitting, waking at least every
+``housekeeping_s`` to expire leases, reclaim dead clients' slots and accept new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from engine.clients import ClientState
+from engine.config import EngineConfig
+from engine.copy import make_backend
+from engine.copy.base import CopyBackend
+from engine.dispatcher import Dispatcher
+from engine.index import BlockIndex
+from engine.pool import PagePool
+from engine.segments import EngineSegments
+from engine.stats import StatsWriter
+from pegaflow.client import is_pid_alive
+from pegaflow.ring import Doorbell, RingConsumer, RingProducer, wait_until
+from pegaflow.wire import STATS, Opcode, SlotState, Status
+
+logger = logging.getLogger(__name__)
+
+MAX_COMMANDS_PER_CLIENT_ROUND = 64
+SHUTDOWN_DRAIN_S = 5.0
+
+
+class EngineServer:
+    def __init__(self, config: EngineConfig, backend: CopyBackend | None = None):
+        self.config = config
+        self.segments = EngineSegments(config)
+        try:
+            self.backend = backend or make_backend(config.backend, config.copy_backend)
+            self.backend.attach_pool(self.segments.pool)
+        except BaseException:
+            self.segments.unlink_all()
+            raise
+        self.stats = StatsWriter(self.segments.stats.array(STATS, 1))
+        self.stats.set("pool_bytes_total", config.pool_bytes)
+        self.index = BlockIndex(PagePool(config.pool_bytes, config.slab_bytes), config.lease_ttl_s)
+        self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
+        self.clients: dict[int, ClientState] = {}
+        self.doorbell = Doorbell(self.segments.doorbell)
+        self.is_stopping = False
+        self._next_housekeeping = 0.0
+        logger.info("engine %r ready: %s backend, pool %.1f GiB, %d client slots",
+                    config.name, self.backend.name, config.pool_bytes / 2**30, config.num_slots)
+
+    def request_stop(self) -> None:
+        self.is_stopping = True
+
+    def serve_forever(self) -> None:
+        last_work = time.monotonic()
+        while not self.is_stopping:
+            now = time.monotonic()
+            if self.run_once(now):
+                last_work = now
+            elif now - last_work > self.config.idle_spin_s:
+                self._sleep(now)
+        self.shutdown()
+
+    def run_once(self, now: float) -> bool:
+        did_work = self._drain_rings()
+        for done in self.backend.poll():
+            self.dispatcher.on_copy_done(done)
+            did_work = True
+        for client in self.clients.values():
+            client.flush()
+        if now >= self._next_housekeeping:
+            self._housekeeping(now)
+        return did_work
+
+    def _sleep(self, now: float) -> None:
+        if self.backend.num_inflight():
+            time.sleep(20e-6)
+            return
+        deadline = min(self._next_housekeeping, now + self.config.housekeeping_s)
+        wait_until(self._has_submissions, self.doorbell, deadline)
+
+    def _has_submissions(self) -> bool:
+        return (any(c.submissions.is_ready() for c in self.clients.values())
+                or len(self.segments.claimed_slots()) > 0)
+
+    def _drain_rings(self) -> bool:
+        self._accept_claims()
+        did_work = False
+        for client in list(self.clients.values()):
+            for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
+                rec = client.submissions.try_get()
+                if rec is None:
+                    break
+                did_work = True
+                self._handle(client, rec)
+        return did_work
+
+    def _handle(self, client: ClientState, rec) -> None:
+        try:
+            self.dispatcher.handle(client, rec)
+        except Exception:  # boundary: one bad command must not take the engine down
+            logger.exception("slot %d: internal error on opcode %d", client.slot, int(rec["opcode"]))
+            client.answer(int(rec["request_id"]), int(rec["opcode"]), Status.INTERNAL)
+            self.stats.count_command(int(rec["opcode"]), Status.INTERNAL)
+        if int(rec["opcode"]) == Opcode.DETACH:
+            client.is_detached = True
+            self._retire(client)
+
+    def _accept_claims(self) -> None:
+        for slot in self.segments.claimed_slots().tolist():
+            view = self.segments.rings[slot]
+            self.segments.reset_ring(view)
+            bell = Doorbell(self.segments.completion_bells[slot])
+            bell.drain()
+            self.clients[slot] = ClientState(slot, view, RingConsumer(view.submissions),
+                                             RingProducer(view.completions, bell),
+                                             pid=int(self.segments.slots["pid"][slot]))
+            self.segments.slots["state"][slot] = SlotState.ACTIVE
+            self.stats.set("clients_attached", len(self.clients))
+            logger.info("client slot %d claimed by pid %d", slot, self.clients[slot].pid)
+
+    def _retire(self, client: ClientState, force: bool = False) -> None:
+        """A DETACHed client: its slot is free once it has read its last completion."""
+        is_read = client.completions.is_consumed(client.completions.position - 1)
+        if client.num_inflight or not (force or (is_read and not client.backlog)):
+            return
+        self.clients.pop(client.slot, None)
+        self.segments.free_slot(client.slot)
+        self.stats.set("clients_attached", len(self.clients))
+        logger.info("client slot %d (pid %d) detached", client.slot, client.pid)
+
+    def _housekeeping(self, now: float) -> None:
+        self._next_housekeeping = now + self.config.housekeeping_s
+        self.index.expire_leases(now)
+        for client in list(self.clients.values()):
+            is_alive = is_pid_alive(client.pid)
+            if client.is_detached:
+                self._retire(client, force=not is_alive)
+            elif not is_alive:
+                self._reclaim_dead(client)
+        stats, pool = self.stats, self.index.pool
+        stats.set("pool_bytes_used", pool.bytes_used)
+        stats.set("pool_blocks_used", pool.num_entries)
+        stats.set("leases_active", len(self.index.leases))
+        stats.set("evictions", self.index.counters.evictions)
+        stats.set("lease_expiries", self.index.counters.lease_expiries)
+        stats.set("heartbeat_ns", time.time_ns())
+
+    def _reclaim_dead(self, client: ClientState) -> None:
+        if client.num_inflight:
+            return  # its copies still touch its memory; reclaim once they are done
+        logger.warning("client slot %d: pid %d is gone; reclaiming its slot, leases and memory",
+                       client.slot, client.pid)
+        self.dispatcher.release_client(client)
+        client.backlog.clear()
+        self.clients.pop(client.slot, None)
+        self.segments.free_slot(client.slot)
+        self.stats.set("clients_attached", len(self.clients))
+
+    def shutdown(self) -> None:
+        """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
+        logger.info("engine %r stopping", self.config.name)
+        self.segments.mark_stopping()
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
+        while self.backend.num_inflight() and time.monotonic() < deadline:
+            for done in self.backend.poll():
+                self.dispatcher.on_copy_done(done)
+            time.sleep(1e-3)
+        for client in self.clients.values():
+            while (rec := client.submissions.try_get()) is not None:
+                client.answer(int(rec["request_id"]), int(rec["opcode"]), Status.SHUTTING_DOWN)
+            client.flush()
+        self.backend.close()
+        self.segments.unlink_all()
+        logger.info("engine %r stopped; its shared memory is unlinked", self.config.name)

@@ -1,0 +1,279 @@
+"""A process's connection to the engine: claim a slot, submit commands, read completions.
+
+``EngineClient.connect(name)`` attaches to the engine's control segment, checks magic,
+wire version and the descriptor fingerprint, claims a free client slot under the
+control lock and says ATTACH on the slot's ring.  Each command gets a ``request_id``;
+``submit`` never waits for the answer, ``wait`` does (with a deadline), and ``call``
+is both.  Completions that arrive for other requests are kept until asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import posix_ipc
+
+from pegaflow import shm
+from pegaflow.errors import (CommandError, EngineGoneError, EngineTimeoutError,
+                             NoFreeSlotError, RingEmptyError, WireVersionError)
+from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
+from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
+                           SLOT, SUBMISSION, WIRE_VERSION, CommandFlag, Opcode, SlotState,
+                           Status, encode_hashes)
+
+logger = logging.getLogger(__name__)
+
+CLAIM_LOCK_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    request_id: int
+    opcode: Opcode
+    status: Status
+    num_items: int
+    value: int
+    value2: int
+    value3: int
+
+    @property
+    def is_ok(self) -> bool:
+        return self.status == Status.OK
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    num_hit_blocks: int
+    lease_id: int
+
+
+def _completion(record: np.void) -> Completion:
+    return Completion(int(record["request_id"]), Opcode(int(record["opcode"])),
+                      Status(int(record["status"])), int(record["num_items"]),
+                      int(record["value"]), int(record["value2"]), int(record["value3"]))
+
+
+def read_control_header(segment: shm.Segment) -> np.void:
+    header = segment.array(CONTROL_HEADER, 1)[0].copy()
+    if int(header["magic"]) != MAGIC:
+        raise WireVersionError(f"{segment.name} is not a pegaflow control segment")
+    if int(header["version"]) != WIRE_VERSION or int(header["fingerprint"]) != FINGERPRINT:
+        raise WireVersionError(
+            f"engine speaks wire version {int(header['version'])} "
+            f"(fingerprint {int(header['fingerprint']):#x}); this client speaks "
+            f"{WIRE_VERSION} ({FINGERPRINT:#x}): run a matching pegaflow on both sides")
+    return header
+
+
+def is_pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class EngineClient:
+    """One attached client; not thread-safe (use one per thread that talks to the engine)."""
+
+    def __init__(self, engine_name: str, default_timeout_s: float = 5.0):
+        self.engine_name = engine_name
+        self.default_timeout_s = default_timeout_s
+        self._next_request_id = 1
+        self._done: dict[int, Completion] = {}
+        self.slot = -1
+        self.epoch = 0
+        self.engine_pid = 0
+        self._control: shm.Segment | None = None
+        self._ring_segment: shm.Segment | None = None
+        self.is_closed = True
+
+    @classmethod
+    def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0) -> "EngineClient":
+        client = cls(engine_name, timeout_s)
+        client._attach(timeout_s)
+        return client
+
+    def _attach(self, timeout_s: float) -> None:
+        self._control = shm.attach_segment(shm.ipc_name(self.engine_name, "control"))
+        header = read_control_header(self._control)
+        self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
+        if int(header["is_stopping"]) or not is_pid_alive(self.engine_pid):
+            raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) is not running")
+        engine_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, "doorbell")))
+        self.slot = self._claim_slot(int(header["num_slots"]))
+        engine_bell.ring()
+        self._wait_slot_active(int(header["num_slots"]), timeout_s)
+        ring_slots, arena_bytes = int(header["ring_slots"]), int(header["arena_bytes"])
+        self._ring_segment = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
+        view = RingSegmentView(self._ring_segment, ring_slots, arena_bytes)
+        self._own_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, f"cq.{self.slot}")))
+        self._own_bell.drain()
+        self._producer = RingProducer(view.submissions, engine_bell)
+        self._consumer = RingConsumer(view.completions, self._own_bell)
+        self._arena = PayloadArena(view.arena, self._producer)
+        self._record = np.zeros(1, dtype=SUBMISSION)[0]
+        self.is_closed = False
+        self.call(Opcode.ATTACH, arg=os.getpid(), timeout_s=timeout_s)
+        logger.debug("attached to engine %r as slot %d", self.engine_name, self.slot)
+
+    def _claim_slot(self, num_slots: int) -> int:
+        lock = shm.attach_semaphore(shm.ipc_name(self.engine_name, "lock"))
+        try:
+            lock.acquire(CLAIM_LOCK_TIMEOUT_S)
+        except posix_ipc.BusyError as exc:
+            raise EngineTimeoutError("the engine's control lock stayed taken") from exc
+        try:
+            slots = self._control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
+            free = np.flatnonzero(slots["state"] == SlotState.FREE)
+            if len(free) == 0:
+                raise NoFreeSlotError(f"all {num_slots} client slots of engine "
+                                      f"{self.engine_name!r} are taken")
+            slot = int(free[0])
+            slots["pid"][slot] = os.getpid()
+            slots["claim_ns"][slot] = time.monotonic_ns()
+            slots["state"][slot] = SlotState.CLAIMED
+            return slot
+        finally:
+            lock.release()
+            lock.close()
+
+    def _wait_slot_active(self, num_slots: int, timeout_s: float) -> None:
+        """The engine resets the slot's ring and marks it ACTIVE; wait for that."""
+        slots = self._control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
+        deadline = time.monotonic() + timeout_s
+        pause = 1e-5
+        while int(slots["state"][self.slot]) != SlotState.ACTIVE:
+            if time.monotonic() >= deadline:
+                raise EngineTimeoutError(f"engine {self.engine_name!r} did not accept slot "
+                                         f"{self.slot} within {timeout_s:.3f}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-3)
+
+    def _new_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
+
+    def submit(self, opcode: Opcode, *, payload: list[np.ndarray] = (), num_items: int = 0,
+               layer: int = ALL_LAYERS, region_id: int = 0, namespace: int = 0,
+               event_index: int = NO_EVENT, arg: int = 0, flags: int = 0,
+               timeout_s: float | None = None) -> int:
+        """Publish one command; returns its request id without waiting for the answer."""
+        if self.is_closed:
+            raise EngineGoneError("client is closed")
+        timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
+        num_bytes = sum(p.nbytes for p in payload)
+        offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
+        if num_bytes:
+            self._arena.write(offset, list(payload))
+        rec = self._record
+        request_id = self._new_request_id()
+        rec["request_id"], rec["opcode"], rec["flags"] = request_id, opcode, flags
+        rec["layer"], rec["region_id"], rec["num_items"] = layer, region_id, num_items
+        rec["event_index"], rec["namespace"], rec["arg"] = event_index, namespace, arg
+        rec["payload_offset"], rec["payload_bytes"], rec["version"] = offset, num_bytes, WIRE_VERSION
+        position = self._producer.position
+        self._producer.put(rec, timeout_s)
+        self._arena.mark_sent(position)
+        return request_id
+
+    def poll(self) -> list[Completion]:
+        """Every completion that has arrived; never blocks."""
+        arrived = []
+        while (record := self._consumer.try_get()) is not None:
+            arrived.append(_completion(record))
+        return arrived
+
+    def try_take(self, request_id: int) -> Completion | None:
+        for completion in self.poll():
+            self._done[completion.request_id] = completion
+        return self._done.pop(request_id, None)
+
+    def wait(self, request_id: int, timeout_s: float | None = None) -> Completion:
+        """The completion of ``request_id``; EngineTimeoutError / EngineGoneError after the deadline."""
+        timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while (done := self.try_take(request_id)) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.check_engine()
+                raise EngineTimeoutError(f"no answer to request {request_id} within {timeout_s:.3f}s")
+            try:
+                self._done_record(self._consumer.get(min(remaining, 0.5)))
+            except RingEmptyError:
+                self.check_engine()
+        return done
+
+    def _done_record(self, record: np.void) -> None:
+        completion = _completion(record)
+        self._done[completion.request_id] = completion
+
+    def call(self, opcode: Opcode, *, timeout_s: float | None = None, **fields) -> Completion:
+        """Submit and wait; a non-OK status raises CommandError."""
+        completion = self.wait(self.submit(opcode, timeout_s=timeout_s, **fields), timeout_s)
+        if not completion.is_ok:
+            raise CommandError(completion.status, f"{opcode.name} failed: {completion.status.name}")
+        return completion
+
+    def check_engine(self) -> None:
+        """Raise EngineGoneError if the engine we attached to has exited or was replaced."""
+        if not is_pid_alive(self.engine_pid):
+            raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) has exited")
+        header = self._control.array(CONTROL_HEADER, 1)[0]
+        if int(header["epoch"]) != self.epoch or int(header["is_stopping"]):
+            raise EngineGoneError(f"engine {self.engine_name!r} is stopping or was restarted")
+
+    def ping(self, timeout_s: float | None = None) -> int:
+        return self.call(Opcode.PING, timeout_s=timeout_s).value
+
+    def lookup(self, namespace: int, hashes: list[bytes], timeout_s: float | None = None) -> LookupResult:
+        """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
+        records = encode_hashes(hashes)
+        done = self.call(Opcode.LOOKUP, payload=[records], num_items=len(hashes),
+                         namespace=namespace, timeout_s=timeout_s)
+        return LookupResult(done.value, done.value2)
+
+    def release(self, lease_id: int) -> int:
+        return self.submit(Opcode.RELEASE, arg=lease_id)
+
+    def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
+                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT) -> int:
+        ids = np.asarray(block_ids, dtype=BLOCK_ID)
+        return self.submit(Opcode.SAVE, payload=[ids, encode_hashes(hashes)], num_items=len(ids),
+                           namespace=namespace, layer=layer, event_index=event_index)
+
+    def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
+                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT) -> int:
+        ids = np.asarray(block_ids, dtype=BLOCK_ID)
+        flags = CommandFlag.RELEASE_LEASE if lease_id else CommandFlag.NONE
+        return self.submit(Opcode.LOAD, payload=[ids, encode_hashes(hashes)], num_items=len(ids),
+                           namespace=namespace, layer=layer, event_index=event_index,
+                           arg=lease_id, flags=int(flags))
+
+    def register_region(self, region_id: int, region: np.ndarray, layers: np.ndarray) -> None:
+        """REGISTER one region of KV memory (a wire.REGION record and its wire.LAYER records)."""
+        self.call(Opcode.REGISTER, payload=[region, layers], num_items=len(layers),
+                  region_id=region_id)
+
+    def register_events(self, handles: np.ndarray) -> None:
+        self.call(Opcode.REGISTER_EVENTS, payload=[handles], num_items=len(handles))
+
+    def close(self) -> None:
+        """DETACH (best effort within the deadline) and unmap."""
+        if self.is_closed:
+            return
+        try:
+            self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, 2.0))
+        except (EngineGoneError, EngineTimeoutError, CommandError) as exc:
+            logger.info("detach from engine %r: %s", self.engine_name, exc)
+        self.is_closed = True
+        for segment in (self._ring_segment, self._control):
+            if segment is not None:
+                segment.close()

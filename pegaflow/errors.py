@@ -1,0 +1,78 @@
+"""The one error hierarchy of pegaflow.
+
+Every failure a caller can act on has its own type; the engine turns each into a
+``Status`` code on the wire (see ``pegaflow.wire``) and the client turns the code back
+into the same type, so both sides of the ring speak of one error by one name.
+"""
+
+
+class PegaflowError(Exception):
+    """Base of every error pegaflow raises on purpose."""
+
+
+class ConfigError(PegaflowError, ValueError):
+    """A flag, environment variable or connector option has an unusable value."""
+
+
+class ShmError(PegaflowError):
+    """A shared-memory segment or semaphore could not be created or attached."""
+
+
+class EngineNotRunningError(ShmError):
+    """No engine of that name runs on this host (its control segment is absent)."""
+
+
+class EngineAlreadyRunningError(ShmError):
+    """Another live engine already owns that name."""
+
+
+class WireVersionError(PegaflowError):
+    """The peer speaks another wire version, magic or descriptor layout."""
+
+
+class RingError(PegaflowError):
+    """Base of the ring's own errors."""
+
+
+class RingFullError(RingError):
+    """The ring or its payload arena stayed full until the deadline."""
+
+
+class RingEmptyError(RingError):
+    """Nothing arrived on the ring before the deadline."""
+
+
+class PayloadTooLargeError(RingError):
+    """A command's payload can never fit in the payload arena."""
+
+
+class NoFreeSlotError(PegaflowError):
+    """Every client slot of the engine is taken."""
+
+
+class EngineTimeoutError(PegaflowError, TimeoutError):
+    """The engine did not answer a command before its deadline."""
+
+
+class EngineGoneError(PegaflowError):
+    """The engine this client attached to has exited or been replaced."""
+
+
+class CommandError(PegaflowError):
+    """The engine answered a command with an error status."""
+
+    def __init__(self, status: int, message: str = "") -> None:
+        self.status = status
+        super().__init__(message or f"engine answered status {status}")
+
+
+class LayoutError(PegaflowError, ValueError):
+    """A KV cache tensor's layout cannot be described as contiguous pages."""
+
+
+class PoolFullError(PegaflowError):
+    """The pool has no free page and nothing is evictable."""
+
+
+class CudaError(PegaflowError):
+    """A CUDA driver or NVRTC call failed."""

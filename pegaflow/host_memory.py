@@ -1,0 +1,44 @@
+"""KV memory in host shared memory: what the host backend copies to and from.
+
+With ``--backend host`` there is no GPU: a client (a test, ``tools/smoke.py``, or the
+connector in CI) keeps its "device" KV caches in a segment it creates, and REGISTERs
+the segment's name.  The client is the creator, so it alone unlinks it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pegaflow import shm
+from pegaflow.wire import LAYER, REGION, SHM_NAME_BYTES, RegionKind
+
+
+class HostKVBuffer:
+    def __init__(self, num_bytes: int, what: str = "kv"):
+        self.name = shm.private_buffer_name(what)
+        if len(self.name.encode()) >= SHM_NAME_BYTES:
+            raise ValueError(f"segment name {self.name!r} is too long")
+        self.segment = shm.create_segment(self.name, num_bytes)
+        self.num_bytes = num_bytes
+        self.data = self.segment.array(np.uint8, num_bytes)
+
+    def region_record(self, num_blocks: int, page_bytes: int, num_layers: int,
+                      base_offset: int = 0) -> np.ndarray:
+        region = np.zeros(1, dtype=REGION)
+        region["kind"] = RegionKind.HOST_SHM
+        region["num_layers"], region["num_blocks"] = num_layers, num_blocks
+        region["page_bytes"], region["base_offset"] = page_bytes, base_offset
+        region["alloc_bytes"] = self.num_bytes
+        region["shm_name"] = self.name.encode()
+        return region
+
+    def close(self) -> None:
+        self.data = None
+        self.segment.close()
+        self.segment.unlink()
+
+
+def layer_records(layers: list[int], offsets: list[int], strides: list[int]) -> np.ndarray:
+    records = np.zeros(len(layers), dtype=LAYER)
+    records["layer"], records["offset_bytes"], records["block_stride_bytes"] = layers, offsets, strides
+    return records

@@ -1,0 +1,122 @@
+"""The only module that creates, attaches or unlinks shared memory and semaphores.
+
+Names follow ``/pegaflow.<uid>.<engine name>.<what>`` so two users, or two engines of one
+user under different ``--name``s, never meet.  Segments are created with mode 0600 and
+unlinked only by their creator (``Segment.unlink`` refuses otherwise).  posix_ipc is used
+instead of ``multiprocessing.shared_memory``, whose resource tracker unlinks segments
+when any process that attached them exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+
+import numpy as np
+import posix_ipc
+
+from pegaflow.errors import ConfigError, EngineNotRunningError, ShmError
+
+logger = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_MODE = 0o600
+
+
+def check_engine_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"engine name {name!r}: use 1-64 letters, digits, '_' or '-'")
+    return name
+
+
+def ipc_name(engine_name: str, what: str) -> str:
+    """The POSIX name of one of an engine's segments or semaphores."""
+    return f"/pegaflow.{os.getuid()}.{check_engine_name(engine_name)}.{what}"
+
+
+class Segment:
+    """A mapped POSIX shared-memory segment; ``is_owner`` marks the creator."""
+
+    def __init__(self, name: str, mem: posix_ipc.SharedMemory, readonly: bool, is_owner: bool):
+        self.name = name
+        self.size = mem.size
+        self.is_owner = is_owner
+        prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
+        self._map = mmap.mmap(mem.fd, mem.size, flags=mmap.MAP_SHARED, prot=prot)
+        mem.close_fd()
+
+    def array(self, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
+        """A numpy view of ``count`` records of ``dtype`` at ``offset`` bytes."""
+        dtype = np.dtype(dtype)
+        if offset + count * dtype.itemsize > self.size:
+            raise ShmError(f"{self.name}: view [{offset}, +{count}x{dtype.itemsize}) "
+                           f"is past the segment's {self.size} bytes")
+        return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset)
+
+    def address(self) -> int:
+        """The virtual address of the mapping in this process."""
+        view = np.frombuffer(self._map, dtype=np.uint8, count=1)
+        return view.__array_interface__["data"][0]
+
+    def close(self) -> None:
+        """Unmap; views still alive keep the mapping until they are collected."""
+        try:
+            self._map.close()
+        except BufferError:
+            logger.debug("%s: views still alive, unmapped when they are collected", self.name)
+
+    def unlink(self) -> None:
+        if not self.is_owner:
+            raise ShmError(f"{self.name}: only the creator unlinks a segment")
+        unlink_segment(self.name)
+
+
+def create_segment(name: str, size: int) -> Segment:
+    """Create a new segment; raises ``posix_ipc.ExistentialError`` if the name is taken."""
+    mem = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=_MODE, size=size)
+    return Segment(name, mem, readonly=False, is_owner=True)
+
+
+def attach_segment(name: str, readonly: bool = False) -> Segment:
+    try:
+        mem = posix_ipc.SharedMemory(name, 0, read_only=readonly)
+    except posix_ipc.ExistentialError as exc:
+        raise EngineNotRunningError(f"shared-memory segment {name} does not exist") from exc
+    except posix_ipc.PermissionsError as exc:
+        raise ShmError(f"no permission to open {name}: {exc}") from exc
+    return Segment(name, mem, readonly=readonly, is_owner=False)
+
+
+def unlink_segment(name: str) -> bool:
+    """Unlink a segment by name; False if it was already gone."""
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        return False
+    return True
+
+
+def create_semaphore(name: str, initial: int = 0) -> posix_ipc.Semaphore:
+    return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=_MODE, initial_value=initial)
+
+
+def attach_semaphore(name: str) -> posix_ipc.Semaphore:
+    try:
+        return posix_ipc.Semaphore(name, 0)
+    except posix_ipc.ExistentialError as exc:
+        raise EngineNotRunningError(f"semaphore {name} does not exist") from exc
+
+
+def unlink_semaphore(name: str) -> bool:
+    try:
+        posix_ipc.unlink_semaphore(name)
+    except posix_ipc.ExistentialError:
+        return False
+    return True
+
+
+def private_buffer_name(what: str) -> str:
+    """A fresh name for a segment a client creates for itself (host-backend KV memory)."""
+    return f"/pegaflow.{os.getuid()}.{what}.{os.getpid()}.{os.urandom(4).hex()}"

@@ -1,0 +1,229 @@
+"""Every byte layout that crosses a process boundary, in one place.
+
+Segments (all created by the engine, see ``pegaflow.shm``)::
+
+    control   CONTROL_HEADER | SLOT x num_slots          clients claim a slot here
+    ring.<i>  RING_HEADER | SUBMISSION x n | COMPLETION x n | payload arena
+    stats     STATS                                       written by the engine only
+
+A client writes SUBMISSIONs (and their variable-length payload: HASH records, int32
+block ids, REGION/LAYER records) and the engine answers each with exactly one
+COMPLETION carrying the same ``request_id``.  Offsets are explicit and every itemsize
+is checked at import, so a layout change that is not a version bump cannot slip in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import IntEnum, IntFlag
+
+import numpy as np
+
+MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
+WIRE_VERSION = 1
+ALL_LAYERS = 0xFFFF
+NO_EVENT = 0xFFFFFFFF
+HASH_BYTES = 32
+IPC_HANDLE_BYTES = 64
+SHM_NAME_BYTES = 128
+
+
+class Opcode(IntEnum):
+    ATTACH = 1
+    DETACH = 2
+    REGISTER = 3
+    UNREGISTER = 4
+    REGISTER_EVENTS = 5
+    LOOKUP = 6
+    RELEASE = 7
+    SAVE = 8
+    LOAD = 9
+    PING = 10
+
+
+class Status(IntEnum):
+    OK = 0
+    BAD_OPCODE = 1
+    BAD_ARGUMENT = 2
+    BAD_PAYLOAD = 3
+    BLOCK_OUT_OF_RANGE = 4
+    UNKNOWN_REGION = 5
+    UNKNOWN_LEASE = 6
+    MISSING_BLOCK = 7
+    POOL_FULL = 8
+    SHUTTING_DOWN = 9
+    NOT_ATTACHED = 10
+    COPY_FAILED = 11
+    INTERNAL = 12
+    BAD_VERSION = 13
+
+
+class SlotState(IntEnum):
+    FREE = 0
+    CLAIMED = 1
+    ACTIVE = 2
+
+
+class RegionKind(IntEnum):
+    HOST_SHM = 1
+    CUDA_IPC = 2
+
+
+class CommandFlag(IntFlag):
+    NONE = 0
+    RELEASE_LEASE = 1  # LOAD: drop the lease named in ``arg`` once the copy is done
+
+
+def _dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
+    return np.dtype({
+        "names": [f[0] for f in fields],
+        "formats": [f[1] for f in fields],
+        "offsets": [f[2] for f in fields],
+        "itemsize": itemsize,
+    })
+
+
+CONTROL_HEADER = _dtype([
+    ("magic", "<u8", 0),
+    ("version", "<u4", 8),
+    ("num_slots", "<u4", 12),
+    ("fingerprint", "<u8", 16),
+    ("engine_pid", "<u8", 24),
+    ("epoch", "<u8", 32),
+    ("start_ns", "<u8", 40),
+    ("ring_slots", "<u4", 48),
+    ("is_stopping", "<u4", 52),
+    ("arena_bytes", "<u8", 56),
+], 64)
+
+SLOT = _dtype([
+    ("state", "<u4", 0),
+    ("pid", "<u4", 4),
+    ("generation", "<u8", 8),
+    ("claim_ns", "<u8", 16),
+], 32)
+
+RING_HEADER = _dtype([
+    ("magic", "<u8", 0),
+    ("version", "<u4", 8),
+    ("ring_slots", "<u4", 12),
+    ("arena_bytes", "<u8", 16),
+    ("generation", "<u8", 24),
+], 64)
+
+SUBMISSION = _dtype([
+    ("seq", "<u8", 0),
+    ("request_id", "<u8", 8),
+    ("opcode", "<u2", 16),
+    ("flags", "<u2", 18),
+    ("layer", "<u2", 20),
+    ("region_id", "<u2", 22),
+    ("num_items", "<u4", 24),
+    ("event_index", "<u4", 28),
+    ("namespace", "<u8", 32),
+    ("payload_offset", "<u8", 40),
+    ("payload_bytes", "<u4", 48),
+    ("version", "<u4", 52),
+    ("arg", "<u8", 56),
+], 64)
+
+COMPLETION = _dtype([
+    ("seq", "<u8", 0),
+    ("request_id", "<u8", 8),
+    ("opcode", "<u2", 16),
+    ("status", "<u2", 18),
+    ("num_items", "<u4", 20),
+    ("value", "<u8", 24),
+    ("value2", "<u8", 32),
+    ("value3", "<u8", 40),
+], 48)
+
+HASH = _dtype([
+    ("digest", f"V{HASH_BYTES}", 0),
+    ("length", "u1", HASH_BYTES),
+], 40)
+
+REGION = _dtype([
+    ("kind", "<u4", 0),
+    ("device", "<u4", 4),
+    ("num_layers", "<u4", 8),
+    ("num_blocks", "<u4", 12),
+    ("page_bytes", "<u8", 16),
+    ("base_offset", "<u8", 24),
+    ("alloc_bytes", "<u8", 32),
+    ("handle", f"V{IPC_HANDLE_BYTES}", 40),
+    ("shm_name", f"S{SHM_NAME_BYTES}", 104),
+], 232)
+
+LAYER = _dtype([
+    ("layer", "<u4", 0),
+    ("offset_bytes", "<i8", 8),
+    ("block_stride_bytes", "<i8", 16),
+], 24)
+
+EVENT_HANDLE = _dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
+
+BLOCK_ID = np.dtype("<i4")
+
+_STATS_COUNTERS = [
+    "engine_pid", "start_ns", "heartbeat_ns",
+    "commands", "errors",
+    "blocks_saved", "bytes_saved", "blocks_loaded", "bytes_loaded",
+    "save_dedup_blocks", "save_dropped_blocks",
+    "lookups", "lookup_blocks", "lookup_hit_blocks",
+    "evictions", "lease_expiries",
+    "pool_bytes_used", "pool_bytes_total", "pool_blocks_used",
+    "leases_active", "clients_attached", "inflight_copies",
+]
+NUM_OPCODE_COUNTERS = 16
+NUM_STATUS_COUNTERS = 16
+_OPCODE_COUNTERS_AT = 8 * len(_STATS_COUNTERS)
+_STATUS_COUNTERS_AT = _OPCODE_COUNTERS_AT + 8 * NUM_OPCODE_COUNTERS
+STATS = _dtype(
+    [(name, "<u8", 8 * i) for i, name in enumerate(_STATS_COUNTERS)]
+    + [("commands_by_opcode", f"({NUM_OPCODE_COUNTERS},)<u8", _OPCODE_COUNTERS_AT),
+       ("errors_by_status", f"({NUM_STATUS_COUNTERS},)<u8", _STATUS_COUNTERS_AT)],
+    _STATUS_COUNTERS_AT + 8 * NUM_STATUS_COUNTERS,
+)
+STATS_COUNTER_NAMES = tuple(_STATS_COUNTERS)
+
+
+def _fingerprint() -> int:
+    text = repr([
+        WIRE_VERSION,
+        [(m.name, int(m)) for m in Opcode], [(m.name, int(m)) for m in Status],
+        *(d.descr for d in (CONTROL_HEADER, SLOT, RING_HEADER, SUBMISSION, COMPLETION,
+                            HASH, REGION, LAYER, EVENT_HANDLE, STATS)),
+    ])
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+FINGERPRINT = _fingerprint()
+
+assert CONTROL_HEADER.itemsize == 64
+assert SLOT.itemsize == 32
+assert RING_HEADER.itemsize == 64
+assert SUBMISSION.itemsize == 64
+assert COMPLETION.itemsize == 48
+assert HASH.itemsize == 40
+assert REGION.itemsize == 232
+assert LAYER.itemsize == 24
+assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS)
+
+
+def encode_hashes(hashes: list[bytes]) -> np.ndarray:
+    """Pack block hashes (at most 32 bytes each) into HASH records."""
+    records = np.zeros(len(hashes), dtype=HASH)
+    raw = records.view(np.uint8).reshape(len(hashes), HASH.itemsize)
+    for i, h in enumerate(hashes):
+        if not 0 < len(h) <= HASH_BYTES:
+            raise ValueError(f"block hash {i} has {len(h)} bytes; 1..{HASH_BYTES} allowed")
+        raw[i, :len(h)] = np.frombuffer(h, dtype=np.uint8)
+        raw[i, HASH_BYTES] = len(h)
+    return records
+
+
+def hash_keys(records: np.ndarray) -> list[bytes]:
+    """One hashable key per HASH record (digest plus length, so short hashes stay distinct)."""
+    raw = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), HASH.itemsize)
+    return [bytes(row) for row in raw[:, :HASH_BYTES + 1]]
