@@ -5,11 +5,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from engine.copy.base import LayerPlacement
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
-from pegaflow.wire import COMPLETION
 
 
 @dataclass(slots=True)
@@ -27,7 +24,6 @@ class ClientState:
     num_events: int = 0
     num_inflight: int = 0
     backlog: deque = field(default_factory=deque)
-    _record: np.void = field(default_factory=lambda: np.zeros(1, dtype=COMPLETION)[0])
 
     @property
     def num_layers(self) -> int:
@@ -44,16 +40,13 @@ class ClientState:
     def answer(self, request_id: int, opcode: int, status: int, num_items: int = 0,
                value: int = 0, value2: int = 0, value3: int = 0) -> None:
         """Queue exactly one completion; it is published now or on a later flush."""
-        self.backlog.append((request_id, opcode, status, num_items, value, value2, value3))
+        self.backlog.append((0, request_id, opcode, status, num_items, value, value2, value3))
         self.flush()
 
     def flush(self) -> bool:
         """Publish queued completions while the completion ring has room."""
-        rec = self._record
         while self.backlog:
-            (rec["request_id"], rec["opcode"], rec["status"], rec["num_items"],
-             rec["value"], rec["value2"], rec["value3"]) = self.backlog[0]
-            if not self.completions.try_put(rec):
+            if not self.completions.try_put(self.backlog[0]):
                 return False
             self.backlog.popleft()
         return True

@@ -36,7 +36,7 @@ class EngineConfig:
     arena_bytes: int = 8 << 20
     lease_ttl_s: float = 120.0
     idle_spin_s: float = 2e-3
-    housekeeping_s: float = 0.1
+    housekeeping_s: float = 1.0
 
     def __post_init__(self) -> None:
         check_engine_name(self.name)

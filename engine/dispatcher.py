@@ -35,6 +35,7 @@ from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, EVENT_HANDLE, HASH, LAYER, NO_E
 logger = logging.getLogger(__name__)
 
 MAX_LAYERS = 1024
+_EMPTY = np.zeros(0, dtype=np.uint8)
 
 
 @dataclass(slots=True)
@@ -69,20 +70,20 @@ class Dispatcher:
             Opcode.RELEASE: self._release, Opcode.SAVE: self._save, Opcode.LOAD: self._load,
         }
 
-    def handle(self, client: ClientState, rec: np.void) -> None:
-        request_id, opcode = int(rec["request_id"]), int(rec["opcode"])
+    def handle(self, client: ClientState, rec) -> None:
+        request_id, opcode = rec.request_id, rec.opcode
         try:
             status, values = self._dispatch(client, rec, opcode)
         except CommandError as exc:
             logger.debug("slot %d: %s rejected: %s", client.slot, opcode, exc)
             status, values = Status(exc.status), (0, 0, 0)
         if status is not None:
-            client.answer(request_id, opcode, status, int(rec["num_items"]), *values)
+            client.answer(request_id, opcode, status, rec.num_items, *values)
             self.stats.count_command(opcode, status)
 
-    def _dispatch(self, client: ClientState, rec: np.void, opcode: int):
-        if int(rec["version"]) != WIRE_VERSION:
-            raise _reject(Status.BAD_VERSION, f"wire version {int(rec['version'])}")
+    def _dispatch(self, client: ClientState, rec, opcode: int):
+        if rec.version != WIRE_VERSION:
+            raise _reject(Status.BAD_VERSION, f"wire version {rec.version}")
         handler = self._handlers.get(opcode)
         if handler is None:
             raise _reject(Status.BAD_OPCODE, f"unknown opcode {opcode}")
@@ -90,8 +91,10 @@ class Dispatcher:
             raise _reject(Status.NOT_ATTACHED, "ATTACH first")
         return handler(client, rec, self._payload(client, rec))
 
-    def _payload(self, client: ClientState, rec: np.void) -> np.ndarray:
-        offset, num_bytes = int(rec["payload_offset"]), int(rec["payload_bytes"])
+    def _payload(self, client: ClientState, rec) -> np.ndarray:
+        offset, num_bytes = rec.payload_offset, rec.payload_bytes
+        if num_bytes == 0:
+            return _EMPTY
         arena = client.view.arena
         if offset + num_bytes > len(arena):
             raise _reject(Status.BAD_PAYLOAD, f"payload [{offset}, +{num_bytes}) past the arena")
@@ -101,7 +104,7 @@ class Dispatcher:
         return Status.OK, (len(self.pending), 0, 0)
 
     def _attach(self, client, rec, payload):
-        client.pid, client.is_attached = int(rec["arg"]), True
+        client.pid, client.is_attached = rec.arg, True
         return Status.OK, (0, 0, 0)
 
     def _detach(self, client, rec, payload):
@@ -120,24 +123,24 @@ class Dispatcher:
     # -- memory ---------------------------------------------------------------------------
 
     def _register(self, client, rec, payload):
-        num_layers = int(rec["num_items"])
+        num_layers = rec.num_items
         if len(payload) != REGION.itemsize + num_layers * LAYER.itemsize or not 0 < num_layers <= MAX_LAYERS:
             raise _reject(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
         region = payload[:REGION.itemsize].view(REGION)[0]
         layers = payload[REGION.itemsize:].view(LAYER)
         page_bytes = self._check_region(client, region, layers)
         try:
-            self.backend.register_region(client.slot, int(rec["region_id"]), region)
+            self.backend.register_region(client.slot, rec.region_id, region)
         except PegaflowError as exc:
             raise _reject(Status.BAD_ARGUMENT, f"cannot open region: {exc}") from exc
         client.page_bytes = page_bytes
-        client.region_blocks[int(rec["region_id"])] = int(region["num_blocks"])
+        client.region_blocks[rec.region_id] = int(region["num_blocks"])
         for layer in layers:
             client.layers[int(layer["layer"])] = LayerPlacement(
-                int(layer["layer"]), int(rec["region_id"]), int(layer["offset_bytes"]),
+                int(layer["layer"]), rec.region_id, int(layer["offset_bytes"]),
                 int(layer["block_stride_bytes"]))
         logger.info("slot %d (pid %d) registered region %d: %d layers x %d blocks, %d-byte pages",
-                    client.slot, client.pid, int(rec["region_id"]), num_layers,
+                    client.slot, client.pid, rec.region_id, num_layers,
                     int(region["num_blocks"]), page_bytes)
         return Status.OK, (0, 0, 0)
 
@@ -166,7 +169,7 @@ class Dispatcher:
         return Status.OK, (0, 0, 0)
 
     def _register_events(self, client, rec, payload):
-        num_events = int(rec["num_items"])
+        num_events = rec.num_items
         if len(payload) != num_events * EVENT_HANDLE.itemsize:
             raise _reject(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
         try:
@@ -178,14 +181,14 @@ class Dispatcher:
 
     # -- blocks ---------------------------------------------------------------------------
 
-    def _keys(self, rec: np.void, records: np.ndarray) -> list[Key]:
-        namespace = int(rec["namespace"])
+    def _keys(self, rec, records: np.ndarray) -> list[Key]:
+        namespace = rec.namespace
         if (records["length"] == 0).any() or (records["length"] > 32).any():
             raise _reject(Status.BAD_PAYLOAD, "a hash record has a bad length")
         return [(namespace, key) for key in hash_keys(records)]
 
     def _lookup(self, client, rec, payload):
-        num_items = int(rec["num_items"])
+        num_items = rec.num_items
         if len(payload) != num_items * HASH.itemsize:
             raise _reject(Status.BAD_PAYLOAD, "LOOKUP wants num_items hash records")
         num_hits, lease_id = self.index.lookup(client.slot, self._keys(rec, payload.view(HASH)))
@@ -195,20 +198,20 @@ class Dispatcher:
         return Status.OK, (num_hits, lease_id, 0)
 
     def _release(self, client, rec, payload):
-        if not self.index.release(int(rec["arg"])):
-            raise _reject(Status.UNKNOWN_LEASE, f"no lease {int(rec['arg'])}")
+        if not self.index.release(rec.arg):
+            raise _reject(Status.UNKNOWN_LEASE, f"no lease {rec.arg}")
         return Status.OK, (0, 0, 0)
 
-    def _blocks(self, client: ClientState, rec: np.void, payload: np.ndarray):
+    def _blocks(self, client: ClientState, rec, payload: np.ndarray):
         """Validated (block ids, keys, layer placements, layer mask) of a SAVE or LOAD."""
-        num_items = int(rec["num_items"])
+        num_items = rec.num_items
         if len(payload) != num_items * (BLOCK_ID.itemsize + HASH.itemsize):
             raise _reject(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
         if not client.is_complete():
             raise _reject(Status.UNKNOWN_REGION, "register every layer's KV memory first")
         split = num_items * BLOCK_ID.itemsize
         block_ids = payload[:split].view(BLOCK_ID).astype(np.int64)
-        layer = int(rec["layer"])
+        layer = rec.layer
         if layer == ALL_LAYERS:
             placements = [client.layers[i] for i in range(client.num_layers)]
         elif layer in client.layers:
@@ -221,8 +224,8 @@ class Dispatcher:
         mask = sum(1 << p.layer for p in placements)
         return block_ids, self._keys(rec, payload[split:].view(HASH)), placements, mask
 
-    def _check_event(self, client: ClientState, rec: np.void, count: int) -> int | None:
-        index = int(rec["event_index"])
+    def _check_event(self, client: ClientState, rec, count: int) -> int | None:
+        index = rec.event_index
         if index == NO_EVENT:
             return None
         if index + count > client.num_events:
@@ -246,7 +249,7 @@ class Dispatcher:
                 offsets.append(entry.offset)
         self.stats.add("save_dedup_blocks", deduped)
         self.stats.add("save_dropped_blocks", dropped)
-        pending = PendingCopy(client, int(rec["request_id"]), Opcode.SAVE, chosen_keys, mask,
+        pending = PendingCopy(client, rec.request_id, Opcode.SAVE, chosen_keys, mask,
                               len(chosen_ids) * len(placements) * client.page_bytes,
                               num_deduped=deduped, num_dropped=dropped)
         op = CopyOp(0, Direction.SAVE, client.slot, placements, client.page_bytes,
@@ -262,9 +265,9 @@ class Dispatcher:
             raise _reject(Status.MISSING_BLOCK, f"{len(missing)} of {len(keys)} blocks are not stored")
         if any(entry.entry_bytes != client.entry_bytes for entry in entries):
             raise _reject(Status.BAD_ARGUMENT, "stored blocks have another geometry")
-        lease_id = int(rec["arg"]) if int(rec["flags"]) & CommandFlag.RELEASE_LEASE else 0
+        lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
         self.index.pin(keys)
-        pending = PendingCopy(client, int(rec["request_id"]), Opcode.LOAD, keys, mask,
+        pending = PendingCopy(client, rec.request_id, Opcode.LOAD, keys, mask,
                               len(keys) * len(placements) * client.page_bytes, lease_id=lease_id)
         op = CopyOp(0, Direction.LOAD, client.slot, placements, client.page_bytes, block_ids,
                     np.array([e.offset for e in entries], np.int64), record_events=record_events)

@@ -90,7 +90,9 @@ class EngineSegments:
         self.slots = self.control.array(SLOT, cfg.num_slots, CONTROL_HEADER.itemsize)
         self.header = self.control.array(CONTROL_HEADER, 1)
         self.header[0] = (MAGIC, WIRE_VERSION, cfg.num_slots, FINGERPRINT, os.getpid(), self.epoch,
-                          time.time_ns(), cfg.ring_slots, 0, cfg.arena_bytes)
+                          time.time_ns(), cfg.ring_slots, 0, cfg.arena_bytes, 0)
+        flag_at = CONTROL_HEADER.fields["engine_sleeping"][1]
+        self.engine_sleeping = memoryview(self.control.array(np.uint8, 4, flag_at)).cast("I")
 
     def _segment(self, what: str, size: int) -> shm.Segment:
         segment = shm.create_segment(shm.ipc_name(self.config.name, what), size)
@@ -108,7 +110,7 @@ class EngineSegments:
         reset_slots(view.completions)
         header = view.header[0]
         view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
-                          int(header["generation"]) + 1)
+                          int(header["generation"]) + 1, 0)
 
     def check_ring(self, view: RingSegmentView) -> None:
         header = view.header[0]

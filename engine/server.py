@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 MAX_COMMANDS_PER_CLIENT_ROUND = 64
 SHUTDOWN_DRAIN_S = 5.0
+CLAIM_CHECK_S = 1e-3
 
 
 class EngineServer:
@@ -45,9 +46,10 @@ class EngineServer:
         self.index = BlockIndex(PagePool(config.pool_bytes, config.slab_bytes), config.lease_ttl_s)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}
-        self.doorbell = Doorbell(self.segments.doorbell)
+        self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
         self.is_stopping = False
         self._next_housekeeping = 0.0
+        self._next_claim_check = 0.0
         logger.info("engine %r ready: %s backend, pool %.1f GiB, %d client slots",
                     config.name, self.backend.name, config.pool_bytes / 2**30, config.num_slots)
 
@@ -80,14 +82,18 @@ class EngineServer:
             time.sleep(20e-6)
             return
         deadline = min(self._next_housekeeping, now + self.config.housekeeping_s)
-        wait_until(self._has_submissions, self.doorbell, deadline)
+        if wait_until(self._has_submissions, self.doorbell, deadline):
+            self._next_claim_check = 0.0
 
     def _has_submissions(self) -> bool:
         return (any(c.submissions.is_ready() for c in self.clients.values())
                 or len(self.segments.claimed_slots()) > 0)
 
     def _drain_rings(self) -> bool:
-        self._accept_claims()
+        now = time.monotonic()
+        if now >= self._next_claim_check:
+            self._next_claim_check = now + CLAIM_CHECK_S
+            self._accept_claims()
         did_work = False
         for client in list(self.clients.values()):
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
@@ -102,10 +108,10 @@ class EngineServer:
         try:
             self.dispatcher.handle(client, rec)
         except Exception:  # boundary: one bad command must not take the engine down
-            logger.exception("slot %d: internal error on opcode %d", client.slot, int(rec["opcode"]))
-            client.answer(int(rec["request_id"]), int(rec["opcode"]), Status.INTERNAL)
-            self.stats.count_command(int(rec["opcode"]), Status.INTERNAL)
-        if int(rec["opcode"]) == Opcode.DETACH:
+            logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
+            client.answer(rec.request_id, rec.opcode, Status.INTERNAL)
+            self.stats.count_command(rec.opcode, Status.INTERNAL)
+        if rec.opcode == Opcode.DETACH:
             client.is_detached = True
             self._retire(client)
 
@@ -113,7 +119,7 @@ class EngineServer:
         for slot in self.segments.claimed_slots().tolist():
             view = self.segments.rings[slot]
             self.segments.reset_ring(view)
-            bell = Doorbell(self.segments.completion_bells[slot])
+            bell = Doorbell(self.segments.completion_bells[slot], view.client_sleeping)
             bell.drain()
             self.clients[slot] = ClientState(slot, view, RingConsumer(view.submissions),
                                              RingProducer(view.completions, bell),
@@ -171,7 +177,7 @@ class EngineServer:
             time.sleep(1e-3)
         for client in self.clients.values():
             while (rec := client.submissions.try_get()) is not None:
-                client.answer(int(rec["request_id"]), int(rec["opcode"]), Status.SHUTTING_DOWN)
+                client.answer(rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
             client.flush()
         self.backend.close()
         self.segments.unlink_all()

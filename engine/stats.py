@@ -1,6 +1,7 @@
 """The engine's counters and gauges, kept directly in the stats segment.
 
 One writer (the engine's main thread); ``pegaflow-stat`` maps the segment read-only.
+Updates go through a ``memoryview`` of 64-bit words: a few tens of nanoseconds each.
 """
 
 from __future__ import annotations
@@ -15,25 +16,27 @@ from pegaflow.wire import NUM_OPCODE_COUNTERS, NUM_STATUS_COUNTERS, STATS
 
 class StatsWriter:
     def __init__(self, array: np.ndarray):
-        self.array = array
-        self.array[:] = np.zeros(1, dtype=STATS)
-        self.array["engine_pid"] = os.getpid()
-        self.array["start_ns"] = time.time_ns()
-        self._by_opcode = array["commands_by_opcode"][0]
-        self._by_status = array["errors_by_status"][0]
+        array[:] = np.zeros(1, dtype=STATS)
+        self._words = memoryview(array.view(np.uint8).reshape(-1)).cast("Q")
+        self._at = {name: STATS.fields[name][1] // 8 for name in STATS.names}
+        self._opcodes_at = self._at["commands_by_opcode"]
+        self._statuses_at = self._at["errors_by_status"]
+        self.set("engine_pid", os.getpid())
+        self.set("start_ns", time.time_ns())
 
     def add(self, name: str, amount: int = 1) -> None:
-        self.array[name] += amount
+        self._words[self._at[name]] += amount
 
     def set(self, name: str, value: int) -> None:
-        self.array[name] = value
-
-    def count_command(self, opcode: int, status: int) -> None:
-        self.array["commands"] += 1
-        self._by_opcode[min(opcode, NUM_OPCODE_COUNTERS - 1)] += 1
-        if status:
-            self.array["errors"] += 1
-            self._by_status[min(status, NUM_STATUS_COUNTERS - 1)] += 1
+        self._words[self._at[name]] = value
 
     def get(self, name: str) -> int:
-        return int(self.array[name][0])
+        return self._words[self._at[name]]
+
+    def count_command(self, opcode: int, status: int) -> None:
+        words = self._words
+        words[self._at["commands"]] += 1
+        words[self._opcodes_at + min(opcode, NUM_OPCODE_COUNTERS - 1)] += 1
+        if status:
+            words[self._at["errors"]] += 1
+            words[self._statuses_at + min(status, NUM_STATUS_COUNTERS - 1)] += 1

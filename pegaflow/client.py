@@ -22,7 +22,7 @@ from pegaflow.errors import (CommandError, EngineGoneError, EngineTimeoutError,
                              NoFreeSlotError, RingEmptyError, WireVersionError)
 from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
-                           SLOT, SUBMISSION, WIRE_VERSION, CommandFlag, Opcode, SlotState,
+                           SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
                            Status, encode_hashes)
 
 logger = logging.getLogger(__name__)
@@ -51,10 +51,9 @@ class LookupResult:
     lease_id: int
 
 
-def _completion(record: np.void) -> Completion:
-    return Completion(int(record["request_id"]), Opcode(int(record["opcode"])),
-                      Status(int(record["status"])), int(record["num_items"]),
-                      int(record["value"]), int(record["value2"]), int(record["value3"]))
+def _completion(record) -> Completion:
+    return Completion(record.request_id, Opcode(record.opcode), Status(record.status),
+                      record.num_items, record.value, record.value2, record.value3)
 
 
 def read_control_header(segment: shm.Segment) -> np.void:
@@ -106,19 +105,22 @@ class EngineClient:
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
         if int(header["is_stopping"]) or not is_pid_alive(self.engine_pid):
             raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) is not running")
-        engine_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, "doorbell")))
+        flag_at = CONTROL_HEADER.fields["engine_sleeping"][1]
+        engine_sleeping = memoryview(self._control.array(np.uint8, 4, flag_at)).cast("I")
+        engine_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, "doorbell")),
+                               engine_sleeping)
         self.slot = self._claim_slot(int(header["num_slots"]))
         engine_bell.ring()
         self._wait_slot_active(int(header["num_slots"]), timeout_s)
         ring_slots, arena_bytes = int(header["ring_slots"]), int(header["arena_bytes"])
         self._ring_segment = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
         view = RingSegmentView(self._ring_segment, ring_slots, arena_bytes)
-        self._own_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, f"cq.{self.slot}")))
+        self._own_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, f"cq.{self.slot}")),
+                                  view.client_sleeping)
         self._own_bell.drain()
         self._producer = RingProducer(view.submissions, engine_bell)
         self._consumer = RingConsumer(view.completions, self._own_bell)
         self._arena = PayloadArena(view.arena, self._producer)
-        self._record = np.zeros(1, dtype=SUBMISSION)[0]
         self.is_closed = False
         self.call(Opcode.ATTACH, arg=os.getpid(), timeout_s=timeout_s)
         logger.debug("attached to engine %r as slot %d", self.engine_name, self.slot)
@@ -173,12 +175,9 @@ class EngineClient:
         offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
         if num_bytes:
             self._arena.write(offset, list(payload))
-        rec = self._record
         request_id = self._new_request_id()
-        rec["request_id"], rec["opcode"], rec["flags"] = request_id, opcode, flags
-        rec["layer"], rec["region_id"], rec["num_items"] = layer, region_id, num_items
-        rec["event_index"], rec["namespace"], rec["arg"] = event_index, namespace, arg
-        rec["payload_offset"], rec["payload_bytes"], rec["version"] = offset, num_bytes, WIRE_VERSION
+        rec = (0, request_id, opcode, flags, layer, region_id, num_items, event_index,
+               namespace, offset, num_bytes, WIRE_VERSION, arg)
         position = self._producer.position
         self._producer.put(rec, timeout_s)
         self._arena.mark_sent(position)
@@ -211,7 +210,7 @@ class EngineClient:
                 self.check_engine()
         return done
 
-    def _done_record(self, record: np.void) -> None:
+    def _done_record(self, record) -> None:
         completion = _completion(record)
         self._done[completion.request_id] = completion
 

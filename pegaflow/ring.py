@@ -23,6 +23,9 @@ producer posts after every publish; every wait has a deadline and ends in a type
 
 from __future__ import annotations
 
+import collections
+import struct
+import threading
 import time
 from collections import deque
 
@@ -47,16 +50,38 @@ def reset_slots(slots: np.ndarray) -> None:
     slots["seq"] = np.arange(len(slots), dtype=np.uint64)
 
 
-class Doorbell:
-    """Wake a sleeping consumer; the consumer spins first, then sleeps on the semaphore."""
+_fence_lock = threading.Lock()
 
-    def __init__(self, sem: posix_ipc.Semaphore | None, spin_s: float = DEFAULT_SPIN_S):
+
+def fence() -> None:
+    """A full memory barrier (a locked instruction): orders our store before our next load."""
+    _fence_lock.acquire()
+    _fence_lock.release()
+
+
+class Doorbell:
+    """Wake a sleeping consumer without a system call when it is awake.
+
+    The consumer spins first; before sleeping on the semaphore it raises ``sleeping``
+    (a word in shared memory), fences, and re-checks its ring.  The producer publishes,
+    fences, and posts the semaphore only if ``sleeping`` is raised.  Either the consumer
+    sees the record or the producer sees the flag, so no wake-up is lost.
+    """
+
+    def __init__(self, sem: posix_ipc.Semaphore | None, sleeping: memoryview | None = None,
+                 spin_s: float = DEFAULT_SPIN_S):
         self.sem = sem
+        self.sleeping = sleeping
         self.spin_s = spin_s
 
     def ring(self) -> None:
-        if self.sem is not None:
-            self.sem.release()
+        if self.sem is None:
+            return
+        if self.sleeping is not None:
+            fence()
+            if not self.sleeping[0]:
+                return
+        self.sem.release()
 
     def drain(self) -> None:
         """Drop pending wake-ups; call before re-checking the ring and sleeping."""
@@ -68,6 +93,12 @@ class Doorbell:
         except posix_ipc.BusyError:
             return
 
+    def set_sleeping(self, is_sleeping: bool) -> None:
+        if self.sleeping is not None:
+            self.sleeping[0] = int(is_sleeping)
+            if is_sleeping:
+                fence()
+
     def sleep(self, timeout_s: float) -> None:
         """Sleep until rung or ``timeout_s``; without a semaphore, a short nap."""
         if timeout_s <= 0:
@@ -77,36 +108,78 @@ class Doorbell:
             return
         try:
             self.sem.acquire(timeout_s)
-        except posix_ipc.BusyError:
-            return
+        except (posix_ipc.BusyError, posix_ipc.SignalError):
+            return  # timed out, or a signal arrived: the caller re-checks its state
 
 
-class RingProducer:
-    def __init__(self, slots: np.ndarray, doorbell: Doorbell | None = None):
+def _struct_of(dtype: np.dtype) -> struct.Struct:
+    """A ``struct.Struct`` with the same layout as a wire dtype (checked byte for byte)."""
+    codes = {np.dtype("<u8"): "Q", np.dtype("<u4"): "I", np.dtype("<u2"): "H",
+             np.dtype("<i8"): "q", np.dtype("<i4"): "i", np.dtype("u1"): "B"}
+    fmt, at = "<", 0
+    for name in dtype.names:
+        field_dtype, offset = dtype.fields[name][:2]
+        fmt += "x" * (offset - at) + codes[field_dtype]
+        at = offset + field_dtype.itemsize
+    fmt += "x" * (dtype.itemsize - at)
+    packer = struct.Struct(fmt)
+    assert packer.size == dtype.itemsize, f"struct layout of {dtype} is off"
+    return packer
+
+
+def record_type(dtype: np.dtype) -> type:
+    """A named tuple of a wire dtype's fields that also answers ``rec["field"]``."""
+    base = collections.namedtuple(f"Record{len(dtype.names)}", dtype.names)
+
+    def __getitem__(self, key):
+        return getattr(self, key) if isinstance(key, str) else tuple.__getitem__(self, key)
+    return type(base.__name__, (base,), {"__slots__": (), "__getitem__": __getitem__})
+
+
+class _RingView:
+    """Raw access to a ring's records: seq words and whole records through ``struct``."""
+
+    def __init__(self, slots: np.ndarray):
         self.slots = slots
         self.num_slots = len(slots)
-        self.seq = slots["seq"]
+        self.itemsize = slots.dtype.itemsize
+        self.buf = memoryview(slots.view(np.uint8).reshape(-1))
+        self.packer = _struct_of(slots.dtype)
+        self.make = record_type(slots.dtype)._make
+        self.seq_codec = struct.Struct("<Q")
+
+    def seq(self, index: int) -> int:
+        return self.seq_codec.unpack_from(self.buf, index * self.itemsize)[0]
+
+    def set_seq(self, index: int, value: int) -> None:
+        self.seq_codec.pack_into(self.buf, index * self.itemsize, value)
+
+
+class RingProducer(_RingView):
+    def __init__(self, slots: np.ndarray, doorbell: Doorbell | None = None):
+        super().__init__(slots)
         self.position = 0
         self.doorbell = doorbell or Doorbell(None)
 
     def is_consumed(self, position: int) -> bool:
         """Whether the consumer has taken the record published at ``position``."""
-        return int(self.seq[position % self.num_slots]) >= position + self.num_slots
+        return self.seq(position % self.num_slots) >= position + self.num_slots
 
-    def try_put(self, record: np.void) -> bool:
-        """Publish one record if a slot is free; never blocks."""
+    def try_put(self, record) -> bool:
+        """Publish one record (a tuple in field order, or a numpy record; its ``seq`` is
+        ignored) if a slot is free; never blocks."""
         p = self.position
         i = p % self.num_slots
-        if int(self.seq[i]) != p:
+        if self.seq(i) != p:
             return False
-        record["seq"] = p
-        self.slots[i] = record
-        self.seq[i] = p + 1
+        values = record.item() if isinstance(record, np.void) else record
+        self.packer.pack_into(self.buf, i * self.itemsize, p, *values[1:])
+        self.set_seq(i, p + 1)
         self.position = p + 1
         self.doorbell.ring()
         return True
 
-    def put(self, record: np.void, timeout_s: float) -> None:
+    def put(self, record, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         pause = 1e-6
         while not self.try_put(record):
@@ -116,29 +189,27 @@ class RingProducer:
             pause = min(pause * 2, 1e-3)
 
 
-class RingConsumer:
+class RingConsumer(_RingView):
     def __init__(self, slots: np.ndarray, doorbell: Doorbell | None = None):
-        self.slots = slots
-        self.num_slots = len(slots)
-        self.seq = slots["seq"]
+        super().__init__(slots)
         self.position = 0
         self.doorbell = doorbell or Doorbell(None)
 
     def is_ready(self) -> bool:
-        return int(self.seq[self.position % self.num_slots]) == self.position + 1
+        return self.seq(self.position % self.num_slots) == self.position + 1
 
-    def try_get(self) -> np.void | None:
-        """Take one record (a private copy) if one is published; never blocks."""
+    def try_get(self):
+        """Take one record (a private copy, as a named tuple) if one is published; never blocks."""
         c = self.position
         i = c % self.num_slots
-        if int(self.seq[i]) != c + 1:
+        if self.seq(i) != c + 1:
             return None
-        record = self.slots[i].copy()
-        self.seq[i] = c + self.num_slots
+        record = self.make(self.packer.unpack_from(self.buf, i * self.itemsize))
+        self.set_seq(i, c + self.num_slots)
         self.position = c + 1
         return record
 
-    def get(self, timeout_s: float) -> np.void:
+    def get(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
         record = self.try_get()
         while record is None:
@@ -157,12 +228,16 @@ def wait_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
             return True
     while True:
         doorbell.drain()
+        doorbell.set_sleeping(True)
         if is_ready():
+            doorbell.set_sleeping(False)
             return True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            doorbell.set_sleeping(False)
             return False
         doorbell.sleep(remaining)
+        doorbell.set_sleeping(False)
 
 
 class PayloadArena:
@@ -231,3 +306,5 @@ class RingSegmentView:
         self.completions = segment.array(COMPLETION, ring_slots, at)
         at += ring_slots * COMPLETION.itemsize
         self.arena = segment.array(np.uint8, arena_bytes, at)
+        flag_at = RING_HEADER.fields["client_sleeping"][1]
+        self.client_sleeping = memoryview(self.header.view(np.uint8)[flag_at:flag_at + 4]).cast("I")

@@ -94,7 +94,8 @@ CONTROL_HEADER = _dtype([
     ("ring_slots", "<u4", 48),
     ("is_stopping", "<u4", 52),
     ("arena_bytes", "<u8", 56),
-], 64)
+    ("engine_sleeping", "<u4", 64),  # set while the engine sleeps on its doorbell
+], 128)
 
 SLOT = _dtype([
     ("state", "<u4", 0),
@@ -109,6 +110,7 @@ RING_HEADER = _dtype([
     ("ring_slots", "<u4", 12),
     ("arena_bytes", "<u8", 16),
     ("generation", "<u8", 24),
+    ("client_sleeping", "<u4", 32),  # set while the client sleeps on its completion bell
 ], 64)
 
 SUBMISSION = _dtype([
@@ -200,7 +202,7 @@ def _fingerprint() -> int:
 
 FINGERPRINT = _fingerprint()
 
-assert CONTROL_HEADER.itemsize == 64
+assert CONTROL_HEADER.itemsize == 128
 assert SLOT.itemsize == 32
 assert RING_HEADER.itemsize == 64
 assert SUBMISSION.itemsize == 64
@@ -212,9 +214,14 @@ assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_S
 
 
 def encode_hashes(hashes: list[bytes]) -> np.ndarray:
-    """Pack block hashes (at most 32 bytes each) into HASH records."""
+    """Pack block hashes (1..32 bytes each) into HASH records."""
     records = np.zeros(len(hashes), dtype=HASH)
     raw = records.view(np.uint8).reshape(len(hashes), HASH.itemsize)
+    lengths = {len(h) for h in hashes}
+    if len(lengths) == 1 and 0 < (size := lengths.pop()) <= HASH_BYTES:
+        raw[:, :size] = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(-1, size)
+        raw[:, HASH_BYTES] = size
+        return records
     for i, h in enumerate(hashes):
         if not 0 < len(h) <= HASH_BYTES:
             raise ValueError(f"block hash {i} has {len(h)} bytes; 1..{HASH_BYTES} allowed")
@@ -225,5 +232,7 @@ def encode_hashes(hashes: list[bytes]) -> np.ndarray:
 
 def hash_keys(records: np.ndarray) -> list[bytes]:
     """One hashable key per HASH record (digest plus length, so short hashes stay distinct)."""
+    width = HASH_BYTES + 1
     raw = np.ascontiguousarray(records).view(np.uint8).reshape(len(records), HASH.itemsize)
-    return [bytes(row) for row in raw[:, :HASH_BYTES + 1]]
+    flat = raw[:, :width].tobytes()
+    return [flat[i:i + width] for i in range(0, len(flat), width)]

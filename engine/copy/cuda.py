@@ -1,0 +1,433 @@
+"""The CUDA copy backend: client GPU memory <-> the pinned pool, on the driver API only.
+
+Protocol (every call from the dispatcher thread; none of them waits for a copy)::
+
+    attach_pool(segment)       pre-touch the /dev/shm pool in threads, cuMemHostRegister it
+    register_region(...)       open the client's IPC memory handle (once per allocation)
+    register_events(...)       open the client's pool of IPC events
+    submit(op)                 one copy per layer on that layer's low-priority stream
+    poll()                     the ops whose completion event has fired (cuEventQuery)
+    unregister_client(slot)    close its handles and events
+
+Ordering.  A SAVE layer stream first waits for ``client_event[op.wait_event]``, so it
+reads only bytes the client finished writing; a LOAD records ``client_event[b + k]``
+after layer k's copy, which the client's compute stream waits on.  Inside one op,
+layer k starts after layer k - ``layers_in_flight`` ends: at most that many layers share
+the GPU (bounded SMs for the kernel) and a LOAD delivers its layers in order.
+
+Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
+(``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
+``auto``: at the first registration of a page size, both paths copy 64 MiB of random
+pages each way; the copy engine is taken where it reaches 95 % of the kernel's rate.
+
+Errors.  ``submit`` never raises: a bad op or a CUDA failure comes back from ``poll`` as
+``CopyDone(token, error)``, and a failed op's issued copies are drained first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
+from engine.copy.kernels import CopyKernel, StagingRing, is_aligned
+from pegaflow.cuda import driver
+from pegaflow.errors import CommandError, ConfigError, CudaError
+from pegaflow.wire import RegionKind, Status
+
+logger = logging.getLogger(__name__)
+
+KERNEL = "kernel"
+COPY_ENGINE = "copy-engine"
+AUTO = "auto"
+PATHS = (AUTO, KERNEL, COPY_ENGINE)
+_TOUCH_STRIDE = 4096
+_PROBE_BYTES = 64 << 20
+_COPY_ENGINE_MARGIN = 0.95
+
+
+@dataclass(slots=True)
+class _Region:
+    device: int
+    handle: bytes
+    base: int    # client address of the region's first byte
+    extent: int  # bytes from ``base`` to the end of the allocation
+
+
+@dataclass(slots=True)
+class _Inflight:
+    token: int
+    slot: int
+    device: int
+    staging: list | None
+    events: list = field(default_factory=list)   # engine events, recycled when done
+    streams: list = field(default_factory=list)
+    done: object = None
+
+
+class _IpcMappings:
+    """Each client allocation is opened once per process and device, shared by count
+    (a second ``cuIpcOpenMemHandle`` of one allocation in one context fails)."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, bytes], list[int]] = {}  # -> [address, references]
+
+    def acquire(self, device: int, handle: bytes) -> int:
+        entry = self._open.get((device, handle))
+        if entry is None:
+            entry = self._open[(device, handle)] = [driver.open_ipc_mem(handle), 0]
+        entry[1] += 1
+        return entry[0]
+
+    def release(self, device: int, handle: bytes) -> None:
+        entry = self._open[(device, handle)]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._open[(device, handle)]
+            driver.close_ipc_mem(entry[0])
+
+
+_MAPPINGS = _IpcMappings()
+
+
+class _Device:
+    """One GPU: its primary context, layer streams, compiled kernel and idle events."""
+
+    def __init__(self, device: int, num_ctas: int) -> None:
+        self.device = device
+        driver.use_device(device)
+        self.kernel = CopyKernel(device, num_ctas)
+        self.streams: dict[int, object] = {}
+        self.idle_events: list = []
+        self.paths: dict[tuple[int, Direction], str] = {}
+        self.pool_base = 0
+
+    def stream(self, layer: int):
+        stream = self.streams.get(layer)
+        if stream is None:
+            stream = self.streams[layer] = driver.create_stream(low_priority=True)
+        return stream
+
+    def event(self):
+        return self.idle_events.pop() if self.idle_events else driver.create_event()
+
+    def close(self) -> None:
+        driver.use_device(self.device)
+        for stream in self.streams.values():
+            driver.destroy_stream(stream)
+        for event in self.idle_events:
+            driver.destroy_event(event)
+        self.kernel.close()
+
+
+def prefault(segment, num_threads: int) -> None:
+    """Fault every page of ``segment`` in, in parallel, without changing a byte."""
+    view = segment.array(np.uint8, segment.size)
+    chunk = -(-segment.size // num_threads // _TOUCH_STRIDE) * _TOUCH_STRIDE or _TOUCH_STRIDE
+
+    def touch(start: int) -> None:
+        part = view[start:start + chunk:_TOUCH_STRIDE]
+        np.bitwise_or(part, 0, out=part)
+
+    with ThreadPoolExecutor(num_threads) as pool:
+        list(pool.map(touch, range(0, segment.size, chunk)))
+    del view
+
+
+class CudaBackend(CopyBackend):
+    name = "cuda"
+
+    def __init__(self, copy_backend: str = AUTO, num_ctas: int = 16, layers_in_flight: int = 2,
+                 staging_words: int = 1 << 20, device: int = 0,
+                 touch_threads: int | None = None) -> None:
+        if copy_backend not in PATHS:
+            raise ConfigError(f"copy backend {copy_backend!r}: use one of {', '.join(PATHS)}")
+        if num_ctas < 1 or layers_in_flight < 1:
+            raise ConfigError("num_ctas and layers_in_flight must be at least 1")
+        driver.init()
+        self.copy_backend = copy_backend
+        self.num_ctas = num_ctas
+        self.layers_in_flight = layers_in_flight
+        self.touch_threads = touch_threads or min(16, os.cpu_count() or 1)
+        self._devices: dict[int, _Device] = {}
+        self._default_device = device
+        self._device(device)
+        self._staging = StagingRing(staging_words)
+        self._pool: tuple[int, int] | None = None  # (host address, size)
+        self._regions: dict[tuple[int, int], _Region] = {}
+        self._event_handles: dict[int, list[bytes]] = {}
+        self._events: dict[tuple[int, int], list] = {}  # (slot, device) -> opened events
+        self._inflight: list[_Inflight] = []
+        self._ready: list[CopyDone] = []
+
+    def _device(self, device: int) -> _Device:
+        dev = self._devices.get(device)
+        if dev is None:
+            dev = self._devices[device] = _Device(device, self.num_ctas)
+            if self._pool is not None:
+                dev.pool_base = driver.host_device_pointer(self._pool[0])
+        driver.use_device(device)
+        return dev
+
+    def attach_pool(self, pool_segment) -> None:
+        if self._pool is not None:
+            raise CudaError("a pool is already attached")
+        address, size = pool_segment.address(), pool_segment.size
+        started = time.perf_counter()
+        prefault(pool_segment, self.touch_threads)
+        touched = time.perf_counter()
+        self._device(self._default_device)
+        driver.host_register(address, size)
+        self._pool = (address, size)
+        for dev in self._devices.values():
+            driver.use_device(dev.device)
+            dev.pool_base = driver.host_device_pointer(address)
+        logger.info("pool %s: %.2f GiB touched in %.2f s (%d threads), registered in %.2f s",
+                    pool_segment.name, size / 2**30, touched - started, self.touch_threads,
+                    time.perf_counter() - touched)
+
+    def register_region(self, slot: int, region_id: int, region: np.void) -> None:
+        if int(region["kind"]) != RegionKind.CUDA_IPC:
+            raise CudaError(f"region kind {int(region['kind'])} is not CUDA_IPC")
+        base_offset, alloc_bytes = int(region["base_offset"]), int(region["alloc_bytes"])
+        if base_offset >= alloc_bytes:
+            raise CudaError(f"region offset {base_offset} is past its allocation ({alloc_bytes})")
+        dev = self._device(int(region["device"]))
+        handle = region["handle"].tobytes()
+        address = _MAPPINGS.acquire(dev.device, handle)
+        self._drop_region((slot, region_id))
+        self._regions[(slot, region_id)] = _Region(dev.device, handle, address + base_offset,
+                                                   alloc_bytes - base_offset)
+        self._open_events(slot, dev.device)
+        if self.copy_backend == AUTO:
+            self._choose_path(dev, int(region["page_bytes"]))
+
+    def register_events(self, slot: int, handles: np.ndarray) -> None:
+        self._close_events(slot)
+        self._event_handles[slot] = [h.tobytes() for h in handles["handle"]]
+        for device in {r.device for (s, _), r in self._regions.items() if s == slot}:
+            self._open_events(slot, device)
+
+    def unregister_client(self, slot: int) -> None:
+        pending = [f for f in self._inflight if f.slot == slot]
+        if pending:
+            logger.warning("slot %d unregistered with %d copies in flight: draining", slot,
+                           len(pending))
+            for f in pending:
+                driver.use_device(f.device)
+                driver.synchronize_event(f.done)
+        for key in [k for k in self._regions if k[0] == slot]:
+            self._drop_region(key)
+        self._close_events(slot)
+        self._event_handles.pop(slot, None)
+
+    def submit(self, op: CopyOp) -> None:
+        try:
+            self._enqueue(op)
+        except (CommandError, CudaError) as exc:
+            logger.warning("copy %d failed at submit: %s", op.token, exc)
+            self._ready.append(CopyDone(op.token, f"{type(exc).__name__}: {exc}"))
+
+    def poll(self) -> list[CopyDone]:
+        ready, self._ready = self._ready, []
+        pending = []
+        for f in self._inflight:
+            driver.use_device(f.device)
+            try:
+                if not driver.event_done(f.done):
+                    pending.append(f)
+                    continue
+                ready.append(CopyDone(f.token))
+            except CudaError as exc:
+                ready.append(CopyDone(f.token, f"CudaError: {exc}"))
+            self._release(f)
+        self._inflight = pending
+        return ready
+
+    def num_inflight(self) -> int:
+        return len(self._inflight) + len(self._ready)
+
+    def close(self) -> None:
+        for f in self._inflight:
+            driver.use_device(f.device)
+            driver.synchronize_event(f.done)
+            self._release(f)
+        self._inflight = []
+        for slot in {k[0] for k in self._regions} | set(self._event_handles):
+            self.unregister_client(slot)
+        self._staging.close()
+        if self._pool is not None:
+            self._device(self._default_device)
+            driver.host_unregister(self._pool[0])
+            self._pool = None
+        for dev in self._devices.values():
+            dev.close()
+        self._devices.clear()
+
+    # -- submit ---------------------------------------------------------------------
+
+    def _enqueue(self, op: CopyOp) -> None:
+        regions = self._validate(op)
+        if len(op.block_ids) == 0:
+            self._ready.append(CopyDone(op.token))
+            return
+        dev = self._device(regions[0].device)
+        path = self._path(dev, op, regions)
+        staging = self._stage(op) if path == KERNEL else None
+        if path == KERNEL and staging is None:
+            path = COPY_ENGINE  # staging ring full: DMA needs none
+        inflight = _Inflight(op.token, op.slot, dev.device, staging)
+        try:
+            self._issue(dev, op, regions, path, inflight)
+        except CudaError:
+            self._drain(inflight)
+            raise
+        self._inflight.append(inflight)
+
+    def _issue(self, dev: _Device, op: CopyOp, regions: list[_Region], path: str,
+               f: _Inflight) -> None:
+        events = self._client_events(op.slot, dev.device)
+        depth, to_pool = self.layers_in_flight, op.direction == Direction.SAVE
+        for k, (layer, region) in enumerate(zip(op.layers, regions)):
+            stream = dev.stream(layer.layer)
+            f.streams.append(stream)
+            if k >= depth:
+                driver.wait(stream, f.events[k - depth])
+            if op.wait_event is not None:
+                driver.wait(stream, events[op.wait_event])
+            client_base = region.base + layer.offset_bytes
+            pool_base = dev.pool_base + layer.layer * op.page_bytes
+            self._copy(dev, path, stream, op, client_base, layer.block_stride_bytes,
+                       pool_base, to_pool, f.staging)
+            if op.record_events is not None:
+                driver.record(events[op.record_events + k], stream)
+            f.events.append(dev.event())
+            driver.record(f.events[-1], stream)
+        last = f.streams[-1]
+        for event in f.events[max(0, len(f.events) - depth):-1]:
+            driver.wait(last, event)
+        f.done = dev.event()
+        f.events.append(f.done)
+        driver.record(f.done, last)
+
+    def _copy(self, dev: _Device, path: str, stream, op: CopyOp, client_base: int,
+              client_stride: int, pool_base: int, to_pool: bool, staging: list | None) -> None:
+        if path == KERNEL:
+            n = len(op.block_ids)
+            ids = self._staging.address(staging[0])
+            dev.kernel.launch(stream, ids, ids + 8 * n, n, client_base, client_stride,
+                              pool_base, op.page_bytes, to_pool)
+            return
+        client = op.block_ids.astype(np.int64) * client_stride + client_base
+        pool = op.entry_offsets.astype(np.int64) + pool_base
+        dst, src = (pool, client) if to_pool else (client, pool)
+        driver.memcpy_batch_async(dst, src, op.page_bytes, stream)
+
+    def _stage(self, op: CopyOp) -> list | None:
+        n = len(op.block_ids)
+        entry = self._staging.try_alloc(2 * n)
+        if entry is not None:
+            start = entry[0]
+            self._staging.words[start:start + n] = op.block_ids
+            self._staging.words[start + n:start + 2 * n] = op.entry_offsets
+        return entry
+
+    def _drain(self, f: _Inflight) -> None:
+        """After a failed enqueue: let what was issued finish, then recycle."""
+        for stream in f.streams:
+            try:
+                driver.synchronize_stream(stream)
+            except CudaError:
+                logger.exception("draining copy %d", f.token)
+        self._release(f)
+
+    def _release(self, f: _Inflight) -> None:
+        self._devices[f.device].idle_events.extend(f.events)
+        f.events = []
+        if f.staging is not None:
+            self._staging.free(f.staging)
+            f.staging = None
+
+    # -- validation and path choice --------------------------------------------------
+
+    def _validate(self, op: CopyOp) -> list[_Region]:
+        """Every region known, every page inside its allocation and the pool."""
+        if self._pool is None:
+            raise CommandError(Status.INTERNAL, "no pool attached")
+        if len(op.block_ids) != len(op.entry_offsets) or not op.layers:
+            raise CommandError(Status.BAD_PAYLOAD, "block ids, entry offsets and layers disagree")
+        regions = [self._regions.get((op.slot, layer.region_id)) for layer in op.layers]
+        if None in regions:
+            raise CommandError(Status.UNKNOWN_REGION, f"slot {op.slot}: unknown region")
+        if len({r.device for r in regions}) != 1:
+            raise CommandError(Status.BAD_ARGUMENT, "one op spans several devices")
+        self._check_events(op)
+        if len(op.block_ids):
+            self._check_bounds(op, regions)
+        return regions
+
+    def _check_bounds(self, op: CopyOp, regions: list[_Region]) -> None:
+        b_lo, b_hi = int(op.block_ids.min()), int(op.block_ids.max())
+        for layer, region in zip(op.layers, regions):
+            ends = (b_lo * layer.block_stride_bytes, b_hi * layer.block_stride_bytes)
+            if layer.offset_bytes + min(ends) < 0 or \
+                    layer.offset_bytes + max(ends) + op.page_bytes > region.extent:
+                raise CommandError(Status.BLOCK_OUT_OF_RANGE,
+                                   f"layer {layer.layer}: blocks {b_lo}..{b_hi} leave the region")
+        e_lo, e_hi = int(op.entry_offsets.min()), int(op.entry_offsets.max())
+        l_hi = max(layer.layer for layer in op.layers)
+        if e_lo < 0 or min(layer.layer for layer in op.layers) < 0 or \
+                e_hi + (l_hi + 1) * op.page_bytes > self._pool[1]:
+            raise CommandError(Status.BLOCK_OUT_OF_RANGE, "pool entries leave the pool")
+
+    def _check_events(self, op: CopyOp) -> None:
+        if op.wait_event is None and op.record_events is None:
+            return
+        count = len(self._event_handles.get(op.slot, ()))
+        if op.wait_event is not None and not 0 <= op.wait_event < count:
+            raise CommandError(Status.BAD_ARGUMENT, f"wait event {op.wait_event} of {count}")
+        if op.record_events is not None and \
+                not 0 <= op.record_events <= count - len(op.layers):
+            raise CommandError(Status.BAD_ARGUMENT,
+                               f"events {op.record_events}+{len(op.layers)} of {count}")
+
+    def _path(self, dev: _Device, op: CopyOp, regions: list[_Region]) -> str:
+        path = self.copy_backend
+        if path == AUTO:
+            path = dev.paths.get((op.page_bytes, op.direction))
+            if path is None:  # a page size never registered: FACTS' rule of thumb
+                path = KERNEL if op.page_bytes < 256 << 10 else COPY_ENGINE
+        if path == KERNEL and not self._is_aligned(dev, op, regions):
+            return COPY_ENGINE
+        return path
+
+    @staticmethod
+    def _is_aligned(dev: _Device, op: CopyOp, regions: list[_Region]) -> bool:
+        values = [op.page_bytes, dev.pool_base, int(np.bitwise_or.reduce(op.entry_offsets))]
+        for layer, region in zip(op.layers, regions):
+            values += [region.base + layer.offset_bytes, layer.block_stride_bytes]
+        return is_aligned(*values)
+
+    def _choose_path(self, dev: _Device, page_bytes: int) -> None:
+        if (page_bytes, Direction.SAVE) in dev.paths:
+            return
+        if page_bytes % 16:
+            for direction in Direction:
+                dev.paths[(page_bytes, direction)] = COPY_ENGINE
+            return
+        for direction, rates in self._probe(dev, page_bytes).items():
+            kernel_gbps, dma_gbps = rates
+            path = COPY_ENGINE if dma_gbps >= _COPY_ENGINE_MARGIN * kernel_gbps else KERNEL
+            dev.paths[(page_bytes, direction)] = path
+            logger.info("auto: %d-byte pages %s: kernel %.1f GB/s, copy engine %.1f GB/s -> %s",
+                        page_bytes, direction.name, kernel_gbps, dma_gbps, path)
+
+    def _probe(self, dev: _Device, page_bytes: int) -> dict[Direction, tuple[float, float]]:
+        """Both paths, both directions, over 64 MiB of randomly placed pages."""
+        from engine.copy.probe import probe_paths  # noqa: PLC0415  (kept out of the hot path)
+        return probe_paths(self, dev, page_bytes)

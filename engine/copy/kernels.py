@@ -1,0 +1,189 @@
+"""The gather/scatter kernel (NVRTC source, compile, launch) and its staging ring.
+
+One launch copies one layer's pages of one op between a client's GPU memory and the
+pinned, mapped pool, reading or writing host memory directly over PCIe::
+
+    client page k = client_base + block_ids[k] * client_stride
+    pool page k   = pool_base + entry_offsets[k]          (pool_base includes l * page_bytes)
+
+``block_ids`` and ``entry_offsets`` are int64 arrays in a mapped pinned staging ring that
+every layer of the op shares; each CTA loads the ids of up to 512 of its pages into
+shared memory with one PCIe round trip.  The grid is persistent and small (16 CTAs of
+512 threads reach the PCIe limit on an H200) so decode keeps its SMs; each thread moves
+16-byte words with streaming (evict-first) loads and stores, eight loads in flight
+before its stores.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+
+import numpy as np
+
+from pegaflow.cuda import driver
+from pegaflow.errors import CudaError
+
+logger = logging.getLogger(__name__)
+
+THREADS = 512
+KERNEL_NAME = "pegaflow_copy_pages"
+ALIGN_BYTES = 16
+
+SOURCE = r"""
+struct CopyArgs {
+  const long long* block_ids;
+  const long long* entry_offsets;
+  unsigned long long client_base;
+  long long client_stride;
+  unsigned long long pool_base;
+  long long page_bytes;
+  int num_pages;
+  int to_pool;
+};
+
+#define THREADS 512
+#define UNROLL 8
+
+__device__ __forceinline__ void copy_page(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                          long long num_words) {
+  for (long long first = threadIdx.x; first < num_words; first += THREADS * UNROLL) {
+    uint4 r[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const long long i = first + (long long)u * THREADS;
+      if (i < num_words) r[u] = __ldcs(src + i);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const long long i = first + (long long)u * THREADS;
+      if (i < num_words) __stcs(dst + i, r[u]);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) pegaflow_copy_pages(const CopyArgs a) {
+  __shared__ long long s_client[THREADS];
+  __shared__ long long s_pool[THREADS];
+  const long long num_words = a.page_bytes >> 4;
+  const int grid = gridDim.x;
+  for (int first = blockIdx.x; first < a.num_pages; first += grid * THREADS) {
+    const int p = first + threadIdx.x * grid;
+    if (p < a.num_pages) {
+      s_client[threadIdx.x] = a.block_ids[p] * a.client_stride;
+      s_pool[threadIdx.x] = a.entry_offsets[p];
+    }
+    __syncthreads();
+    const int count = min(THREADS, (a.num_pages - first + grid - 1) / grid);
+    for (int k = 0; k < count; ++k) {
+      char* client = (char*)(a.client_base + s_client[k]);
+      char* pool = (char*)(a.pool_base + s_pool[k]);
+      if (a.to_pool) copy_page((const uint4*)client, (uint4*)pool, num_words);
+      else copy_page((const uint4*)pool, (uint4*)client, num_words);
+    }
+    __syncthreads();
+  }
+}
+"""
+
+
+class _CopyArgs(ctypes.Structure):
+    _fields_ = [
+        ("block_ids", ctypes.c_uint64),
+        ("entry_offsets", ctypes.c_uint64),
+        ("client_base", ctypes.c_uint64),
+        ("client_stride", ctypes.c_int64),
+        ("pool_base", ctypes.c_uint64),
+        ("page_bytes", ctypes.c_int64),
+        ("num_pages", ctypes.c_int32),
+        ("to_pool", ctypes.c_int32),
+    ]
+
+
+assert ctypes.sizeof(_CopyArgs) == 56
+
+
+def is_aligned(*values: int) -> bool:
+    """Whether every address, stride and size allows the kernel's 16-byte words."""
+    acc = 0
+    for v in values:
+        acc |= int(v)
+    return acc % ALIGN_BYTES == 0
+
+
+class CopyKernel:
+    """The compiled kernel in one device's context, with a reusable parameter block."""
+
+    def __init__(self, device: int, num_ctas: int) -> None:
+        self.num_ctas = num_ctas
+        cubin = driver.compile_cubin(SOURCE, "pegaflow_copy.cu", device)
+        self._module, self._function = driver.load_function(cubin, KERNEL_NAME)
+        self._args = _CopyArgs()
+        self._params = (ctypes.c_void_p * 1)(ctypes.addressof(self._args))
+        logger.info("compiled %s for device %d (%d bytes of cubin)", KERNEL_NAME, device, len(cubin))
+
+    def launch(self, stream, ids_ptr: int, offsets_ptr: int, num_pages: int, client_base: int,
+               client_stride: int, pool_base: int, page_bytes: int, to_pool: bool) -> None:
+        """Enqueue one layer's copy; the driver copies the parameter block at launch."""
+        a = self._args
+        a.block_ids, a.entry_offsets, a.num_pages = ids_ptr, offsets_ptr, num_pages
+        a.client_base, a.client_stride = client_base, client_stride
+        a.pool_base, a.page_bytes, a.to_pool = pool_base, page_bytes, int(to_pool)
+        grid = max(1, min(self.num_ctas, num_pages))
+        driver.launch(self._function, grid, THREADS, stream, ctypes.addressof(self._params))
+
+    def close(self) -> None:
+        driver.unload_module(self._module)
+
+
+class StagingRing:
+    """A first-in, first-out allocator of int64 words in pinned, mapped host memory.
+
+    Ops take a slice for their ids at submit and give it back when they complete, in any
+    order; space is reused once every older slice is back.  ``device_address`` of a word
+    is what kernels read (unified addressing makes it the host address).
+    """
+
+    def __init__(self, num_words: int) -> None:
+        self.num_words = num_words
+        self._address, raw = driver.host_alloc(num_words * 8)
+        self.words = raw.view(np.int64)
+        self._head = 0
+        self._live: collections.deque[list] = collections.deque()  # [start, end, is_free]
+
+    def device_address(self, word: int) -> int:
+        return self._address + 8 * word
+
+    def try_alloc(self, num_words: int) -> list | None:
+        """A slice ``[start, end, is_free]`` of ``num_words`` words, or None if full."""
+        start = self._fit(num_words)
+        if start is None:
+            return None
+        self._head = start + num_words
+        entry = [start, start + num_words, False]
+        self._live.append(entry)
+        return entry
+
+    def _fit(self, n: int) -> int | None:
+        if n > self.num_words:
+            return None
+        if not self._live:
+            return 0
+        tail = self._live[0][0]
+        if self._head > tail:  # free space is [head, end) and [0, tail)
+            if self._head + n <= self.num_words:
+                return self._head
+            return 0 if n <= tail else None
+        return self._head if self._head + n <= tail else None  # wrapped: [head, tail)
+
+    def free(self, entry: list) -> None:
+        entry[2] = True
+        while self._live and self._live[0][2]:
+            self._live.popleft()
+
+    def close(self) -> None:
+        if self._live:
+            raise CudaError(f"staging ring closed with {len(self._live)} slices in use")
+        self.words = None
+        driver.host_free(self._address)

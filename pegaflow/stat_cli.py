@@ -1,0 +1,108 @@
+"""``pegaflow-stat``: a read-only view of a running engine's counters.
+
+    pegaflow-stat                 live view, one line a second with rates (like nvidia-smi dmon)
+    pegaflow-stat --once          one snapshot, human readable
+    pegaflow-stat --once --json   one JSON object
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from pegaflow import shm
+from pegaflow.errors import EngineNotRunningError, ShmError
+from pegaflow.wire import STATS, STATS_COUNTER_NAMES, Opcode, Status
+
+_RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
+          ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
+
+
+def read_stats(name: str) -> dict:
+    """One snapshot of engine ``name``'s counters as a plain dict."""
+    segment = shm.attach_segment(shm.ipc_name(name, "stats"), readonly=True)
+    try:
+        record = segment.array(STATS, 1)[0].copy()
+    finally:
+        segment.close()
+    snapshot = {key: int(record[key]) for key in STATS_COUNTER_NAMES}
+    snapshot["commands_by_opcode"] = {op.name.lower(): int(record["commands_by_opcode"][op])
+                                      for op in Opcode}
+    snapshot["errors_by_status"] = {st.name.lower(): int(record["errors_by_status"][st])
+                                    for st in Status if st != Status.OK}
+    snapshot["uptime_s"] = round(max(0, time.time_ns() - snapshot["start_ns"]) / 1e9, 3)
+    snapshot["name"] = name
+    return snapshot
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f}"
+
+
+def format_once(s: dict) -> str:
+    lines = [f"engine {s['name']!r} pid {s['engine_pid']} up {s['uptime_s']:.0f}s, "
+             f"{s['clients_attached']} clients, {s['leases_active']} leases",
+             f"pool    {_gib(s['pool_bytes_used'])} / {_gib(s['pool_bytes_total'])} GiB, "
+             f"{s['pool_blocks_used']} blocks, {s['evictions']} evictions",
+             f"saved   {s['blocks_saved']} blocks ({_gib(s['bytes_saved'])} GiB), "
+             f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped",
+             f"loaded  {s['blocks_loaded']} blocks ({_gib(s['bytes_loaded'])} GiB)",
+             f"lookups {s['lookups']}: {s['lookup_hit_blocks']} of {s['lookup_blocks']} blocks hit",
+             f"commands {s['commands']}, errors {s['errors']}"]
+    errors = {k: v for k, v in s["errors_by_status"].items() if v}
+    if errors:
+        lines.append("errors by status: " + ", ".join(f"{k}={v}" for k, v in errors.items()))
+    return "\n".join(lines)
+
+
+def live(name: str, interval_s: float) -> None:
+    header = "  ".join([f"{'time':>8}", f"{'pool GiB':>9}"] + [f"{label:>8}" for _, label in _RATES]
+                       + [f"{'clients':>7}", f"{'leases':>6}"])
+    prev, prev_t = read_stats(name), time.monotonic()
+    for row in range(10**12):
+        if row % 20 == 0:
+            print(header, flush=True)
+        time.sleep(interval_s)
+        cur, now = read_stats(name), time.monotonic()
+        dt = max(now - prev_t, 1e-9)
+        rates = [f"{(cur[k] - prev[k]) / dt:>8.0f}" for k, _ in _RATES]
+        print("  ".join([time.strftime("%H:%M:%S"), f"{cur['pool_bytes_used'] / 2**30:>9.2f}"]
+                        + rates + [f"{cur['clients_attached']:>7}", f"{cur['leases_active']:>6}"]),
+              flush=True)
+        prev, prev_t = cur, now
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pegaflow-stat", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default=os.environ.get("PEGAFLOW_NAME", "pegaflow"),
+                        help="engine name (env PEGAFLOW_NAME; default %(default)s)")
+    parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: one JSON object")
+    parser.add_argument("--interval", type=float, default=1.0, help="live refresh, seconds")
+    args = parser.parse_args(argv)
+    try:
+        if args.once or args.json:
+            snapshot = read_stats(args.name)
+            print(json.dumps(snapshot) if args.json else format_once(snapshot))
+        else:
+            live(args.name, args.interval)
+    except EngineNotRunningError:
+        print(f"pegaflow-stat: no engine named {args.name!r} is running on this host "
+              f"(start one with `make run-engine` or `python -m engine --name {args.name}`)",
+              file=sys.stderr)
+        return 1
+    except ShmError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Fixtures shared by every test directory: the real engine, started as a subprocess.
+
+``engine`` starts one engine per test (``engine_factory`` when a test wants flags of its
+own, or more than one engine); ``shared_engine`` serves a whole module whose tests do not
+care what the others stored.  Each engine gets a unique ``--name``, the host backend and
+a small pool; teardown sends SIGTERM and asserts a clean exit and that nothing named
+after the engine is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from pegaflow import shm  # noqa: E402
+from pegaflow.client import EngineClient  # noqa: E402
+from pegaflow.errors import PegaflowError  # noqa: E402
+from pegaflow.wire import STATS, STATS_COUNTER_NAMES  # noqa: E402
+
+PYTHON = sys.executable
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 10.0
+STATS_TIMEOUT_S = 5.0
+_names = itertools.count()
+
+
+def unique_engine_name(tag: str = "") -> str:
+    """A name no other test (or other pytest run on this host) uses."""
+    return f"t{os.getpid()}_{tag}{next(_names)}"
+
+
+def shm_leftovers(name: str) -> list[str]:
+    """Entries in /dev/shm that belong to engine ``name`` (segments and semaphores)."""
+    prefix = f"pegaflow.{os.getuid()}.{name}."
+    return sorted(e for e in os.listdir("/dev/shm")
+                  if e.startswith(prefix) or e.startswith(f"sem.{prefix}"))
+
+
+def engine_command(name: str, *, pool_size: str = "64MiB", slab_size: str = "1MiB",
+                   lease_ttl: float | None = None, max_clients: int = 8,
+                   arena_size: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    argv = [PYTHON, "-m", "engine", "--backend", "host", "--name", name,
+            "--pool-size", pool_size, "--slab-size", slab_size,
+            "--max-clients", str(max_clients), "--log-level", "INFO"]
+    if lease_ttl is not None:
+        argv += ["--lease-ttl", str(lease_ttl)]
+    if arena_size is not None:
+        argv += ["--arena-size", arena_size]
+    return argv + list(extra)
+
+
+@dataclass
+class EngineProcess:
+    """One engine subprocess; ``stats()`` reads its stats segment."""
+
+    name: str
+    proc: subprocess.Popen
+    stderr_path: Path
+    is_clean_exit_expected: bool = True
+    _stats_segment: shm.Segment | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def connect(self, timeout_s: float = 5.0) -> EngineClient:
+        return EngineClient.connect(self.name, timeout_s=timeout_s)
+
+    def stats(self) -> dict[str, int]:
+        """A snapshot of every counter and gauge of the stats segment."""
+        if self._stats_segment is None:
+            self._stats_segment = shm.attach_segment(shm.ipc_name(self.name, "stats"), readonly=True)
+        row = self._stats_segment.array(STATS, 1)[0].copy()
+        snapshot = {n: int(row[n]) for n in STATS_COUNTER_NAMES}
+        snapshot["commands_by_opcode"] = [int(v) for v in row["commands_by_opcode"]]
+        snapshot["errors_by_status"] = [int(v) for v in row["errors_by_status"]]
+        return snapshot
+
+    def fresh_stats(self, timeout_s: float = STATS_TIMEOUT_S) -> dict[str, int]:
+        """Stats written by a housekeeping pass that began after this call (gauges are current)."""
+        since_ns = time.time_ns()
+        return self.wait_stats(lambda s: s["heartbeat_ns"] > since_ns, timeout_s)
+
+    def wait_stats(self, predicate, timeout_s: float = STATS_TIMEOUT_S) -> dict[str, int]:
+        """The first snapshot for which ``predicate`` holds; fails the test at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            snapshot = self.stats()
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() >= deadline:
+                pytest.fail(f"engine {self.name}: stats never satisfied the condition; last {snapshot}")
+            time.sleep(0.005)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """Send ``sig`` (if still running) and reap; returns the exit code."""
+        if self._stats_segment is not None:
+            self._stats_segment.close()
+            self._stats_segment = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"engine {self.name} did not exit within {timeout_s}s of signal {sig}")
+
+
+def wait_engine_ready(engine: EngineProcess, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until a client can attach and PING; then until that probe client's slot is free again."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if engine.proc.poll() is not None:
+            pytest.fail(f"engine {engine.name} exited with {engine.proc.returncode} at start:\n"
+                        f"{engine.stderr_text()}")
+        try:
+            client = engine.connect(timeout_s=1.0)
+            break
+        except PegaflowError:
+            if time.monotonic() >= deadline:
+                pytest.fail(f"engine {engine.name} not ready after {timeout_s}s:\n{engine.stderr_text()}")
+            time.sleep(0.01)
+    client.ping()
+    client.close()
+    engine.wait_stats(lambda s: s["clients_attached"] == 0, timeout_s)
+
+
+class EngineHarness:
+    """Starts engines and, at the end, stops each one and checks it left nothing behind."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.engines: list[EngineProcess] = []
+
+    def start(self, name: str | None = None, *, wait: bool = True, **flags) -> EngineProcess:
+        name = name or unique_engine_name()
+        stderr_path = self.log_dir / f"engine-{name}-{len(self.engines)}.log"
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(engine_command(name, **flags), cwd=REPO_ROOT,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        engine = EngineProcess(name, proc, stderr_path)
+        self.engines.append(engine)
+        if wait:
+            wait_engine_ready(engine)
+        return engine
+
+    def stop_all(self) -> None:
+        problems = []
+        for engine in reversed(self.engines):
+            returncode = engine.stop()
+            if engine.is_clean_exit_expected and returncode != 0:
+                problems.append(f"engine {engine.name} exited with {returncode}:\n{engine.stderr_text()}")
+        for name in dict.fromkeys(e.name for e in self.engines):
+            if left := shm_leftovers(name):
+                problems.append(f"engine {name} left {left} in /dev/shm")
+                for entry in left:  # keep the host clean for the next test, then fail
+                    _remove_leftover(entry)
+        assert not problems, "\n".join(problems)
+
+
+def _remove_leftover(entry: str) -> None:
+    if entry.startswith("sem."):
+        shm.unlink_semaphore("/" + entry[len("sem."):])
+    else:
+        shm.unlink_segment("/" + entry)
+
+
+@pytest.fixture
+def engine_factory(tmp_path):
+    """``engine_factory(pool_size=..., slab_size=..., lease_ttl=..., arena_size=...)``."""
+    harness = EngineHarness(tmp_path)
+    yield harness.start
+    harness.stop_all()
+
+
+@pytest.fixture
+def engine(engine_factory) -> EngineProcess:
+    """A fresh engine with the host backend and a 64 MiB pool of 1 MiB slabs."""
+    return engine_factory()
+
+
+@pytest.fixture(scope="module")
+def shared_engine(tmp_path_factory) -> EngineProcess:
+    """One engine for a whole module; tests must use hashes no other test uses."""
+    harness = EngineHarness(tmp_path_factory.mktemp("engine"))
+    yield harness.start()
+    harness.stop_all()
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """Random bytes that differ per test but repeat between runs of the same test."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
