@@ -75,6 +75,9 @@ class EngineServer:
             client.flush()
         if now >= self._next_housekeeping:
             self._housekeeping(now)
+            self._update_gauges()
+        elif did_work:
+            self._update_gauges()
         return did_work
 
     def _sleep(self, now: float) -> None:
@@ -147,13 +150,15 @@ class EngineServer:
                 self._retire(client, force=not is_alive)
             elif not is_alive:
                 self._reclaim_dead(client)
+        self.stats.set("heartbeat_ns", time.time_ns())
+
+    def _update_gauges(self) -> None:
         stats, pool = self.stats, self.index.pool
         stats.set("pool_bytes_used", pool.bytes_used)
         stats.set("pool_blocks_used", pool.num_entries)
         stats.set("leases_active", len(self.index.leases))
         stats.set("evictions", self.index.counters.evictions)
         stats.set("lease_expiries", self.index.counters.lease_expiries)
-        stats.set("heartbeat_ns", time.time_ns())
 
     def _reclaim_dead(self, client: ClientState) -> None:
         if client.num_inflight:

@@ -19,7 +19,7 @@ import posix_ipc
 
 from pegaflow import shm
 from pegaflow.errors import (CommandError, EngineGoneError, EngineTimeoutError,
-                             NoFreeSlotError, RingEmptyError, WireVersionError)
+                             NoFreeSlotError, PegaflowError, RingEmptyError, WireVersionError)
 from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
                            SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
@@ -54,6 +54,11 @@ class LookupResult:
 def _completion(record) -> Completion:
     return Completion(record.request_id, Opcode(record.opcode), Status(record.status),
                       record.num_items, record.value, record.value2, record.value3)
+
+
+def _records(hashes) -> np.ndarray:
+    """HASH records from a list of bytes, or records already encoded."""
+    return hashes if isinstance(hashes, np.ndarray) else encode_hashes(hashes)
 
 
 def read_control_header(segment: shm.Segment) -> np.void:
@@ -245,14 +250,14 @@ class EngineClient:
     def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT) -> int:
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
-        return self.submit(Opcode.SAVE, payload=[ids, encode_hashes(hashes)], num_items=len(ids),
+        return self.submit(Opcode.SAVE, payload=[ids, _records(hashes)], num_items=len(ids),
                            namespace=namespace, layer=layer, event_index=event_index)
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT) -> int:
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
         flags = CommandFlag.RELEASE_LEASE if lease_id else CommandFlag.NONE
-        return self.submit(Opcode.LOAD, payload=[ids, encode_hashes(hashes)], num_items=len(ids),
+        return self.submit(Opcode.LOAD, payload=[ids, _records(hashes)], num_items=len(ids),
                            namespace=namespace, layer=layer, event_index=event_index,
                            arg=lease_id, flags=int(flags))
 
@@ -264,13 +269,14 @@ class EngineClient:
     def register_events(self, handles: np.ndarray) -> None:
         self.call(Opcode.REGISTER_EVENTS, payload=[handles], num_items=len(handles))
 
-    def close(self) -> None:
-        """DETACH (best effort within the deadline) and unmap."""
+    def close(self, detach: bool = True) -> None:
+        """DETACH (best effort within the deadline; skipped when ``detach`` is False) and unmap."""
         if self.is_closed:
             return
         try:
-            self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, 2.0))
-        except (EngineGoneError, EngineTimeoutError, CommandError) as exc:
+            if detach:
+                self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, 2.0))
+        except PegaflowError as exc:
             logger.info("detach from engine %r: %s", self.engine_name, exc)
         self.is_closed = True
         for segment in (self._ring_segment, self._control):

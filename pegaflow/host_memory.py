@@ -21,6 +21,7 @@ class HostKVBuffer:
         self.segment = shm.create_segment(self.name, num_bytes)
         self.num_bytes = num_bytes
         self.data = self.segment.array(np.uint8, num_bytes)
+        register_live(self)
 
     def region_record(self, num_blocks: int, page_bytes: int, num_layers: int,
                       base_offset: int = 0) -> np.ndarray:
@@ -33,6 +34,7 @@ class HostKVBuffer:
         return region
 
     def close(self) -> None:
+        _LIVE.pop(self.name, None)
         self.data = None
         self.segment.close()
         self.segment.unlink()
@@ -42,3 +44,19 @@ def layer_records(layers: list[int], offsets: list[int], strides: list[int]) -> 
     records = np.zeros(len(layers), dtype=LAYER)
     records["layer"], records["offset_bytes"], records["block_stride_bytes"] = layers, offsets, strides
     return records
+
+
+_LIVE: dict[str, "HostKVBuffer"] = {}
+
+
+def register_live(buffer: "HostKVBuffer") -> None:
+    _LIVE[buffer.name] = buffer
+
+
+def find_buffer(address: int, num_bytes: int) -> tuple["HostKVBuffer", int] | None:
+    """The live buffer of this process holding ``[address, address + num_bytes)``, and the offset."""
+    for buffer in _LIVE.values():
+        base = buffer.segment.address()
+        if base <= address and address + num_bytes <= base + buffer.num_bytes:
+            return buffer, address - base
+    return None

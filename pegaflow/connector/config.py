@@ -1,0 +1,91 @@
+"""The connector's one frozen config.
+
+Each option comes from ``kv_connector_extra_config`` first, then the ``PEGAFLOW_*``
+environment variable, then the default:
+
+| extra_config key     | env var                       | default    | meaning |
+|----------------------|-------------------------------|------------|---------|
+| engine_name          | PEGAFLOW_NAME                 | pegaflow   | engine to attach to (`--name` of the engine) |
+| load_mode            | PEGAFLOW_LOAD_MODE            | layerwise  | `layerwise`: load inside the step, layer L+1 moving while L computes; `async`: load between steps, reported through get_finished |
+| enable_save          | PEGAFLOW_ENABLE_SAVE          | true       | store newly computed full blocks |
+| enable_load          | PEGAFLOW_ENABLE_LOAD          | true       | look up and load cached prefixes |
+| lookup_timeout_ms    | PEGAFLOW_LOOKUP_TIMEOUT_MS    | 50         | deadline of one lookup; past it the request is a miss |
+| command_timeout_ms   | PEGAFLOW_COMMAND_TIMEOUT_MS   | 5000       | deadline of a load or save answer |
+| reconnect_interval_s | PEGAFLOW_RECONNECT_INTERVAL_S | 5          | how often to try again while the engine is unreachable |
+| num_load_slots       | PEGAFLOW_NUM_LOAD_SLOTS       | 64         | loads per step fenced by events (cuda); more are waited on by the CPU |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from pegaflow.errors import ConfigError
+from pegaflow.shm import check_engine_name
+
+_ENV = {
+    "engine_name": "PEGAFLOW_NAME", "load_mode": "PEGAFLOW_LOAD_MODE",
+    "enable_save": "PEGAFLOW_ENABLE_SAVE", "enable_load": "PEGAFLOW_ENABLE_LOAD",
+    "lookup_timeout_ms": "PEGAFLOW_LOOKUP_TIMEOUT_MS", "command_timeout_ms": "PEGAFLOW_COMMAND_TIMEOUT_MS",
+    "reconnect_interval_s": "PEGAFLOW_RECONNECT_INTERVAL_S", "num_load_slots": "PEGAFLOW_NUM_LOAD_SLOTS",
+}
+LOAD_MODES = ("layerwise", "async")
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key}={value!r}: expected true or false")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorConfig:
+    engine_name: str = "pegaflow"
+    load_mode: str = "layerwise"
+    enable_save: bool = True
+    enable_load: bool = True
+    lookup_timeout_ms: float = 50.0
+    command_timeout_ms: float = 5000.0
+    reconnect_interval_s: float = 5.0
+    num_load_slots: int = 64
+
+    def __post_init__(self) -> None:
+        check_engine_name(self.engine_name)
+        if self.load_mode not in LOAD_MODES:
+            raise ConfigError(f"load_mode={self.load_mode!r}: choose one of {', '.join(LOAD_MODES)}")
+        for key in ("lookup_timeout_ms", "command_timeout_ms", "reconnect_interval_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.num_load_slots < 1:
+            raise ConfigError(f"num_load_slots must be at least 1, got {self.num_load_slots}")
+
+    @property
+    def is_async_load(self) -> bool:
+        return self.load_mode == "async"
+
+    @classmethod
+    def from_sources(cls, extra_config: dict | None, environ: dict | None = None) -> "ConnectorConfig":
+        extra_config = dict(extra_config or {})
+        environ = os.environ if environ is None else environ
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(k for k in extra_config if k not in known)
+        if unknown:
+            raise ConfigError(f"unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
+        values = {}
+        for name, spec in known.items():
+            raw = extra_config.get(name, environ.get(_ENV[name]))
+            if raw is None:
+                continue
+            default = spec.default
+            try:
+                values[name] = (_as_bool(name, raw) if isinstance(default, bool)
+                                else type(default)(raw))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{name}={raw!r}: {exc}") from exc
+        return cls(**values)

@@ -1,0 +1,151 @@
+"""``PegaKVConnector``: vLLM's v1 KV connector API routed to one side or the other.
+
+vLLM builds one instance in the scheduler process (role SCHEDULER) and one per worker
+(role WORKER).  This facade holds no state of its own: each method forwards to the
+``SchedulerSide`` or the ``WorkerSide`` object made for its role.
+
+    --kv-transfer-config '{"kv_connector":"PegaKVConnector",
+                           "kv_connector_module_path":"pegaflow.connector","kv_role":"kv_both"}'
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                KVConnectorMetadata,
+                                                                KVConnectorRole)
+
+from pegaflow.connector.config import ConnectorConfig
+from pegaflow.connector.layout import TensorInfo
+from pegaflow.connector.memory import CudaMemory, HostMemory
+from pegaflow.connector.metadata import PegaConnectorMetadata
+from pegaflow.connector.namespace import kv_fields, rank_namespace
+from pegaflow.connector.scheduler import SchedulerSide
+from pegaflow.connector.worker import WorkerSide
+from pegaflow.errors import LayoutError
+
+logger = logging.getLogger(__name__)
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        return get_tensor_model_parallel_rank()
+    except (AssertionError, ImportError):  # no distributed state: a single process
+        return 0
+
+
+def _pp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+        return get_pp_group().rank_in_group
+    except (AssertionError, ImportError):
+        return 0
+
+
+def _tensor_info(name: str, tensor) -> TensorInfo:
+    return TensorInfo(name, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()),
+                      tensor.element_size())
+
+
+class PegaKVConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config)
+        block_size = vllm_config.cache_config.block_size
+        base = kv_fields(vllm_config, kv_cache_config)
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
+                logger.info("pegaflow: a cache miss must never fail a request; "
+                            "setting kv_load_failure_policy to 'recompute'")
+                transfer.kv_load_failure_policy = "recompute"
+            namespaces = [rank_namespace(base, r, _pp_rank()) for r in range(tp_size)]
+            self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size)
+        else:
+            rank = _tp_rank()
+            self._worker = WorkerSide(self.pega_config, rank_namespace(base, rank, _pp_rank()), rank,
+                                      kv_cache_config.num_blocks)
+        logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s",
+                    role.name.lower(), self.pega_config.engine_name, self.pega_config.load_mode,
+                    "on" if self.pega_config.enable_save else "off")
+
+    # -- properties vLLM asks about -------------------------------------------------------
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped save is a future miss
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        return True  # wait_for_layer_load / save_kv_layer run per layer
+
+    # -- scheduler side -------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request, block_ids):
+        return self._scheduler.request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output) -> None:
+        self._scheduler.update_connector_output(connector_output)
+
+    def has_pending_push_work(self) -> bool:
+        return self._scheduler is not None and self._scheduler.has_pending_work()
+
+    # -- worker side ----------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        tensors = {name: _tensor_info(name, t) for name, t in kv_caches.items()}
+        devices = {t.device.type for t in kv_caches.values()}
+        if devices == {"cuda"}:
+            memory = CudaMemory(next(iter(kv_caches.values())).device.index or 0)
+        elif devices == {"cpu"}:
+            memory = HostMemory()
+        else:
+            raise LayoutError(f"pegaflow: KV caches on {sorted(devices)}; expected all cuda or all cpu")
+        self._worker.register_kv_caches(tensors, memory)
+
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        if isinstance(kv_connector_metadata, PegaConnectorMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
+
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._worker.bind(connector_metadata)
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        self._worker.start_load_kv()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        self._worker.save_kv_layer(layer_name)
+
+    def wait_for_save(self) -> None:
+        self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]):
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()

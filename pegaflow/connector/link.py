@@ -1,0 +1,77 @@
+"""A connection to the engine that survives the engine going away and coming back.
+
+While the engine is unreachable, ``client()`` answers None (callers then miss, drop the
+save, or report a load error), one warning is logged, and a reconnect is tried every
+``reconnect_interval_s``.  ``on_connect`` re-registers what a fresh engine must know.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pegaflow.client import EngineClient
+from pegaflow.errors import PegaflowError
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 1.0
+
+
+class EngineLink:
+    def __init__(self, engine_name: str, reconnect_interval_s: float, who: str,
+                 on_connect: Callable[[EngineClient], None] | None = None):
+        self.engine_name = engine_name
+        self.reconnect_interval_s = reconnect_interval_s
+        self.who = who
+        self.on_connect = on_connect
+        self.num_failures = 0
+        self.is_down = False
+        self._client: EngineClient | None = None
+        self._next_try = 0.0
+
+    def client(self) -> EngineClient | None:
+        """The live client, connecting if it is time to try; None while the engine is down."""
+        if self._client is not None:
+            return self._client
+        now = time.monotonic()
+        if now < self._next_try:
+            return None
+        self._next_try = now + self.reconnect_interval_s
+        client = None
+        try:
+            client = EngineClient.connect(self.engine_name, timeout_s=CONNECT_TIMEOUT_S)
+            if self.on_connect is not None:
+                self.on_connect(client)
+        except PegaflowError as exc:
+            if client is not None:
+                client.close(detach=False)
+            self._mark_down(exc)
+            return None
+        if self.is_down or self.num_failures:
+            logger.warning("%s: engine %r is reachable again; cache in use", self.who, self.engine_name)
+        self.is_down = False
+        self._client = client
+        return client
+
+    def fail(self, exc: Exception) -> None:
+        """An operation failed: drop the connection and retry later."""
+        self._mark_down(exc)
+        if self._client is not None:
+            self._client.close(detach=False)
+            self._client = None
+        self._next_try = time.monotonic() + self.reconnect_interval_s
+
+    def _mark_down(self, exc: Exception) -> None:
+        self.num_failures += 1
+        if not self.is_down:
+            logger.warning("%s: engine %r unreachable (%s: %s); serving without the cache "
+                           "(lookups miss, saves are dropped, loads recompute) and retrying every %.0fs",
+                           self.who, self.engine_name, type(exc).__name__, exc, self.reconnect_interval_s)
+        self.is_down = True
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,82 @@
+"""How a worker exposes its KV memory to the engine: host shared memory or CUDA IPC.
+
+``HostMemory`` serves the host backend (CI, tests): the "GPU" caches are CPU tensors
+inside a ``pegaflow.host_memory.HostKVBuffer``.  ``CudaMemory`` exports each CUDA
+allocation with an IPC handle and owns the pool of IPC events that order copies
+against vLLM's compute stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pegaflow.connector.layout import TensorInfo, span_bytes
+from pegaflow.errors import LayoutError
+from pegaflow.host_memory import find_buffer
+from pegaflow.wire import REGION, RegionKind
+
+
+@dataclass(slots=True)
+class Region:
+    """One allocation: its REGION record and the offset of each tensor inside it."""
+
+    record: np.ndarray
+    key: object
+
+
+class HostMemory:
+    has_events = False
+
+    def region_of(self, info: TensorInfo) -> tuple[object, int, np.ndarray]:
+        """(allocation key, offset of ``info`` in it, a REGION record for the allocation)."""
+        found = find_buffer(info.data_ptr, span_bytes(info))
+        if found is None:
+            raise LayoutError(f"{info.name}: a CPU KV cache must live in a "
+                              f"pegaflow.host_memory.HostKVBuffer for the host backend")
+        buffer, offset = found
+        region = np.zeros(1, dtype=REGION)
+        region["kind"] = RegionKind.HOST_SHM
+        region["alloc_bytes"] = buffer.num_bytes
+        region["shm_name"] = buffer.name.encode()
+        return buffer.name, offset, region
+
+    def current_stream(self) -> int:
+        return 0
+
+    def create_events(self, num_events: int) -> None:
+        """Host copies are synchronous: no events."""
+
+    def close(self) -> None:
+        """Nothing is owned: the buffers belong to whoever created them."""
+
+
+class CudaMemory:
+    has_events = True
+
+    def __init__(self, device: int):
+        self.device = device
+        self.events = None
+
+    def create_events(self, num_events: int) -> None:
+        from pegaflow.cuda.ipc import EventPool
+        self.events = EventPool(num_events, self.device)
+
+    def region_of(self, info: TensorInfo) -> tuple[object, int, np.ndarray]:
+        from pegaflow.cuda.ipc import export_allocation
+        exported = export_allocation(info.data_ptr)
+        region = np.zeros(1, dtype=REGION)
+        region["kind"] = RegionKind.CUDA_IPC
+        region["device"] = exported.device
+        region["alloc_bytes"] = exported.alloc_bytes
+        region["handle"] = np.void(exported.handle)
+        return exported.handle, exported.base_offset, region
+
+    def current_stream(self) -> int:
+        import torch
+        return torch.cuda.current_stream().cuda_stream
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()

@@ -1,0 +1,41 @@
+"""What the scheduler side tells the workers each step (pickled into SchedulerOutput)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """Load ``hashes`` into ``block_ids``; ``lease_ids[rank]`` pins them for that rank."""
+
+    req_id: str
+    block_ids: tuple[int, ...]
+    hashes: tuple[bytes, ...]
+    lease_ids: tuple[int, ...]
+    is_async: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SaveSpec:
+    """Store the full blocks ``block_ids`` under ``hashes`` once this step has written them."""
+
+    req_id: str
+    block_ids: tuple[int, ...]
+    hashes: tuple[bytes, ...]
+
+
+@dataclass
+class PegaConnectorMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+    # Finished requests whose blocks vLLM keeps until the workers report their saves done.
+    held_req_ids: set[str] = field(default_factory=set)
+    # Requests preempted this step: their blocks may be reused now.
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def has_sync_loads(self) -> bool:
+        return any(not load.is_async for load in self.loads)

@@ -1,0 +1,194 @@
+"""The scheduler side: ask the engine what is cached, plan loads and saves.
+
+It never touches KV memory.  ``get_num_new_matched_tokens`` asks the engine (over the
+scheduler's own ring) for the blocks vLLM has not computed and caches the answer per
+request, so repeated calls have no side effect; the answer's lease pins those blocks
+until the workers' LOAD uses it (or it is released here, or it expires).  Each step,
+``build_connector_meta`` hands the workers the loads planned at allocation and the
+full blocks the step completes (prefill chunks and decode alike).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pegaflow.connector.config import ConnectorConfig
+from pegaflow.connector.link import EngineLink
+from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
+from pegaflow.errors import PegaflowError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestState:
+    request: Any
+    lookup_at_tokens: int = -1
+    num_hit_tokens: int = 0
+    lease_ids: tuple[int, ...] = ()
+    block_ids: list[int] = field(default_factory=list)
+    num_saved_blocks: int = 0
+    pending_load: LoadSpec | None = None
+    has_saves: bool = False
+
+
+class SchedulerSide:
+    def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int):
+        self.config = config
+        self.namespaces = namespaces  # one per TP rank
+        self.block_size = block_size
+        self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler")
+        self.requests: dict[str, RequestState] = {}
+        self._held: set[str] = set()  # finished and held, not yet told to the workers
+        self._awaiting_report: set[str] = set()  # held until the workers report their saves done
+        self.num_lookup_failures = 0
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        state = self.requests.get(request.request_id)
+        if state is None:
+            state = self.requests[request.request_id] = RequestState(request)
+        if state.lookup_at_tokens != num_computed_tokens:
+            self._release_leases(state)
+            state.num_hit_tokens, state.lease_ids = self._lookup(request, num_computed_tokens)
+            state.lookup_at_tokens = num_computed_tokens
+        is_async = self.config.is_async_load and state.num_hit_tokens > 0
+        return state.num_hit_tokens, is_async
+
+    def _lookup(self, request, num_computed_tokens: int) -> tuple[int, tuple[int, ...]]:
+        """(tokens to load, one lease per rank); always leaves one token for vLLM."""
+        bs = self.block_size
+        if not self.config.enable_load or num_computed_tokens % bs:
+            return 0, ()
+        first = num_computed_tokens // bs
+        num_loadable = max(0, (request.num_tokens - 1 - num_computed_tokens) // bs)
+        hashes = list(request.block_hashes[first:first + num_loadable])
+        if not hashes or (client := self.link.client()) is None:
+            return 0, ()
+        leases, num_hits = [], len(hashes)
+        try:
+            for namespace in self.namespaces:
+                found = client.lookup(namespace, hashes, timeout_s=self.config.lookup_timeout_ms / 1e3)
+                leases.append(found.lease_id)
+                num_hits = min(num_hits, found.num_hit_blocks)
+        except PegaflowError as exc:
+            self.num_lookup_failures += 1
+            self.link.fail(exc)
+            return 0, ()
+        if num_hits == 0:
+            self._release(leases)
+            return 0, ()
+        return num_hits * bs, tuple(leases)
+
+    def _release(self, lease_ids) -> None:
+        client = self.link.client() if any(lease_ids) else None
+        if client is None:
+            return  # the engine expires them, or reclaims them with our slot
+        try:
+            for lease_id in lease_ids:
+                if lease_id:
+                    client.release(lease_id)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+
+    def _release_leases(self, state: RequestState) -> None:
+        self._release(state.lease_ids)
+        state.lease_ids = ()
+        if state.pending_load is not None:
+            self._release(state.pending_load.lease_ids)
+            state.pending_load = None
+
+    # -- plans ----------------------------------------------------------------------------
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        state = self.requests.get(request.request_id)
+        if state is None:
+            return
+        if num_external_tokens <= 0:
+            if state.lookup_at_tokens >= 0:  # offered but not taken
+                self._release_leases(state)
+                state.lookup_at_tokens = -1
+            return
+        bs = self.block_size
+        block_ids = blocks.get_block_ids()[0]
+        first, count = state.lookup_at_tokens // bs, num_external_tokens // bs
+        state.pending_load = LoadSpec(
+            request.request_id, tuple(block_ids[first:first + count]),
+            tuple(request.block_hashes[first:first + count]), state.lease_ids,
+            self.config.is_async_load)
+        state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
+
+    def build_connector_meta(self, scheduler_output) -> PegaConnectorMetadata:
+        meta = PegaConnectorMetadata(held_req_ids=self._held, preempted_req_ids=set(
+            scheduler_output.preempted_req_ids or ()))
+        self._held = set()
+        for req_id in meta.preempted_req_ids:
+            if (state := self.requests.get(req_id)) is not None:
+                state.block_ids = []
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            state = self.requests.get(new.req_id)
+            if state is not None:
+                state.block_ids = list(new.block_ids[0])
+                self._plan_save(meta, state, new.num_computed_tokens + num_scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                state.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                state.block_ids.extend(new_ids[0])
+            self._plan_save(meta, state, cached.num_computed_tokens[i] + num_scheduled.get(req_id, 0))
+        for state in self.requests.values():
+            if state.pending_load is not None:
+                meta.loads.append(state.pending_load)
+                state.pending_load = None
+        return meta
+
+    def _plan_save(self, meta: PegaConnectorMetadata, state: RequestState, num_tokens: int) -> None:
+        if not self.config.enable_save:
+            return
+        hashes = state.request.block_hashes
+        num_full = min(num_tokens // self.block_size, len(hashes), len(state.block_ids))
+        if num_full <= state.num_saved_blocks:
+            return
+        start = state.num_saved_blocks
+        meta.saves.append(SaveSpec(state.request.request_id, tuple(state.block_ids[start:num_full]),
+                                   tuple(hashes[start:num_full])))
+        state.num_saved_blocks = num_full
+        state.has_saves = True
+
+    # -- finish ---------------------------------------------------------------------------
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
+        """Keep the blocks (True) while saves of this request may still read them."""
+        state = self.requests.get(request.request_id)
+        if state is None:
+            return False, None
+        self._release_leases(state)
+        if state.has_saves:
+            self._held.add(request.request_id)
+            self._awaiting_report.add(request.request_id)
+            return True, None
+        del self.requests[request.request_id]
+        return False, None
+
+    def update_connector_output(self, connector_output) -> None:
+        for req_id in connector_output.finished_sending or ():
+            self.requests.pop(req_id, None)
+            self._awaiting_report.discard(req_id)
+
+    def has_pending_work(self) -> bool:
+        """Held blocks are freed only by a later step's worker report: keep stepping."""
+        return bool(self._awaiting_report)
+
+    def shutdown(self) -> None:
+        for state in self.requests.values():
+            self._release_leases(state)
+        self.link.close()

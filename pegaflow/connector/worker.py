@@ -1,0 +1,287 @@
+"""The worker side: register KV memory, submit loads and saves, fence them with events.
+
+Per step: ``start_load_kv`` submits one LOAD per planned request (all layers; with the
+cuda backend each layer's copy records an IPC event), ``wait_for_layer_load`` waits
+for the engine to accept the step's loads and then makes vLLM's stream wait, on the
+GPU, for that layer's events; ``save_kv_layer`` records an event after the layer's
+KV is written and submits a SAVE that the engine's layer stream waits on.  Saves
+complete asynchronously: requests vLLM keeps for us are reported finished once their
+saves are done, and ``handle_preemptions`` waits for the saves of preempted requests
+before their blocks can be reused.  Any engine failure becomes a load error (vLLM
+recomputes) or a dropped save, never an exception into vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from pegaflow.client import EngineClient
+from pegaflow.connector.config import ConnectorConfig
+from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
+from pegaflow.connector.link import EngineLink
+from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+from pegaflow.errors import LayoutError, PegaflowError
+from pegaflow.host_memory import layer_records
+from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerSide:
+    def __init__(self, config: ConnectorConfig, namespace: int, rank: int, num_blocks: int):
+        self.config = config
+        self.namespace = namespace
+        self.rank = rank
+        self.num_blocks = num_blocks
+        self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
+                               f"pegaflow worker rank {rank}", self._register)
+        self.memory = None
+        self.virtual: dict[str, tuple[int, ...]] = {}   # layer name -> engine layers
+        self.save_layers: dict[str, int] = {}            # canonical layer name -> save event
+        self._regions: list[tuple[np.ndarray, np.ndarray]] = []
+        self._num_virtual = 0
+        self._meta: PegaConnectorMetadata | None = None
+        self._step_loads: list[tuple[int, LoadSpec, int | None]] = []
+        self._loads_waited = True
+        self._async_loads: dict[int, LoadSpec] = {}
+        self._finished_recving: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._save_payload = None
+        self._save_cmds: dict[int, tuple[str, ...]] = {}
+        self._pending_saves: defaultdict[str, int] = defaultdict(int)
+        self._held: set[str] = set()
+        self.num_saves_dropped = 0
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def register_kv_caches(self, tensors: dict[str, TensorInfo], memory) -> None:
+        self.memory = memory
+        canonical: dict[tuple, str] = {}
+        by_alloc: dict[object, tuple[np.ndarray, list]] = {}
+        page_bytes = None
+        for name, info in tensors.items():
+            key = alias_key(info)
+            if key in canonical:
+                self.virtual[name] = self.virtual[canonical[key]]
+                continue
+            canonical[key] = name
+            subs = derive_sublayers(info, self.num_blocks)
+            if page_bytes is not None and any(s.page_bytes != page_bytes for s in subs):
+                raise LayoutError(f"{name}: pages of {subs[0].page_bytes} bytes, others have {page_bytes}")
+            page_bytes = subs[0].page_bytes
+            alloc, offset, region = memory.region_of(info)
+            layers = by_alloc.setdefault(alloc, (region, []))[1]
+            first = self._num_virtual
+            for i, sub in enumerate(subs):
+                layers.append((first + i, offset + sub.offset_bytes, sub.block_stride_bytes))
+            self.virtual[name] = tuple(range(first, first + len(subs)))
+            self.save_layers[name] = len(self.save_layers)
+            self._num_virtual += len(subs)
+        memory.create_events(len(self.save_layers) + self.config.num_load_slots * self._num_virtual)
+        for region, layers in by_alloc.values():
+            region["num_layers"], region["num_blocks"], region["page_bytes"] = len(layers), self.num_blocks, page_bytes
+            self._regions.append((region, layer_records(*map(list, zip(*layers)))))
+        logger.info("pegaflow worker rank %d: %d layers (%d aliases) as %d engine layers of %d-byte "
+                    "pages in %d allocation(s)", self.rank, len(self.save_layers),
+                    len(tensors) - len(self.save_layers), self._num_virtual, page_bytes, len(self._regions))
+        self.link.client()
+
+    def _register(self, client: EngineClient) -> None:
+        for region_id, (region, layers) in enumerate(self._regions):
+            client.register_region(region_id, region, layers)
+        if self.memory is not None and self.memory.has_events:
+            client.register_events(self.memory.events.handles())
+
+    def _load_event_base(self, slot: int) -> int:
+        return len(self.save_layers) + slot * self._num_virtual
+
+    # -- loads ----------------------------------------------------------------------------
+
+    def bind(self, meta: PegaConnectorMetadata) -> None:
+        self._meta = meta
+        self._save_payload = None
+        self._held |= meta.held_req_ids
+
+    def start_load_kv(self) -> None:
+        self._step_loads, self._loads_waited = [], False
+        meta = self._meta
+        if meta is None or not meta.loads:
+            return
+        client = self.link.client()
+        for index, spec in enumerate(meta.loads):
+            if client is None:
+                self._fail_load(spec)
+                continue
+            slot = None
+            if self.memory.has_events and not spec.is_async and index < self.config.num_load_slots:
+                slot = index
+            lease = spec.lease_ids[self.rank] if self.rank < len(spec.lease_ids) else 0
+            try:
+                request_id = client.submit_load(
+                    self.namespace, spec.block_ids, list(spec.hashes), lease_id=lease,
+                    event_index=NO_EVENT if slot is None else self._load_event_base(slot))
+            except PegaflowError as exc:
+                self.link.fail(exc)
+                client = None
+                self._fail_load(spec)
+                continue
+            if spec.is_async:
+                self._async_loads[request_id] = spec
+            else:
+                self._step_loads.append((request_id, spec, slot))
+
+    def _fail_load(self, spec: LoadSpec) -> None:
+        self._load_errors.update(spec.block_ids)
+        if spec.is_async:
+            self._finished_recving.add(spec.req_id)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if not self._loads_waited:
+            self._wait_step_loads()
+        if not self.memory.has_events:
+            return
+        stream = None
+        for _, _, slot in self._step_loads:
+            if slot is None:
+                continue
+            stream = stream or self.memory.current_stream()
+            base = self._load_event_base(slot)
+            for v in self.virtual.get(layer_name, ()):
+                self.memory.events.wait(base + v, stream)
+
+    def _wait_step_loads(self) -> None:
+        """The engine accepted (cuda) or finished (host) each of this step's loads."""
+        self._loads_waited = True
+        client, ok = self.link.client(), []
+        deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
+        for request_id, spec, slot in self._step_loads:
+            if client is None:
+                self._fail_load(spec)
+                continue
+            try:
+                done = client.wait(request_id, max(deadline - time.monotonic(), 1e-3))
+            except PegaflowError as exc:
+                self.link.fail(exc)
+                client = None
+                self._fail_load(spec)
+                continue
+            if done.is_ok:
+                ok.append((request_id, spec, slot))
+            else:
+                logger.warning("pegaflow: load of %d blocks for %s failed (%s); vLLM recomputes them",
+                               len(spec.block_ids), spec.req_id, done.status.name)
+                self._fail_load(spec)
+        self._step_loads = ok
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    # -- saves ----------------------------------------------------------------------------
+
+    def _payload(self):
+        if self._save_payload is None:
+            saves = self._meta.saves
+            ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
+            records = encode_hashes([h for s in saves for h in s.hashes])
+            self._save_payload = (ids, records, tuple(s.req_id for s in saves))
+        return self._save_payload
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        meta = self._meta
+        if meta is None or not meta.saves or layer_name not in self.save_layers:
+            return
+        ids, records, req_ids = self._payload()
+        client = self.link.client()
+        if client is None:
+            self.num_saves_dropped += 1
+            return
+        event = NO_EVENT
+        if self.memory.has_events:
+            event = self.save_layers[layer_name]
+            self.memory.events.record(event, self.memory.current_stream())
+        try:
+            for v in self.virtual[layer_name]:
+                request_id = client.submit_save(self.namespace, ids, records, layer=v, event_index=event)
+                self._save_cmds[request_id] = req_ids
+                for req_id in req_ids:
+                    self._pending_saves[req_id] += 1
+        except PegaflowError as exc:
+            self.num_saves_dropped += 1
+            self.link.fail(exc)
+            self._forget_saves()
+
+    def _collect(self) -> None:
+        """Take every completion that has arrived; never blocks."""
+        client = self.link.client()
+        if client is None:
+            self._forget_saves()
+            for request_id, spec in list(self._async_loads.items()):
+                self._fail_load(spec)
+            self._async_loads.clear()
+            return
+        try:
+            for request_id in list(self._save_cmds):
+                if (done := client.try_take(request_id)) is not None:
+                    self._save_done(request_id, done.is_ok)
+            for request_id in list(self._async_loads):
+                if (done := client.try_take(request_id)) is not None:
+                    spec = self._async_loads.pop(request_id)
+                    if not done.is_ok:
+                        self._load_errors.update(spec.block_ids)
+                    self._finished_recving.add(spec.req_id)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+            self._collect()
+
+    def _save_done(self, request_id: int, is_ok: bool) -> None:
+        if not is_ok:
+            self.num_saves_dropped += 1
+        for req_id in self._save_cmds.pop(request_id):
+            self._pending_saves[req_id] -= 1
+            if self._pending_saves[req_id] <= 0:
+                del self._pending_saves[req_id]
+
+    def _forget_saves(self) -> None:
+        """The engine is gone: nothing reads our blocks any more."""
+        self._save_cmds.clear()
+        self._pending_saves.clear()
+
+    def wait_for_saves_of(self, req_ids: set[str]) -> None:
+        """Block (to the command deadline) until no save of ``req_ids`` still reads GPU blocks."""
+        deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
+        self._collect()
+        while any(r in self._pending_saves for r in req_ids):
+            if time.monotonic() >= deadline:
+                logger.error("pegaflow: saves of %s still running after %.1fs; dropping the connection",
+                             sorted(r for r in req_ids if r in self._pending_saves),
+                             self.config.command_timeout_ms / 1e3)
+                self.link.fail(TimeoutError("save deadline"))
+                self._forget_saves()
+                return
+            time.sleep(50e-6)
+            self._collect()
+
+    def handle_preemptions(self, meta: PegaConnectorMetadata) -> None:
+        if meta.preempted_req_ids:
+            self.wait_for_saves_of(meta.preempted_req_ids)
+
+    def wait_for_save(self) -> None:
+        self._collect()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._collect()
+        sending = {r for r in self._held if r not in self._pending_saves}
+        self._held -= sending
+        recving, self._finished_recving = self._finished_recving, set()
+        return sending or None, recving or None
+
+    def shutdown(self) -> None:
+        self.wait_for_saves_of(set(self._pending_saves))
+        self.link.close()
+        if self.memory is not None:
+            self.memory.close()

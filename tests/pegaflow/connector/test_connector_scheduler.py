@@ -1,0 +1,201 @@
+"""PegaKVConnector driven by vLLM's real Scheduler against a real engine (host backend)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from pegaflow.stat_cli import read_stats
+from tests.pegaflow.connector.vllm_harness import (BLOCK, NUM_LAYERS, VllmInstance, block_pattern,
+                                                   make_request)
+from tools.engine_process import EngineProcess
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = list(range(100, 100 + 5 * BLOCK + 7))  # 5 full blocks and 7 tokens
+
+
+@pytest.fixture
+def engine():
+    with EngineProcess(f"conn{os.getpid()}_{os.urandom(3).hex()}", "--lease-ttl", "30") as proc:
+        yield proc
+
+
+def _warm(engine_name: str, prompt: list[int], req_id: str = "warm") -> None:
+    """A first vLLM computes ``prompt`` and saves its full blocks."""
+    first = VllmInstance(engine_name)
+    try:
+        first.add(make_request(req_id, prompt))
+        first.run_until_done()
+    finally:
+        first.close()
+
+
+def _assert_loaded_bytes(vllm: VllmInstance, load) -> None:
+    for block_id, block_hash in zip(load.block_ids, load.hashes):
+        for layer in range(NUM_LAYERS):
+            assert np.array_equal(vllm.page(layer, block_id), block_pattern(block_hash, layer)), \
+                f"block {block_id} layer {layer} differs from what was saved"
+
+
+def test_connector_first_request_saves_full_blocks(engine):
+    # 1. One vLLM computes a 87-token prompt and two output tokens.
+    _warm(engine.name, PROMPT)
+    # 2. Its five full prompt blocks are stored, and only those (the 88th token makes no block).
+    stats = read_stats(engine.name)
+    assert stats["blocks_saved"] == 5
+    assert stats["leases_active"] == 0
+
+
+def test_connector_same_prefix_loads_exact_blocks_and_bytes(engine):
+    # 1. A first vLLM computes and saves the prompt.
+    _warm(engine.name, PROMPT)
+    # 2. A second vLLM (fresh process state, poisoned KV memory) gets the same prompt.
+    second = VllmInstance(engine.name)
+    try:
+        second.poison()
+        second.add(make_request("r2", PROMPT))
+        first_step = second.step()
+        # 3. The load plan names the request's first five blocks, in order, with their hashes.
+        (load,) = first_step.loads
+        request = second.requests["r2"]
+        assert list(load.block_ids) == second.scheduler.kv_cache_manager.get_block_ids("r2")[0][:5]
+        assert list(load.hashes) == list(request.block_hashes[:5])
+        assert first_step.output.scheduled_new_reqs[0].num_computed_tokens == 5 * BLOCK
+        # 4. After the worker ran, the blocks hold exactly what the first vLLM saved.
+        _assert_loaded_bytes(second, load)
+        assert not first_step.load_errors
+        assert second.external_hits() == 5 * BLOCK
+        second.run_until_done()
+    finally:
+        second.close()
+    assert read_stats(engine.name)["leases_active"] == 0
+
+
+def test_connector_partial_prefix_hits_only_shared_blocks(engine):
+    # 1. Save a prompt; 2. ask for one that shares its first 3 blocks, then diverges.
+    _warm(engine.name, PROMPT)
+    other = PROMPT[:3 * BLOCK] + [9] * (2 * BLOCK + 3)
+    second = VllmInstance(engine.name)
+    try:
+        second.add(make_request("partial", other))
+        (load,) = second.step().loads
+        # 3. Exactly the 3 shared blocks are loaded, byte-exact.
+        assert len(load.block_ids) == 3
+        _assert_loaded_bytes(second, load)
+        second.run_until_done()
+    finally:
+        second.close()
+
+
+def test_connector_extended_prompt_loads_whole_cached_prefix(engine):
+    # 1. Save a prompt; 2. extend it by 40 new tokens.
+    _warm(engine.name, PROMPT)
+    longer = PROMPT + list(range(3000, 3040))
+    second = VllmInstance(engine.name)
+    try:
+        second.add(make_request("longer", longer))
+        record = second.step()
+        # 3. All 5 cached blocks load; the rest is computed, and its new full blocks are saved:
+        #    KV exists for the prompt and the first output token (decoded in the last step).
+        assert len(record.loads[0].block_ids) == 5
+        _assert_loaded_bytes(second, record.loads[0])
+        second.run_until_done()
+    finally:
+        second.close()
+    assert read_stats(engine.name)["blocks_saved"] == (len(longer) + 1) // BLOCK
+
+
+def test_connector_async_load_completes_through_get_finished(engine):
+    # 1. Save; 2. a vLLM in async load mode asks for the prompt.
+    _warm(engine.name, PROMPT)
+    second = VllmInstance(engine.name, extra={"load_mode": "async"})
+    try:
+        second.poison()
+        second.add(make_request("async", PROMPT))
+        first = second.step()
+        # 3. The load is planned as async: vLLM schedules no tokens until it finishes.
+        (load,) = first.loads
+        assert load.is_async and first.output.total_num_scheduled_tokens == 0
+        _assert_loaded_bytes(second, load)
+        # 4. The next steps report it through get_finished and the request runs to the end.
+        records = second.run_until_done()
+        assert any(r.output.total_num_scheduled_tokens for r in records)
+        assert second.external_hits() == 5 * BLOCK
+    finally:
+        second.close()
+    assert read_stats(engine.name)["leases_active"] == 0
+
+
+def test_connector_abort_after_lookup_releases_lease(engine):
+    # 1. Save; 2. a request is looked up and allocated, then aborted before its load runs.
+    _warm(engine.name, PROMPT)
+    second = VllmInstance(engine.name, num_blocks=64)
+    try:
+        second.add(make_request("abort-me", PROMPT))
+        request = second.requests["abort-me"]
+        second.scheduler.connector.get_num_new_matched_tokens(request, 0)
+        assert read_stats(engine.name)["leases_active"] == 1
+        from vllm.v1.request import RequestStatus
+        second.scheduler.finish_requests(["abort-me"], RequestStatus.FINISHED_ABORTED)
+        # 3. The abort released the lease.
+        assert read_stats(engine.name)["leases_active"] == 0
+    finally:
+        second.close()
+
+
+def test_connector_preemption_releases_leases_and_recovers(engine):
+    # 1. Save two prompts' blocks.
+    prompt_b = list(range(500, 500 + 4 * BLOCK + 3))
+    _warm(engine.name, PROMPT, "wa")
+    _warm(engine.name, prompt_b, "wb")
+    # 2. A vLLM with too few blocks for both runs them together with long outputs: one is
+    #    preempted when decode needs blocks, and must later load again and finish.
+    second = VllmInstance(engine.name, num_blocks=12)
+    try:
+        second.add(make_request("a", PROMPT, max_tokens=40))
+        second.add(make_request("b", prompt_b, max_tokens=40))
+        records = second.run_until_done(max_steps=400)
+        assert any(r.output.preempted_req_ids for r in records), "no preemption happened"
+        assert not any(r.load_errors for r in records)
+    finally:
+        second.close()
+    assert read_stats(engine.name)["leases_active"] == 0
+
+
+def test_connector_engine_killed_gives_load_errors_and_misses(engine):
+    # 1. Save; 2. plan a load in a second vLLM, then kill the engine before the worker loads.
+    _warm(engine.name, PROMPT)
+    second = VllmInstance(engine.name)
+    try:
+        second.add(make_request("r", PROMPT))
+
+        def kill(meta):
+            engine.proc.send_signal(signal.SIGKILL)
+            engine.proc.wait(10)
+        record = second.step(before_forward=kill)
+        # 3. The planned blocks are reported as load errors (vLLM recomputes them)...
+        assert set(record.loads[0].block_ids) <= record.load_errors
+        # 4. ...the request still finishes, and a new request gets no hit and no exception.
+        second.run_until_done()
+        second.add(make_request("after", PROMPT))
+        after = second.step()
+        assert not after.loads
+        second.run_until_done()
+    finally:
+        second.close()
+
+
+def test_connector_other_model_same_prompt_no_hit(engine):
+    # 1. Save with the bf16 model; 2. the same prompt under another dtype is another namespace.
+    _warm(engine.name, PROMPT)
+    second = VllmInstance(engine.name, dtype="float16")
+    try:
+        second.add(make_request("f16", PROMPT))
+        assert not second.step().loads
+        second.run_until_done()
+    finally:
+        second.close()

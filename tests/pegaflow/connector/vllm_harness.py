@@ -1,0 +1,188 @@
+"""Drive vLLM's real Scheduler with PegaKVConnector on both sides, without a GPU.
+
+One ``VllmInstance`` is one vLLM: a real ``Scheduler`` (whose connector is built by
+vLLM's own factory from ``kv_connector_module_path``) and a worker-side connector whose
+"GPU" KV caches are CPU tensors in a ``HostKVBuffer``, laid out as vLLM's
+FlashAttention does (per layer ``[num_blocks, kv_heads, block_size, 2 * head]`` views
+of one buffer, LBNHC).  ``step()`` plays the model runner: it binds the metadata, loads,
+"computes" every layer (writing bytes that are a function of the block hash, as real
+KV is a function of the prefix), saves, and feeds a ``ModelRunnerOutput`` back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from vllm import SamplingParams
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from pegaflow.connector import PegaKVConnector
+from pegaflow.host_memory import HostKVBuffer
+
+TINY_MODEL = Path(__file__).resolve().parents[2] / "data" / "tiny-llama"
+BLOCK = 16
+NUM_LAYERS, KV_HEADS, HEAD = 3, 2, 64
+PAGE_ELEMS = KV_HEADS * BLOCK * 2 * HEAD
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
+OUTPUT_TOKEN = 7
+
+init_none_hash(sha256)
+_HASHER = get_request_block_hasher(BLOCK, sha256)
+
+
+def block_pattern(block_hash: bytes, layer: int) -> np.ndarray:
+    """The bytes a layer holds for a full block: a function of its hash."""
+    seed = hashlib.sha256(block_hash + bytes([layer])).digest()
+    return np.resize(np.frombuffer(seed, dtype=np.uint8), PAGE_ELEMS * 2)
+
+
+def make_request(req_id: str, prompt: list[int], max_tokens: int = 2) -> Request:
+    params = SamplingParams(max_tokens=max_tokens)
+    params.update_from_generation_config({}, 2)
+    return Request(request_id=req_id, prompt_token_ids=prompt, sampling_params=params,
+                   pooling_params=None, block_hasher=_HASHER)
+
+
+@dataclass
+class StepRecord:
+    output: object
+    loads: list = field(default_factory=list)
+    saves: list = field(default_factory=list)
+    load_errors: set = field(default_factory=set)
+
+
+class VllmInstance:
+    def __init__(self, engine_name: str, num_blocks: int = 64, extra: dict | None = None,
+                 model: Path = TINY_MODEL, max_batched_tokens: int = 256, dtype: str = "bfloat16"):
+        self.num_blocks = num_blocks
+        self.config = self._vllm_config(engine_name, extra or {}, model, max_batched_tokens, dtype)
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, FullAttentionSpec(
+                block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=torch.bfloat16))])
+        self.config.cache_config.num_gpu_blocks = num_blocks
+        self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
+                                   structured_output_manager=StructuredOutputManager(self.config),
+                                   block_size=BLOCK, log_stats=True)
+        self.worker = PegaKVConnector(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
+        self.buffer = HostKVBuffer(NUM_LAYERS * num_blocks * PAGE_ELEMS * 2, "test-kv")
+        self.kv_caches = self._kv_views()
+        self.worker.register_kv_caches(self.kv_caches)
+        self.requests: dict[str, Request] = {}
+        self.external_hit_tokens = 0
+
+    @staticmethod
+    def _vllm_config(engine_name, extra, model, max_batched_tokens, dtype) -> VllmConfig:
+        model_config = ModelConfig(model=str(model), skip_tokenizer_init=True, dtype=dtype,
+                                   seed=0, max_model_len=2048)
+        cache = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
+                            enable_prefix_caching=True)
+        if "kv_cache_layout" in CacheConfig.__dataclass_fields__:
+            cache.kv_cache_layout = "LBNHC"
+        transfer = KVTransferConfig(
+            kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"engine_name": engine_name, "lookup_timeout_ms": 2000, **extra})
+        return VllmConfig(model_config=model_config, cache_config=cache, kv_transfer_config=transfer,
+                          scheduler_config=SchedulerConfig(
+                              max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
+                              max_model_len=2048, enable_chunked_prefill=True,
+                              is_encoder_decoder=False),
+                          device_config=DeviceConfig("cpu"))
+
+    def _kv_views(self) -> dict[str, torch.Tensor]:
+        flat = torch.frombuffer(self.buffer.data, dtype=torch.bfloat16)
+        layer_elems = self.num_blocks * PAGE_ELEMS
+        shape = (self.num_blocks, KV_HEADS, BLOCK, 2 * HEAD)
+        strides = (PAGE_ELEMS, 2 * HEAD, KV_HEADS * 2 * HEAD, 1)  # LBNHC: tokens outside heads
+        return {name: flat.as_strided(shape, strides, storage_offset=i * layer_elems)
+                for i, name in enumerate(LAYER_NAMES)}
+
+    # -- the "GPU" ------------------------------------------------------------------------
+
+    def page(self, layer: int, block_id: int) -> np.ndarray:
+        start = (layer * self.num_blocks + block_id) * PAGE_ELEMS * 2
+        return self.buffer.data[start:start + PAGE_ELEMS * 2]
+
+    def poison(self, value: int = 0xEE) -> None:
+        self.buffer.data[:] = value
+
+    def _compute(self, layer: int, scheduler_output) -> None:
+        """Write this step's KV: full blocks get their hash's pattern, partial ones noise."""
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            start = request.num_computed_tokens - num_tokens  # already advanced by schedule()
+            block_ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
+            for j in range(start // BLOCK, -(-(start + num_tokens) // BLOCK)):
+                full = (j + 1) * BLOCK <= start + num_tokens and j < len(request.block_hashes)
+                self.page(layer, block_ids[j])[:] = (block_pattern(request.block_hashes[j], layer)
+                                                     if full else 0x11)
+
+    # -- one step of the model runner -----------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+
+    def step(self, before_forward=None) -> StepRecord:
+        out = self.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        record = StepRecord(out, list(meta.loads), list(meta.saves))
+        worker = self.worker
+        worker.handle_preemptions(meta)
+        worker.bind_connector_metadata(meta)
+        worker.start_load_kv(None)
+        if before_forward is not None:
+            before_forward(meta)
+        if out.num_scheduled_tokens:
+            for layer, name in enumerate(LAYER_NAMES):
+                worker.wait_for_layer_load(name)
+                self._compute(layer, out)
+                worker.save_kv_layer(name, self.kv_caches[name], None)
+        worker.wait_for_save()
+        sending, recving = worker.get_finished(out.finished_req_ids)
+        record.load_errors = worker.get_block_ids_with_load_errors()
+        worker.clear_connector_metadata()
+        req_ids = list(out.num_scheduled_tokens)
+        kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                   invalid_block_ids=record.load_errors)
+        outputs = self.scheduler.update_from_output(out, ModelRunnerOutput(
+            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[OUTPUT_TOKEN] for _ in req_ids], kv_connector_output=kv_out))
+        for engine_outputs in outputs.values():
+            stats = getattr(engine_outputs.scheduler_stats, "connector_prefix_cache_stats", None)
+            self.external_hit_tokens += stats.hits if stats is not None else 0
+        return record
+
+    def run_until_done(self, max_steps: int = 200, **kwargs) -> list[StepRecord]:
+        records = []
+        for _ in range(max_steps):
+            records.append(self.step(**kwargs))
+            if not self.scheduler.requests:
+                return records
+        raise AssertionError(f"requests still running after {max_steps} steps: "
+                             f"{list(self.scheduler.requests)}")
+
+    def external_hits(self) -> int:
+        """Tokens vLLM counted as external prefix-cache hits (vllm:external_prefix_cache_hits)."""
+        return self.external_hit_tokens
+
+    def close(self) -> None:
+        self.worker.shutdown()
+        self.scheduler.connector.shutdown()
+        self.kv_caches = None
+        self.buffer.close()
