@@ -50,12 +50,24 @@ class EngineConfig:
             raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose auto, kernel or copy-engine")
         if not 1 <= self.num_slots <= 4096 or self.ring_slots < 2 or self.arena_bytes < 4096:
             raise ConfigError("--max-clients, --ring-slots and --arena-size are out of range")
+        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
         if self.lease_ttl_s <= 0:
             raise ConfigError(f"--lease-ttl must be positive, got {self.lease_ttl_s}")
 
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"PEGAFLOW_{name}", default)
+
+
+def _env_number(name: str, default, kind):
+    raw = os.environ.get(f"PEGAFLOW_{name}")
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError as exc:
+        raise ConfigError(f"PEGAFLOW_{name}={raw!r}: expected a number") from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,11 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--copy-backend", choices=["auto", "kernel", "copy-engine"],
                    default=_env("COPY_BACKEND", d.copy_backend),
                    help="cuda copy path; auto picks by page size (default %(default)s)")
-    p.add_argument("--max-clients", type=int, default=int(_env("MAX_CLIENTS", str(d.num_slots))),
+    p.add_argument("--max-clients", type=int, default=_env_number("MAX_CLIENTS", d.num_slots, int),
                    help="client slots (one per vLLM scheduler or worker; default %(default)s)")
     p.add_argument("--ring-slots", type=int, default=d.ring_slots, help="commands per ring (default %(default)s)")
     p.add_argument("--arena-size", default="8MiB", help="payload arena per client (default %(default)s)")
-    p.add_argument("--lease-ttl", type=float, default=float(_env("LEASE_TTL_S", str(d.lease_ttl_s))),
+    p.add_argument("--lease-ttl", type=float, default=_env_number("LEASE_TTL_S", d.lease_ttl_s, float),
                    help="seconds a lookup's lease pins its blocks if never used (default %(default)s)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level),
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default %(default)s")
@@ -92,6 +104,6 @@ def config_from_args(argv: list[str] | None = None) -> EngineConfig:
     return EngineConfig(
         name=args.name, pool_bytes=pool_bytes,
         slab_bytes=min(parse_size(args.slab_size), pool_bytes),
-        backend=args.backend, copy_backend=args.copy_backend, log_level=args.log_level,
+        backend=args.backend, copy_backend=args.copy_backend, log_level=args.log_level.upper(),
         num_slots=args.max_clients, ring_slots=args.ring_slots,
         arena_bytes=parse_size(args.arena_size), lease_ttl_s=args.lease_ttl)

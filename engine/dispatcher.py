@@ -28,28 +28,44 @@ from engine.clients import ClientState
 from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction, LayerPlacement
 from engine.index import BlockIndex, Key
 from engine.stats import StatsWriter
-from pegaflow.errors import CommandError, PegaflowError
+from pegaflow.errors import CommandError, ConfigError, PegaflowError
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, EVENT_HANDLE, HASH, LAYER, NO_EVENT, REGION,
                            WIRE_VERSION, CommandFlag, Opcode, Status, hash_keys)
 
 logger = logging.getLogger(__name__)
 
 MAX_LAYERS = 1024
+FIRST_CHUNK = 16
+MAX_CHUNK = 1024
 _EMPTY = np.zeros(0, dtype=np.uint8)
 
 
 @dataclass(slots=True)
 class PendingCopy:
+    """One SAVE or LOAD command, copied in chunks so the first bytes move early."""
+
     client: ClientState
     request_id: int
     opcode: Opcode
-    keys: list[Key]
     layer_mask: int
-    num_bytes: int
+    bytes_per_block: int
     lease_id: int = 0
     is_answered: bool = False
+    is_sealed: bool = False
+    num_ops: int = 0
+    num_blocks: int = 0
     num_deduped: int = 0
     num_dropped: int = 0
+    error: str | None = None
+
+
+def chunk_bounds(num_items: int):
+    """[0, 16), [16, 80), [80, 336), ...: each chunk's bookkeeping hides behind the copy
+    of the one before (a block's copy takes ~10x its bookkeeping)."""
+    start, size = 0, FIRST_CHUNK
+    while start < num_items:
+        yield start, min(num_items, start + size)
+        start, size = start + size, min(size * 4, MAX_CHUNK)
 
 
 def _reject(status: Status, message: str) -> CommandError:
@@ -70,10 +86,11 @@ class Dispatcher:
             Opcode.RELEASE: self._release, Opcode.SAVE: self._save, Opcode.LOAD: self._load,
         }
 
-    def handle(self, client: ClientState, rec) -> None:
+    def handle(self, client: ClientState, rec, payload: np.ndarray | None) -> None:
+        """Answer ``rec``; ``payload`` is ``read_payload``'s copy (None: out of the arena)."""
         request_id, opcode = rec.request_id, rec.opcode
         try:
-            status, values = self._dispatch(client, rec, opcode)
+            status, values = self._dispatch(client, rec, opcode, payload)
         except CommandError as exc:
             logger.debug("slot %d: %s rejected: %s", client.slot, opcode, exc)
             status, values = Status(exc.status), (0, 0, 0)
@@ -81,7 +98,7 @@ class Dispatcher:
             client.answer(request_id, opcode, status, rec.num_items, *values)
             self.stats.count_command(opcode, status)
 
-    def _dispatch(self, client: ClientState, rec, opcode: int):
+    def _dispatch(self, client: ClientState, rec, opcode: int, payload: np.ndarray | None):
         if rec.version != WIRE_VERSION:
             raise _reject(Status.BAD_VERSION, f"wire version {rec.version}")
         handler = self._handlers.get(opcode)
@@ -89,15 +106,21 @@ class Dispatcher:
             raise _reject(Status.BAD_OPCODE, f"unknown opcode {opcode}")
         if not client.is_attached and opcode != Opcode.ATTACH:
             raise _reject(Status.NOT_ATTACHED, "ATTACH first")
-        return handler(client, rec, self._payload(client, rec))
+        if payload is None:
+            raise _reject(Status.BAD_PAYLOAD, f"payload [{rec.payload_offset}, "
+                                              f"+{rec.payload_bytes}) past the arena")
+        return handler(client, rec, payload)
 
-    def _payload(self, client: ClientState, rec) -> np.ndarray:
+    @staticmethod
+    def read_payload(client: ClientState, rec) -> np.ndarray | None:
+        """A private copy of the command's payload, taken before its ring slot is handed
+        back (after that the client may overwrite it); None if it lies past the arena."""
         offset, num_bytes = rec.payload_offset, rec.payload_bytes
         if num_bytes == 0:
             return _EMPTY
         arena = client.view.arena
         if offset + num_bytes > len(arena):
-            raise _reject(Status.BAD_PAYLOAD, f"payload [{offset}, +{num_bytes}) past the arena")
+            return None
         return arena[offset:offset + num_bytes].copy()
 
     def _ping(self, client, rec, payload):
@@ -159,7 +182,10 @@ class Dispatcher:
             raise _reject(Status.BAD_ARGUMENT, "layer indices repeat or exceed the maximum")
         if any(int(i) in client.layers for i in layers["layer"]):
             raise _reject(Status.BAD_ARGUMENT, "a layer is already registered")
-        self.index.pool.check_entry_bytes(page * (len(client.layers) + len(layers)))
+        try:
+            self.index.pool.check_entry_bytes(page * (len(client.layers) + len(layers)))
+        except ConfigError as exc:
+            raise _reject(Status.BAD_ARGUMENT, str(exc)) from exc
         return page
 
     def _unregister(self, client, rec, payload):
@@ -235,96 +261,122 @@ class Dispatcher:
     def _save(self, client, rec, payload):
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         wait_event = self._check_event(client, rec, 1)
-        chosen_ids, chosen_keys, offsets, deduped, dropped = [], [], [], 0, 0
-        for block_id, key in zip(block_ids.tolist(), keys):
-            entry = self.index.reserve(key, client.entry_bytes, client.num_layers, client.slot)
-            if entry is None:
-                dropped += 1
-            elif entry.is_ready or not mask & ~(entry.done_mask | entry.pending_mask):
-                deduped += 1
-            else:
-                entry.pending_mask |= mask
-                chosen_ids.append(block_id)
-                chosen_keys.append(key)
-                offsets.append(entry.offset)
-        self.stats.add("save_dedup_blocks", deduped)
-        self.stats.add("save_dropped_blocks", dropped)
-        pending = PendingCopy(client, rec.request_id, Opcode.SAVE, chosen_keys, mask,
-                              len(chosen_ids) * len(placements) * client.page_bytes,
-                              num_deduped=deduped, num_dropped=dropped)
-        op = CopyOp(0, Direction.SAVE, client.slot, placements, client.page_bytes,
-                    np.array(chosen_ids, np.int64), np.array(offsets, np.int64), wait_event=wait_event)
-        return self._submit(pending, op)
+        pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
+                              len(placements) * client.page_bytes)
+        ids = block_ids.tolist()
+        for start, end in chunk_bounds(len(keys)):
+            chosen_ids, chosen_keys, offsets = [], [], []
+            for block_id, key in zip(ids[start:end], keys[start:end]):
+                entry = self.index.reserve(key, client.entry_bytes, client.num_layers, client.slot)
+                if entry is None:
+                    pending.num_dropped += 1
+                elif entry.is_ready or not mask & ~(entry.done_mask | entry.pending_mask):
+                    pending.num_deduped += 1
+                else:
+                    entry.pending_mask |= mask
+                    chosen_ids.append(block_id)
+                    chosen_keys.append(key)
+                    offsets.append(entry.offset)
+            if chosen_keys:
+                self._submit(pending, chosen_keys, CopyOp(
+                    0, Direction.SAVE, client.slot, placements, client.page_bytes,
+                    np.array(chosen_ids, np.int64), np.array(offsets, np.int64), wait_event=wait_event))
+        self.stats.add("save_dedup_blocks", pending.num_deduped)
+        self.stats.add("save_dropped_blocks", pending.num_dropped)
+        return self._seal(pending)
 
     def _load(self, client, rec, payload):
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         record_events = self._check_event(client, rec, len(placements))
         entries = [self.index.get_ready(key) for key in keys]
-        missing = [i for i, entry in enumerate(entries) if entry is None]
+        missing = sum(entry is None for entry in entries)
         if missing:
-            raise _reject(Status.MISSING_BLOCK, f"{len(missing)} of {len(keys)} blocks are not stored")
+            raise _reject(Status.MISSING_BLOCK, f"{missing} of {len(keys)} blocks are not stored")
         if any(entry.entry_bytes != client.entry_bytes for entry in entries):
             raise _reject(Status.BAD_ARGUMENT, "stored blocks have another geometry")
         lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
-        self.index.pin(keys)
-        pending = PendingCopy(client, rec.request_id, Opcode.LOAD, keys, mask,
-                              len(keys) * len(placements) * client.page_bytes, lease_id=lease_id)
-        op = CopyOp(0, Direction.LOAD, client.slot, placements, client.page_bytes, block_ids,
-                    np.array([e.offset for e in entries], np.int64), record_events=record_events)
-        return self._submit(pending, op)
+        pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,
+                              len(placements) * client.page_bytes, lease_id=lease_id)
+        offsets = np.array([entry.offset for entry in entries], np.int64)
+        bounds = list(chunk_bounds(len(keys)))
+        for start, end in bounds:
+            chunk_keys = keys[start:end]
+            self.index.pin(chunk_keys)
+            is_last = end == len(keys)
+            self._submit(pending, chunk_keys, CopyOp(
+                0, Direction.LOAD, client.slot, placements, client.page_bytes, block_ids[start:end],
+                offsets[start:end], record_events=record_events if is_last else None))
+        if record_events is not None and pending.error is None and bounds:
+            pending.is_answered = True  # the client's events fence the data, not our answer
+            self.stats.count_command(Opcode.LOAD, Status.OK)
+            pending.client.answer(pending.request_id, Opcode.LOAD, Status.OK, len(keys), len(keys))
+        return self._seal(pending)
 
-    def _submit(self, pending: PendingCopy, op: CopyOp):
-        """Hand ``op`` to the backend; the answer comes from ``on_copy_done`` (or now, if fenced)."""
-        if len(op.block_ids) == 0:
-            self._finish(pending, None)
-            return Status.OK, (0, pending.num_deduped, pending.num_dropped)
+    def _submit(self, pending: PendingCopy, keys: list[Key], op: CopyOp) -> None:
+        """Hand one chunk to the backend; ``on_copy_done`` finishes it."""
         op.token = next(self._tokens)
-        try:
-            self.backend.submit(op)
-        except PegaflowError as exc:
-            logger.error("slot %d: %s of %d blocks failed to start: %s", pending.client.slot,
-                         pending.opcode.name, len(op.block_ids), exc)
-            self._finish(pending, str(exc))
-            raise _reject(Status.COPY_FAILED, str(exc)) from exc
-        self.pending[op.token] = pending
+        if pending.error is None:
+            try:
+                self.backend.submit(op)
+            except PegaflowError as exc:
+                logger.error("slot %d: %s of %d blocks failed to start: %s", pending.client.slot,
+                             pending.opcode.name, len(keys), exc)
+                pending.error = str(exc)
+        if pending.error is not None:
+            self._finish_chunk(pending, keys, pending.error)
+            return
+        self.pending[op.token] = (pending, keys)
+        pending.num_ops += 1
         pending.client.num_inflight += 1
+
+    def _seal(self, pending: PendingCopy):
+        """All chunks are submitted: answer now if none is in flight, else when the last ends."""
+        pending.is_sealed = True
         self.stats.set("inflight_copies", len(self.pending))
-        if op.record_events is not None:
-            pending.is_answered = True
-            return Status.OK, (len(pending.keys), 0, 0)
+        if pending.num_ops:
+            return None, None
+        self._complete(pending)
         return None, None
 
     def on_copy_done(self, done: CopyDone) -> None:
-        pending = self.pending.pop(done.token)
+        pending, keys = self.pending.pop(done.token)
+        pending.num_ops -= 1
         pending.client.num_inflight -= 1
         self.stats.set("inflight_copies", len(self.pending))
-        self._finish(pending, done.error)
+        if done.error is not None and pending.error is None:
+            pending.error = done.error
+        self._finish_chunk(pending, keys, done.error)
+        if pending.num_ops == 0 and pending.is_sealed:
+            self._complete(pending)
+
+    def _complete(self, pending: PendingCopy) -> None:
+        if pending.opcode == Opcode.LOAD and pending.lease_id:
+            self.index.release(pending.lease_id)
         if pending.is_answered:
-            if done.error:
-                logger.error("slot %d: fenced LOAD failed after issue: %s", pending.client.slot, done.error)
+            if pending.error:
+                logger.error("slot %d: fenced LOAD failed after issue: %s", pending.client.slot, pending.error)
             return
-        status = Status.OK if done.error is None else Status.COPY_FAILED
-        pending.client.answer(pending.request_id, pending.opcode, status, len(pending.keys),
-                              len(pending.keys), pending.num_deduped, pending.num_dropped)
+        status = Status.OK if pending.error is None else Status.COPY_FAILED
+        pending.client.answer(pending.request_id, pending.opcode, status, pending.num_blocks,
+                              pending.num_blocks, pending.num_deduped, pending.num_dropped)
         self.stats.count_command(pending.opcode, status)
 
-    def _finish(self, pending: PendingCopy, error: str | None) -> None:
-        """Index bookkeeping once a copy is over (or never started)."""
+    def _finish_chunk(self, pending: PendingCopy, keys: list[Key], error: str | None) -> None:
+        """Index bookkeeping once a chunk's copy is over (or never started)."""
+        num_bytes = len(keys) * pending.bytes_per_block
         if pending.opcode == Opcode.LOAD:
-            self.index.unpin(pending.keys)
-            if pending.lease_id:
-                self.index.release(pending.lease_id)
+            self.index.unpin(keys)
             if error is None:
-                self.stats.add("bytes_loaded", pending.num_bytes)
+                pending.num_blocks += len(keys)
+                self.stats.add("bytes_loaded", num_bytes)
                 if pending.layer_mask & 1:
-                    self.stats.add("blocks_loaded", len(pending.keys))
+                    self.stats.add("blocks_loaded", len(keys))
             return
-        for key in pending.keys:
-            if error is None:
-                was_ready = self.index.entries[key].is_ready
-                self.index.mark_layers_done(key, pending.layer_mask)
-                self.stats.add("blocks_saved", int(self.index.entries[key].is_ready and not was_ready))
-            else:
+        if error is not None:
+            for key in keys:
                 self.index.abandon_layers(key, pending.layer_mask)
-        if error is None:
-            self.stats.add("bytes_saved", pending.num_bytes)
+            return
+        num_ready = self.index.mark_layers_done(keys, pending.layer_mask)
+        pending.num_blocks += len(keys)
+        self.stats.add("blocks_saved", num_ready)
+        self.stats.add("bytes_saved", num_bytes)

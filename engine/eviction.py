@@ -7,7 +7,7 @@ skips any that a lease or an in-flight copy still holds.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable
 
 
 class LruPolicy:
@@ -28,6 +28,9 @@ class LruPolicy:
     def remove(self, key: Hashable) -> None:
         self._order.pop(key, None)
 
-    def candidates(self) -> Iterator[Hashable]:
-        """Keys from least to most recently used (a snapshot: safe to remove while iterating)."""
-        return iter(list(self._order))
+    def pick(self, is_evictable: Callable[[Hashable], bool]) -> Hashable | None:
+        """The least recently used key that ``is_evictable``, or None."""
+        for key in self._order:
+            if is_evictable(key):
+                return key
+        return None

@@ -20,6 +20,7 @@ from engine.pool import PagePool
 logger = logging.getLogger(__name__)
 
 Key = tuple[int, bytes]
+ORPHAN = -1
 
 
 @dataclass(slots=True)
@@ -27,7 +28,8 @@ class Entry:
     offset: int
     entry_bytes: int
     all_layers_mask: int
-    owner_slot: int
+    owner_slot: int  # ORPHAN once its client is gone: dropped if it can never complete
+    started_at: float = 0.0
     done_mask: int = 0
     pending_mask: int = 0
     refs: int = 0
@@ -59,6 +61,7 @@ class BlockIndex:
     leases: dict[int, Lease] = field(default_factory=dict)
     policy: LruPolicy = field(default_factory=LruPolicy)
     counters: IndexCounters = field(default_factory=IndexCounters)
+    writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
     _lease_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def get_ready(self, key: Key) -> Entry | None:
@@ -110,9 +113,12 @@ class BlockIndex:
         """A client went away: end its leases and drop the blocks it left half-written."""
         for lease_id in [i for i, lease in self.leases.items() if lease.slot == slot]:
             self.release(lease_id)
-        for key, entry in list(self.entries.items()):
-            if entry.owner_slot == slot and not entry.is_ready and entry.pending_mask == 0:
+        for key in [k for k, e in self.writing.items() if e.owner_slot == slot]:
+            entry = self.entries[key]
+            if entry.pending_mask == 0:
                 self._drop(key)
+            else:
+                entry.owner_slot = ORPHAN  # dropped when its copy lands
 
     def reserve(self, key: Key, entry_bytes: int, num_layers: int, slot: int) -> Entry | None:
         """The entry for ``key``, allocating (and evicting) if absent; None if the pool is full."""
@@ -124,33 +130,53 @@ class BlockIndex:
             offset = self.pool.try_alloc(entry_bytes)
         if offset is None:
             return None
-        entry = Entry(offset, entry_bytes, (1 << num_layers) - 1, slot)
+        entry = Entry(offset, entry_bytes, (1 << num_layers) - 1, slot, time.monotonic())
         self.entries[key] = entry
+        self.writing[key] = entry
         return entry
 
     def _evict_one(self) -> bool:
-        for key in self.policy.candidates():
-            if self.entries[key].refs == 0:
-                self._drop(key)
-                self.counters.evictions += 1
-                return True
-        return False
+        victim = self.policy.pick(lambda key: self.entries[key].refs == 0)
+        if victim is None:
+            return False
+        self._drop(victim)
+        self.counters.evictions += 1
+        return True
 
     def _drop(self, key: Key) -> None:
         entry = self.entries.pop(key)
+        self.writing.pop(key, None)
         self.policy.remove(key)
         self.pool.free(entry.offset)
 
-    def mark_layers_done(self, key: Key, mask: int) -> None:
-        entry = self.entries[key]
-        entry.pending_mask &= ~mask
-        entry.done_mask |= mask
-        if entry.is_ready:
-            self.policy.insert(key)
+    def drop_stale_writes(self, older_than: float) -> int:
+        """Drop entries still incomplete (nothing in flight) that started before ``older_than``:
+        a client saved some layers of a block and never the rest."""
+        stale = [k for k, e in self.writing.items() if e.pending_mask == 0 and e.started_at < older_than]
+        for key in stale:
+            self._drop(key)
+        return len(stale)
+
+    def mark_layers_done(self, keys: list[Key], mask: int) -> int:
+        """Those layers of ``keys`` are in the pool; returns how many entries became READY."""
+        entries, policy, num_ready = self.entries, self.policy, 0
+        for key in keys:
+            entry = entries[key]
+            was_ready = entry.done_mask == entry.all_layers_mask
+            entry.pending_mask &= ~mask
+            entry.done_mask |= mask
+            if not was_ready and entry.done_mask == entry.all_layers_mask:
+                policy.insert(key)
+                self.writing.pop(key, None)
+                num_ready += 1
+            elif entry.owner_slot == ORPHAN and not entry.pending_mask:
+                self._drop(key)
+        return num_ready
 
     def abandon_layers(self, key: Key, mask: int) -> None:
         """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""
         entry = self.entries[key]
         entry.pending_mask &= ~mask
-        if not entry.is_ready and entry.pending_mask == 0 and entry.done_mask == 0:
+        if not entry.is_ready and entry.pending_mask == 0 and (
+                entry.done_mask == 0 or entry.owner_slot == ORPHAN):
             self._drop(key)

@@ -100,16 +100,18 @@ class EngineServer:
         did_work = False
         for client in list(self.clients.values()):
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
-                rec = client.submissions.try_get()
+                rec = client.submissions.try_peek()
                 if rec is None:
                     break
                 did_work = True
-                self._handle(client, rec)
+                payload = self.dispatcher.read_payload(client, rec)
+                client.submissions.release()  # only now may the client reuse the payload bytes
+                self._handle(client, rec, payload)
         return did_work
 
-    def _handle(self, client: ClientState, rec) -> None:
+    def _handle(self, client: ClientState, rec, payload) -> None:
         try:
-            self.dispatcher.handle(client, rec)
+            self.dispatcher.handle(client, rec, payload)
         except Exception:  # boundary: one bad command must not take the engine down
             logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
             client.answer(rec.request_id, rec.opcode, Status.INTERNAL)
@@ -144,6 +146,7 @@ class EngineServer:
     def _housekeeping(self, now: float) -> None:
         self._next_housekeeping = now + self.config.housekeeping_s
         self.index.expire_leases(now)
+        self.index.drop_stale_writes(now - self.config.lease_ttl_s)
         for client in list(self.clients.values()):
             is_alive = is_pid_alive(client.pid)
             if client.is_detached:

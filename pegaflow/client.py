@@ -33,8 +33,8 @@ CLAIM_LOCK_TIMEOUT_S = 2.0
 @dataclass(frozen=True, slots=True)
 class Completion:
     request_id: int
-    opcode: Opcode
-    status: Status
+    opcode: Opcode | int
+    status: Status | int
     num_items: int
     value: int
     value2: int
@@ -51,9 +51,17 @@ class LookupResult:
     lease_id: int
 
 
+def _enum_or_int(kind, value: int):
+    try:
+        return kind(value)
+    except ValueError:
+        return value  # an opcode or status this client does not know: keep the number
+
+
 def _completion(record) -> Completion:
-    return Completion(record.request_id, Opcode(record.opcode), Status(record.status),
-                      record.num_items, record.value, record.value2, record.value3)
+    return Completion(record.request_id, _enum_or_int(Opcode, record.opcode),
+                      _enum_or_int(Status, record.status), record.num_items, record.value,
+                      record.value2, record.value3)
 
 
 def _records(hashes) -> np.ndarray:
@@ -223,7 +231,8 @@ class EngineClient:
         """Submit and wait; a non-OK status raises CommandError."""
         completion = self.wait(self.submit(opcode, timeout_s=timeout_s, **fields), timeout_s)
         if not completion.is_ok:
-            raise CommandError(completion.status, f"{opcode.name} failed: {completion.status.name}")
+            name = getattr(completion.status, "name", completion.status)
+            raise CommandError(completion.status, f"{getattr(opcode, 'name', opcode)} failed: {name}")
         return completion
 
     def check_engine(self) -> None:

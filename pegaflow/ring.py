@@ -198,15 +198,26 @@ class RingConsumer(_RingView):
     def is_ready(self) -> bool:
         return self.seq(self.position % self.num_slots) == self.position + 1
 
+    def try_peek(self):
+        """The next record (a private copy, as a named tuple) if one is published, without
+        handing its slot back: the producer may reuse the record's payload only after
+        ``release``.  Never blocks."""
+        i = self.position % self.num_slots
+        if self.seq(i) != self.position + 1:
+            return None
+        return self.make(self.packer.unpack_from(self.buf, i * self.itemsize))
+
+    def release(self) -> None:
+        """Hand the peeked slot (and with it the record's payload) back to the producer."""
+        c = self.position
+        self.set_seq(c % self.num_slots, c + self.num_slots)
+        self.position = c + 1
+
     def try_get(self):
         """Take one record (a private copy, as a named tuple) if one is published; never blocks."""
-        c = self.position
-        i = c % self.num_slots
-        if self.seq(i) != c + 1:
-            return None
-        record = self.make(self.packer.unpack_from(self.buf, i * self.itemsize))
-        self.set_seq(i, c + self.num_slots)
-        self.position = c + 1
+        record = self.try_peek()
+        if record is not None:
+            self.release()
         return record
 
     def get(self, timeout_s: float):
@@ -262,6 +273,9 @@ class PayloadArena:
             raise PayloadTooLargeError(
                 f"payload of {num_bytes} bytes exceeds the {self.num_bytes}-byte arena")
         self._reclaim()
+        if self.head == self.tail and not self._pending:
+            # Empty: start the next payload at the arena's beginning, so any size that fits does.
+            self.head = self.tail = -(-self.head // self.num_bytes) * self.num_bytes
         start = self.head
         if start % self.num_bytes + size > self.num_bytes:
             start += self.num_bytes - start % self.num_bytes

@@ -193,7 +193,8 @@ STATS_COUNTER_NAMES = tuple(_STATS_COUNTERS)
 def _fingerprint() -> int:
     text = repr([
         WIRE_VERSION,
-        [(m.name, int(m)) for m in Opcode], [(m.name, int(m)) for m in Status],
+        *([(m.name, int(m)) for m in kind] for kind in (Opcode, Status, SlotState, RegionKind,
+                                                         CommandFlag)),
         *(d.descr for d in (CONTROL_HEADER, SLOT, RING_HEADER, SUBMISSION, COMPLETION,
                             HASH, REGION, LAYER, EVENT_HANDLE, STATS)),
     ])

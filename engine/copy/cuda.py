@@ -17,8 +17,9 @@ the GPU (bounded SMs for the kernel) and a LOAD delivers its layers in order.
 
 Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
 (``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
-``auto``: at the first registration of a page size, both paths copy 64 MiB of random
-pages each way; the copy engine is taken where it reaches 95 % of the kernel's rate.
+``auto``: at the first registration of a page size, both paths copy up to 64 MiB of
+pool pages each way (read into device scratch, the same bytes written back); the copy
+engine, which takes no SMs from vLLM, is chosen where it reaches 97 % of the kernel's rate.
 
 Errors.  ``submit`` never raises: a bad op or a CUDA failure comes back from ``poll`` as
 ``CopyDone(token, error)``, and a failed op's issued copies are drained first.
@@ -48,7 +49,9 @@ AUTO = "auto"
 PATHS = (AUTO, KERNEL, COPY_ENGINE)
 _TOUCH_STRIDE = 4096
 _PROBE_BYTES = 64 << 20
-_COPY_ENGINE_MARGIN = 0.95
+_PROBE_MAX_PAGES = 8192
+_PROBE_RUNS = 3
+_COPY_ENGINE_MARGIN = 0.97
 
 
 @dataclass(slots=True)
@@ -136,7 +139,6 @@ def prefault(segment, num_threads: int) -> None:
 
     with ThreadPoolExecutor(num_threads) as pool:
         list(pool.map(touch, range(0, segment.size, chunk)))
-    del view
 
 
 class CudaBackend(CopyBackend):
@@ -156,14 +158,15 @@ class CudaBackend(CopyBackend):
         self.touch_threads = touch_threads or min(16, os.cpu_count() or 1)
         self._devices: dict[int, _Device] = {}
         self._default_device = device
+        self._pool: tuple[int, int] | None = None  # (host address, size)
         self._device(device)
         self._staging = StagingRing(staging_words)
-        self._pool: tuple[int, int] | None = None  # (host address, size)
         self._regions: dict[tuple[int, int], _Region] = {}
         self._event_handles: dict[int, list[bytes]] = {}
         self._events: dict[tuple[int, int], list] = {}  # (slot, device) -> opened events
         self._inflight: list[_Inflight] = []
         self._ready: list[CopyDone] = []
+        self.probes: list[dict] = []  # what ``auto`` measured and chose, for tools and logs
 
     def _device(self, device: int) -> _Device:
         dev = self._devices.get(device)
@@ -229,15 +232,20 @@ class CudaBackend(CopyBackend):
     def submit(self, op: CopyOp) -> None:
         try:
             self._enqueue(op)
-        except (CommandError, CudaError) as exc:
-            logger.warning("copy %d failed at submit: %s", op.token, exc)
-            self._ready.append(CopyDone(op.token, f"{type(exc).__name__}: {exc}"))
+        except CommandError as exc:
+            logger.warning("copy %d refused: %s", op.token, exc)
+            self._ready.append(CopyDone(op.token, f"{Status(exc.status).name}: {exc}"))
+        except CudaError as exc:
+            logger.error("copy %d failed at submit: %s", op.token, exc)
+            self._ready.append(CopyDone(op.token, f"CudaError: {exc}"))
 
     def poll(self) -> list[CopyDone]:
         ready, self._ready = self._ready, []
-        pending = []
+        pending, current = [], None
         for f in self._inflight:
-            driver.use_device(f.device)
+            if f.device != current:
+                driver.use_device(f.device)
+                current = f.device
             try:
                 if not driver.event_done(f.done):
                     pending.append(f)
@@ -269,7 +277,27 @@ class CudaBackend(CopyBackend):
             dev.close()
         self._devices.clear()
 
-    # -- submit ---------------------------------------------------------------------
+    def _drop_region(self, key: tuple[int, int]) -> None:
+        region = self._regions.pop(key, None)
+        if region is not None:
+            driver.use_device(region.device)
+            _MAPPINGS.release(region.device, region.handle)
+
+    def _open_events(self, slot: int, device: int) -> list:
+        handles = self._event_handles.get(slot)
+        if handles is None:
+            return []
+        events = self._events.get((slot, device))
+        if events is None:
+            driver.use_device(device)
+            events = self._events[(slot, device)] = [driver.open_ipc_event(h) for h in handles]
+        return events
+
+    def _close_events(self, slot: int) -> None:
+        for key in [k for k in self._events if k[0] == slot]:
+            driver.use_device(key[1])
+            for event in self._events.pop(key):
+                driver.destroy_event(event)
 
     def _enqueue(self, op: CopyOp) -> None:
         regions = self._validate(op)
@@ -291,7 +319,8 @@ class CudaBackend(CopyBackend):
 
     def _issue(self, dev: _Device, op: CopyOp, regions: list[_Region], path: str,
                f: _Inflight) -> None:
-        events = self._client_events(op.slot, dev.device)
+        events = self._open_events(op.slot, dev.device)
+        driver.use_device(dev.device)
         depth, to_pool = self.layers_in_flight, op.direction == Direction.SAVE
         for k, (layer, region) in enumerate(zip(op.layers, regions)):
             stream = dev.stream(layer.layer)
@@ -353,8 +382,6 @@ class CudaBackend(CopyBackend):
             self._staging.free(f.staging)
             f.staging = None
 
-    # -- validation and path choice --------------------------------------------------
-
     def _validate(self, op: CopyOp) -> list[_Region]:
         """Every region known, every page inside its allocation and the pool."""
         if self._pool is None:
@@ -400,8 +427,9 @@ class CudaBackend(CopyBackend):
         path = self.copy_backend
         if path == AUTO:
             path = dev.paths.get((op.page_bytes, op.direction))
-            if path is None:  # a page size never registered: FACTS' rule of thumb
-                path = KERNEL if op.page_bytes < 256 << 10 else COPY_ENGINE
+            if path is None:  # never measured: what the H200 showed (docs/benchmarks.md)
+                small_save = op.direction == Direction.SAVE and op.page_bytes < 256 << 10
+                path = KERNEL if small_save else COPY_ENGINE
         if path == KERNEL and not self._is_aligned(dev, op, regions):
             return COPY_ENGINE
         return path
@@ -424,10 +452,62 @@ class CudaBackend(CopyBackend):
             kernel_gbps, dma_gbps = rates
             path = COPY_ENGINE if dma_gbps >= _COPY_ENGINE_MARGIN * kernel_gbps else KERNEL
             dev.paths[(page_bytes, direction)] = path
+            self.probes.append({"device": dev.device, "page_bytes": page_bytes,
+                                "direction": direction.name, "kernel_gbps": kernel_gbps,
+                                "copy_engine_gbps": dma_gbps, "path": path})
             logger.info("auto: %d-byte pages %s: kernel %.1f GB/s, copy engine %.1f GB/s -> %s",
                         page_bytes, direction.name, kernel_gbps, dma_gbps, path)
 
     def _probe(self, dev: _Device, page_bytes: int) -> dict[Direction, tuple[float, float]]:
-        """Both paths, both directions, over 64 MiB of randomly placed pages."""
-        from engine.copy.probe import probe_paths  # noqa: PLC0415  (kept out of the hot path)
-        return probe_paths(self, dev, page_bytes)
+        """GB/s of (kernel, copy engine) each way, over pages spread across the real pool.
+
+        Up to 64 MiB of random pool pages are read into device scratch (LOAD), then the
+        same bytes are written back (SAVE), after in-flight copies drain: the pool's
+        contents do not change, and the pool's own pinning and spread are what is timed.
+        """
+        num_pages = min(_PROBE_MAX_PAGES, _PROBE_BYTES // page_bytes,
+                        (self._pool[1] if self._pool else 0) // page_bytes)
+        if num_pages == 0:
+            return {}
+        self._drain_all()
+        driver.use_device(dev.device)
+        rng = np.random.default_rng(0)
+        slots = rng.choice(self._pool[1] // page_bytes, num_pages, replace=False)
+        op = CopyOp(-1, Direction.LOAD, -1, [], page_bytes, rng.permutation(num_pages),
+                    slots.astype(np.int64) * page_bytes)
+        gpu = driver.device_alloc(num_pages * page_bytes)
+        stream = driver.create_stream(low_priority=True)
+        timers = (driver.create_event(timing=True), driver.create_event(timing=True))
+        staging = self._stage(op)
+        try:
+            return {d: tuple(self._time_copy(dev, path, stream, op, gpu, dev.pool_base, d,
+                                             staging, timers) for path in (KERNEL, COPY_ENGINE))
+                    for d in (Direction.LOAD, Direction.SAVE)}  # LOAD first: it fills scratch
+        finally:
+            driver.synchronize_stream(stream)
+            if staging is not None:
+                self._staging.free(staging)
+            for event in timers:
+                driver.destroy_event(event)
+            driver.destroy_stream(stream)
+            driver.device_free(gpu)
+
+    def _drain_all(self) -> None:
+        for f in self._inflight:
+            driver.use_device(f.device)
+            driver.synchronize_event(f.done)
+
+    def _time_copy(self, dev: _Device, path: str, stream, op: CopyOp, gpu: int, pool: int,
+                   direction: Direction, staging: list | None, timers: tuple) -> float:
+        if path == KERNEL and staging is None:
+            return 0.0
+        args = (dev, path, stream, op, gpu, op.page_bytes, pool, direction == Direction.SAVE,
+                staging)
+        self._copy(*args)  # warm-up
+        driver.record(timers[0], stream)
+        for _ in range(_PROBE_RUNS):
+            self._copy(*args)
+        driver.record(timers[1], stream)
+        driver.synchronize_event(timers[1])
+        num_bytes = _PROBE_RUNS * len(op.block_ids) * op.page_bytes
+        return num_bytes / driver.elapsed_ms(*timers) / 1e6

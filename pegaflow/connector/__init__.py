@@ -1,5 +1,14 @@
-"""vLLM v1 KV connector: ``kv_connector_module_path="pegaflow.connector"``, class ``PegaKVConnector``."""
+"""vLLM v1 KV connector: ``kv_connector_module_path="pegaflow.connector"``, class ``PegaKVConnector``.
 
-from pegaflow.connector.connector import PegaKVConnector
+The class is imported on first use, so the vLLM-free parts (layout, config, namespace)
+import without vLLM.
+"""
 
 __all__ = ["PegaKVConnector"]
+
+
+def __getattr__(name: str):
+    if name == "PegaKVConnector":
+        from pegaflow.connector.connector import PegaKVConnector
+        return PegaKVConnector
+    raise AttributeError(f"module 'pegaflow.connector' has no attribute {name!r}")

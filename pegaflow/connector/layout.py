@@ -40,23 +40,41 @@ class SubLayer:
 
 
 def _block_dim(info: TensorInfo, num_blocks: int) -> int:
+    """The dimension of ``num_blocks`` entries; on a tie, dim 0 (vLLM's per-layer views
+    put blocks first) unless dim 0 could be a K/V plane, which is ambiguous and refused."""
     candidates = [d for d, size in enumerate(info.shape) if size == num_blocks]
+    if len(candidates) == 1:
+        return candidates[0]
     if not candidates:
         raise LayoutError(f"{info.name}: shape {info.shape} has no dimension of {num_blocks} blocks")
-    return max(candidates, key=lambda d: info.strides[d])
+    is_kv_plane = info.shape[0] == 2 and 1 in candidates
+    if candidates[0] == 0 and not is_kv_plane:
+        return 0
+    raise LayoutError(f"{info.name}: shape {info.shape}: several dimensions have {num_blocks} "
+                      f"entries; cannot tell which one is the block dimension")
 
 
-def _page_elements(info: TensorInfo, inner: list[int]) -> int:
-    """Elements of one page if ``inner`` dims tile a contiguous run, else LayoutError."""
-    expected = 1
+def _split_page(info: TensorInfo, inner: list[int]) -> tuple[int, list[int]]:
+    """(elements of one contiguous page, the inner dims left over as sub-layer dims).
+
+    The page is the longest run of inner dims, from stride 1 up, that tile memory without
+    gaps; the inner dims beyond it (e.g. heads in a BHLNC layout) split the layer."""
+    page, rest = 1, []
     for d in sorted(inner, key=lambda d: info.strides[d]):
-        if info.strides[d] != expected:
+        if not rest and info.strides[d] == page:
+            page *= info.shape[d]
+        else:
+            rest.append(d)
+    if page == 1 and inner:
+        raise LayoutError(f"{info.name}: shape {info.shape} strides {info.strides}: no dimension "
+                          f"is contiguous (stride 1)")
+    for d in rest:
+        if info.strides[d] < page:
             raise LayoutError(
-                f"{info.name}: shape {info.shape} strides {info.strides}: a block's elements are "
-                f"not one contiguous run (dimension {d} has stride {info.strides[d]}, "
-                f"expected {expected})")
-        expected *= info.shape[d]
-    return expected
+                f"{info.name}: shape {info.shape} strides {info.strides}: a block's elements "
+                f"interleave (dimension {d} has stride {info.strides[d]} inside a "
+                f"{page}-element run)")
+    return page, rest
 
 
 def derive_sublayers(info: TensorInfo, num_blocks: int) -> list[SubLayer]:
@@ -69,8 +87,8 @@ def derive_sublayers(info: TensorInfo, num_blocks: int) -> list[SubLayer]:
     rest = [d for d in range(len(info.shape)) if d != block and info.shape[d] > 1]
     block_stride = info.strides[block]
     inner = [d for d in rest if info.strides[d] < block_stride]
-    outer = [d for d in rest if info.strides[d] >= block_stride]
-    page = _page_elements(info, inner)
+    page, split_inner = _split_page(info, inner)
+    outer = [d for d in rest if info.strides[d] >= block_stride] + split_inner
     if page > block_stride and num_blocks > 1:
         raise LayoutError(f"{info.name}: pages of {page} elements overlap (block stride {block_stride})")
     sublayers = []

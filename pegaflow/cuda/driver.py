@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 IPC_HANDLE_BYTES = 64
 _primary: dict[int, driver.CUcontext] = {}
+_initialized = False
 
 
 def check(result: tuple, what: str = ""):
@@ -36,11 +37,15 @@ def check(result: tuple, what: str = ""):
 
 
 def init() -> None:
-    """``cuInit``; a missing driver library becomes ``CudaError`` too."""
+    """``cuInit`` once; a missing driver library becomes ``CudaError`` too."""
+    global _initialized
+    if _initialized:
+        return
     try:
         check(driver.cuInit(0), "cuInit")
     except RuntimeError as exc:  # cuda.pathfinder's DynamicLibNotFoundError and kin
         raise CudaError(f"CUDA driver not loadable: {exc}") from exc
+    _initialized = True
 
 
 def device_count() -> int:
@@ -49,6 +54,7 @@ def device_count() -> int:
 
 
 def device_name(device: int) -> str:
+    init()
     raw = check(driver.cuDeviceGetName(256, check(driver.cuDeviceGet(device))))
     return raw.split(b"\0", 1)[0].decode()
 
@@ -56,9 +62,9 @@ def device_name(device: int) -> str:
 def compute_capability(device: int) -> tuple[int, int]:
     dev = check(driver.cuDeviceGet(device))
     attr = driver.CUdevice_attribute
-    major = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    return major, minor
+    return tuple(check(driver.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute") for a in (
+        attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
 
 
 def primary_context(device: int) -> driver.CUcontext:
@@ -227,7 +233,8 @@ class _BatchCopy:
         flags = driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
         pfn, status = check(driver.cuGetProcAddress(b"cuMemcpyBatchAsync", abi, flags),
                             "cuGetProcAddress")
-        if status != driver.CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS or not int(pfn):
+        found = driver.CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS
+        if status != found or not int(pfn):
             return None
         p = ctypes.c_void_p
         args = [p, p, p, ctypes.c_size_t, p, p, ctypes.c_size_t]
@@ -327,3 +334,8 @@ def destroy_event(event) -> None:
 
 def destroy_stream(stream) -> None:
     check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
+
+
+def memcpy(dst: int, src: int, size: int) -> None:
+    """Synchronous copy between any two addresses (unified addressing infers the kinds)."""
+    check(driver.cuMemcpy(dst, src, size), "cuMemcpy")

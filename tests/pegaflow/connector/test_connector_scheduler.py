@@ -120,11 +120,13 @@ def test_connector_async_load_completes_through_get_finished(engine):
         # 3. The load is planned as async: vLLM schedules no tokens until it finishes.
         (load,) = first.loads
         assert load.is_async and first.output.total_num_scheduled_tokens == 0
-        _assert_loaded_bytes(second, load)
-        # 4. The next steps report it through get_finished and the request runs to the end.
+        # 4. The next steps report it through get_finished and the request runs to the end
+        #    (its tokens are scheduled only after the load was reported)...
         records = second.run_until_done()
         assert any(r.output.total_num_scheduled_tokens for r in records)
         assert second.external_hits() == 5 * BLOCK
+        # 5. ...and the loaded blocks hold what the first vLLM saved.
+        _assert_loaded_bytes(second, load)
     finally:
         second.close()
     assert read_stats(engine.name)["leases_active"] == 0

@@ -1,0 +1,62 @@
+"""One vLLM process for the end-to-end tests: run prompt batches, record greedy tokens and
+top-5 logprobs, and the connector's hit counter.
+
+    python tests/e2e/run_vllm.py --model DIR --prompts prompts.json --out out.json \
+        [--engine-name NAME] [--no-prefix-caching] [--extra '{"load_mode":"async"}']
+
+``prompts.json`` is {"batches": [[[tok, ...], ...], ...]}: each batch is one generate()
+call (one prompt a batch runs them one at a time; several run together).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _record(output) -> dict:
+    completion = output.outputs[0]
+    logprobs = [{str(tok): lp.logprob for tok, lp in step.items()} for step in (completion.logprobs or [])]
+    return {"tokens": list(completion.token_ids), "logprobs": logprobs}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--engine-name", default="")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--extra", default="{}")
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    args = p.parse_args()
+    from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm.config import KVTransferConfig
+    kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+                  seed=0, max_model_len=8192, gpu_memory_utilization=0.35, disable_log_stats=False,
+                  enable_prefix_caching=not args.no_prefix_caching,
+                  max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=True)
+    if args.engine_name:
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"engine_name": args.engine_name, **json.loads(args.extra)})
+    llm = LLM(**kwargs)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=5, ignore_eos=True,
+                            detokenize=False)
+    batches = json.loads(open(args.prompts).read())["batches"]
+    results = []
+    for batch in batches:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
+        results.append([_record(o) for o in outs])
+    hits = sum(float(getattr(m, "value", 0)) for m in llm.get_metrics()
+               if m.name == "vllm:external_prefix_cache_hits")
+    with open(args.out, "w") as f:
+        json.dump({"batches": results, "external_hit_tokens": hits}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Real vLLM on a GPU: outputs served from pegaflow equal a run with no cache, exactly.
+
+Process R computes every prompt with no connector (the reference).  Process A, with the
+connector, computes the base prompts cold and saves them.  Process B, a fresh vLLM with
+its own prefix cache off, runs the base prompts, prompts that extend them, prompts that
+share only part of them, and a batch of them together: its prefixes come from the engine
+(the engine's counters and vLLM's external-hit counter say so) and its greedy tokens and
+top-5 logprobs equal R's bit for bit.  Corrupting one page in the pool makes the check
+fail; an engine gone mid-run still yields exact outputs (vLLM recomputes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from pegaflow import shm  # noqa: E402
+from pegaflow.stat_cli import read_stats  # noqa: E402
+from tools.engine_process import EngineProcess  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "tools" / "models" / "llama-1b-shape"
+BLOCK = 16
+
+
+def _prompts() -> dict:
+    rng = random.Random(7)
+    base = [[rng.randrange(10, 31000) for _ in range(n)] for n in (1200, 700, 2500)]
+    extended = [p + [rng.randrange(10, 31000) for _ in range(300)] for p in base]
+    partial = [p[:len(p) // 2] + [rng.randrange(10, 31000) for _ in range(400)] for p in base]
+    return {"base": base, "extended": extended, "partial": partial}
+
+
+def _run(tmp: Path, name: str, batches: list, engine: str = "", *flags: str) -> dict:
+    prompts, out = tmp / f"{name}.prompts.json", tmp / f"{name}.out.json"
+    prompts.write_text(json.dumps({"batches": batches}))
+    cmd = [sys.executable, str(ROOT / "tests/e2e/run_vllm.py"), "--model", str(MODEL),
+           "--prompts", str(prompts), "--out", str(out), *flags]
+    if engine:
+        cmd += ["--engine-name", engine]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=600)
+    return json.loads(out.read_text())
+
+
+def _b_batches(p: dict) -> list:
+    one_by_one = [[x] for x in p["base"] + p["extended"] + p["partial"]]
+    return one_by_one + [p["base"]]  # and the base prompts again, all at once
+
+
+def _flatten(result: dict) -> list:
+    return [r for batch in result["batches"] for r in batch]
+
+
+def _max_logprob_diff(a: list, b: list) -> float:
+    worst = 0.0
+    for x, y in zip(a, b):
+        assert x["tokens"] == y["tokens"], "greedy tokens differ"
+        for sx, sy in zip(x["logprobs"], y["logprobs"]):
+            assert sx.keys() == sy.keys(), "top-5 token sets differ"
+            worst = max(worst, max(abs(sx[k] - sy[k]) for k in sx))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    p = _prompts()
+    return p, _flatten(_run(tmp, "R", _b_batches(p), "", "--no-prefix-caching"))
+
+
+@pytest.fixture
+def engine():
+    with EngineProcess(f"e2e{os.getpid()}_{os.urandom(2).hex()}", backend="cuda",
+                       pool_size="8GiB", start_timeout_s=120) as proc:
+        yield proc
+
+
+def test_e2e_outputs_from_cache_equal_no_cache_run(engine, reference, tmp_path):
+    prompts, ref = reference
+    # 1. A computes the base prompts cold and saves them.
+    _run(tmp_path, "A", [[x] for x in prompts["base"]], engine.name)
+    saved = read_stats(engine.name)["blocks_saved"]
+    assert saved >= sum(len(x) // BLOCK for x in prompts["base"])
+    # 2. B, a fresh vLLM without its own prefix cache, serves everything with the engine.
+    result = _run(tmp_path, "B", _b_batches(prompts), engine.name, "--no-prefix-caching")
+    stats = read_stats(engine.name)
+    assert stats["blocks_loaded"] > 0 and result["external_hit_tokens"] > 0
+    # 3. Tokens and top-5 logprobs equal the no-cache run exactly.
+    assert _max_logprob_diff(_flatten(result), ref) == 0.0
+
+
+def test_e2e_corrupted_pool_page_is_caught(engine, reference, tmp_path):
+    prompts, ref = reference
+    _run(tmp_path, "A", [[x] for x in prompts["base"]], engine.name)
+    # 1. Flip the bytes of the first pages of the pool (where the first blocks live).
+    pool = shm.attach_segment(shm.ipc_name(engine.name, "pool"))
+    data = pool.array(np.uint8, 1 << 20)
+    data[:] = ~data
+    del data
+    pool.close()
+    # 2. The same comparison must now fail.
+    result = _run(tmp_path, "B", _b_batches(prompts), engine.name, "--no-prefix-caching")
+    with pytest.raises(AssertionError):
+        assert _max_logprob_diff(_flatten(result), ref) == 0.0
+
+
+def test_e2e_engine_gone_still_exact(reference, tmp_path):
+    prompts, ref = reference
+    # 1. An engine serves A, then dies (SIGKILL) before B runs: B must recompute everything.
+    proc = EngineProcess(f"e2ek{os.getpid()}", backend="cuda", pool_size="4GiB", start_timeout_s=120)
+    name = proc.name
+    _run(tmp_path, "A", [[x] for x in prompts["base"]], name)
+    proc.proc.kill()
+    proc.proc.wait()
+    try:
+        result = _run(tmp_path, "B", _b_batches(prompts), name, "--no-prefix-caching")
+    finally:
+        # 2. A new engine of that name removes what the killed one left in /dev/shm.
+        EngineProcess(name, backend="cuda", pool_size="64MiB", start_timeout_s=120).stop()
+    assert result["external_hit_tokens"] == 0
+    assert _max_logprob_diff(_flatten(result), ref) == 0.0

@@ -1,0 +1,303 @@
+"""The dispatcher through a real engine process: SAVE/LOAD/LOOKUP semantics and bad input.
+
+Every test talks to the engine only through its rings (``KVClient`` in conftest) and
+reads its counters through the stats segment, exactly as vLLM's connector and
+``pegaflow-stat`` would.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import pegaflow.client
+from pegaflow.errors import CommandError
+from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.wire import BLOCK_ID, HASH, HASH_BYTES, Opcode, Status, encode_hashes
+
+NAMESPACE = 0x7E57
+OTHER_NAMESPACE = 0x7E58
+
+
+def test_dispatcher_save_then_load_is_byte_exact(shared_engine, kv_client, rng, make_hashes):
+    kv = kv_client(shared_engine)
+    hashes = make_hashes(16)
+    src = np.arange(16)
+    dst = np.arange(32, 48)
+    # 1. Save 16 blocks of random bytes: all 16 are stored, none deduped or dropped.
+    expected = kv.fill(rng, src)
+    saved = kv.save(NAMESPACE, src, hashes)
+    assert (saved.status, saved.value, saved.value2, saved.value3) == (Status.OK, 16, 0, 0)
+    # 2. Look them up: the whole prefix hits and a lease is handed out.
+    found = kv.client.lookup(NAMESPACE, hashes)
+    assert found.num_hit_blocks == 16 and found.lease_id != 0
+    # 3. Poison other blocks, load into them, and compare every byte of every layer.
+    kv.pages[:, dst] = 0xA5
+    loaded = kv.load(NAMESPACE, dst, hashes, lease_id=found.lease_id)
+    assert loaded.is_ok and loaded.value == 16
+    np.testing.assert_array_equal(kv.pages[:, dst], expected)
+    # 4. The source blocks were not touched by the load.
+    np.testing.assert_array_equal(kv.pages[:, src], expected)
+
+
+def test_dispatcher_lookup_returns_contiguous_prefix_only(shared_engine, kv_client, rng, make_hashes):
+    kv = kv_client(shared_engine)
+    stored = make_hashes(4)
+    # 1. Store 4 blocks.
+    kv.fill(rng, range(4))
+    assert kv.save(NAMESPACE, range(4), stored).value == 4
+    # 2. A gap after two hits ends the prefix, even though the blocks after it are stored.
+    assert kv.num_hits(NAMESPACE, stored[:2] + make_hashes(1) + stored[2:]) == 2
+    # 3. A miss first means no hit at all, and no lease.
+    found = kv.client.lookup(NAMESPACE, make_hashes(1) + stored)
+    assert (found.num_hit_blocks, found.lease_id) == (0, 0)
+
+
+def test_dispatcher_save_same_hashes_twice_stores_once(engine, kv_client, rng, make_hashes):
+    kv = kv_client(engine)
+    hashes = make_hashes(8)
+    # 1. Save 8 blocks; the pool now holds 8 entries.
+    first = kv.fill(rng, range(8))
+    assert kv.save(NAMESPACE, range(8), hashes).value == 8
+    engine.wait_stats(lambda s: s["pool_blocks_used"] == 8 and s["blocks_saved"] == 8)
+    # 2. Save the same hashes again from other blocks with other bytes: all 8 are dedup.
+    kv.fill(rng, range(8, 16))
+    again = kv.save(NAMESPACE, range(8, 16), hashes)
+    assert (again.status, again.value, again.value2, again.value3) == (Status.OK, 0, 8, 0)
+    # 3. Nothing new was stored or counted as saved (gauges from a later housekeeping pass);
+    #    the dedup counter moved by 8.
+    after = engine.fresh_stats()
+    assert after["pool_blocks_used"] == 8 and after["blocks_saved"] == 8
+    assert after["save_dedup_blocks"] == 8
+    # 4. The first copy is the one that stays.
+    assert kv.load(NAMESPACE, range(16, 24), hashes).is_ok
+    np.testing.assert_array_equal(kv.pages[:, 16:24], first)
+
+
+def test_dispatcher_save_duplicate_hash_within_one_command_stores_once(engine, kv_client, rng, make_hashes):
+    kv = kv_client(engine)
+    [h] = make_hashes(1)
+    # 1. One SAVE names the same hash for two blocks: one is stored, one is dedup.
+    kv.fill(rng, range(2))
+    saved = kv.save(NAMESPACE, [0, 1], [h, h])
+    assert (saved.value, saved.value2) == (1, 1)
+    engine.wait_stats(lambda s: s["pool_blocks_used"] == 1 and s["blocks_saved"] == 1)
+
+
+def test_dispatcher_other_namespace_never_hits(shared_engine, kv_client, rng, make_hashes):
+    kv = kv_client(shared_engine)
+    hashes = make_hashes(4)
+    # 1. Store 4 blocks under NAMESPACE.
+    in_first = kv.fill(rng, range(4))
+    assert kv.save(NAMESPACE, range(4), hashes).value == 4
+    # 2. The same hashes under OTHER_NAMESPACE: no hit, no lease, and a LOAD is MISSING_BLOCK.
+    found = kv.client.lookup(OTHER_NAMESPACE, hashes)
+    assert (found.num_hit_blocks, found.lease_id) == (0, 0)
+    missing = kv.load(OTHER_NAMESPACE, range(8, 12), hashes)
+    assert missing.status == Status.MISSING_BLOCK
+    # 3. Saving them under OTHER_NAMESPACE stores new entries (not a dedup of the first).
+    in_second = kv.fill(rng, range(4, 8))
+    saved = kv.save(OTHER_NAMESPACE, range(4, 8), hashes)
+    assert (saved.value, saved.value2) == (4, 0)
+    # 4. Each namespace loads its own bytes.
+    assert kv.load(NAMESPACE, range(8, 12), hashes).is_ok
+    assert kv.load(OTHER_NAMESPACE, range(12, 16), hashes).is_ok
+    np.testing.assert_array_equal(kv.pages[:, 8:12], in_first)
+    np.testing.assert_array_equal(kv.pages[:, 12:16], in_second)
+
+
+def test_dispatcher_short_hash_is_not_its_zero_padded_long_form(shared_engine, kv_client, rng):
+    kv = kv_client(shared_engine)
+    short = rng.bytes(16)
+    # 1. Store a block under a 16-byte hash.
+    kv.fill(rng, [0])
+    assert kv.save(NAMESPACE, [0], [short]).value == 1
+    # 2. The 32-byte hash with the same first 16 bytes and zeros after is another block.
+    assert kv.num_hits(NAMESPACE, [short + bytes(16)]) == 0
+    assert kv.num_hits(NAMESPACE, [short]) == 1
+
+
+def test_dispatcher_block_visible_only_when_every_layer_saved(shared_engine, kv_client, rng, make_hashes):
+    kv = kv_client(shared_engine)
+    hashes = make_hashes(2)
+    expected = kv.fill(rng, [0, 1])
+    # 1. Save layer by layer; until the last layer is in, lookups do not see the blocks.
+    for layer in range(kv.NUM_LAYERS - 1):
+        assert kv.save(NAMESPACE, [0, 1], hashes, layer=layer).is_ok
+        assert kv.num_hits(NAMESPACE, hashes) == 0
+        assert kv.load(NAMESPACE, [8, 9], hashes).status == Status.MISSING_BLOCK
+    # 2. The last layer makes both visible, with every layer's bytes.
+    assert kv.save(NAMESPACE, [0, 1], hashes, layer=kv.NUM_LAYERS - 1).is_ok
+    assert kv.num_hits(NAMESPACE, hashes) == 2
+    assert kv.load(NAMESPACE, [8, 9], hashes).is_ok
+    np.testing.assert_array_equal(kv.pages[:, [8, 9]], expected)
+
+
+def test_dispatcher_pipelined_commands_get_exactly_one_completion_each(shared_engine, kv_client, make_hashes):
+    kv = kv_client(shared_engine)
+    # 1. Submit 300 commands without waiting for any answer, mixing OK and error answers.
+    request_ids = []
+    for i in range(300):
+        if i % 3 == 0:
+            request_ids.append(kv.client.submit(Opcode.PING))
+        elif i % 3 == 1:
+            request_ids.append(kv.client.submit(Opcode.LOOKUP, payload=[encode_hashes(make_hashes(2))],
+                                                num_items=2, namespace=NAMESPACE))
+        else:
+            request_ids.append(kv.client.release(10**9 + i))  # UNKNOWN_LEASE
+    # 2. Every request id comes back exactly once, none other.
+    seen = []
+    deadline = time.monotonic() + 10.0
+    while len(seen) < len(request_ids) and time.monotonic() < deadline:
+        seen += [c.request_id for c in kv.client.poll()]
+        time.sleep(1e-3)
+    assert sorted(seen) == sorted(request_ids)
+    # 3. Nothing more arrives afterwards.
+    assert kv.client.wait(kv.client.submit(Opcode.PING)).is_ok
+    assert kv.client.poll() == []
+
+
+# -- bad input: each gets its status, changes nothing, and the engine stays up -------------
+
+
+def _assert_still_serving(engine, client, status: Status, errors_before: list[int]) -> None:
+    """PING works, and the stats counted exactly one more error of ``status``."""
+    assert client.ping() >= 0
+    errors = engine.wait_stats(lambda s: s["errors_by_status"][status] >= errors_before[status] + 1)
+    assert errors["errors_by_status"][status] == errors_before[status] + 1
+    assert engine.proc.poll() is None
+
+
+def test_dispatcher_unknown_opcode_answers_bad_opcode_and_stays_up(shared_engine, kv_client):
+    kv = kv_client(shared_engine)
+    before = shared_engine.stats()["errors_by_status"]
+    # 1. Publish opcode 999 through the ring, bypassing the client's decoding of the answer.
+    request_id = kv.submit_raw(opcode=999)
+    # 2. The engine answers exactly that request with BAD_OPCODE.
+    done = kv.take_raw(request_id)
+    assert (int(done["opcode"]), int(done["status"])) == (999, Status.BAD_OPCODE)
+    # 3. It still serves, and counted the error.
+    _assert_still_serving(shared_engine, kv.client, Status.BAD_OPCODE, before)
+
+
+def test_dispatcher_unknown_opcode_reaches_client_as_bad_opcode_completion(shared_engine, kv_client):
+    kv = kv_client(shared_engine)
+    # 1. Submit opcode 999 through the public client API and wait for its answer.
+    request_id = kv.client.submit(999)
+    # 2. The client hands back a BAD_OPCODE completion (it must not choke on decoding it).
+    done = kv.client.wait(request_id)
+    assert done.status == Status.BAD_OPCODE
+    assert kv.client.ping() >= 0
+
+
+@pytest.mark.parametrize("block_id", [64, -1, 2**31 - 1])
+@pytest.mark.parametrize("opcode", [Opcode.SAVE, Opcode.LOAD])
+def test_dispatcher_block_id_out_of_range_answers_block_out_of_range(
+        shared_engine, kv_client, rng, make_hashes, opcode, block_id):
+    kv = kv_client(shared_engine)
+    assert kv.NUM_BLOCKS == 64
+    hashes = make_hashes(3)
+    kv.fill(rng, range(3))
+    if opcode == Opcode.LOAD:
+        assert kv.save(NAMESPACE, range(3), hashes).value == 3
+    before = shared_engine.stats()["errors_by_status"]
+    # 1. Two valid block ids and one outside [0, NUM_BLOCKS).
+    ids = [0, 1, block_id]
+    request_id = (kv.client.submit_save(NAMESPACE, ids, hashes) if opcode == Opcode.SAVE
+                  else kv.client.submit_load(NAMESPACE, ids, hashes))
+    assert kv.client.wait(request_id).status == Status.BLOCK_OUT_OF_RANGE
+    # 2. A rejected SAVE stored nothing, not even the blocks with valid ids.
+    if opcode == Opcode.SAVE:
+        assert kv.num_hits(NAMESPACE, hashes) == 0
+    _assert_still_serving(shared_engine, kv.client, Status.BLOCK_OUT_OF_RANGE, before)
+
+
+def test_dispatcher_wrong_version_field_answers_bad_version(shared_engine, kv_client, monkeypatch):
+    kv = kv_client(shared_engine)
+    before = shared_engine.stats()["errors_by_status"]
+    # 1. The client writes wire version 2 into the next SUBMISSION.
+    monkeypatch.setattr(pegaflow.client, "WIRE_VERSION", pegaflow.client.WIRE_VERSION + 1)
+    request_id = kv.client.submit(Opcode.PING)
+    monkeypatch.undo()
+    # 2. The engine answers BAD_VERSION and keeps serving commands of the right version.
+    assert kv.client.wait(request_id).status == Status.BAD_VERSION
+    _assert_still_serving(shared_engine, kv.client, Status.BAD_VERSION, before)
+
+
+@pytest.mark.parametrize("offset_from_end", [8, 0, -(2**40)], ids=["straddles_end", "at_end", "far_past"])
+def test_dispatcher_payload_past_arena_answers_bad_payload(shared_engine, kv_client, offset_from_end):
+    kv = kv_client(shared_engine)
+    arena_bytes = kv.client._arena.num_bytes
+    before = shared_engine.stats()["errors_by_status"]
+    # 1. A LOOKUP whose payload starts near (or at, or far past) the arena's end.
+    offset = arena_bytes - offset_from_end
+    request_id = kv.submit_raw(opcode=Opcode.LOOKUP, num_items=1, namespace=NAMESPACE,
+                               payload_offset=offset, payload_bytes=HASH.itemsize)
+    assert kv.client.wait(request_id).status == Status.BAD_PAYLOAD
+    _assert_still_serving(shared_engine, kv.client, Status.BAD_PAYLOAD, before)
+
+
+@pytest.mark.parametrize("length", [0, HASH_BYTES + 1, 255])
+def test_dispatcher_hash_record_with_bad_length_answers_bad_payload(shared_engine, kv_client, make_hashes, length):
+    kv = kv_client(shared_engine)
+    before = shared_engine.stats()["errors_by_status"]
+    # 1. Two good hash records and one whose length byte is out of 1..32.
+    records = encode_hashes(make_hashes(3))
+    records["length"][1] = length
+    request_id = kv.client.submit(Opcode.LOOKUP, payload=[records], num_items=3, namespace=NAMESPACE)
+    assert kv.client.wait(request_id).status == Status.BAD_PAYLOAD
+    _assert_still_serving(shared_engine, kv.client, Status.BAD_PAYLOAD, before)
+
+
+def test_dispatcher_num_items_disagreeing_with_payload_answers_bad_payload(shared_engine, kv_client, make_hashes):
+    kv = kv_client(shared_engine)
+    before = shared_engine.stats()["errors_by_status"]
+    # 1. A SAVE of 2 block ids and 2 hashes that claims 3 items.
+    ids = np.array([0, 1], dtype=BLOCK_ID)
+    request_id = kv.client.submit(Opcode.SAVE, payload=[ids, encode_hashes(make_hashes(2))],
+                                  num_items=3, namespace=NAMESPACE)
+    assert kv.client.wait(request_id).status == Status.BAD_PAYLOAD
+    _assert_still_serving(shared_engine, kv.client, Status.BAD_PAYLOAD, before)
+
+
+def test_dispatcher_save_before_register_answers_unknown_region(shared_engine, make_hashes):
+    client = shared_engine.connect()
+    try:
+        # 1. A client that registered no KV memory cannot save.
+        done = client.wait(client.submit_save(NAMESPACE, [0], make_hashes(1)))
+        assert done.status == Status.UNKNOWN_REGION
+        assert client.ping() >= 0
+    finally:
+        client.close()
+
+
+def test_dispatcher_release_unknown_lease_answers_unknown_lease(shared_engine, kv_client):
+    kv = kv_client(shared_engine)
+    # 1. RELEASE of a lease that was never handed out.
+    assert kv.release(123_456_789).status == Status.UNKNOWN_LEASE
+    # 2. The typed error reaches a caller of ``call`` as CommandError with that status.
+    with pytest.raises(CommandError) as info:
+        kv.client.call(Opcode.RELEASE, arg=123_456_789)
+    assert info.value.status == Status.UNKNOWN_LEASE
+
+
+def test_dispatcher_register_page_larger_than_slab_answers_bad_argument(engine_factory, make_hashes):
+    engine = engine_factory(pool_size="1MiB", slab_size="64KiB")
+    client = engine.connect()
+    page_bytes, num_blocks, num_layers = 32 << 10, 4, 4  # one entry = 128 KiB > 64 KiB slab
+    kv = HostKVBuffer(page_bytes * num_blocks * num_layers, "tkv")
+    try:
+        before = engine.stats()["errors_by_status"]
+        # 1. REGISTER a cache whose block (every layer of it) cannot fit one slab.
+        layers = layer_records(list(range(num_layers)),
+                               [i * page_bytes * num_blocks for i in range(num_layers)], [page_bytes] * num_layers)
+        with pytest.raises(CommandError) as info:
+            client.register_region(0, kv.region_record(num_blocks, page_bytes, num_layers), layers)
+        # 2. It is the client's mistake, a typed BAD_ARGUMENT, not an INTERNAL error.
+        assert info.value.status == Status.BAD_ARGUMENT
+        _assert_still_serving(engine, client, Status.BAD_ARGUMENT, before)
+    finally:
+        client.close()
+        kv.close()

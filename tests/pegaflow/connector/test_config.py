@@ -1,0 +1,206 @@
+"""pegaflow.connector.config and .namespace: where each option comes from, and what makes bytes differ."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from pegaflow.connector.config import ConnectorConfig
+from pegaflow.connector.namespace import kv_fields, namespace_of, rank_namespace
+from pegaflow.errors import ConfigError
+
+# -- ConnectorConfig.from_sources --------------------------------------------------------------
+
+
+def test_connector_config_no_sources_gives_defaults():
+    # 1. No extra_config and an empty environment: every field keeps its default.
+    config = ConnectorConfig.from_sources(None, environ={})
+    assert config == ConnectorConfig()
+    assert (config.engine_name, config.load_mode, config.num_load_slots) == ("pegaflow", "layerwise", 64)
+    assert config.enable_save and config.enable_load and not config.is_async_load
+
+
+def test_connector_config_extra_config_beats_env_beats_default():
+    # 1. The engine name in both sources, the load mode only in the env, the timeout nowhere.
+    environ = {"PEGAFLOW_NAME": "from_env", "PEGAFLOW_LOAD_MODE": "async"}
+    config = ConnectorConfig.from_sources({"engine_name": "from_extra"}, environ=environ)
+    # 2. extra_config wins, then the env, then the default.
+    assert config.engine_name == "from_extra"
+    assert config.load_mode == "async" and config.is_async_load
+    assert config.lookup_timeout_ms == 50.0
+
+
+def test_connector_config_every_option_read_from_its_env_var():
+    # 1. Every option set through its PEGAFLOW_* variable, all as strings.
+    environ = {
+        "PEGAFLOW_NAME": "eng-2", "PEGAFLOW_LOAD_MODE": "async", "PEGAFLOW_ENABLE_SAVE": "false",
+        "PEGAFLOW_ENABLE_LOAD": "0", "PEGAFLOW_LOOKUP_TIMEOUT_MS": "7.5",
+        "PEGAFLOW_COMMAND_TIMEOUT_MS": "900", "PEGAFLOW_RECONNECT_INTERVAL_S": "0.25",
+        "PEGAFLOW_NUM_LOAD_SLOTS": "8",
+    }
+    # 2. Each reaches its field, converted to the field's type.
+    assert ConnectorConfig.from_sources({}, environ=environ) == ConnectorConfig(
+        engine_name="eng-2", load_mode="async", enable_save=False, enable_load=False,
+        lookup_timeout_ms=7.5, command_timeout_ms=900.0, reconnect_interval_s=0.25, num_load_slots=8)
+
+
+def test_connector_config_environ_none_reads_process_env(monkeypatch):
+    # 1. Without an explicit environ, os.environ is the env source.
+    monkeypatch.setenv("PEGAFLOW_NUM_LOAD_SLOTS", "3")
+    assert ConnectorConfig.from_sources({}).num_load_slots == 3
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("1", True), ("true", True), ("YES", True), (" On ", True), (True, True), (1, True),
+    ("0", False), ("False", False), ("no", False), ("off", False), (False, False), (0, False),
+])
+def test_connector_config_bool_spellings_parse(raw, expected):
+    # 1. Each spelling, from extra_config and from the env (env values are strings).
+    assert ConnectorConfig.from_sources({"enable_save": raw}, environ={}).enable_save is expected
+    assert ConnectorConfig.from_sources({}, environ={"PEGAFLOW_ENABLE_LOAD": str(raw)}).enable_load is expected
+
+
+@pytest.mark.parametrize("raw", ["maybe", "", "2", "tru", 2])
+def test_connector_config_bad_bool_raises_config_error(raw):
+    # 1. Anything but a known spelling is refused, naming the option.
+    with pytest.raises(ConfigError, match="enable_load"):
+        ConnectorConfig.from_sources({"enable_load": raw}, environ={})
+
+
+def test_connector_config_unknown_key_raises_config_error_listing_it():
+    # 1. A typo in kv_connector_extra_config is refused, not ignored.
+    with pytest.raises(ConfigError, match="load_mod"):
+        ConnectorConfig.from_sources({"load_mod": "async"}, environ={})
+
+
+@pytest.mark.parametrize("source", ["extra", "env"])
+def test_connector_config_bad_load_mode_raises_config_error(source):
+    # 1. load_mode must be layerwise or async, whichever source it came from.
+    extra, environ = ({"load_mode": "eager"}, {}) if source == "extra" else ({}, {"PEGAFLOW_LOAD_MODE": "eager"})
+    with pytest.raises(ConfigError, match="load_mode"):
+        ConnectorConfig.from_sources(extra, environ=environ)
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "eng.1", "has space", "x" * 65])
+def test_connector_config_bad_engine_name_raises_config_error(name):
+    # 1. The engine name becomes part of POSIX shm names: refused from either source.
+    with pytest.raises(ConfigError):
+        ConnectorConfig.from_sources({"engine_name": name}, environ={})
+    with pytest.raises(ConfigError):
+        ConnectorConfig.from_sources({}, environ={"PEGAFLOW_NAME": name})
+
+
+@pytest.mark.parametrize("key,raw", [
+    ("lookup_timeout_ms", "fast"), ("num_load_slots", "1.5"), ("num_load_slots", "many"),
+    ("command_timeout_ms", [5]),
+])
+def test_connector_config_unconvertible_number_raises_config_error(key, raw):
+    # 1. A value that is not a number of the field's type is a ConfigError naming the option.
+    with pytest.raises(ConfigError, match=key):
+        ConnectorConfig.from_sources({key: raw}, environ={})
+
+
+@pytest.mark.parametrize("key,raw", [
+    ("lookup_timeout_ms", "0"), ("command_timeout_ms", "-1"), ("reconnect_interval_s", "0"),
+    ("num_load_slots", "0"),
+])
+def test_connector_config_non_positive_number_raises_config_error(key, raw):
+    # 1. Timeouts, intervals and slot counts must be positive.
+    with pytest.raises(ConfigError, match=key):
+        ConnectorConfig.from_sources({}, environ={_env_name(key): raw})
+
+
+def _env_name(key: str) -> str:
+    return "PEGAFLOW_" + key.upper()
+
+
+def test_connector_config_is_frozen():
+    # 1. One config per process: it cannot be changed after validation.
+    config = ConnectorConfig()
+    with pytest.raises(AttributeError):
+        config.load_mode = "async"
+
+
+# -- namespace ----------------------------------------------------------------------------------
+
+BASE_FIELDS = {
+    "model": "/models/llama-3-8b", "revision": "main", "dtype": "torch.bfloat16", "cache_dtype": "auto",
+    "kv_layout": "LBNHC", "hash_algo": "sha256", "tp_size": 2, "pp_size": 1,
+    "groups": [{"type": "FullAttentionSpec", "layers": 32, "block_size": 16, "num_kv_heads": 8,
+                "head_size": 128, "dtype": "torch.bfloat16"}],
+}
+
+
+def test_namespace_of_equal_dicts_in_any_key_order_agree():
+    # 1. The same fields, keys (also nested ones) inserted in reverse order.
+    reordered = {k: BASE_FIELDS[k] for k in reversed(BASE_FIELDS)}
+    reordered["groups"] = [dict(reversed(list(BASE_FIELDS["groups"][0].items())))]
+    # 2. One namespace: a nonzero 64-bit integer.
+    assert namespace_of(reordered) == namespace_of(dict(BASE_FIELDS))
+    assert 0 < namespace_of(BASE_FIELDS) < 1 << 64
+
+
+@pytest.mark.parametrize("key,value", [
+    ("model", "/models/llama-3-70b"), ("revision", "v2"), ("dtype", "torch.float16"),
+    ("cache_dtype", "fp8"), ("kv_layout", "LBHNC"), ("hash_algo", "sha256_cbor"),
+    ("tp_size", 4), ("pp_size", 2),
+])
+def test_namespace_of_any_top_level_field_differs_namespace_differs(key, value):
+    # 1. Change one field: the fingerprint changes.
+    assert namespace_of({**BASE_FIELDS, key: value}) != namespace_of(BASE_FIELDS)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("type", "SlidingWindowSpec"), ("layers", 16), ("block_size", 32), ("num_kv_heads", 4),
+    ("head_size", 64), ("dtype", "torch.float8_e4m3fn"),
+])
+def test_namespace_of_any_group_field_differs_namespace_differs(key, value):
+    # 1. Change one field of the KV cache group: the fingerprint changes.
+    changed = {**BASE_FIELDS, "groups": [{**BASE_FIELDS["groups"][0], key: value}]}
+    assert namespace_of(changed) != namespace_of(BASE_FIELDS)
+
+
+def test_rank_namespace_each_tp_and_pp_rank_differs():
+    # 1. Ranks of one deployment hold different heads or layers: one namespace each.
+    namespaces = {rank_namespace(BASE_FIELDS, tp, pp) for tp in range(4) for pp in range(2)}
+    assert len(namespaces) == 8
+    # 2. The same rank always gets the same namespace (scheduler and worker must agree).
+    assert rank_namespace(BASE_FIELDS, 1, 0) == rank_namespace(dict(BASE_FIELDS), 1)
+
+
+def _fake_configs(**overrides):
+    """The attributes kv_fields reads of VllmConfig and KVCacheConfig, with ``overrides``."""
+    values = dict(model="/m/llama", revision=None, dtype="torch.bfloat16", cache_dtype="auto",
+                  kv_cache_layout="LBNHC", hash_algo="sha256", tp_size=1, pp_size=1,
+                  block_size=16, num_kv_heads=8, head_size=128, spec_dtype="torch.bfloat16", num_layers=4)
+    values.update(overrides)
+    vllm_config = SimpleNamespace(
+        model_config=SimpleNamespace(model=values["model"], revision=values["revision"], dtype=values["dtype"]),
+        cache_config=SimpleNamespace(cache_dtype=values["cache_dtype"], kv_cache_layout=values["kv_cache_layout"],
+                                     prefix_caching_hash_algo=values["hash_algo"]),
+        parallel_config=SimpleNamespace(tensor_parallel_size=values["tp_size"],
+                                        pipeline_parallel_size=values["pp_size"]))
+    spec = SimpleNamespace(block_size=values["block_size"], num_kv_heads=values["num_kv_heads"],
+                           head_size=values["head_size"], dtype=values["spec_dtype"])
+    group = SimpleNamespace(kv_cache_spec=spec, layer_names=[f"l{i}" for i in range(values["num_layers"])])
+    return vllm_config, SimpleNamespace(kv_cache_groups=[group])
+
+
+@pytest.mark.parametrize("override", [
+    {"model": "/m/qwen"}, {"revision": "abc123"}, {"dtype": "torch.float16"}, {"cache_dtype": "fp8"},
+    {"kv_cache_layout": "LHBNC"}, {"hash_algo": "xxhash"}, {"tp_size": 2}, {"pp_size": 2},
+    {"block_size": 32}, {"num_kv_heads": 4}, {"head_size": 64}, {"spec_dtype": "torch.float8_e4m3fn"},
+    {"num_layers": 8},
+])
+def test_kv_fields_any_config_change_changes_rank_namespace(override):
+    # 1. Fields read from two vLLM configs that differ in one setting.
+    base = kv_fields(*_fake_configs())
+    changed = kv_fields(*_fake_configs(**override))
+    # 2. Their namespaces differ for the same rank.
+    assert rank_namespace(changed, 0) != rank_namespace(base, 0)
+
+
+def test_kv_fields_same_configs_same_namespace():
+    # 1. Scheduler and worker read equal configs: they agree on the namespace.
+    assert rank_namespace(kv_fields(*_fake_configs()), 0) == rank_namespace(kv_fields(*_fake_configs()), 0)

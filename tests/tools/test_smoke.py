@@ -1,0 +1,51 @@
+"""tools/smoke.py against a real engine, and what ``pegaflow-stat --json`` then reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SMOKE = REPO_ROOT / "tools" / "smoke.py"
+NUM_SAVED = 64
+ENTRY_BYTES = 4 * 4096  # smoke's 4 layers of 4 KiB pages
+
+
+def run_tool(*argv: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_smoke_against_running_engine_prints_smoke_ok(engine):
+    # 1. The smoke client saves, looks up and loads 64 blocks, and checks every byte.
+    done = run_tool(str(SMOKE), "--name", engine.name)
+    assert (done.returncode, done.stdout.strip()) == (0, "smoke ok"), done.stderr
+    # 2. pegaflow-stat sees exactly what it did.
+    stat = run_tool("-m", "pegaflow.stat_cli", "--once", "--json", "--name", engine.name)
+    assert stat.returncode == 0, stat.stderr
+    snapshot = json.loads(stat.stdout)
+    assert snapshot["blocks_saved"] == NUM_SAVED
+    assert snapshot["blocks_loaded"] == NUM_SAVED
+    assert snapshot["lookup_hit_blocks"] == NUM_SAVED
+    assert snapshot["pool_bytes_used"] == NUM_SAVED * ENTRY_BYTES
+    assert snapshot["pool_bytes_total"] == 64 << 20
+
+
+def test_smoke_twice_dedups_nothing_and_still_passes(engine):
+    # 1. A second run uses fresh random hashes: it stores another 64 blocks, all byte-exact.
+    for _ in range(2):
+        done = run_tool(str(SMOKE), "--name", engine.name)
+        assert done.returncode == 0, done.stderr
+    assert engine.wait_stats(lambda s: s["blocks_saved"] == 2 * NUM_SAVED)["save_dedup_blocks"] == 0
+
+
+def test_smoke_without_engine_exits_1_with_the_reason():
+    # 1. No engine under that name: a non-zero exit and a reason, not a traceback.
+    done = run_tool(str(SMOKE), "--name", f"t{os.getpid()}_absent")
+    assert done.returncode == 1
+    assert "smoke FAILED" in done.stderr and "EngineNotRunningError" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,199 @@
+"""Time to first token on real vLLM: cold, warm from pegaflow, warm from vLLM's native CPU
+offloading, and a GPU prefix-cache hit, all measured in one run; plus TPOT with the
+connector saving against no connector, and 8 prompts at once.
+
+    python tools/bench_ttft.py --model tools/models/llama-3.1-8b-shape [--json]
+
+Each vLLM runs in its own process, one after another (dummy weights, greedy, eager).
+The pegaflow engine is started here with the cuda backend unless --engine-name names a
+running one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
+    import random
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
+
+
+def _llm(args, kind: str):
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+    common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+                  seed=0, max_model_len=args.prompt_tokens + args.decode_tokens + 64,
+                  gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
+    if kind == "pegaflow":
+        return LLM(**common, enable_prefix_caching=False, kv_transfer_config=KVTransferConfig(
+            kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
+            kv_role="kv_both", kv_connector_extra_config={"engine_name": args.engine_name}))
+    if kind == "native":
+        return LLM(**common, kv_offloading_size=args.native_offload_gib, kv_offloading_backend="native")
+    return LLM(**common)
+
+
+def _time_each(llm, prompts, max_tokens: int) -> tuple[list[float], list[list[int]]]:
+    from vllm import SamplingParams, TokensPrompt
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    times, tokens = [], []
+    for prompt in prompts:
+        t0 = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        times.append((time.perf_counter() - t0) * 1e3)
+        tokens.append(list(out[0].outputs[0].token_ids))
+    return times, tokens
+
+
+def _time_batch(llm, prompts, max_tokens: int) -> float:
+    from vllm import SamplingParams, TokensPrompt
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    t0 = time.perf_counter()
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _tpot_ms(llm, prompts, args) -> float:
+    """Per-output-token time over ``decode_tokens`` tokens, first token excluded."""
+    ttft, _ = _time_each(llm, prompts, 1)
+    total, _ = _time_each(llm, [p[::-1] for p in prompts], args.decode_tokens)
+    return (statistics.median(total) - statistics.median(ttft)) / (args.decode_tokens - 1)
+
+
+def _external_hits(llm) -> float:
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:external_prefix_cache_hits":
+            return float(getattr(metric, "value", 0))
+    return 0.0
+
+
+def run_phase(args) -> dict:
+    """One vLLM process: what ``--phase`` names; returns its measurements."""
+    from transformers import AutoConfig
+    vocab = AutoConfig.from_pretrained(args.model).vocab_size
+    prompts = _prompts(1, args.num_prompts, args.prompt_tokens, vocab)
+    decode_prompts = _prompts(2, 2, args.prompt_tokens // 10, vocab)
+    llm = _llm(args, args.phase)
+    _time_each(llm, _prompts(3, 1, 512, vocab), 1)  # warm-up: kernels, allocator
+    result = {}
+    result["cold_ms"], result["cold_tokens"] = _time_each(llm, prompts, 1)
+    if args.phase == "pegaflow":
+        result["warm_ms"], result["warm_tokens"] = _time_each(llm, prompts, 1)
+        result["warm_batch_ms"] = _time_batch(llm, prompts, 1)
+        result["external_hit_tokens"] = _external_hits(llm)
+        result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
+    elif args.phase == "native":
+        llm.reset_prefix_cache()
+        result["warm_ms"], result["warm_tokens"] = _time_each(llm, prompts, 1)
+        result["gpu_hit_ms"], _ = _time_each(llm, prompts, 1)
+    else:
+        result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
+        result["cold_batch_ms"] = _time_batch(llm, _prompts(4, args.num_prompts, args.prompt_tokens, vocab), 1)
+    return result
+
+
+def _spawn(args, phase: str) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [sys.executable, __file__, "--phase", phase, "--phase-out", out] + _passthrough(args)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return json.loads(Path(out).read_text())
+
+
+def _passthrough(args) -> list[str]:
+    return ["--model", args.model, "--num-prompts", str(args.num_prompts),
+            "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
+            "--engine-name", args.engine_name, "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+            "--native-offload-gib", str(args.native_offload_gib)]
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+
+
+def summarize(peg: dict, native: dict, none: dict, gpu: str) -> dict:
+    cold, cold_p90 = _stats(peg["cold_ms"])
+    warm, warm_p90 = _stats(peg["warm_ms"])
+    nat, nat_p90 = _stats(native["warm_ms"])
+    hit, hit_p90 = _stats(native["gpu_hit_ms"])
+    return {
+        "gpu": gpu, "cold_ms_median": cold, "cold_ms_p90": cold_p90,
+        "warm_pegaflow_ms_median": warm, "warm_pegaflow_ms_p90": warm_p90,
+        "warm_native_ms_median": nat, "warm_native_ms_p90": nat_p90,
+        "gpu_hit_ms_median": hit, "gpu_hit_ms_p90": hit_p90,
+        "warm_pegaflow_over_native": warm / nat,
+        "warm_batch8_pegaflow_ms": peg["warm_batch_ms"], "cold_batch8_ms": none["cold_batch_ms"],
+        "tpot_saving_ms": peg["tpot_ms"], "tpot_none_ms": none["tpot_ms"],
+        "tpot_ratio_saving_vs_none": peg["tpot_ms"] / none["tpot_ms"],
+        "external_hit_tokens": peg["external_hit_tokens"],
+        "outputs_identical": peg["cold_tokens"] == peg["warm_tokens"] == native["cold_tokens"]
+        == native["warm_tokens"],
+    }
+
+
+def _gpu_name() -> str:
+    import torch
+    return torch.cuda.get_device_name(0)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--prompt-tokens", type=int, default=10000)
+    p.add_argument("--decode-tokens", type=int, default=256)
+    p.add_argument("--engine-name", default="")
+    p.add_argument("--pool-size", default="48GiB")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    p.add_argument("--native-offload-gib", type=float, default=40)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--phase", choices=["pegaflow", "native", "none"], help=argparse.SUPPRESS)
+    p.add_argument("--phase-out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.phase:
+        Path(args.phase_out).write_text(json.dumps(run_phase(args)))
+        return 0
+    from tools.engine_process import EngineProcess
+    engine = None
+    if not args.engine_name:
+        engine = EngineProcess(f"ttft{os.getpid()}", backend="cuda", pool_size=args.pool_size,
+                               start_timeout_s=300)
+        args.engine_name = engine.name
+    try:
+        peg = _spawn(args, "pegaflow")
+        native = _spawn(args, "native")
+        none = _spawn(args, "none")
+    finally:
+        if engine is not None:
+            engine.stop()
+    result = summarize(peg, native, none, _gpu_name())
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{'case':<34}{'median ms':>10}{'p90 ms':>10}")
+    for label, key in [("cold", "cold_ms"), ("warm from pegaflow", "warm_pegaflow_ms"),
+                       ("warm from vLLM native offload", "warm_native_ms"), ("GPU prefix-cache hit", "gpu_hit_ms")]:
+        print(f"{label:<34}{result[key + '_median']:>10.1f}{result[key + '_p90']:>10.1f}")
+    print(f"pegaflow / native warm: {result['warm_pegaflow_over_native']:.2f}x; "
+          f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
+          f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "
+          f"{result['warm_batch8_pegaflow_ms']:.0f} ms; outputs identical: {result['outputs_identical']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
