@@ -71,7 +71,7 @@ class CudaMemory:
         region["device"] = exported.device
         region["alloc_bytes"] = exported.alloc_bytes
         region["handle"] = np.void(exported.handle)
-        return exported.handle, exported.base_offset, region
+        return info.data_ptr - exported.base_offset, exported.base_offset, region
 
     def current_stream(self) -> int:
         import torch
