@@ -35,14 +35,14 @@ from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, EVENT_HANDLE, HASH, LAYER, NO_E
 logger = logging.getLogger(__name__)
 
 MAX_LAYERS = 1024
-FIRST_CHUNK = 16
+FIRST_CHUNK = 64
 MAX_CHUNK = 1024
 _EMPTY = np.zeros(0, dtype=np.uint8)
 
 
 @dataclass(slots=True)
 class PendingCopy:
-    """One SAVE or LOAD command, copied in chunks so the first bytes move early."""
+    """One SAVE or LOAD command (a SAVE is copied in chunks so the first bytes move early)."""
 
     client: ClientState
     request_id: int
@@ -60,8 +60,8 @@ class PendingCopy:
 
 
 def chunk_bounds(num_items: int):
-    """[0, 16), [16, 80), [80, 336), ...: each chunk's bookkeeping hides behind the copy
-    of the one before (a block's copy takes ~10x its bookkeeping)."""
+    """[0, 64), [64, 320), [320, 1344), ...: a SAVE's bookkeeping for each chunk hides
+    behind the copy of the one before (a block's copy takes ~10x its bookkeeping)."""
     start, size = 0, FIRST_CHUNK
     while start < num_items:
         yield start, min(num_items, start + size)
@@ -260,7 +260,8 @@ class Dispatcher:
 
     def _save(self, client, rec, payload):
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
-        wait_event = self._check_event(client, rec, 1)
+        per_layer = rec.layer == ALL_LAYERS  # then one event per layer, in layer order
+        wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
                               len(placements) * client.page_bytes)
         ids = block_ids.tolist()
@@ -280,7 +281,8 @@ class Dispatcher:
             if chosen_keys:
                 self._submit(pending, chosen_keys, CopyOp(
                     0, Direction.SAVE, client.slot, placements, client.page_bytes,
-                    np.array(chosen_ids, np.int64), np.array(offsets, np.int64), wait_event=wait_event))
+                    np.array(chosen_ids, np.int64), np.array(offsets, np.int64),
+                    wait_event=wait_event, wait_per_layer=per_layer))
         self.stats.add("save_dedup_blocks", pending.num_deduped)
         self.stats.add("save_dropped_blocks", pending.num_dropped)
         return self._seal(pending)
@@ -298,15 +300,13 @@ class Dispatcher:
         pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,
                               len(placements) * client.page_bytes, lease_id=lease_id)
         offsets = np.array([entry.offset for entry in entries], np.int64)
-        bounds = list(chunk_bounds(len(keys)))
-        for start, end in bounds:
-            chunk_keys = keys[start:end]
-            self.index.pin(chunk_keys)
-            is_last = end == len(keys)
-            self._submit(pending, chunk_keys, CopyOp(
-                0, Direction.LOAD, client.slot, placements, client.page_bytes, block_ids[start:end],
-                offsets[start:end], record_events=record_events if is_last else None))
-        if record_events is not None and pending.error is None and bounds:
+        # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
+        self.index.pin(keys)
+        if keys:
+            self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
+                                               client.page_bytes, block_ids, offsets,
+                                               record_events=record_events))
+        if record_events is not None and pending.error is None and keys:
             pending.is_answered = True  # the client's events fence the data, not our answer
             self.stats.count_command(Opcode.LOAD, Status.OK)
             pending.client.answer(pending.request_id, Opcode.LOAD, Status.OK, len(keys), len(keys))

@@ -26,7 +26,7 @@ from pegaflow.wire import STATS, Opcode, SlotState, Status
 
 logger = logging.getLogger(__name__)
 
-MAX_COMMANDS_PER_CLIENT_ROUND = 64
+MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
 SHUTDOWN_DRAIN_S = 5.0
 CLAIM_CHECK_S = 1e-3
 

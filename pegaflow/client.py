@@ -99,6 +99,8 @@ class EngineClient:
         self.default_timeout_s = default_timeout_s
         self._next_request_id = 1
         self._done: dict[int, Completion] = {}
+        self._abandoned: set[int] = set()
+        self._orphans: list[Completion] = []
         self.slot = -1
         self.epoch = 0
         self.engine_pid = 0
@@ -205,8 +207,30 @@ class EngineClient:
 
     def try_take(self, request_id: int) -> Completion | None:
         for completion in self.poll():
-            self._done[completion.request_id] = completion
+            self._keep(completion)
         return self._done.pop(request_id, None)
+
+    def _keep(self, completion: Completion) -> None:
+        if completion.request_id in self._abandoned:
+            self._abandoned.discard(completion.request_id)
+            self._orphans.append(completion)
+        else:
+            self._done[completion.request_id] = completion
+
+    def abandon(self, request_id: int) -> None:
+        """Stop waiting for ``request_id``; its answer, when it comes, goes to ``take_orphans``."""
+        done = self._done.pop(request_id, None)
+        if done is not None:
+            self._orphans.append(done)
+        else:
+            self._abandoned.add(request_id)
+
+    def take_orphans(self) -> list[Completion]:
+        """Answers that arrived for abandoned requests (a lookup's lease to release, say)."""
+        for completion in self.poll():
+            self._keep(completion)
+        orphans, self._orphans = self._orphans, []
+        return orphans
 
     def wait(self, request_id: int, timeout_s: float | None = None) -> Completion:
         """The completion of ``request_id``; EngineTimeoutError / EngineGoneError after the deadline."""
@@ -224,8 +248,7 @@ class EngineClient:
         return done
 
     def _done_record(self, record) -> None:
-        completion = _completion(record)
-        self._done[completion.request_id] = completion
+        self._keep(_completion(record))
 
     def call(self, opcode: Opcode, *, timeout_s: float | None = None, **fields) -> Completion:
         """Submit and wait; a non-OK status raises CommandError."""
@@ -246,12 +269,17 @@ class EngineClient:
     def ping(self, timeout_s: float | None = None) -> int:
         return self.call(Opcode.PING, timeout_s=timeout_s).value
 
-    def lookup(self, namespace: int, hashes: list[bytes], timeout_s: float | None = None) -> LookupResult:
+    def lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> LookupResult:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        records = encode_hashes(hashes)
-        done = self.call(Opcode.LOOKUP, payload=[records], num_items=len(hashes),
-                         namespace=namespace, timeout_s=timeout_s)
+        done = self.wait(self.submit_lookup(namespace, hashes), timeout_s)
+        if not done.is_ok:
+            raise CommandError(done.status, f"LOOKUP failed: {getattr(done.status, 'name', done.status)}")
         return LookupResult(done.value, done.value2)
+
+    def submit_lookup(self, namespace: int, hashes) -> int:
+        records = _records(hashes)
+        return self.submit(Opcode.LOOKUP, payload=[records], num_items=len(records),
+                           namespace=namespace)
 
     def release(self, lease_id: int) -> int:
         return self.submit(Opcode.RELEASE, arg=lease_id)

@@ -140,6 +140,8 @@ def summarize(peg: dict, native: dict, none: dict, gpu: str) -> dict:
         "tpot_saving_ms": peg["tpot_ms"], "tpot_none_ms": none["tpot_ms"],
         "tpot_ratio_saving_vs_none": peg["tpot_ms"] / none["tpot_ms"],
         "external_hit_tokens": peg["external_hit_tokens"],
+        "engine_blocks_loaded": peg.get("engine_stats", {}).get("blocks_loaded"),
+        "engine_blocks_saved": peg.get("engine_stats", {}).get("blocks_saved"),
         "outputs_identical": peg["cold_tokens"] == peg["warm_tokens"] == native["cold_tokens"]
         == native["warm_tokens"],
     }
@@ -175,6 +177,9 @@ def main() -> int:
         args.engine_name = engine.name
     try:
         peg = _spawn(args, "pegaflow")
+        if engine is not None:
+            from pegaflow.stat_cli import read_stats
+            peg["engine_stats"] = read_stats(engine.name)
         native = _spawn(args, "native")
         none = _spawn(args, "none")
     finally:

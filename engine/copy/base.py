@@ -43,7 +43,8 @@ class CopyOp:
     """One command's copies: the same blocks for every layer in ``layers``.
 
     ``wait_event``: index in the client's shared event pool that the copy must wait for
-    before reading client memory (SAVE), or None.  ``record_events``: for LOAD, the
+    before reading client memory (SAVE), or None; with ``wait_per_layer`` the k-th layer
+    of ``layers`` waits for event ``wait_event + k`` instead.  ``record_events``: for LOAD, the
     first index of ``len(layers)`` consecutive client events, one recorded after each
     layer's copy is issued, or None.
     """
@@ -57,6 +58,7 @@ class CopyOp:
     entry_offsets: np.ndarray  # int64, byte offsets of the pool entries
     wait_event: int | None = None
     record_events: int | None = None
+    wait_per_layer: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -328,7 +328,7 @@ class CudaBackend(CopyBackend):
             if k >= depth:
                 driver.wait(stream, f.events[k - depth])
             if op.wait_event is not None:
-                driver.wait(stream, events[op.wait_event])
+                driver.wait(stream, events[op.wait_event + (k if op.wait_per_layer else 0)])
             client_base = region.base + layer.offset_bytes
             pool_base = dev.pool_base + layer.layer * op.page_bytes
             self._copy(dev, path, stream, op, client_base, layer.block_stride_bytes,
@@ -416,7 +416,8 @@ class CudaBackend(CopyBackend):
         if op.wait_event is None and op.record_events is None:
             return
         count = len(self._event_handles.get(op.slot, ()))
-        if op.wait_event is not None and not 0 <= op.wait_event < count:
+        last_wait = (op.wait_event or 0) + (len(op.layers) - 1 if op.wait_per_layer else 0)
+        if op.wait_event is not None and not 0 <= op.wait_event <= last_wait < count:
             raise CommandError(Status.BAD_ARGUMENT, f"wait event {op.wait_event} of {count}")
         if op.record_events is not None and \
                 not 0 <= op.record_events <= count - len(op.layers):

@@ -11,15 +11,19 @@ full blocks the step completes (prefill chunks and decode alike).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
-from pegaflow.errors import PegaflowError
+from pegaflow.errors import EngineTimeoutError, PegaflowError
+from pegaflow.wire import Opcode, encode_hashes
 
 logger = logging.getLogger(__name__)
+
+FIRST_WAIT_S = 2e-3  # a lookup is usually answered in ~0.1 ms; past this, vLLM asks again
 
 
 @dataclass(slots=True)
@@ -32,6 +36,15 @@ class RequestState:
     num_saved_blocks: int = 0
     pending_load: LoadSpec | None = None
     has_saves: bool = False
+    lookup: "PendingLookup | None" = None
+
+
+@dataclass(slots=True)
+class PendingLookup:
+    request_ids: tuple[int, ...]  # one LOOKUP per rank
+    num_blocks: int
+    started_at: float
+    answers: dict = field(default_factory=dict)
 
 
 class SchedulerSide:
@@ -43,45 +56,93 @@ class SchedulerSide:
         self.requests: dict[str, RequestState] = {}
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
-        self.num_lookup_failures = 0
+        self.num_lookup_timeouts = 0
 
     # -- lookup ---------------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Cached tokens beyond ``num_computed_tokens``; None while the engine's answer is on
+        its way (vLLM asks again next step), a miss once ``lookup_timeout_ms`` has passed."""
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests[request.request_id] = RequestState(request)
         if state.lookup_at_tokens != num_computed_tokens:
             self._release_leases(state)
-            state.num_hit_tokens, state.lease_ids = self._lookup(request, num_computed_tokens)
             state.lookup_at_tokens = num_computed_tokens
-        is_async = self.config.is_async_load and state.num_hit_tokens > 0
-        return state.num_hit_tokens, is_async
+            state.num_hit_tokens, state.lease_ids = 0, ()
+            self._start_lookup(state, request, num_computed_tokens)
+        if state.lookup is not None and not self._finish_lookup(state):
+            return None, False
+        return state.num_hit_tokens, self.config.is_async_load and state.num_hit_tokens > 0
 
-    def _lookup(self, request, num_computed_tokens: int) -> tuple[int, tuple[int, ...]]:
-        """(tokens to load, one lease per rank); always leaves one token for vLLM."""
+    def _start_lookup(self, state: RequestState, request, num_computed_tokens: int) -> None:
+        """Send one LOOKUP per rank for the blocks vLLM has not computed (one token left over)."""
         bs = self.block_size
         if not self.config.enable_load or num_computed_tokens % bs:
-            return 0, ()
+            return
         first = num_computed_tokens // bs
         num_loadable = max(0, (request.num_tokens - 1 - num_computed_tokens) // bs)
         hashes = list(request.block_hashes[first:first + num_loadable])
         if not hashes or (client := self.link.client()) is None:
-            return 0, ()
-        leases, num_hits = [], len(hashes)
+            return
+        self._release_orphans(client)
         try:
-            for namespace in self.namespaces:
-                found = client.lookup(namespace, hashes, timeout_s=self.config.lookup_timeout_ms / 1e3)
-                leases.append(found.lease_id)
-                num_hits = min(num_hits, found.num_hit_blocks)
+            records = encode_hashes(hashes)
+            ids = tuple(client.submit_lookup(namespace, records) for namespace in self.namespaces)
         except PegaflowError as exc:
-            self.num_lookup_failures += 1
             self.link.fail(exc)
-            return 0, ()
+            return
+        state.lookup = PendingLookup(ids, len(hashes), time.monotonic())
+
+    def _finish_lookup(self, state: RequestState) -> bool:
+        """Collect the answers if they are in (True), or give up after the deadline (True)."""
+        pending, client = state.lookup, self.link.client()
+        if client is None:
+            state.lookup = None
+            return True
+        deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
+        try:
+            for request_id in pending.request_ids:
+                if request_id not in pending.answers:
+                    wait_s = max(0.0, min(deadline - time.monotonic(), FIRST_WAIT_S))
+                    pending.answers[request_id] = client.wait(request_id, wait_s)
+        except EngineTimeoutError:
+            return self._lookup_late(state, client, deadline)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+            state.lookup = None
+            return True
+        state.lookup = None
+        answers = [pending.answers[i] for i in pending.request_ids]
+        leases = tuple(a.value2 for a in answers)
+        num_hits = min([pending.num_blocks] + [a.value if a.is_ok else 0 for a in answers])
         if num_hits == 0:
             self._release(leases)
-            return 0, ()
-        return num_hits * bs, tuple(leases)
+            return True
+        state.num_hit_tokens, state.lease_ids = num_hits * self.block_size, leases
+        return True
+
+    def _lookup_late(self, state: RequestState, client, deadline: float) -> bool:
+        if time.monotonic() < deadline:
+            return False
+        self.num_lookup_timeouts += 1
+        logger.debug("pegaflow: lookup for %s missed its %.0f ms deadline",
+                     state.request.request_id, self.config.lookup_timeout_ms)
+        self._release(tuple(a.value2 for a in state.lookup.answers.values()))
+        for request_id in state.lookup.request_ids:
+            if request_id not in state.lookup.answers:
+                client.abandon(request_id)
+        state.lookup = None
+        return True
+
+    def _release_orphans(self, client) -> None:
+        """Leases of lookups answered after their deadline: give them back."""
+        try:
+            for done in client.take_orphans():
+                if done.opcode == Opcode.LOOKUP and done.is_ok and done.value2:
+                    client.release(done.value2)
+        except PegaflowError as exc:
+            self.link.fail(exc)
 
     def _release(self, lease_ids) -> None:
         client = self.link.client() if any(lease_ids) else None
@@ -97,6 +158,13 @@ class SchedulerSide:
     def _release_leases(self, state: RequestState) -> None:
         self._release(state.lease_ids)
         state.lease_ids = ()
+        if state.lookup is not None:
+            client = self.link.client()
+            self._release(tuple(a.value2 for a in state.lookup.answers.values()))
+            for request_id in state.lookup.request_ids if client is not None else ():
+                if request_id not in state.lookup.answers:
+                    client.abandon(request_id)
+            state.lookup = None
         if state.pending_load is not None:
             self._release(state.pending_load.lease_ids)
             state.pending_load = None
@@ -122,6 +190,8 @@ class SchedulerSide:
         state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
 
     def build_connector_meta(self, scheduler_output) -> PegaConnectorMetadata:
+        if (client := self.link.client()) is not None:
+            self._release_orphans(client)
         meta = PegaConnectorMetadata(held_req_ids=self._held, preempted_req_ids=set(
             scheduler_output.preempted_req_ids or ()))
         self._held = set()
@@ -172,6 +242,8 @@ class SchedulerSide:
         if state is None:
             return False, None
         self._release_leases(state)
+        if (client := self.link.client()) is not None:
+            self._release_orphans(client)
         if state.has_saves:
             self._held.add(request.request_id)
             self._awaiting_report.add(request.request_id)

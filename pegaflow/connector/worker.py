@@ -51,6 +51,8 @@ class WorkerSide:
         self._finished_recving: set[str] = set()
         self._load_errors: set[int] = set()
         self._save_payload = None
+        self._saved_layers: set[str] = set()
+        self._is_save_sent = True
         self._save_cmds: dict[int, tuple[str, ...]] = {}
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
@@ -81,7 +83,7 @@ class WorkerSide:
             self.virtual[name] = tuple(range(first, first + len(subs)))
             self.save_layers[name] = len(self.save_layers)
             self._num_virtual += len(subs)
-        memory.create_events(len(self.save_layers) + self.config.num_load_slots * self._num_virtual)
+        memory.create_events((1 + self.config.num_load_slots) * self._num_virtual)
         for region, layers in by_alloc.values():
             region["num_layers"], region["num_blocks"], region["page_bytes"] = len(layers), self.num_blocks, page_bytes
             self._regions.append((region, layer_records(*map(list, zip(*layers)))))
@@ -97,13 +99,16 @@ class WorkerSide:
             client.register_events(self.memory.events.handles())
 
     def _load_event_base(self, slot: int) -> int:
-        return len(self.save_layers) + slot * self._num_virtual
+        """Events [0, V) fence saves (one per engine layer); each load slot has V more."""
+        return (1 + slot) * self._num_virtual
 
     # -- loads ----------------------------------------------------------------------------
 
     def bind(self, meta: PegaConnectorMetadata) -> None:
         self._meta = meta
         self._save_payload = None
+        self._saved_layers = set()
+        self._is_save_sent = False
         self._held |= meta.held_req_ids
 
     def start_load_kv(self) -> None:
@@ -192,28 +197,45 @@ class WorkerSide:
         return self._save_payload
 
     def save_kv_layer(self, layer_name: str) -> None:
+        """Mark the layer's KV written (cuda: an event on vLLM's stream, one per engine layer);
+        the step's one SAVE goes out from ``wait_for_save``."""
         meta = self._meta
         if meta is None or not meta.saves or layer_name not in self.save_layers:
             return
-        ids, records, req_ids = self._payload()
+        if self.memory.has_events:
+            stream = self.memory.current_stream()
+            for v in self.virtual[layer_name]:
+                self.memory.events.record(v, stream)
+        self._saved_layers.add(layer_name)
+
+    def _submit_step_save(self) -> None:
+        """One SAVE of every layer: the engine's layer-L copy waits, on the GPU, for the
+        event recorded after layer L was written, so it overlaps the layers still computing."""
+        meta = self._meta
+        if meta is None or not meta.saves or self._is_save_sent:
+            return
+        self._is_save_sent = True
+        if self._saved_layers != self.save_layers.keys():
+            missing = len(self.save_layers) - len(self._saved_layers)
+            logger.warning("pegaflow: %d layers were not written this step; its saves are dropped", missing)
+            self.num_saves_dropped += 1
+            return
         client = self.link.client()
         if client is None:
             self.num_saves_dropped += 1
             return
-        event = NO_EVENT
-        if self.memory.has_events:
-            event = self.save_layers[layer_name]
-            self.memory.events.record(event, self.memory.current_stream())
+        ids, records, req_ids = self._payload()
+        event = 0 if self.memory.has_events else NO_EVENT
         try:
-            for v in self.virtual[layer_name]:
-                request_id = client.submit_save(self.namespace, ids, records, layer=v, event_index=event)
-                self._save_cmds[request_id] = req_ids
-                for req_id in req_ids:
-                    self._pending_saves[req_id] += 1
+            request_id = client.submit_save(self.namespace, ids, records, event_index=event)
         except PegaflowError as exc:
             self.num_saves_dropped += 1
             self.link.fail(exc)
             self._forget_saves()
+            return
+        self._save_cmds[request_id] = req_ids
+        for req_id in req_ids:
+            self._pending_saves[req_id] += 1
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""
@@ -271,9 +293,11 @@ class WorkerSide:
             self.wait_for_saves_of(meta.preempted_req_ids)
 
     def wait_for_save(self) -> None:
+        self._submit_step_save()
         self._collect()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._submit_step_save()  # vLLM versions that skip wait_for_save on some steps
         self._collect()
         sending = {r for r in self._held if r not in self._pending_saves}
         self._held -= sending

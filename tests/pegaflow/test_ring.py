@@ -562,9 +562,11 @@ def test_ring_threads_deliver_every_record_and_payload_in_order(sides):
         # 1. A producer thread with its own pauses (the ring runs empty)...
         producer = threading.Thread(target=run_role, args=(seg_name, sem_name, "produce", producer_side))
         producer.start()
-        # 2. ...and a consumer here with its own pauses (the ring and arena run full).
-        result = run_role(seg_name, sem_name, "consume", consumer_side)
-        producer.join(10)
+        try:
+            # 2. ...and a consumer here with its own pauses (the ring and arena run full).
+            result = run_role(seg_name, sem_name, "consume", consumer_side)
+        finally:
+            producer.join(10)
         assert not producer.is_alive()
         check_consumed(result)
 
@@ -575,14 +577,14 @@ def test_ring_processes_deliver_every_record_and_payload_in_order(worker, sides,
     producer_side, consumer_side = sides
     with shared_ring(producer_side) as (seg_name, sem_name):
         # 1. The other process plays one side of the ring, this one the other side.
-        if worker_role == "produce":
-            worker.send((seg_name, sem_name, "produce", producer_side))
-            mine = run_role(seg_name, sem_name, "consume", consumer_side)
-        else:
-            worker.send((seg_name, sem_name, "consume", consumer_side))
-            mine = run_role(seg_name, sem_name, "produce", producer_side)
-        assert worker.poll(30), "the worker process did not finish"
-        status, theirs = worker.recv()
+        my_role = "consume" if worker_role == "produce" else "produce"
+        sides = {"produce": producer_side, "consume": consumer_side}
+        worker.send((seg_name, sem_name, worker_role, sides[worker_role]))
+        try:
+            mine = run_role(seg_name, sem_name, my_role, sides[my_role])
+        finally:  # always collect the worker's answer, so the next example starts in step
+            assert worker.poll(30), "the worker process did not finish"
+            status, theirs = worker.recv()
         assert status == "ok", theirs
         # 2. Whoever consumed saw every record once, in order, intact, with its payload.
         check_consumed(mine if worker_role == "produce" else theirs)

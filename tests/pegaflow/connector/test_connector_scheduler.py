@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -199,5 +200,38 @@ def test_connector_other_model_same_prompt_no_hit(engine):
         second.add(make_request("f16", PROMPT))
         assert not second.step().loads
         second.run_until_done()
+    finally:
+        second.close()
+
+
+def test_connector_slow_engine_lookup_asks_again_then_misses_and_frees_lease(engine):
+    # 1. Save; 2. a second vLLM with a 300 ms lookup deadline; the engine is stopped (SIGSTOP).
+    _warm(engine.name, PROMPT)
+    second = VllmInstance(engine.name, extra={"lookup_timeout_ms": 300})
+    connector = second.scheduler.connector
+    try:
+        request = make_request("slow", PROMPT)
+        second.requests["slow"] = request
+        client = connector._scheduler.link.client()
+        assert client is not None
+        engine.proc.send_signal(signal.SIGSTOP)
+        try:
+            # 3. No answer yet: vLLM is told to ask again (None), not blocked.
+            assert connector.get_num_new_matched_tokens(request, 0) == (None, False)
+            time.sleep(0.4)
+            # 4. Past the deadline: a miss, and the connection is kept (the engine is only slow).
+            assert connector.get_num_new_matched_tokens(request, 0) == (0, False)
+            assert not connector._scheduler.link.is_down
+        finally:
+            engine.proc.send_signal(signal.SIGCONT)
+        # 5. The late answer's lease is given back at the next lookup; a new request hits.
+        other = make_request("after-slow", PROMPT)
+        deadline = time.monotonic() + 5
+        while (hit := connector.get_num_new_matched_tokens(other, 0))[0] is None:
+            assert time.monotonic() < deadline
+        assert hit == (5 * BLOCK, False)
+        connector.request_finished(other, [])
+        time.sleep(0.05)
+        assert read_stats(engine.name)["leases_active"] == 0
     finally:
         second.close()
