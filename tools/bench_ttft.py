@@ -109,7 +109,7 @@ def _spawn(args, phase: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, __file__, "--phase", phase, "--phase-out", out] + _passthrough(args)
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr)  # stdout carries only our JSON
     return json.loads(Path(out).read_text())
 
 

@@ -15,15 +15,27 @@ ENTRY_BYTES = 4 * 4096  # smoke's 4 layers of 4 KiB pages
 
 
 def run_tool(*argv: str) -> subprocess.CompletedProcess:
+    """Run a tool to completion; ``.pid`` is the process id it had."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    with subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        stdout, stderr = proc.communicate(timeout=120)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    done.pid = proc.pid
+    return done
+
+
+def buffers_left_by(pid: int) -> list[str]:
+    """Host KV buffers (``pegaflow.<uid>.smoke.<pid>.*``) the process ``pid`` did not unlink."""
+    prefix = f"pegaflow.{os.getuid()}.smoke.{pid}."
+    return [e for e in os.listdir("/dev/shm") if e.startswith(prefix)]
 
 
 def test_smoke_against_running_engine_prints_smoke_ok(engine):
     # 1. The smoke client saves, looks up and loads 64 blocks, and checks every byte.
     done = run_tool(str(SMOKE), "--name", engine.name)
     assert (done.returncode, done.stdout.strip()) == (0, "smoke ok"), done.stderr
+    assert buffers_left_by(done.pid) == []
     # 2. pegaflow-stat sees exactly what it did.
     stat = run_tool("-m", "pegaflow.stat_cli", "--once", "--json", "--name", engine.name)
     assert stat.returncode == 0, stat.stderr
@@ -49,3 +61,8 @@ def test_smoke_without_engine_exits_1_with_the_reason():
     assert done.returncode == 1
     assert "smoke FAILED" in done.stderr and "EngineNotRunningError" in done.stderr
     assert "Traceback" not in done.stderr
+    # 2. It unlinked the KV buffer it created, even though it never got to use it.
+    left = buffers_left_by(done.pid)
+    for entry in left:  # keep the host clean, then fail
+        os.unlink("/dev/shm/" + entry)
+    assert left == []
