@@ -267,12 +267,14 @@ class Dispatcher:
         ids = block_ids.tolist()
         for start, end in chunk_bounds(len(keys)):
             chosen_ids, chosen_keys, offsets = [], [], []
-            for block_id, key in zip(ids[start:end], keys[start:end]):
-                entry = self.index.reserve(key, client.entry_bytes, client.num_layers, client.slot)
+            chunk_keys = keys[start:end]
+            entries = self.index.reserve_many(chunk_keys, client.entry_bytes, client.num_layers,
+                                              client.slot)
+            for block_id, key, entry in zip(ids[start:end], chunk_keys, entries):
                 if entry is None:
                     pending.num_dropped += 1
-                elif entry.is_ready or not mask & ~(entry.done_mask | entry.pending_mask):
-                    pending.num_deduped += 1
+                elif not mask & ~(entry.done_mask | entry.pending_mask):
+                    pending.num_deduped += 1  # stored, or on its way from another save
                 else:
                     entry.pending_mask |= mask
                     chosen_ids.append(block_id)

@@ -135,6 +135,23 @@ class BlockIndex:
         self.writing[key] = entry
         return entry
 
+    def reserve_many(self, keys: list[Key], entry_bytes: int, num_layers: int,
+                     slot: int) -> list[Entry | None]:
+        """``reserve`` for many keys at once (the SAVE hot path): one entry per key, None
+        where the pool is full or the stored entry has another size."""
+        entries = self.entries
+        found = [entries.get(key) for key in keys]
+        missing = list(dict.fromkeys(k for k, e in zip(keys, found) if e is None))
+        if missing:
+            offsets = self.pool.alloc_many(entry_bytes, len(missing))
+            while len(offsets) < len(missing) and self._evict_one():
+                offsets += self.pool.alloc_many(entry_bytes, len(missing) - len(offsets))
+            now, mask = time.monotonic(), (1 << num_layers) - 1
+            for key, offset in zip(missing, offsets):
+                entries[key] = self.writing[key] = Entry(offset, entry_bytes, mask, slot, now)
+            found = [entries.get(key) for key in keys]
+        return [e if e is not None and e.entry_bytes == entry_bytes else None for e in found]
+
     def _evict_one(self) -> bool:
         victim = self.policy.pick(lambda key: self.entries[key].refs == 0)
         if victim is None:

@@ -46,24 +46,34 @@ class PagePool:
 
     def try_alloc(self, entry_bytes: int) -> int | None:
         """Offset of a free entry of ``entry_bytes``, or None when the pool is full."""
+        offsets = self.alloc_many(entry_bytes, 1)
+        return offsets[0] if offsets else None
+
+    def alloc_many(self, entry_bytes: int, count: int) -> list[int]:
+        """Offsets of up to ``count`` free entries (fewer when the pool runs out)."""
         self.check_entry_bytes(entry_bytes)
         partial = self._partial.setdefault(entry_bytes, set())
-        if not partial:
-            if not self._free_slabs:
-                return None
-            slab_id = self._free_slabs.pop()
-            per_slab = self.slab_bytes // entry_bytes
-            self._slabs[slab_id] = _Slab(entry_bytes, list(range(per_slab - 1, -1, -1)))
-            partial.add(slab_id)
-        slab_id = next(iter(partial))
-        slab = self._slabs[slab_id]
-        index = slab.free_slots.pop()
-        slab.num_used += 1
-        if not slab.free_slots:
-            partial.discard(slab_id)
-        self.bytes_used += entry_bytes
-        self.num_entries += 1
-        return slab_id * self.slab_bytes + index * entry_bytes
+        offsets: list[int] = []
+        while len(offsets) < count:
+            if not partial:
+                if not self._free_slabs:
+                    break
+                slab_id = self._free_slabs.pop()
+                per_slab = self.slab_bytes // entry_bytes
+                self._slabs[slab_id] = _Slab(entry_bytes, list(range(per_slab - 1, -1, -1)))
+                partial.add(slab_id)
+            slab_id = next(iter(partial))
+            slab = self._slabs[slab_id]
+            take = min(count - len(offsets), len(slab.free_slots))
+            base = slab_id * self.slab_bytes
+            offsets.extend(base + i * entry_bytes for i in slab.free_slots[-take:][::-1])
+            del slab.free_slots[-take:]
+            slab.num_used += take
+            if not slab.free_slots:
+                partial.discard(slab_id)
+        self.bytes_used += len(offsets) * entry_bytes
+        self.num_entries += len(offsets)
+        return offsets
 
     def free(self, offset: int) -> None:
         slab_id, within = divmod(offset, self.slab_bytes)

@@ -59,7 +59,7 @@ def test_connector_same_prefix_loads_exact_blocks_and_bytes(engine):
     try:
         second.poison()
         second.add(make_request("r2", PROMPT))
-        first_step = second.step()
+        first_step = second.step_until_admitted("r2")
         # 3. The load plan names the request's first five blocks, in order, with their hashes.
         (load,) = first_step.loads
         request = second.requests["r2"]
@@ -83,7 +83,7 @@ def test_connector_partial_prefix_hits_only_shared_blocks(engine):
     second = VllmInstance(engine.name)
     try:
         second.add(make_request("partial", other))
-        (load,) = second.step().loads
+        (load,) = second.step_until_admitted("partial").loads
         # 3. Exactly the 3 shared blocks are loaded, byte-exact.
         assert len(load.block_ids) == 3
         _assert_loaded_bytes(second, load)
@@ -99,7 +99,7 @@ def test_connector_extended_prompt_loads_whole_cached_prefix(engine):
     second = VllmInstance(engine.name)
     try:
         second.add(make_request("longer", longer))
-        record = second.step()
+        record = second.step_until_admitted("longer")
         # 3. All 5 cached blocks load; the rest is computed, and its new full blocks are saved:
         #    KV exists for the prompt and the first output token (decoded in the last step).
         assert len(record.loads[0].block_ids) == 5
@@ -117,7 +117,7 @@ def test_connector_async_load_completes_through_get_finished(engine):
     try:
         second.poison()
         second.add(make_request("async", PROMPT))
-        first = second.step()
+        first = second.step_until_admitted("async")
         # 3. The load is planned as async: vLLM schedules no tokens until it finishes.
         (load,) = first.loads
         assert load.is_async and first.output.total_num_scheduled_tokens == 0
@@ -140,7 +140,8 @@ def test_connector_abort_after_lookup_releases_lease(engine):
     try:
         second.add(make_request("abort-me", PROMPT))
         request = second.requests["abort-me"]
-        second.scheduler.connector.get_num_new_matched_tokens(request, 0)
+        while second.scheduler.connector.get_num_new_matched_tokens(request, 0)[0] is None:
+            time.sleep(0.001)  # the answer is on its way: vLLM would ask again next step
         assert read_stats(engine.name)["leases_active"] == 1
         from vllm.v1.request import RequestStatus
         second.scheduler.finish_requests(["abort-me"], RequestStatus.FINISHED_ABORTED)
@@ -177,15 +178,16 @@ def test_connector_engine_killed_gives_load_errors_and_misses(engine):
         second.add(make_request("r", PROMPT))
 
         def kill(meta):
-            engine.proc.send_signal(signal.SIGKILL)
-            engine.proc.wait(10)
-        record = second.step(before_forward=kill)
+            if meta.loads and engine.proc.poll() is None:
+                engine.proc.send_signal(signal.SIGKILL)
+                engine.proc.wait(10)
+        record = second.step_until_admitted("r", before_forward=kill)
         # 3. The planned blocks are reported as load errors (vLLM recomputes them)...
         assert set(record.loads[0].block_ids) <= record.load_errors
         # 4. ...the request still finishes, and a new request gets no hit and no exception.
         second.run_until_done()
         second.add(make_request("after", PROMPT))
-        after = second.step()
+        after = second.step_until_admitted("after")
         assert not after.loads
         second.run_until_done()
     finally:
@@ -198,7 +200,7 @@ def test_connector_other_model_same_prompt_no_hit(engine):
     second = VllmInstance(engine.name, dtype="float16")
     try:
         second.add(make_request("f16", PROMPT))
-        assert not second.step().loads
+        assert not second.step_until_admitted("f16").loads
         second.run_until_done()
     finally:
         second.close()

@@ -168,6 +168,15 @@ class VllmInstance:
             self.external_hit_tokens += stats.hits if stats is not None else 0
         return record
 
+    def step_until_admitted(self, req_id: str, max_steps: int = 200, **kwargs) -> StepRecord:
+        """Step until ``req_id`` leaves the waiting queue (a lookup may take a few steps:
+        the connector answers "ask again" until the engine's answer is in)."""
+        for _ in range(max_steps):
+            record = self.step(**kwargs)
+            if record.loads or any(r.req_id == req_id for r in record.output.scheduled_new_reqs):
+                return record
+        raise AssertionError(f"{req_id} not admitted after {max_steps} steps")
+
     def run_until_done(self, max_steps: int = 200, **kwargs) -> list[StepRecord]:
         records = []
         for _ in range(max_steps):
