@@ -27,8 +27,8 @@ def run(name: str) -> str | None:
     """None when every byte round-trips, else the reason."""
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     layer_bytes = NUM_BLOCKS * PAGE_BYTES
-    kv = HostKVBuffer(NUM_LAYERS * layer_bytes, "smoke")
     client = EngineClient.connect(name)
+    kv = HostKVBuffer(NUM_LAYERS * layer_bytes, "smoke")
     try:
         # 1. Register a 4-layer cache: layer l at l * layer_bytes, one page per block.
         layers = layer_records(list(range(NUM_LAYERS)),

@@ -11,7 +11,8 @@ import posix_ipc
 import pytest
 
 from pegaflow import shm
-from pegaflow.errors import ConfigError, EngineNotRunningError, ShmError
+from pegaflow.client import EngineClient
+from pegaflow.errors import ConfigError, EngineNotRunningError, PegaflowError, ShmError
 
 _counter = itertools.count()
 
@@ -144,3 +145,27 @@ def test_shm_private_buffer_names_are_unique_and_per_user():
     names = {shm.private_buffer_name("kv") for _ in range(100)}
     assert len(names) == 100
     assert all(n.startswith(f"/pegaflow.{os.getuid()}.kv.{os.getpid()}.") for n in names)
+
+
+def test_shm_attach_segment_not_yet_sized_raises_typed_error(seg_name):
+    # 1. A creator between shm_open and ftruncate: the segment exists with 0 bytes (what a
+    #    client sees when it attaches while the engine is still starting).
+    raw = posix_ipc.SharedMemory(seg_name, posix_ipc.O_CREX, mode=0o600, size=0)
+    raw.close_fd()
+    # 2. Attaching fails with a pegaflow error a caller can catch and retry on, not a
+    #    bare ValueError from mmap.
+    with pytest.raises(PegaflowError):
+        shm.attach_segment(seg_name)
+
+
+def test_shm_client_connect_to_a_starting_engine_raises_typed_error():
+    # 1. An engine that has created its control segment but not written its header yet.
+    name = f"t{os.getpid()}_starting{next(_counter)}"
+    control = shm.ipc_name(name, "control")
+    try:
+        shm.create_segment(control, 4096).close()
+        # 2. A client attaching now gets a pegaflow error (retry-able), nothing else.
+        with pytest.raises(PegaflowError):
+            EngineClient.connect(name, timeout_s=1.0)
+    finally:
+        shm.unlink_segment(control)

@@ -1,0 +1,37 @@
+"""bench_ttft's arithmetic, on made-up phase results (the phases themselves need a GPU)."""
+
+from tools.bench_ttft import _stats, summarize
+
+
+def _phases():
+    tokens = [[5], [6]]
+    peg = {"cold_ms": [300.0, 310.0], "warm_ms": [40.0, 60.0], "cold_tokens": tokens,
+           "warm_tokens": tokens, "warm_batch_ms": 200.0, "tpot_ms": 10.5,
+           "external_hit_tokens": 100.0, "cold_engine_ms": [290.0, 300.0], "warm_engine_ms": [30.0, 32.0],
+           "engine_stats": {"blocks_loaded": 12, "blocks_saved": 6}}
+    native = {"cold_ms": [300.0, 300.0], "warm_ms": [80.0, 100.0], "gpu_hit_ms": [30.0, 30.0],
+              "cold_tokens": tokens, "warm_tokens": tokens, "warm_engine_ms": [70.0, 72.0],
+              "gpu_hit_engine_ms": [20.0, 22.0]}
+    none = {"cold_ms": [300.0], "tpot_ms": 10.0, "cold_batch_ms": 900.0, "cold_tokens": tokens}
+    return peg, native, none
+
+
+def test_bench_ttft_summarize_ratios_and_identity():
+    # 1. Medians: warm pegaflow 50, native 90: ratio 0.556; TPOT 10.5 / 10.0.
+    result = summarize(*_phases(), "test-gpu")
+    assert result["warm_pegaflow_ms_median"] == 50.0 and result["warm_native_ms_median"] == 90.0
+    assert abs(result["warm_pegaflow_over_native"] - 50 / 90) < 1e-12
+    assert abs(result["tpot_ratio_saving_vs_none"] - 1.05) < 1e-12
+    assert result["warm_pegaflow_engine_ms_median"] == 31.0
+    assert result["engine_blocks_loaded"] == 12 and result["outputs_identical"] is True
+
+
+def test_bench_ttft_summarize_different_tokens_not_identical():
+    # 1. One warm token differs from the cold run: outputs_identical must say so.
+    peg, native, none = _phases()
+    peg["warm_tokens"] = [[5], [7]]
+    assert summarize(peg, native, none, "test-gpu")["outputs_identical"] is False
+
+
+def test_bench_ttft_stats_p90_is_the_high_end():
+    assert _stats([1.0, 2.0, 3.0, 4.0, 100.0]) == (3.0, 100.0)
