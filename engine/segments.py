@@ -18,7 +18,7 @@ import posix_ipc
 from engine.config import EngineConfig
 from pegaflow import shm
 from pegaflow.client import is_pid_alive
-from pegaflow.errors import EngineAlreadyRunningError, WireVersionError
+from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, WireVersionError
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT, STATS,
                            WIRE_VERSION, SlotState)
@@ -57,11 +57,15 @@ class EngineSegments:
         return segment
 
     def _remove_stale(self, control_name: str) -> None:
-        old = shm.attach_segment(control_name, readonly=True)
         try:
-            header = old.array(CONTROL_HEADER, 1)[0].copy()
-        finally:
-            old.close()
+            old = shm.attach_segment(control_name, readonly=True)
+        except EngineNotRunningError:  # empty: its creator died before sizing it
+            header = np.zeros(1, dtype=CONTROL_HEADER)[0]
+        else:
+            try:
+                header = old.array(CONTROL_HEADER, 1)[0].copy()
+            finally:
+                old.close()
         pid = int(header["engine_pid"])
         if int(header["magic"]) == MAGIC and pid and pid != os.getpid() and is_pid_alive(pid):
             raise EngineAlreadyRunningError(

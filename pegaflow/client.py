@@ -18,7 +18,7 @@ import numpy as np
 import posix_ipc
 
 from pegaflow import shm
-from pegaflow.errors import (CommandError, EngineGoneError, EngineTimeoutError,
+from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
                              NoFreeSlotError, PegaflowError, RingEmptyError, WireVersionError)
 from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
@@ -71,6 +71,8 @@ def _records(hashes) -> np.ndarray:
 
 def read_control_header(segment: shm.Segment) -> np.void:
     header = segment.array(CONTROL_HEADER, 1)[0].copy()
+    if int(header["magic"]) == 0:
+        raise EngineNotRunningError(f"{segment.name}: the engine is still starting")
     if int(header["magic"]) != MAGIC:
         raise WireVersionError(f"{segment.name} is not a pegaflow control segment")
     if int(header["version"]) != WIRE_VERSION or int(header["fingerprint"]) != FINGERPRINT:

@@ -86,6 +86,9 @@ def attach_segment(name: str, readonly: bool = False) -> Segment:
         raise EngineNotRunningError(f"shared-memory segment {name} does not exist") from exc
     except posix_ipc.PermissionsError as exc:
         raise ShmError(f"no permission to open {name}: {exc}") from exc
+    if mem.size == 0:  # its creator has not sized it yet: still starting
+        mem.close_fd()
+        raise EngineNotRunningError(f"shared-memory segment {name} is not initialised yet")
     return Segment(name, mem, readonly=readonly, is_owner=False)
 
 
