@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 
-from engine.config import config_from_args
-from engine.server import EngineServer
-from pegaflow.errors import PegaflowError
+# Threads started while imports run (numpy's BLAS pool) inherit this mask, so SIGTERM and
+# SIGINT always reach the main thread, whose handler stops the loop at once.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from engine.config import config_from_args  # noqa: E402
+from engine.server import EngineServer  # noqa: E402
+from pegaflow.errors import PegaflowError  # noqa: E402
 
 logger = logging.getLogger("engine")
 
@@ -28,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     server.serve_forever()
     return 0
 

@@ -18,6 +18,7 @@ class ClientState:
     pid: int = 0
     is_attached: bool = False
     is_detached: bool = False
+    pending_detach: int = 0  # request id of a DETACH waiting for copies to end
     layers: dict[int, LayerPlacement] = field(default_factory=dict)
     region_blocks: dict[int, int] = field(default_factory=dict)  # region id -> num blocks
     page_bytes: int = 0

@@ -131,14 +131,26 @@ class Dispatcher:
         return Status.OK, (0, 0, 0)
 
     def _detach(self, client, rec, payload):
-        self.release_client(client)
+        """Answered once no copy touches the client's memory any more (it may free it then)."""
         client.is_attached = False
+        client.is_detached = True
+        if client.num_inflight:
+            client.pending_detach = rec.request_id
+            return None, None
+        self.release_client(client)
         return Status.OK, (0, 0, 0)
 
+    def _finish_detach(self, client: ClientState) -> None:
+        self.release_client(client)
+        client.answer(client.pending_detach, Opcode.DETACH, Status.OK)
+        self.stats.count_command(Opcode.DETACH, Status.OK)
+        client.pending_detach = 0
+
     def release_client(self, client: ClientState) -> None:
+        """Leases, half-written blocks and memory of ``client``; copies must be over."""
+        assert client.num_inflight == 0, "release_client with copies in flight"
         self.index.release_slot(client.slot)
-        if client.num_inflight == 0:
-            self.backend.unregister_client(client.slot)
+        self.backend.unregister_client(client.slot)
         client.layers.clear()
         client.region_blocks.clear()
         client.page_bytes = client.num_events = 0
@@ -290,6 +302,14 @@ class Dispatcher:
         return self._seal(pending)
 
     def _load(self, client, rec, payload):
+        try:
+            return self._start_load(client, rec, payload)
+        except CommandError:
+            if rec.flags & CommandFlag.RELEASE_LEASE:
+                self.index.release(rec.arg)  # the lease dies with the load that was to use it
+            raise
+
+    def _start_load(self, client, rec, payload):
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         record_events = self._check_event(client, rec, len(placements))
         entries = [self.index.get_ready(key) for key in keys]
@@ -308,6 +328,9 @@ class Dispatcher:
             self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
                                                client.page_bytes, block_ids, offsets,
                                                record_events=record_events))
+        if record_events is not None:
+            for done in self.backend.poll():  # a refusal at submit must not be answered OK
+                self.on_copy_done(done)
         if record_events is not None and pending.error is None and keys:
             pending.is_answered = True  # the client's events fence the data, not our answer
             self.stats.count_command(Opcode.LOAD, Status.OK)
@@ -350,6 +373,8 @@ class Dispatcher:
         self._finish_chunk(pending, keys, done.error)
         if pending.num_ops == 0 and pending.is_sealed:
             self._complete(pending)
+        if pending.client.pending_detach and pending.client.num_inflight == 0:
+            self._finish_detach(pending.client)
 
     def _complete(self, pending: PendingCopy) -> None:
         if pending.opcode == Opcode.LOAD and pending.lease_id:

@@ -7,9 +7,11 @@ means a crash left the name behind, and its segments are removed first.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
+import tempfile
 import time
 
 import numpy as np
@@ -32,12 +34,31 @@ def _what_names(config: EngineConfig) -> tuple[list[str], list[str]]:
     return segments, semaphores
 
 
+def _claim_name(name: str) -> int:
+    """Hold an exclusive lock on the engine's name for the engine's lifetime (the kernel
+    drops it when the process dies), so two engines can never both own one name."""
+    path = os.path.join(tempfile.gettempdir(), f"pegaflow.{os.getuid()}.{name}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise EngineAlreadyRunningError(
+            f"an engine named {name!r} is already running (pid {owner}); stop it or start "
+            f"this one with another --name") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class EngineSegments:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.epoch = secrets.randbits(63) or 1
         self._segments: list[shm.Segment] = []
         self._semaphores: list[str] = []
+        self._name_lock = _claim_name(config.name)
         self.control = self._create_control()
         try:
             self._create_rest()
@@ -57,6 +78,7 @@ class EngineSegments:
         return segment
 
     def _remove_stale(self, control_name: str) -> None:
+        """We hold the name's lock, so whatever carries the name was left by a dead engine."""
         try:
             old = shm.attach_segment(control_name, readonly=True)
         except EngineNotRunningError:  # empty: its creator died before sizing it
@@ -132,6 +154,9 @@ class EngineSegments:
             shm.unlink_semaphore(name)
         self._segments.clear()
         self._semaphores.clear()
+        if self._name_lock is not None:
+            os.close(self._name_lock)  # the name is free for the next engine
+            self._name_lock = None
 
     def free_slot(self, slot: int) -> None:
         self.slots["pid"][slot] = 0

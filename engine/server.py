@@ -42,8 +42,8 @@ class EngineServer:
             self.segments.unlink_all()
             raise
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1))
-        self.stats.set("pool_bytes_total", config.pool_bytes)
         self.index = BlockIndex(PagePool(config.pool_bytes, config.slab_bytes), config.lease_ttl_s)
+        self.stats.set("pool_bytes_total", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
@@ -55,6 +55,7 @@ class EngineServer:
 
     def request_stop(self) -> None:
         self.is_stopping = True
+        self.doorbell.sem.release()  # wake the loop if it sleeps
 
     def serve_forever(self) -> None:
         last_work = time.monotonic()
@@ -89,7 +90,7 @@ class EngineServer:
             self._next_claim_check = 0.0
 
     def _has_submissions(self) -> bool:
-        return (any(c.submissions.is_ready() for c in self.clients.values())
+        return (self.is_stopping or any(c.submissions.is_ready() for c in self.clients.values())
                 or len(self.segments.claimed_slots()) > 0)
 
     def _drain_rings(self) -> bool:
@@ -136,7 +137,8 @@ class EngineServer:
     def _retire(self, client: ClientState, force: bool = False) -> None:
         """A DETACHed client: its slot is free once it has read its last completion."""
         is_read = client.completions.is_consumed(client.completions.position - 1)
-        if client.num_inflight or not (force or (is_read and not client.backlog)):
+        if client.num_inflight or client.pending_detach or not (
+                force or (is_read and not client.backlog)):
             return
         self.clients.pop(client.slot, None)
         self.segments.free_slot(client.slot)

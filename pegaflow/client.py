@@ -84,13 +84,18 @@ def read_control_header(segment: shm.Segment) -> np.void:
 
 
 def is_pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 class EngineClient:
@@ -102,6 +107,7 @@ class EngineClient:
         self._next_request_id = 1
         self._done: dict[int, Completion] = {}
         self._abandoned: set[int] = set()
+        self._unwanted: set[int] = set()  # answers nobody waits for (RELEASE)
         self._orphans: list[Completion] = []
         self.slot = -1
         self.epoch = 0
@@ -213,7 +219,12 @@ class EngineClient:
         return self._done.pop(request_id, None)
 
     def _keep(self, completion: Completion) -> None:
-        if completion.request_id in self._abandoned:
+        if completion.request_id in self._unwanted:
+            self._unwanted.discard(completion.request_id)
+            if not completion.is_ok:
+                logger.debug("engine answered request %d with %s", completion.request_id,
+                             completion.status)
+        elif completion.request_id in self._abandoned:
             self._abandoned.discard(completion.request_id)
             self._orphans.append(completion)
         else:
@@ -284,7 +295,12 @@ class EngineClient:
                            namespace=namespace)
 
     def release(self, lease_id: int) -> int:
+        """End a lease; returns the request id to wait on."""
         return self.submit(Opcode.RELEASE, arg=lease_id)
+
+    def release_nowait(self, lease_id: int) -> None:
+        """End a lease, fire and forget: its answer is dropped on arrival."""
+        self._unwanted.add(self.release(lease_id))
 
     def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT) -> int:
@@ -308,13 +324,13 @@ class EngineClient:
     def register_events(self, handles: np.ndarray) -> None:
         self.call(Opcode.REGISTER_EVENTS, payload=[handles], num_items=len(handles))
 
-    def close(self, detach: bool = True) -> None:
-        """DETACH (best effort within the deadline; skipped when ``detach`` is False) and unmap."""
+    def close(self, detach: bool = True, timeout_s: float = 2.0) -> None:
+        """DETACH (best effort within ``timeout_s``; skipped when ``detach`` is False) and unmap."""
         if self.is_closed:
             return
         try:
             if detach:
-                self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, 2.0))
+                self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, timeout_s))
         except PegaflowError as exc:
             logger.info("detach from engine %r: %s", self.engine_name, exc)
         self.is_closed = True

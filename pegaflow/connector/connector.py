@@ -65,12 +65,14 @@ class PegaKVConnector(KVConnectorBase_V1):
                 logger.info("pegaflow: a cache miss must never fail a request; "
                             "setting kv_load_failure_policy to 'recompute'")
                 transfer.kv_load_failure_policy = "recompute"
-            namespaces = [rank_namespace(base, r, _pp_rank()) for r in range(tp_size)]
+            # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank.
+            pp_size = vllm_config.parallel_config.pipeline_parallel_size
+            namespaces = [rank_namespace(base, tp, pp) for pp in range(pp_size) for tp in range(tp_size)]
             self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size)
         else:
-            rank = _tp_rank()
-            self._worker = WorkerSide(self.pega_config, rank_namespace(base, rank, _pp_rank()), rank,
-                                      kv_cache_config.num_blocks)
+            tp_rank, pp_rank = _tp_rank(), _pp_rank()
+            self._worker = WorkerSide(self.pega_config, rank_namespace(base, tp_rank, pp_rank),
+                                      pp_rank * tp_size + tp_rank, kv_cache_config.num_blocks)
         logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s",
                     role.name.lower(), self.pega_config.engine_name, self.pega_config.load_mode,
                     "on" if self.pega_config.enable_save else "off")

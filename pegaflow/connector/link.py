@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable
 
 from pegaflow.client import EngineClient
-from pegaflow.errors import PegaflowError
+from pegaflow.errors import EngineGoneError, PegaflowError
 
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 1.0
+DETACH_TIMEOUT_S = 0.2
 
 
 class EngineLink:
@@ -46,7 +47,7 @@ class EngineLink:
                 self.on_connect(client)
         except PegaflowError as exc:
             if client is not None:
-                client.close(detach=False)
+                client.close(timeout_s=DETACH_TIMEOUT_S)  # e.g. REGISTER refused: free the slot
             self._mark_down(exc)
             return None
         if self.is_down or self.num_failures:
@@ -59,7 +60,8 @@ class EngineLink:
         """An operation failed: drop the connection and retry later."""
         self._mark_down(exc)
         if self._client is not None:
-            self._client.close(detach=False)
+            # A live engine frees our slot (and whatever we left queued) on DETACH.
+            self._client.close(detach=not isinstance(exc, EngineGoneError), timeout_s=DETACH_TIMEOUT_S)
             self._client = None
         self._next_try = time.monotonic() + self.reconnect_interval_s
 

@@ -36,11 +36,13 @@ class RequestState:
     num_saved_blocks: int = 0
     pending_load: LoadSpec | None = None
     has_saves: bool = False
+    is_async_loading: bool = False
     lookup: "PendingLookup | None" = None
 
 
 @dataclass(slots=True)
 class PendingLookup:
+    client: object  # request ids mean something only to the client that sent them
     request_ids: tuple[int, ...]  # one LOOKUP per rank
     num_blocks: int
     started_at: float
@@ -92,12 +94,12 @@ class SchedulerSide:
         except PegaflowError as exc:
             self.link.fail(exc)
             return
-        state.lookup = PendingLookup(ids, len(hashes), time.monotonic())
+        state.lookup = PendingLookup(client, ids, len(hashes), time.monotonic())
 
     def _finish_lookup(self, state: RequestState) -> bool:
         """Collect the answers if they are in (True), or give up after the deadline (True)."""
         pending, client = state.lookup, self.link.client()
-        if client is None:
+        if client is None or client is not pending.client:  # reconnected: those ids are void
             state.lookup = None
             return True
         deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
@@ -140,7 +142,7 @@ class SchedulerSide:
         try:
             for done in client.take_orphans():
                 if done.opcode == Opcode.LOOKUP and done.is_ok and done.value2:
-                    client.release(done.value2)
+                    client.release_nowait(done.value2)
         except PegaflowError as exc:
             self.link.fail(exc)
 
@@ -151,7 +153,7 @@ class SchedulerSide:
         try:
             for lease_id in lease_ids:
                 if lease_id:
-                    client.release(lease_id)
+                    client.release_nowait(lease_id)
         except PegaflowError as exc:
             self.link.fail(exc)
 
@@ -160,6 +162,8 @@ class SchedulerSide:
         state.lease_ids = ()
         if state.lookup is not None:
             client = self.link.client()
+            if client is not state.lookup.client:
+                client = None
             self._release(tuple(a.value2 for a in state.lookup.answers.values()))
             for request_id in state.lookup.request_ids if client is not None else ():
                 if request_id not in state.lookup.answers:
@@ -188,6 +192,9 @@ class SchedulerSide:
             tuple(request.block_hashes[first:first + count]), state.lease_ids,
             self.config.is_async_load)
         state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
+        # The loaded blocks are stored already: never save them back (if their load fails,
+        # the GPU holds garbage under their hashes until vLLM recomputes them).
+        state.num_saved_blocks = max(state.num_saved_blocks, first + count)
 
     def build_connector_meta(self, scheduler_output) -> PegaConnectorMetadata:
         if (client := self.link.client()) is not None:
@@ -198,6 +205,7 @@ class SchedulerSide:
         for req_id in meta.preempted_req_ids:
             if (state := self.requests.get(req_id)) is not None:
                 state.block_ids = []
+                state.has_saves = False  # the workers wait for them before the blocks are reused
         num_scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             state = self.requests.get(new.req_id)
@@ -218,6 +226,7 @@ class SchedulerSide:
         for state in self.requests.values():
             if state.pending_load is not None:
                 meta.loads.append(state.pending_load)
+                state.is_async_loading = state.pending_load.is_async
                 state.pending_load = None
         return meta
 
@@ -244,7 +253,8 @@ class SchedulerSide:
         self._release_leases(state)
         if (client := self.link.client()) is not None:
             self._release_orphans(client)
-        if state.has_saves:
+        if state.has_saves and not state.is_async_loading:
+            # (an aborted request still loading is held by vLLM itself until finished_recving)
             self._held.add(request.request_id)
             self._awaiting_report.add(request.request_id)
             return True, None
@@ -255,6 +265,19 @@ class SchedulerSide:
         for req_id in connector_output.finished_sending or ():
             self.requests.pop(req_id, None)
             self._awaiting_report.discard(req_id)
+        for req_id in connector_output.finished_recving or ():
+            if (state := self.requests.get(req_id)) is not None:
+                state.is_async_loading = False
+        if connector_output.invalid_block_ids:
+            self._rewind_saves(connector_output.invalid_block_ids)
+
+    def _rewind_saves(self, invalid_block_ids: set[int]) -> None:
+        """Blocks that failed to load are recomputed by vLLM: save them (and what follows)
+        again once they are; the workers dropped this step's saves of those requests."""
+        for state in self.requests.values():
+            bad = [j for j, block_id in enumerate(state.block_ids) if block_id in invalid_block_ids]
+            if bad:
+                state.num_saved_blocks = min(state.num_saved_blocks, bad[0])
 
     def has_pending_work(self) -> bool:
         """Held blocks are freed only by a later step's worker report: keep stepping."""

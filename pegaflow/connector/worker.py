@@ -47,12 +47,13 @@ class WorkerSide:
         self._meta: PegaConnectorMetadata | None = None
         self._step_loads: list[tuple[int, LoadSpec, int | None]] = []
         self._loads_waited = True
-        self._async_loads: dict[int, LoadSpec] = {}
+        self._async_loads: dict[int, tuple[LoadSpec, float]] = {}  # request id -> (spec, sent at)
         self._finished_recving: set[str] = set()
         self._load_errors: set[int] = set()
         self._save_payload = None
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
+        self._failed_load_reqs: set[str] = set()
         self._save_cmds: dict[int, tuple[str, ...]] = {}
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
@@ -109,6 +110,7 @@ class WorkerSide:
         self._save_payload = None
         self._saved_layers = set()
         self._is_save_sent = False
+        self._failed_load_reqs: set[str] = set()
         self._held |= meta.held_req_ids
 
     def start_load_kv(self) -> None:
@@ -135,12 +137,13 @@ class WorkerSide:
                 self._fail_load(spec)
                 continue
             if spec.is_async:
-                self._async_loads[request_id] = spec
+                self._async_loads[request_id] = (spec, time.monotonic())
             else:
                 self._step_loads.append((request_id, spec, slot))
 
     def _fail_load(self, spec: LoadSpec) -> None:
         self._load_errors.update(spec.block_ids)
+        self._failed_load_reqs.add(spec.req_id)  # this step's KV of it is not to be saved
         if spec.is_async:
             self._finished_recving.add(spec.req_id)
 
@@ -150,13 +153,19 @@ class WorkerSide:
         if not self.memory.has_events:
             return
         stream = None
-        for _, _, slot in self._step_loads:
-            if slot is None:
-                continue
-            stream = stream or self.memory.current_stream()
-            base = self._load_event_base(slot)
-            for v in self.virtual.get(layer_name, ()):
-                self.memory.events.wait(base + v, stream)
+        try:
+            for _, _, slot in self._step_loads:
+                if slot is None:
+                    continue
+                stream = stream or self.memory.current_stream()
+                base = self._load_event_base(slot)
+                for v in self.virtual.get(layer_name, ()):
+                    self.memory.events.wait(base + v, stream)
+        except PegaflowError as exc:  # unfenced data must not be used: vLLM recomputes it
+            logger.error("pegaflow: cannot fence this step's loads (%s); reporting them failed", exc)
+            for _, spec, _ in self._step_loads:
+                self._fail_load(spec)
+            self._step_loads = []
 
     def _wait_step_loads(self) -> None:
         """The engine accepted (cuda) or finished (host) each of this step's loads."""
@@ -190,7 +199,7 @@ class WorkerSide:
 
     def _payload(self):
         if self._save_payload is None:
-            saves = self._meta.saves
+            saves = [s for s in self._meta.saves if s.req_id not in self._failed_load_reqs]
             ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
             records = encode_hashes([h for s in saves for h in s.hashes])
             self._save_payload = (ids, records, tuple(s.req_id for s in saves))
@@ -203,9 +212,14 @@ class WorkerSide:
         if meta is None or not meta.saves or layer_name not in self.save_layers:
             return
         if self.memory.has_events:
-            stream = self.memory.current_stream()
-            for v in self.virtual[layer_name]:
-                self.memory.events.record(v, stream)
+            try:
+                stream = self.memory.current_stream()
+                for v in self.virtual[layer_name]:
+                    self.memory.events.record(v, stream)
+            except PegaflowError as exc:
+                logger.error("pegaflow: cannot fence layer %s for saving (%s); this step's "
+                             "saves are dropped", layer_name, exc)
+                return
         self._saved_layers.add(layer_name)
 
     def _submit_step_save(self) -> None:
@@ -215,6 +229,8 @@ class WorkerSide:
         if meta is None or not meta.saves or self._is_save_sent:
             return
         self._is_save_sent = True
+        if not self._loads_waited:
+            self._wait_step_loads()  # a failed load leaves garbage that must not be saved
         if self._saved_layers != self.save_layers.keys():
             missing = len(self.save_layers) - len(self._saved_layers)
             logger.warning("pegaflow: %d layers were not written this step; its saves are dropped", missing)
@@ -225,6 +241,8 @@ class WorkerSide:
             self.num_saves_dropped += 1
             return
         ids, records, req_ids = self._payload()
+        if not req_ids:
+            return
         event = 0 if self.memory.has_events else NO_EVENT
         try:
             request_id = client.submit_save(self.namespace, ids, records, event_index=event)
@@ -242,20 +260,27 @@ class WorkerSide:
         client = self.link.client()
         if client is None:
             self._forget_saves()
-            for request_id, spec in list(self._async_loads.items()):
+            for spec, _ in self._async_loads.values():
                 self._fail_load(spec)
             self._async_loads.clear()
             return
+        expired = time.monotonic() - self.config.command_timeout_ms / 1e3
         try:
             for request_id in list(self._save_cmds):
                 if (done := client.try_take(request_id)) is not None:
                     self._save_done(request_id, done.is_ok)
-            for request_id in list(self._async_loads):
-                if (done := client.try_take(request_id)) is not None:
-                    spec = self._async_loads.pop(request_id)
-                    if not done.is_ok:
-                        self._load_errors.update(spec.block_ids)
-                    self._finished_recving.add(spec.req_id)
+            for request_id, (spec, started) in list(self._async_loads.items()):
+                done = client.try_take(request_id)
+                if done is None and started > expired:
+                    continue
+                del self._async_loads[request_id]
+                if done is None:
+                    client.abandon(request_id)
+                    logger.warning("pegaflow: async load for %s missed its deadline; vLLM "
+                                   "recomputes it", spec.req_id)
+                if done is None or not done.is_ok:
+                    self._load_errors.update(spec.block_ids)
+                self._finished_recving.add(spec.req_id)
         except PegaflowError as exc:
             self.link.fail(exc)
             self._collect()
@@ -297,6 +322,8 @@ class WorkerSide:
         self._collect()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if not self._loads_waited:
+            self._wait_step_loads()  # a step that ran no attention layer still reports its loads
         self._submit_step_save()  # vLLM versions that skip wait_for_save on some steps
         self._collect()
         sending = {r for r in self._held if r not in self._pending_saves}

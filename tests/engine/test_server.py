@@ -29,7 +29,7 @@ from pegaflow.wire import CONTROL_HEADER, SLOT, Opcode, SlotState, Status, encod
 NAMESPACE = 0x5E7
 SIGTERM_EXIT_S = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_inprocess_names = itertools.count()
+_names = itertools.count()
 
 
 def shm_entries(name: str) -> list[str]:
@@ -142,6 +142,27 @@ def test_server_second_engine_with_same_name_refuses_to_start(engine, engine_fac
     assert shm_entries(engine.name) == before
     client = engine.connect()
     assert client.ping() >= 0
+    client.close()
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_server_two_engines_started_at_once_under_one_name_leave_one_running(engine_factory, attempt):
+    # 1. Two engines race for one name (each creates its segments while the other does).
+    name = f"t{os.getpid()}_race{attempt}_{next(_names)}"
+    first, second = engine_factory(name, wait=False), engine_factory(name, wait=False)
+    first.is_clean_exit_expected = second.is_clean_exit_expected = False
+    deadline = time.monotonic() + 5.0
+    while first.proc.poll() is None and second.proc.poll() is None:
+        if time.monotonic() > deadline:
+            pytest.fail("neither engine gave way: both run under one name")
+        time.sleep(0.01)
+    # 2. Exactly one of them gives way, with exit code 1; the other keeps serving.
+    loser, winner = (first, second) if first.proc.poll() is not None else (second, first)
+    assert loser.proc.returncode == 1, loser.stderr_text()
+    assert "already running" in loser.stderr_text() and "Traceback" not in loser.stderr_text()
+    winner.is_clean_exit_expected = True
+    client = winner.connect()
+    assert client.engine_pid == winner.pid
     client.close()
 
 
@@ -310,7 +331,7 @@ def test_server_pipelined_lookups_through_a_small_arena_get_their_own_answers(
 @pytest.fixture
 def inprocess_engine():
     """An EngineServer in a thread of this process, with a 4 KiB payload arena per client."""
-    name = f"t{os.getpid()}_inproc{next(_inprocess_names)}"
+    name = f"t{os.getpid()}_inproc{next(_names)}"
     server = EngineServer(EngineConfig(name=name, backend="host", pool_bytes=4 << 20, slab_bytes=1 << 20,
                                        num_slots=2, ring_slots=16, arena_bytes=4096))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
