@@ -9,9 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from pegaflow.client import EngineClient
+from pegaflow.host_memory import HostKVBuffer, layer_records
 from pegaflow.stat_cli import read_stats
-from tests.pegaflow.connector.vllm_harness import (BLOCK, NUM_LAYERS, VllmInstance, block_pattern,
-                                                   make_request)
+from tests.pegaflow.connector.vllm_harness import (BLOCK, NUM_LAYERS, PAGE_ELEMS, VllmInstance,
+                                                   block_pattern, make_request)
 from tools.engine_process import EngineProcess
 
 pytestmark = pytest.mark.vllm
@@ -237,3 +239,47 @@ def test_connector_slow_engine_lookup_asks_again_then_misses_and_frees_lease(eng
         assert read_stats(engine.name)["leases_active"] == 0
     finally:
         second.close()
+
+
+def test_connector_failed_load_never_poisons_the_pool():
+    # 1. A tiny pool (1 MiB) and 1 s leases; a first vLLM saves the prompt.
+    with EngineProcess(f"conn{os.getpid()}_p{os.urandom(2).hex()}", "--lease-ttl", "1",
+                       "--pool-size", "1MiB", "--slab-size", "1MiB") as tiny:
+        _warm(tiny.name, PROMPT)
+        second = VllmInstance(tiny.name)
+        filler_client, filler = None, None
+        try:
+            # 2. A second vLLM (poisoned memory) is offered the hit; the request then waits
+            #    longer than the lease while other traffic evicts the blocks.
+            second.poison()
+            request = make_request("x", PROMPT)
+            second.add(request)
+            connector = second.scheduler.connector
+            while connector.get_num_new_matched_tokens(request, 0)[0] is None:
+                time.sleep(0.001)
+            time.sleep(2.5)
+            filler_client = EngineClient.connect(tiny.name)
+            filler = HostKVBuffer(NUM_LAYERS * 64 * PAGE_ELEMS * 2, "filler")
+            page = PAGE_ELEMS * 2
+            filler_client.register_region(0, filler.region_record(64, page, NUM_LAYERS), layer_records(
+                list(range(NUM_LAYERS)), [i * 64 * page for i in range(NUM_LAYERS)], [page] * NUM_LAYERS))
+            filler_client.wait(filler_client.submit_save(999, list(range(60)),
+                                                         [os.urandom(32) for _ in range(60)]))
+            # 3. The load fails (the blocks are gone): vLLM is told, and recomputes.
+            record = second.step()
+            assert record.load_errors
+            second.run_until_done()
+        finally:
+            second.close()
+            if filler_client is not None:
+                filler_client.close()
+                filler.close()
+        # 4. Whatever the pool now holds for the prompt is what was computed, never garbage.
+        third = VllmInstance(tiny.name)
+        try:
+            third.add(make_request("y", PROMPT))
+            for load in third.step_until_admitted("y").loads:
+                _assert_loaded_bytes(third, load)
+            third.run_until_done()
+        finally:
+            third.close()
