@@ -283,3 +283,32 @@ def test_connector_failed_load_never_poisons_the_pool():
             third.run_until_done()
         finally:
             third.close()
+
+
+def test_connector_abort_during_async_load_after_preemption_keeps_vllm_consistent(engine):
+    from vllm.v1.request import RequestStatus
+    # 1. A request saves its blocks, then is preempted (as vLLM does under memory pressure).
+    vllm = VllmInstance(engine.name, extra={"load_mode": "async"})
+    scheduler = vllm.scheduler
+    try:
+        vllm.add(make_request("R", PROMPT, max_tokens=50))
+        for _ in range(3):
+            vllm.step()
+        request = scheduler.requests["R"]
+        scheduler.running.remove(request)
+        scheduler._preempt_request(request, time.monotonic())
+        scheduler.reset_prefix_cache()
+        aborted = []
+
+        def abort_while_loading(meta):
+            # 2. It resumes through an async load from the engine, and is aborted meanwhile.
+            if meta.loads and not aborted:
+                scheduler.finish_requests(["R"], RequestStatus.FINISHED_ABORTED)
+                aborted.append(True)
+        # 3. vLLM frees the blocks only after the load is reported (no assertion, no leak).
+        for _ in range(20):
+            vllm.step(before_forward=abort_while_loading)
+        assert aborted and "R" not in scheduler.requests
+    finally:
+        vllm.close()
+    assert read_stats(engine.name)["leases_active"] == 0
