@@ -7,6 +7,7 @@ reads its counters through the stats segment, exactly as vLLM's connector and
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -301,3 +302,82 @@ def test_dispatcher_register_page_larger_than_slab_answers_bad_argument(engine_f
     finally:
         client.close()
         kv.close()
+
+
+def test_dispatcher_refused_load_releases_its_lease(engine, kv_client, rng, make_hashes):
+    kv = kv_client(engine)
+    hashes = make_hashes(3)
+    kv.fill(rng, range(3))
+    assert kv.save(NAMESPACE, range(3), hashes).value == 3
+    # 1. A lookup leases the three blocks; the LOAD meant to use the lease is refused.
+    found = kv.client.lookup(NAMESPACE, hashes)
+    assert found.num_hit_blocks == 3 and engine.stats()["leases_active"] == 1
+    bad = kv.client.submit_load(NAMESPACE, [0, 1, kv.NUM_BLOCKS], hashes, lease_id=found.lease_id)
+    assert kv.client.wait(bad).status == Status.BLOCK_OUT_OF_RANGE
+    # 2. The lease died with it: nothing stays pinned until the lease's expiry.
+    assert engine.stats()["leases_active"] == 0
+    assert kv.release(found.lease_id).status == Status.UNKNOWN_LEASE
+
+
+def test_dispatcher_detach_waits_for_copies_then_frees_everything():
+    # 1. A dispatcher whose backend holds every copy until released.
+    from engine.clients import ClientState
+    from engine.copy.base import CopyBackend, CopyDone, LayerPlacement
+    from engine.dispatcher import Dispatcher
+    from engine.index import BlockIndex
+    from engine.pool import PagePool
+    from engine.stats import StatsWriter
+    from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView, record_type, reset_slots
+    from pegaflow.wire import (ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION,
+                               Opcode, encode_hashes)
+
+    class HeldBackend(CopyBackend):
+        name = "held"
+
+        def __init__(self):
+            self.held, self.unregistered = [], []
+
+        def attach_pool(self, pool): pass
+        def register_region(self, *args): pass
+        def register_events(self, *args): pass
+        def unregister_client(self, slot): self.unregistered.append(slot)
+        def submit(self, op): self.held.append(op.token)
+        def poll(self): return []
+        def num_inflight(self): return len(self.held)
+
+    class Segment:
+        def __init__(self, size): self.buf, self.name = np.zeros(size, np.uint8), "mem"
+        def array(self, dtype, count, offset=0): return np.frombuffer(self.buf, dtype, count, offset)
+
+    slots, arena = 8, 1 << 16
+    view = RingSegmentView(Segment(64 + slots * (SUBMISSION.itemsize + COMPLETION.itemsize) + arena),
+                           slots, arena)
+    reset_slots(view.submissions)
+    reset_slots(view.completions)
+    client = ClientState(0, view, RingConsumer(view.submissions), RingProducer(view.completions),
+                         pid=os.getpid(), is_attached=True)
+    client.layers = {0: LayerPlacement(0, 0, 0, 4096)}
+    client.region_blocks, client.page_bytes = {0: 16}, 4096
+    backend = HeldBackend()
+    dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), backend,
+                            StatsWriter(np.zeros(1, STATS)))
+    make = record_type(SUBMISSION)
+    completions = RingConsumer(view.completions)
+
+    def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0):
+        view.arena[:payload.nbytes] = payload.view(np.uint8)
+        rec = make(0, request_id, opcode, 0, ALL_LAYERS, 0, num_items, NO_EVENT, 7, 0,
+                   payload.nbytes, WIRE_VERSION, 0)
+        dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
+
+    # 2. A SAVE is in flight when the client says DETACH.
+    ids = np.array([1, 2], np.int32)
+    send(1, Opcode.SAVE, np.concatenate([ids.view(np.uint8), encode_hashes([b"a" * 32, b"b" * 32]).view(np.uint8)]), 2)
+    send(2, Opcode.DETACH)
+    # 3. No answer to DETACH yet, and its memory is still registered.
+    assert completions.try_get() is None and backend.unregistered == []
+    # 4. The copy ends: the SAVE is answered, then DETACH, and only then is the memory dropped.
+    dispatcher.on_copy_done(CopyDone(backend.held.pop()))
+    answers = [completions.try_get(), completions.try_get()]
+    assert [(a.request_id, a.opcode) for a in answers] == [(1, Opcode.SAVE), (2, Opcode.DETACH)]
+    assert backend.unregistered == [0] and client.num_inflight == 0
