@@ -30,6 +30,8 @@ from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
 
 logger = logging.getLogger(__name__)
 
+LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine is alive
+
 
 class WorkerSide:
     def __init__(self, config: ConnectorConfig, namespace: int, rank: int, num_blocks: int):
@@ -55,6 +57,7 @@ class WorkerSide:
         self._is_save_sent = True
         self._failed_load_reqs: set[str] = set()
         self._save_cmds: dict[int, tuple[str, ...]] = {}
+        self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
         self.num_saves_dropped = 0
@@ -264,8 +267,13 @@ class WorkerSide:
                 self._fail_load(spec)
             self._async_loads.clear()
             return
-        expired = time.monotonic() - self.config.command_timeout_ms / 1e3
+        now = time.monotonic()
+        expired = now - self.config.command_timeout_ms / 1e3
         try:
+            if (self._save_cmds or self._async_loads) and now >= self._next_liveness_check:
+                # Answers that can never come must not hold vLLM's blocks: is the engine there?
+                self._next_liveness_check = now + LIVENESS_CHECK_S
+                client.check_engine()
             for request_id in list(self._save_cmds):
                 if (done := client.try_take(request_id)) is not None:
                     self._save_done(request_id, done.is_ok)

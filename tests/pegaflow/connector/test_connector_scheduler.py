@@ -312,3 +312,28 @@ def test_connector_abort_during_async_load_after_preemption_keeps_vllm_consisten
     finally:
         vllm.close()
     assert read_stats(engine.name)["leases_active"] == 0
+
+
+def test_connector_reconnects_when_the_engine_comes_back():
+    name = f"conn{os.getpid()}_r{os.urandom(2).hex()}"
+    first_engine = EngineProcess(name)
+    vllm = VllmInstance(name, extra={"reconnect_interval_s": 0.2})
+    try:
+        # 1. The engine dies: the running vLLM misses and keeps serving.
+        first_engine.proc.kill()
+        first_engine.proc.wait(10)
+        vllm.add(make_request("during", PROMPT))
+        vllm.run_until_done()
+        # 2. A new engine of that name starts; after the retry interval the same vLLM
+        #    uses it again: it saves, and a second request with the prefix hits.
+        with EngineProcess(name) as second_engine:
+            time.sleep(0.3)
+            vllm.add(make_request("warm-again", PROMPT))
+            vllm.run_until_done()
+            assert read_stats(second_engine.name)["blocks_saved"] == 5
+            vllm.scheduler.reset_prefix_cache()
+            vllm.add(make_request("hit", PROMPT))
+            assert len(vllm.step_until_admitted("hit").loads) == 1
+            vllm.run_until_done()
+    finally:
+        vllm.close()
