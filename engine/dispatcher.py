@@ -95,8 +95,17 @@ class Dispatcher:
             logger.debug("slot %d: %s rejected: %s", client.slot, opcode, exc)
             status, values = Status(exc.status), (0, 0, 0)
         if status is not None:
+            self.update_gauges()  # a client that reads the stats after our answer sees them
             client.answer(request_id, opcode, status, rec.num_items, *values)
             self.stats.count_command(opcode, status)
+
+    def update_gauges(self) -> None:
+        stats, index = self.stats, self.index
+        stats.set("pool_bytes_used", index.pool.bytes_used)
+        stats.set("pool_blocks_used", index.pool.num_entries)
+        stats.set("leases_active", len(index.leases))
+        stats.set("evictions", index.counters.evictions)
+        stats.set("lease_expiries", index.counters.lease_expiries)
 
     def _dispatch(self, client: ClientState, rec, opcode: int, payload: np.ndarray | None):
         if rec.version != WIRE_VERSION:
@@ -142,6 +151,7 @@ class Dispatcher:
 
     def _finish_detach(self, client: ClientState) -> None:
         self.release_client(client)
+        self.update_gauges()
         client.answer(client.pending_detach, Opcode.DETACH, Status.OK)
         self.stats.count_command(Opcode.DETACH, Status.OK)
         client.pending_detach = 0
@@ -333,6 +343,7 @@ class Dispatcher:
                 self.on_copy_done(done)
         if record_events is not None and pending.error is None and keys:
             pending.is_answered = True  # the client's events fence the data, not our answer
+            self.update_gauges()
             self.stats.count_command(Opcode.LOAD, Status.OK)
             pending.client.answer(pending.request_id, Opcode.LOAD, Status.OK, len(keys), len(keys))
         return self._seal(pending)
@@ -384,6 +395,7 @@ class Dispatcher:
                 logger.error("slot %d: fenced LOAD failed after issue: %s", pending.client.slot, pending.error)
             return
         status = Status.OK if pending.error is None else Status.COPY_FAILED
+        self.update_gauges()
         pending.client.answer(pending.request_id, pending.opcode, status, pending.num_blocks,
                               pending.num_blocks, pending.num_deduped, pending.num_dropped)
         self.stats.count_command(pending.opcode, status)

@@ -158,12 +158,7 @@ class EngineServer:
         self.stats.set("heartbeat_ns", time.time_ns())
 
     def _update_gauges(self) -> None:
-        stats, pool = self.stats, self.index.pool
-        stats.set("pool_bytes_used", pool.bytes_used)
-        stats.set("pool_blocks_used", pool.num_entries)
-        stats.set("leases_active", len(self.index.leases))
-        stats.set("evictions", self.index.counters.evictions)
-        stats.set("lease_expiries", self.index.counters.lease_expiries)
+        self.dispatcher.update_gauges()
 
     def _reclaim_dead(self, client: ClientState) -> None:
         if client.num_inflight:
