@@ -25,16 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.clients import ClientState
-from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction, LayerPlacement
+from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
+from engine.registration import register_events, register_region
 from engine.index import BlockIndex, Key
 from engine.stats import StatsWriter
-from pegaflow.errors import CommandError, ConfigError, PegaflowError
-from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, EVENT_HANDLE, HASH, LAYER, NO_EVENT, REGION,
+from pegaflow.errors import CommandError, PegaflowError
+from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT,
                            WIRE_VERSION, CommandFlag, Opcode, Status, hash_keys)
 
 logger = logging.getLogger(__name__)
 
-MAX_LAYERS = 1024
 FIRST_CHUNK = 64
 MAX_CHUNK = 1024
 _EMPTY = np.zeros(0, dtype=np.uint8)
@@ -168,47 +168,8 @@ class Dispatcher:
     # -- memory ---------------------------------------------------------------------------
 
     def _register(self, client, rec, payload):
-        num_layers = rec.num_items
-        if len(payload) != REGION.itemsize + num_layers * LAYER.itemsize or not 0 < num_layers <= MAX_LAYERS:
-            raise _reject(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
-        region = payload[:REGION.itemsize].view(REGION)[0]
-        layers = payload[REGION.itemsize:].view(LAYER)
-        page_bytes = self._check_region(client, region, layers)
-        try:
-            self.backend.register_region(client.slot, rec.region_id, region)
-        except PegaflowError as exc:
-            raise _reject(Status.BAD_ARGUMENT, f"cannot open region: {exc}") from exc
-        client.page_bytes = page_bytes
-        client.region_blocks[rec.region_id] = int(region["num_blocks"])
-        for layer in layers:
-            client.layers[int(layer["layer"])] = LayerPlacement(
-                int(layer["layer"]), rec.region_id, int(layer["offset_bytes"]),
-                int(layer["block_stride_bytes"]))
-        logger.info("slot %d (pid %d) registered region %d: %d layers x %d blocks, %d-byte pages",
-                    client.slot, client.pid, rec.region_id, num_layers,
-                    int(region["num_blocks"]), page_bytes)
+        register_region(client, rec, payload, self.backend, self.index.pool)
         return Status.OK, (0, 0, 0)
-
-    def _check_region(self, client: ClientState, region: np.void, layers: np.ndarray) -> int:
-        page, num_blocks = int(region["page_bytes"]), int(region["num_blocks"])
-        limit = int(region["alloc_bytes"]) - int(region["base_offset"])
-        if page <= 0 or num_blocks <= 0 or limit <= 0:
-            raise _reject(Status.BAD_ARGUMENT, "region needs positive page size, blocks and bytes")
-        if client.page_bytes and page != client.page_bytes:
-            raise _reject(Status.BAD_ARGUMENT, f"page size {page} != {client.page_bytes} registered")
-        offsets, strides = layers["offset_bytes"], layers["block_stride_bytes"]
-        last = offsets + (num_blocks - 1) * strides + page
-        if (offsets < 0).any() or (strides < page).any() or (last > limit).any():
-            raise _reject(Status.BAD_ARGUMENT, "a layer's pages overlap or fall outside the region")
-        if (layers["layer"] >= MAX_LAYERS).any() or len(np.unique(layers["layer"])) != len(layers):
-            raise _reject(Status.BAD_ARGUMENT, "layer indices repeat or exceed the maximum")
-        if any(int(i) in client.layers for i in layers["layer"]):
-            raise _reject(Status.BAD_ARGUMENT, "a layer is already registered")
-        try:
-            self.index.pool.check_entry_bytes(page * (len(client.layers) + len(layers)))
-        except ConfigError as exc:
-            raise _reject(Status.BAD_ARGUMENT, str(exc)) from exc
-        return page
 
     def _unregister(self, client, rec, payload):
         if client.num_inflight:
@@ -217,14 +178,7 @@ class Dispatcher:
         return Status.OK, (0, 0, 0)
 
     def _register_events(self, client, rec, payload):
-        num_events = rec.num_items
-        if len(payload) != num_events * EVENT_HANDLE.itemsize:
-            raise _reject(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
-        try:
-            self.backend.register_events(client.slot, payload.view(EVENT_HANDLE))
-        except PegaflowError as exc:
-            raise _reject(Status.BAD_ARGUMENT, f"cannot open events: {exc}") from exc
-        client.num_events = num_events
+        register_events(client, rec, payload, self.backend)
         return Status.OK, (0, 0, 0)
 
     # -- blocks ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pegaflow import shm
 from pegaflow.client import is_pid_alive
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, WireVersionError
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
-from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT, STATS,
+from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
                            WIRE_VERSION, SlotState)
 
 logger = logging.getLogger(__name__)

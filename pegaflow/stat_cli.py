@@ -13,7 +13,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 from pegaflow import shm
 from pegaflow.errors import EngineNotRunningError, ShmError

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-import posix_ipc
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st

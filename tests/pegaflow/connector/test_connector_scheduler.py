@@ -183,18 +183,19 @@ def test_connector_preemption_releases_leases_and_recovers(engine):
 
 
 def test_connector_engine_killed_gives_load_errors_and_misses(engine):
-    # 1. Save; 2. plan a load in a second vLLM, then kill the engine before the worker loads.
+    # 1. Save; 2. a second vLLM is told of the hit, then the engine is killed before the load.
     _warm(engine.name, PROMPT)
     second = VllmInstance(engine.name)
     try:
-        second.add(make_request("r", PROMPT))
-
-        def kill(meta):
-            if meta.loads and engine.proc.poll() is None:
-                engine.proc.send_signal(signal.SIGKILL)
-                engine.proc.wait(10)
-        record = second.step_until_admitted("r", before_forward=kill)
+        request = make_request("r", PROMPT)
+        second.add(request)
+        connector = second.scheduler.connector
+        while connector.get_num_new_matched_tokens(request, 0)[0] is None:
+            time.sleep(0.001)
+        engine.proc.send_signal(signal.SIGKILL)
+        engine.proc.wait(10)
         # 3. The planned blocks are reported as load errors (vLLM recomputes them)...
+        record = second.step_until_admitted("r")
         assert set(record.loads[0].block_ids) <= record.load_errors
         # 4. ...the request still finishes, and a new request gets no hit and no exception.
         second.run_until_done()

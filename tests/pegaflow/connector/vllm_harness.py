@@ -12,7 +12,6 @@ KV is a function of the prefix), saves, and feeds a ``ModelRunnerOutput`` back.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +95,7 @@ class VllmInstance:
         transfer = KVTransferConfig(
             kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
             kv_role="kv_both",
-            kv_connector_extra_config={"engine_name": engine_name, "lookup_timeout_ms": 2000, **extra})
+            kv_connector_extra_config={"engine_name": engine_name, "lookup_timeout_ms": 20000, **extra})
         return VllmConfig(model_config=model_config, cache_config=cache, kv_transfer_config=transfer,
                           scheduler_config=SchedulerConfig(
                               max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
