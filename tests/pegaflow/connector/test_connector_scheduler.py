@@ -305,6 +305,10 @@ def test_connector_abort_during_async_load_after_preemption_keeps_vllm_consisten
         vllm.add(make_request("R", PROMPT, max_tokens=50))
         for _ in range(3):
             vllm.step()
+        deadline = time.monotonic() + 10
+        while read_stats(engine.name)["blocks_saved"] < 5:  # saves complete asynchronously
+            assert time.monotonic() < deadline
+            vllm.step()
         request = scheduler.requests["R"]
         scheduler.running.remove(request)
         scheduler._preempt_request(request, time.monotonic())
