@@ -9,9 +9,9 @@ def detect_cuda() -> bool:
     """Whether a CUDA driver with at least one device is usable here."""
     try:
         from cuda.bindings import driver
-    except ImportError:
+        err, = driver.cuInit(0)
+    except (ImportError, RuntimeError, OSError):  # no cuda-python, or no driver library (libcuda)
         return False
-    err, = driver.cuInit(0)
     if err != driver.CUresult.CUDA_SUCCESS:
         return False
     err, count = driver.cuDeviceGetCount()

@@ -23,8 +23,12 @@ PROMPT = list(range(100, 100 + 5 * BLOCK + 7))  # 5 full blocks and 7 tokens
 
 @pytest.fixture
 def engine():
-    with EngineProcess(f"conn{os.getpid()}_{os.urandom(3).hex()}", "--lease-ttl", "30") as proc:
+    proc = EngineProcess(f"conn{os.getpid()}_{os.urandom(3).hex()}", "--lease-ttl", "30")
+    try:
         yield proc
+    finally:
+        if proc.stop() != 0:  # killed by the test: a new engine of the name removes its leftovers
+            EngineProcess(proc.name).stop()
 
 
 def _leases_drain_to_zero(engine_name: str, timeout_s: float = 5.0) -> bool:
@@ -332,7 +336,7 @@ def test_connector_abort_during_async_load_after_preemption_keeps_vllm_consisten
 
 def test_connector_reconnects_when_the_engine_comes_back():
     name = f"conn{os.getpid()}_r{os.urandom(2).hex()}"
-    first_engine = EngineProcess(name)
+    first_engine = EngineProcess(name)  # its leftovers are removed by the second one
     vllm = VllmInstance(name, extra={"reconnect_interval_s": 0.2})
     try:
         # 1. The engine dies: the running vLLM misses and keeps serving.
