@@ -9,7 +9,7 @@ environment variable, then the default:
 | load_mode            | PEGAFLOW_LOAD_MODE            | layerwise  | `layerwise`: load inside the step, layer L+1 moving while L computes; `async`: load between steps, reported through get_finished |
 | enable_save          | PEGAFLOW_ENABLE_SAVE          | true       | store newly computed full blocks |
 | enable_load          | PEGAFLOW_ENABLE_LOAD          | true       | look up and load cached prefixes |
-| lookup_timeout_ms    | PEGAFLOW_LOOKUP_TIMEOUT_MS    | 50         | deadline of one lookup; past it the request is a miss |
+| lookup_timeout_ms    | PEGAFLOW_LOOKUP_TIMEOUT_MS    | 50         | deadline of one lookup (vLLM asks again meanwhile); past it, a miss |
 | command_timeout_ms   | PEGAFLOW_COMMAND_TIMEOUT_MS   | 5000       | deadline of a load or save answer |
 | reconnect_interval_s | PEGAFLOW_RECONNECT_INTERVAL_S | 5          | how often to try again while the engine is unreachable |
 | num_load_slots       | PEGAFLOW_NUM_LOAD_SLOTS       | 64         | loads per step fenced by events (cuda); more are waited on by the CPU |
