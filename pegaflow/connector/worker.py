@@ -190,7 +190,7 @@ class WorkerSide:
                 ok.append((request_id, spec, slot))
             else:
                 logger.warning("pegaflow: load of %d blocks for %s failed (%s); vLLM recomputes them",
-                               len(spec.block_ids), spec.req_id, done.status.name)
+                               len(spec.block_ids), spec.req_id, getattr(done.status, "name", done.status))
                 self._fail_load(spec)
         self._step_loads = ok
 
