@@ -122,18 +122,7 @@ class BlockIndex:
 
     def reserve(self, key: Key, entry_bytes: int, num_layers: int, slot: int) -> Entry | None:
         """The entry for ``key``, allocating (and evicting) if absent; None if the pool is full."""
-        entry = self.entries.get(key)
-        if entry is not None:
-            return entry if entry.entry_bytes == entry_bytes else None
-        offset = self.pool.try_alloc(entry_bytes)
-        while offset is None and self._evict_one():
-            offset = self.pool.try_alloc(entry_bytes)
-        if offset is None:
-            return None
-        entry = Entry(offset, entry_bytes, (1 << num_layers) - 1, slot, time.monotonic())
-        self.entries[key] = entry
-        self.writing[key] = entry
-        return entry
+        return self.reserve_many([key], entry_bytes, num_layers, slot)[0]
 
     def reserve_many(self, keys: list[Key], entry_bytes: int, num_layers: int,
                      slot: int) -> list[Entry | None]:

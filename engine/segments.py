@@ -20,7 +20,7 @@ import posix_ipc
 from engine.config import EngineConfig
 from pegaflow import shm
 from pegaflow.client import is_pid_alive
-from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, WireVersionError
+from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
                            WIRE_VERSION, SlotState)
@@ -137,11 +137,6 @@ class EngineSegments:
         header = view.header[0]
         view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
                           int(header["generation"]) + 1, 0)
-
-    def check_ring(self, view: RingSegmentView) -> None:
-        header = view.header[0]
-        if int(header["magic"]) != MAGIC or int(header["version"]) != WIRE_VERSION:
-            raise WireVersionError("ring segment header was overwritten")
 
     def mark_stopping(self) -> None:
         self.header["is_stopping"] = 1

@@ -76,9 +76,7 @@ class EngineServer:
             client.flush()
         if now >= self._next_housekeeping:
             self._housekeeping(now)
-            self._update_gauges()
-        elif did_work:
-            self._update_gauges()
+            self.dispatcher.update_gauges()
         return did_work
 
     def _sleep(self, now: float) -> None:
@@ -156,9 +154,6 @@ class EngineServer:
             elif not is_alive:
                 self._reclaim_dead(client)
         self.stats.set("heartbeat_ns", time.time_ns())
-
-    def _update_gauges(self) -> None:
-        self.dispatcher.update_gauges()
 
     def _reclaim_dead(self, client: ClientState) -> None:
         if client.num_inflight:

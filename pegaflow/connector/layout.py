@@ -13,7 +13,6 @@ every sub-layer as a layer of its own.  What cannot be described so is refused w
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 from pegaflow.errors import LayoutError
@@ -110,11 +109,3 @@ def span_bytes(info: TensorInfo) -> int:
         return 0
     last = sum((size - 1) * stride for size, stride in zip(info.shape, info.strides))
     return (last + 1) * info.element_size
-
-
-def describe(info: TensorInfo) -> str:
-    return f"{info.name} shape={info.shape} strides={info.strides} x{info.element_size}B"
-
-
-def num_elements(info: TensorInfo) -> int:
-    return math.prod(info.shape)

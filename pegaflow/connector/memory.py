@@ -8,22 +8,11 @@ against vLLM's compute stream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from pegaflow.connector.layout import TensorInfo, span_bytes
 from pegaflow.errors import LayoutError
 from pegaflow.host_memory import find_buffer
-from pegaflow.wire import REGION, RegionKind
-
-
-@dataclass(slots=True)
-class Region:
-    """One allocation: its REGION record and the offset of each tensor inside it."""
-
-    record: np.ndarray
-    key: object
 
 
 class HostMemory:
@@ -36,11 +25,7 @@ class HostMemory:
             raise LayoutError(f"{info.name}: a CPU KV cache must live in a "
                               f"pegaflow.host_memory.HostKVBuffer for the host backend")
         buffer, offset = found
-        region = np.zeros(1, dtype=REGION)
-        region["kind"] = RegionKind.HOST_SHM
-        region["alloc_bytes"] = buffer.num_bytes
-        region["shm_name"] = buffer.name.encode()
-        return buffer.name, offset, region
+        return buffer.name, offset, buffer.region_record(0, 0, 0)
 
     def current_stream(self) -> int:
         return 0
@@ -64,13 +49,10 @@ class CudaMemory:
         self.events = EventPool(num_events, self.device)
 
     def region_of(self, info: TensorInfo) -> tuple[object, int, np.ndarray]:
-        from pegaflow.cuda.ipc import export_allocation
+        from pegaflow.cuda.ipc import export_allocation, region_record
         exported = export_allocation(info.data_ptr)
-        region = np.zeros(1, dtype=REGION)
-        region["kind"] = RegionKind.CUDA_IPC
-        region["device"] = exported.device
-        region["alloc_bytes"] = exported.alloc_bytes
-        region["handle"] = np.void(exported.handle)
+        # The region is the whole allocation; layer offsets count from its base.
+        region = region_record(exported._replace(base_offset=0), 0, 0, 0)
         return info.data_ptr - exported.base_offset, exported.base_offset, region
 
     def current_stream(self) -> int:

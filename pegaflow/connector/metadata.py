@@ -35,7 +35,3 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     held_req_ids: set[str] = field(default_factory=set)
     # Requests preempted this step: their blocks may be reused now.
     preempted_req_ids: set[str] = field(default_factory=set)
-
-    @property
-    def has_sync_loads(self) -> bool:
-        return any(not load.is_async for load in self.loads)

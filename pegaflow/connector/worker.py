@@ -43,7 +43,7 @@ class WorkerSide:
                                f"pegaflow worker rank {rank}", self._register)
         self.memory = None
         self.virtual: dict[str, tuple[int, ...]] = {}   # layer name -> engine layers
-        self.save_layers: dict[str, int] = {}            # canonical layer name -> save event
+        self.save_layers: set[str] = set()               # canonical (not aliased) layer names
         self._regions: list[tuple[np.ndarray, np.ndarray]] = []
         self._num_virtual = 0
         self._meta: PegaConnectorMetadata | None = None
@@ -85,7 +85,7 @@ class WorkerSide:
             for i, sub in enumerate(subs):
                 layers.append((first + i, offset + sub.offset_bytes, sub.block_stride_bytes))
             self.virtual[name] = tuple(range(first, first + len(subs)))
-            self.save_layers[name] = len(self.save_layers)
+            self.save_layers.add(name)
             self._num_virtual += len(subs)
         memory.create_events((1 + self.config.num_load_slots) * self._num_virtual)
         for region, layers in by_alloc.values():
@@ -234,7 +234,7 @@ class WorkerSide:
         self._is_save_sent = True
         if not self._loads_waited:
             self._wait_step_loads()  # a failed load leaves garbage that must not be saved
-        if self._saved_layers != self.save_layers.keys():
+        if self._saved_layers != self.save_layers:
             missing = len(self.save_layers) - len(self._saved_layers)
             logger.warning("pegaflow: %d layers were not written this step; its saves are dropped", missing)
             self.num_saves_dropped += 1
