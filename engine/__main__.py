@@ -8,7 +8,9 @@ import signal
 # SIGINT always reach the main thread, whose handler stops the loop at once.
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 
+import ctypes  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 
 from engine.config import config_from_args  # noqa: E402
@@ -16,6 +18,19 @@ from engine.server import EngineServer  # noqa: E402
 from pegaflow.errors import PegaflowError  # noqa: E402
 
 logger = logging.getLogger("engine")
+
+_PR_SET_TIMERSLACK = 29
+TIMER_SLACK_NS = 1000
+
+
+def tighten_timer_slack() -> None:
+    """Let the loop's short naps while copies run (20 us) end on time instead of up to
+    50 us late (Linux's default timer slack), so finished copies are answered sooner."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0) != 0:
+        logger.warning("timer slack left at the default: %s", os.strerror(ctypes.get_errno()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except PegaflowError as exc:
         logger.error("cannot start: %s", exc)
         return 1
+    tighten_timer_slack()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})

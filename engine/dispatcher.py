@@ -60,12 +60,20 @@ class PendingCopy:
 
 
 def chunk_bounds(num_items: int):
-    """[0, 64), [64, 320), [320, 1344), ...: a SAVE's bookkeeping for each chunk hides
-    behind the copy of the one before (a block's copy takes ~10x its bookkeeping)."""
+    """[0, 64), then chunks growing 4x up to 1024, then the last 64 on their own.
+
+    A SAVE's bookkeeping for each chunk hides behind the copy of the one before (a
+    block's copy takes ~10x its bookkeeping); a short first chunk starts the copies
+    early and a short last chunk keeps the bookkeeping after the final copy short.
+    """
+    tail = max(num_items - FIRST_CHUNK, min(num_items, FIRST_CHUNK))
     start, size = 0, FIRST_CHUNK
-    while start < num_items:
-        yield start, min(num_items, start + size)
-        start, size = start + size, min(size * 4, MAX_CHUNK)
+    while start < tail:
+        end = min(tail, start + size)
+        yield start, end
+        start, size = end, min(size * 4, MAX_CHUNK)
+    if start < num_items:
+        yield start, num_items
 
 
 def _reject(status: Status, message: str) -> CommandError:

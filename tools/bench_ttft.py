@@ -47,24 +47,33 @@ def _llm(args, kind: str):
 
 
 LAST_ENGINE_TTFT_MS: list[float] = []  # vLLM's own first-token latency of the last _time_each
+LAST_STEP_MS: list[float] = []         # vLLM's scheduled -> first token of the last _time_each
+LAST_QUEUE_MS: list[float] = []        # vLLM's queued -> scheduled of the last _time_each
 
 
 def _time_each(llm, prompts, max_tokens: int) -> tuple[list[float], list[list[int]]]:
-    """Wall time of one generate() per prompt (ms), and the tokens; vLLM's own first-token
-    latency (arrival to first token, excluding generate()'s input processing) goes to
-    LAST_ENGINE_TTFT_MS."""
+    """Wall time of one generate() per prompt (ms), and the tokens.  vLLM's own timings of
+    each request go to LAST_ENGINE_TTFT_MS (arrival to first token, excluding generate()'s
+    input processing), LAST_QUEUE_MS and LAST_STEP_MS (engine-core timestamps)."""
     from vllm import SamplingParams, TokensPrompt
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     times, tokens = [], []
-    LAST_ENGINE_TTFT_MS.clear()
+    for timings in (LAST_ENGINE_TTFT_MS, LAST_STEP_MS, LAST_QUEUE_MS):
+        timings.clear()
     for prompt in prompts:
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         times.append((time.perf_counter() - t0) * 1e3)
         tokens.append(list(out[0].outputs[0].token_ids))
-        latency = getattr(out[0].metrics, "first_token_latency", None) if out[0].metrics else None
+        metrics = out[0].metrics
+        latency = getattr(metrics, "first_token_latency", None)
         if latency:
             LAST_ENGINE_TTFT_MS.append(latency * 1e3)
+        queued, scheduled, first = (getattr(metrics, k, 0.0) for k in
+                                    ("queued_ts", "scheduled_ts", "first_token_ts"))
+        if queued and scheduled and first:
+            LAST_QUEUE_MS.append((scheduled - queued) * 1e3)
+            LAST_STEP_MS.append((first - scheduled) * 1e3)
     return times, tokens
 
 
@@ -90,6 +99,14 @@ def _external_hits(llm) -> float:
     return 0.0
 
 
+def _timed(result: dict, name: str, timings: tuple[list[float], list[list[int]]]) -> None:
+    """``name``_ms, ``name``_tokens and vLLM's own timings of one _time_each."""
+    result[f"{name}_ms"], result[f"{name}_tokens"] = timings
+    result[f"{name}_engine_ms"] = list(LAST_ENGINE_TTFT_MS)
+    result[f"{name}_queue_ms"] = list(LAST_QUEUE_MS)
+    result[f"{name}_step_ms"] = list(LAST_STEP_MS)
+
+
 def run_phase(args) -> dict:
     """One vLLM process: what ``--phase`` names; returns its measurements."""
     from transformers import AutoConfig
@@ -99,21 +116,18 @@ def run_phase(args) -> dict:
     llm = _llm(args, args.phase)
     _time_each(llm, _prompts(3, 1, 512, vocab), 1)  # warm-up: kernels, allocator
     result = {}
-    result["cold_ms"], result["cold_tokens"] = _time_each(llm, prompts, 1)
-    result["cold_engine_ms"] = list(LAST_ENGINE_TTFT_MS)
+    _timed(result, "cold", _time_each(llm, prompts, 1))
     if args.phase == "pegaflow":
-        result["warm_ms"], result["warm_tokens"] = _time_each(llm, prompts, 1)
-        result["warm_engine_ms"] = list(LAST_ENGINE_TTFT_MS)
+        _timed(result, "warm", _time_each(llm, prompts, 1))
         result["warm_batch_ms"] = _time_batch(llm, prompts, 1)
         result["external_hit_tokens"] = _external_hits(llm)
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
     elif args.phase == "native":
         llm.reset_prefix_cache()
-        result["warm_ms"], result["warm_tokens"] = _time_each(llm, prompts, 1)
-        result["warm_engine_ms"] = list(LAST_ENGINE_TTFT_MS)
-        result["gpu_hit_ms"], _ = _time_each(llm, prompts, 1)
-        result["gpu_hit_engine_ms"] = list(LAST_ENGINE_TTFT_MS)
+        _timed(result, "warm", _time_each(llm, prompts, 1))
+        _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # with the offloading connector
     else:
+        _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # vLLM's prefix cache alone
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
         result["cold_batch_ms"] = _time_batch(llm, _prompts(4, args.num_prompts, args.prompt_tokens, vocab), 1)
     return result
@@ -143,12 +157,17 @@ def summarize(peg: dict, native: dict, none: dict, gpu: str) -> dict:
     cold, cold_p90 = _stats(peg["cold_ms"])
     warm, warm_p90 = _stats(peg["warm_ms"])
     nat, nat_p90 = _stats(native["warm_ms"])
-    hit, hit_p90 = _stats(native["gpu_hit_ms"])
+    hit, hit_p90 = _stats(none["gpu_hit_ms"])
+    timings = [("cold", peg, "cold"), ("cold_none", none, "cold"), ("warm_pegaflow", peg, "warm"),
+               ("warm_native", native, "warm"), ("gpu_hit", none, "gpu_hit"),
+               ("gpu_hit_native_phase", native, "gpu_hit")]
     return {
         "gpu": gpu, "cold_ms_median": cold, "cold_ms_p90": cold_p90,
         "warm_pegaflow_ms_median": warm, "warm_pegaflow_ms_p90": warm_p90,
         "warm_native_ms_median": nat, "warm_native_ms_p90": nat_p90,
         "gpu_hit_ms_median": hit, "gpu_hit_ms_p90": hit_p90,
+        "cold_none_ms_median": _stats(none["cold_ms"])[0],
+        "gpu_hit_native_phase_ms_median": _stats(native["gpu_hit_ms"])[0],
         "warm_pegaflow_over_native": warm / nat,
         "warm_batch8_pegaflow_ms": peg["warm_batch_ms"], "cold_batch8_ms": none["cold_batch_ms"],
         "tpot_saving_ms": peg["tpot_ms"], "tpot_none_ms": none["tpot_ms"],
@@ -156,13 +175,13 @@ def summarize(peg: dict, native: dict, none: dict, gpu: str) -> dict:
         "external_hit_tokens": peg["external_hit_tokens"],
         "engine_blocks_loaded": peg.get("engine_stats", {}).get("blocks_loaded"),
         "engine_blocks_saved": peg.get("engine_stats", {}).get("blocks_saved"),
-        # vLLM's first-token latency (request arrival to first token), same runs:
-        **{f"{name}_engine_ms_median": statistics.median(values)
-           for name, values in [("cold", peg.get("cold_engine_ms")), ("warm_pegaflow", peg.get("warm_engine_ms")),
-                                ("warm_native", native.get("warm_engine_ms")),
-                                ("gpu_hit", native.get("gpu_hit_engine_ms"))] if values},
+        # vLLM's own timings of the same requests: first-token latency (arrival to first
+        # token), queued -> scheduled and scheduled -> first token (engine core):
+        **{f"{name}_{kind}_ms_median": statistics.median(phase[f"{key}_{kind}_ms"])
+           for name, phase, key in timings for kind in ("engine", "queue", "step")
+           if phase.get(f"{key}_{kind}_ms")},
         "outputs_identical": peg["cold_tokens"] == peg["warm_tokens"] == native["cold_tokens"]
-        == native["warm_tokens"],
+        == native["warm_tokens"] == none["cold_tokens"] == none["gpu_hit_tokens"],
     }
 
 
@@ -209,9 +228,14 @@ def main() -> int:
         print(json.dumps(result))
         return 0
     print(f"{'case':<34}{'median ms':>10}{'p90 ms':>10}")
-    for label, key in [("cold", "cold_ms"), ("warm from pegaflow", "warm_pegaflow_ms"),
+    for label, key in [("cold (pegaflow saving)", "cold_ms"), ("warm from pegaflow", "warm_pegaflow_ms"),
                        ("warm from vLLM native offload", "warm_native_ms"), ("GPU prefix-cache hit", "gpu_hit_ms")]:
         print(f"{label:<34}{result[key + '_median']:>10.1f}{result[key + '_p90']:>10.1f}")
+    print(f"{'cold, no connector':<34}{result['cold_none_ms_median']:>10.1f}")
+    for name in ("cold", "warm_pegaflow", "warm_native", "gpu_hit"):
+        print(f"vLLM's own {name}: first token {result.get(name + '_engine_ms_median', 0):.1f} ms, "
+              f"queued {result.get(name + '_queue_ms_median', 0):.1f} ms, "
+              f"step {result.get(name + '_step_ms_median', 0):.1f} ms")
     print(f"pegaflow / native warm: {result['warm_pegaflow_over_native']:.2f}x; "
           f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
           f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "

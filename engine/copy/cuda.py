@@ -11,9 +11,12 @@ Protocol (every call from the dispatcher thread; none of them waits for a copy):
 
 Ordering.  A SAVE layer stream first waits for ``client_event[op.wait_event]``, so it
 reads only bytes the client finished writing; a LOAD records ``client_event[b + k]``
-after layer k's copy, which the client's compute stream waits on.  Inside one op,
-layer k starts after layer k - ``layers_in_flight`` ends: at most that many layers share
-the GPU (bounded SMs for the kernel) and a LOAD delivers its layers in order.
+after layer k's copy, which the client's compute stream waits on.  Loads and saves
+have their own stream per layer, so a load never queues behind a save.  Inside one
+LOAD, layer k starts after layer k - ``layers_in_flight`` ends, so it delivers its
+layers in order; every SAVE of a device joins one chain with the same rule, so however
+many saves are queued, at most ``layers_in_flight`` layer copies run at once (bounded
+SMs taken from vLLM's compute for the kernel).
 
 Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
 (``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
@@ -105,15 +108,16 @@ class _Device:
         self.device = device
         driver.use_device(device)
         self.kernel = CopyKernel(device, num_ctas)
-        self.streams: dict[int, object] = {}
+        self.streams: dict[tuple[int, Direction], object] = {}
         self.idle_events: list = []
+        self.save_chain: list = []  # events of the latest SAVE layer copies, oldest first
         self.paths: dict[tuple[int, Direction], str] = {}
         self.pool_base = 0
 
-    def stream(self, layer: int):
-        stream = self.streams.get(layer)
+    def stream(self, layer: int, direction: Direction):
+        stream = self.streams.get((layer, direction))
         if stream is None:
-            stream = self.streams[layer] = driver.create_stream(low_priority=True)
+            stream = self.streams[(layer, direction)] = driver.create_stream(low_priority=True)
         return stream
 
     def event(self):
@@ -322,11 +326,14 @@ class CudaBackend(CopyBackend):
         events = self._open_events(op.slot, dev.device)
         driver.use_device(dev.device)
         depth, to_pool = self.layers_in_flight, op.direction == Direction.SAVE
+        before = dev.save_chain if to_pool else []  # saves queue behind earlier saves
         for k, (layer, region) in enumerate(zip(op.layers, regions)):
-            stream = dev.stream(layer.layer)
+            stream = dev.stream(layer.layer, op.direction)
             f.streams.append(stream)
             if k >= depth:
                 driver.wait(stream, f.events[k - depth])
+            elif len(before) + k >= depth:
+                driver.wait(stream, before[len(before) + k - depth])
             if op.wait_event is not None:
                 driver.wait(stream, events[op.wait_event + (k if op.wait_per_layer else 0)])
             client_base = region.base + layer.offset_bytes
@@ -340,6 +347,8 @@ class CudaBackend(CopyBackend):
         last = f.streams[-1]
         for event in f.events[max(0, len(f.events) - depth):-1]:
             driver.wait(last, event)
+        if to_pool:
+            dev.save_chain = (before + f.events)[-depth:]
         f.done = dev.event()
         f.events.append(f.done)
         driver.record(f.done, last)
@@ -376,7 +385,10 @@ class CudaBackend(CopyBackend):
         self._release(f)
 
     def _release(self, f: _Inflight) -> None:
-        self._devices[f.device].idle_events.extend(f.events)
+        dev = self._devices[f.device]
+        if dev.save_chain:  # a finished op's events may be recycled: leave the chain
+            dev.save_chain = [e for e in dev.save_chain if all(e is not g for g in f.events)]
+        dev.idle_events.extend(f.events)
         f.events = []
         if f.staging is not None:
             self._staging.free(f.staging)

@@ -9,10 +9,11 @@ def _phases():
            "warm_tokens": tokens, "warm_batch_ms": 200.0, "tpot_ms": 10.5,
            "external_hit_tokens": 100.0, "cold_engine_ms": [290.0, 300.0], "warm_engine_ms": [30.0, 32.0],
            "engine_stats": {"blocks_loaded": 12, "blocks_saved": 6}}
-    native = {"cold_ms": [300.0, 300.0], "warm_ms": [80.0, 100.0], "gpu_hit_ms": [30.0, 30.0],
+    native = {"cold_ms": [300.0, 300.0], "warm_ms": [80.0, 100.0], "gpu_hit_ms": [40.0, 40.0],
               "cold_tokens": tokens, "warm_tokens": tokens, "warm_engine_ms": [70.0, 72.0],
               "gpu_hit_engine_ms": [20.0, 22.0]}
-    none = {"cold_ms": [300.0], "tpot_ms": 10.0, "cold_batch_ms": 900.0, "cold_tokens": tokens}
+    none = {"cold_ms": [280.0], "tpot_ms": 10.0, "cold_batch_ms": 900.0, "cold_tokens": tokens,
+            "gpu_hit_ms": [30.0, 32.0], "gpu_hit_tokens": tokens, "gpu_hit_step_ms": [9.0, 11.0]}
     return peg, native, none
 
 
@@ -23,6 +24,9 @@ def test_bench_ttft_summarize_ratios_and_identity():
     assert abs(result["warm_pegaflow_over_native"] - 50 / 90) < 1e-12
     assert abs(result["tpot_ratio_saving_vs_none"] - 1.05) < 1e-12
     assert result["warm_pegaflow_engine_ms_median"] == 31.0
+    # 2. The GPU-hit floor is vLLM's prefix cache alone; the native phase's is kept apart.
+    assert result["gpu_hit_ms_median"] == 31.0 and result["gpu_hit_native_phase_ms_median"] == 40.0
+    assert result["gpu_hit_step_ms_median"] == 10.0 and result["cold_none_ms_median"] == 280.0
     assert result["engine_blocks_loaded"] == 12 and result["outputs_identical"] is True
 
 
@@ -30,6 +34,10 @@ def test_bench_ttft_summarize_different_tokens_not_identical():
     # 1. One warm token differs from the cold run: outputs_identical must say so.
     peg, native, none = _phases()
     peg["warm_tokens"] = [[5], [7]]
+    assert summarize(peg, native, none, "test-gpu")["outputs_identical"] is False
+    # 2. So must a GPU-hit token that differs.
+    peg, native, none = _phases()
+    none["gpu_hit_tokens"] = [[5], [8]]
     assert summarize(peg, native, none, "test-gpu")["outputs_identical"] is False
 
 
