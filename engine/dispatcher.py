@@ -19,6 +19,7 @@ range, ...) is answered with its status and changes nothing.
 from __future__ import annotations
 
 import itertools
+import time
 import logging
 from dataclasses import dataclass
 
@@ -282,6 +283,7 @@ class Dispatcher:
             raise
 
     def _start_load(self, client, rec, payload):
+        started = time.perf_counter()
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         record_events = self._check_event(client, rec, len(placements))
         entries = [self.index.get_ready(key) for key in keys]
@@ -296,10 +298,15 @@ class Dispatcher:
         offsets = np.array([entry.offset for entry in entries], np.int64)
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         self.index.pin(keys)
+        planned = time.perf_counter()
         if keys:
             self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
                                                client.page_bytes, block_ids, offsets,
                                                record_events=record_events))
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("slot %d: LOAD of %d blocks x %d layers: planned in %.2f ms, issued in "
+                         "%.2f ms", client.slot, len(keys), len(placements),
+                         (planned - started) * 1e3, (time.perf_counter() - planned) * 1e3)
         if record_events is not None:
             for done in self.backend.poll():  # a refusal at submit must not be answered OK
                 self.on_copy_done(done)

@@ -21,8 +21,15 @@ SMs taken from vLLM's compute for the kernel).
 Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
 (``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
 ``auto``: at the first registration of a page size, both paths copy up to 64 MiB of
-pool pages each way (read into device scratch, the same bytes written back); the copy
-engine, which takes no SMs from vLLM, is chosen where it reaches 97 % of the kernel's rate.
+pool pages each way (read into device scratch, the same bytes written back).  Loads
+wait on the critical path: the copy engine is chosen where it reaches 97 % of the
+kernel's rate.  Saves overlap vLLM's compute, whose SMs the kernel would take (on the
+H200, a 10k-token prefill saved by the kernel took 1.5x as long): the copy engine is
+chosen unless it is below half the kernel's rate.  A fenced LOAD (the client waits on
+our events layer by layer) takes the kernel: the client may wait on a layer only once
+every layer's copy is issued, and the kernel issues a layer in one launch where the
+copy engine takes one descriptor per page (on the H200, 32 x 624 pages took 10-19 ms
+to issue, longer than the whole copy overlapped with vLLM's forward).
 
 Errors.  ``submit`` never raises: a bad op or a CUDA failure comes back from ``poll`` as
 ``CopyDone(token, error)``, and a failed op's issued copies are drained first.
@@ -54,7 +61,7 @@ _TOUCH_STRIDE = 4096
 _PROBE_BYTES = 64 << 20
 _PROBE_MAX_PAGES = 8192
 _PROBE_RUNS = 3
-_COPY_ENGINE_MARGIN = 0.97
+_COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
 
 @dataclass(slots=True)
@@ -438,11 +445,12 @@ class CudaBackend(CopyBackend):
 
     def _path(self, dev: _Device, op: CopyOp, regions: list[_Region]) -> str:
         path = self.copy_backend
+        if path == AUTO and op.record_events is not None:
+            path = KERNEL  # issued in one launch per layer: the client's wait starts sooner
         if path == AUTO:
             path = dev.paths.get((op.page_bytes, op.direction))
-            if path is None:  # never measured: what the H200 showed (docs/benchmarks.md)
-                small_save = op.direction == Direction.SAVE and op.page_bytes < 256 << 10
-                path = KERNEL if small_save else COPY_ENGINE
+            if path is None:  # never measured: DMA takes no SMs (docs/benchmarks.md)
+                path = COPY_ENGINE
         if path == KERNEL and not self._is_aligned(dev, op, regions):
             return COPY_ENGINE
         return path
@@ -463,7 +471,7 @@ class CudaBackend(CopyBackend):
             return
         for direction, rates in self._probe(dev, page_bytes).items():
             kernel_gbps, dma_gbps = rates
-            path = COPY_ENGINE if dma_gbps >= _COPY_ENGINE_MARGIN * kernel_gbps else KERNEL
+            path = COPY_ENGINE if dma_gbps >= _COPY_ENGINE_MARGIN[direction] * kernel_gbps else KERNEL
             dev.paths[(page_bytes, direction)] = path
             self.probes.append({"device": dev.device, "page_bytes": page_bytes,
                                 "direction": direction.name, "kernel_gbps": kernel_gbps,

@@ -24,6 +24,7 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import LayoutError, PegaflowError
 from pegaflow.host_memory import layer_records
 from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
@@ -61,6 +62,7 @@ class WorkerSide:
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
         self.num_saves_dropped = 0
+        self.trace = StepTrace()
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class WorkerSide:
         meta = self._meta
         if meta is None or not meta.loads:
             return
+        trace = self.trace
+        trace.begin(len(meta.loads), sum(len(s.block_ids) for s in meta.loads))
         client = self.link.client()
         for index, spec in enumerate(meta.loads):
             if client is None:
@@ -143,6 +147,9 @@ class WorkerSide:
                 self._async_loads[request_id] = (spec, time.monotonic())
             else:
                 self._step_loads.append((request_id, spec, slot))
+        if trace.is_on and self.memory.has_events:
+            trace.gpu_mark("loads_submitted", self.memory.current_stream())
+        trace.mark("loads_submitted")
 
     def _fail_load(self, spec: LoadSpec) -> None:
         self._load_errors.update(spec.block_ids)
@@ -164,6 +171,8 @@ class WorkerSide:
                 base = self._load_event_base(slot)
                 for v in self.virtual.get(layer_name, ()):
                     self.memory.events.wait(base + v, stream)
+            if stream is not None:
+                self.trace.layer_ready(stream)
         except PegaflowError as exc:  # unfenced data must not be used: vLLM recomputes it
             logger.error("pegaflow: cannot fence this step's loads (%s); reporting them failed", exc)
             for _, spec, _ in self._step_loads:
@@ -193,6 +202,7 @@ class WorkerSide:
                                len(spec.block_ids), spec.req_id, getattr(done.status, "name", done.status))
                 self._fail_load(spec)
         self._step_loads = ok
+        self.trace.mark("loads_accepted")
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -326,6 +336,9 @@ class WorkerSide:
             self.wait_for_saves_of(meta.preempted_req_ids)
 
     def wait_for_save(self) -> None:
+        if self.trace.is_on and self.memory.has_events:
+            self.trace.gpu_mark("forward_done", self.memory.current_stream())
+        self.trace.mark("wait_for_save")
         self._submit_step_save()
         self._collect()
 
@@ -337,9 +350,11 @@ class WorkerSide:
         sending = {r for r in self._held if r not in self._pending_saves}
         self._held -= sending
         recving, self._finished_recving = self._finished_recving, set()
+        self.trace.end()
         return sending or None, recving or None
 
     def shutdown(self) -> None:
+        self.trace.flush()
         self.wait_for_saves_of(set(self._pending_saves))
         self.link.close()
         if self.memory is not None:

@@ -1,0 +1,81 @@
+"""A timeline of one worker step that loads, logged at DEBUG by ``pegaflow.connector.trace``.
+
+CPU marks (``time.perf_counter``) of the connector's calls, and on CUDA three events on
+vLLM's compute stream: where the step's loads were submitted, where the compute stream
+had the last layer's pages (after its wait), and the end of the forward.  The GPU
+intervals are read at the next step (by then the events have completed), so tracing
+adds no synchronization.  Off (one boolean test per call) unless DEBUG is enabled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger(__name__)
+
+GPU_MARKS = ("loads_submitted", "first_layer_ready", "last_layer_ready", "forward_done")
+
+
+class StepTrace:
+    def __init__(self) -> None:
+        self.is_on = False
+        self._cpu: list[tuple[str, float]] = []
+        self._gpu: dict[str, object] = {}
+        self._previous: tuple[list, dict, str] | None = None
+        self._step = 0
+
+    def begin(self, num_loads: int, num_blocks: int) -> None:
+        """A step with loads starts (called from start_load_kv)."""
+        self.is_on = num_loads > 0 and logger.isEnabledFor(logging.DEBUG)
+        if not self.is_on:
+            return
+        self._step += 1
+        self._cpu, self._gpu = [("start_load_kv", time.perf_counter())], {}
+        self._label = f"step {self._step}: {num_loads} load(s) of {num_blocks} blocks"
+
+    def mark(self, name: str) -> None:
+        if self.is_on:
+            self._cpu.append((name, time.perf_counter()))
+
+    def gpu_mark(self, name: str, stream: int) -> None:
+        """Record (or record again: the latest record counts) a timing event on ``stream``,
+        vLLM's compute stream."""
+        if not self.is_on:
+            return
+        import torch
+        event = self._gpu.get(name)
+        if event is None:
+            event = self._gpu[name] = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.ExternalStream(stream))
+
+    def layer_ready(self, stream: int) -> None:
+        """The compute stream now waits for a layer's pages (after its wait)."""
+        if self.is_on:
+            if "first_layer_ready" not in self._gpu:
+                self.gpu_mark("first_layer_ready", stream)
+            self.gpu_mark("last_layer_ready", stream)
+
+    def end(self) -> None:
+        """The step's forward is over (get_finished): report the previous step, keep this one."""
+        if not self.is_on:
+            return
+        self.mark("get_finished")
+        self.flush()
+        self._previous = (self._cpu, self._gpu, self._label)
+        self.is_on = False
+
+    def flush(self) -> None:
+        if self._previous is None:
+            return
+        cpu, gpu, label = self._previous
+        self._previous = None
+        t0 = cpu[0][1]
+        parts = [f"{name} +{(t - t0) * 1e3:.2f}" for name, t in cpu[1:]]
+        first = gpu.get(GPU_MARKS[0])
+        if first is not None:
+            for name in GPU_MARKS[1:]:
+                if name in gpu:
+                    gpu[name].synchronize()
+                    parts.append(f"gpu {name} +{first.elapsed_time(gpu[name]):.2f}")
+        logger.debug("%s (ms after start_load_kv): %s", label, ", ".join(parts))
