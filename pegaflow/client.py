@@ -13,13 +13,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import posix_ipc
 
 from pegaflow import shm
 from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
-                             NoFreeSlotError, PegaflowError, RingEmptyError, WireVersionError)
+                             NoFreeSlotError, PegaflowError, WireVersionError)
 from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
                            SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
@@ -30,8 +31,10 @@ logger = logging.getLogger(__name__)
 CLAIM_LOCK_TIMEOUT_S = 2.0
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(NamedTuple):
+    """One answer (a named tuple: built on every round trip, and a frozen dataclass costs
+    about a microsecond to build)."""
+
     request_id: int
     opcode: Opcode | int
     status: Status | int
@@ -42,7 +45,7 @@ class Completion:
 
     @property
     def is_ok(self) -> bool:
-        return self.status == Status.OK
+        return self.status == _OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,17 +54,18 @@ class LookupResult:
     lease_id: int
 
 
-def _enum_or_int(kind, value: int):
-    try:
-        return kind(value)
-    except ValueError:
-        return value  # an opcode or status this client does not know: keep the number
+_OK = Status.OK
+_OPCODES = {int(m): m for m in Opcode}
+_STATUSES = {int(m): m for m in Status}
+_new_completion = Completion._make
 
 
 def _completion(record) -> Completion:
-    return Completion(record.request_id, _enum_or_int(Opcode, record.opcode),
-                      _enum_or_int(Status, record.status), record.num_items, record.value,
-                      record.value2, record.value3)
+    """A COMPLETION record as a Completion; an opcode or status this client does not know
+    stays a number."""
+    _, request_id, opcode, status, num_items, value, value2, value3 = record
+    return _new_completion((request_id, _OPCODES.get(opcode, opcode), _STATUSES.get(status, status),
+                            num_items, value, value2, value3))
 
 
 def _records(hashes) -> np.ndarray:
@@ -194,16 +198,17 @@ class EngineClient:
         if self.is_closed:
             raise EngineGoneError("client is closed")
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
-        num_bytes = sum(p.nbytes for p in payload)
+        num_bytes = sum(p.nbytes for p in payload) if payload else 0
         offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
         if num_bytes:
             self._arena.write(offset, list(payload))
         request_id = self._new_request_id()
-        rec = (0, request_id, opcode, flags, layer, region_id, num_items, event_index,
-               namespace, offset, num_bytes, WIRE_VERSION, arg)
-        position = self._producer.position
-        self._producer.put(rec, timeout_s)
-        self._arena.mark_sent(position)
+        producer = self._producer
+        position = producer.position
+        producer.put_fields((request_id, opcode, flags, layer, region_id, num_items, event_index,
+                             namespace, offset, num_bytes, WIRE_VERSION, arg), timeout_s)
+        if num_bytes:  # a command without payload holds no arena bytes back
+            self._arena.mark_sent(position)
         return request_id
 
     def poll(self) -> list[Completion]:
@@ -246,22 +251,32 @@ class EngineClient:
         return orphans
 
     def wait(self, request_id: int, timeout_s: float | None = None) -> Completion:
-        """The completion of ``request_id``; EngineTimeoutError / EngineGoneError after the deadline."""
+        """The completion of ``request_id``; EngineTimeoutError / EngineGoneError after the deadline.
+
+        Completions are read in ring order up to the one asked for; those of other
+        requests are kept (or dropped or orphaned) as ``try_take`` would.
+        """
+        done = self._done.pop(request_id, None)
+        if done is not None:
+            return done
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
+        consumer = self._consumer
         deadline = time.monotonic() + timeout_s
-        while (done := self.try_take(request_id)) is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while True:
+            record = consumer.try_get()
+            if record is not None:
+                completion = _completion(record)
+                if (completion.request_id == request_id and request_id not in self._abandoned
+                        and request_id not in self._unwanted):
+                    return completion
+                self._keep(completion)
+                continue
+            now = time.monotonic()
+            if now >= deadline:
                 self.check_engine()
                 raise EngineTimeoutError(f"no answer to request {request_id} within {timeout_s:.3f}s")
-            try:
-                self._done_record(self._consumer.get(min(remaining, 0.5)))
-            except RingEmptyError:
-                self.check_engine()
-        return done
-
-    def _done_record(self, record) -> None:
-        self._keep(_completion(record))
+            if not consumer.wait(min(deadline, now + 0.5)):
+                self.check_engine()  # every half second without an answer
 
     def call(self, opcode: Opcode, *, timeout_s: float | None = None, **fields) -> Completion:
         """Submit and wait; a non-OK status raises CommandError."""
