@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 FIRST_CHUNK = 64
 MAX_CHUNK = 1024
 _EMPTY = np.zeros(0, dtype=np.uint8)
+_OK, _ATTACH = Status.OK, Opcode.ATTACH  # enum members read off their class cost ~70 ns each
 
 
 @dataclass(slots=True)
@@ -100,12 +101,10 @@ class Dispatcher:
             self.stats.count_command(opcode, status)
 
     def update_gauges(self) -> None:
-        stats, index = self.stats, self.index
-        stats.set("pool_bytes_used", index.pool.bytes_used)
-        stats.set("pool_blocks_used", index.pool.num_entries)
-        stats.set("leases_active", len(index.leases))
-        stats.set("evictions", index.counters.evictions)
-        stats.set("lease_expiries", index.counters.lease_expiries)
+        index = self.index
+        pool, counters = index.pool, index.counters
+        self.stats.set_gauges(pool.bytes_used, pool.num_entries, len(index.leases),
+                              counters.evictions, counters.lease_expiries)
 
     def _dispatch(self, client: ClientState, rec, opcode: int, payload: np.ndarray | None):
         if rec.version != WIRE_VERSION:
@@ -113,7 +112,7 @@ class Dispatcher:
         handler = self._handlers.get(opcode)
         if handler is None:
             raise _reject(Status.BAD_OPCODE, f"unknown opcode {opcode}")
-        if not client.is_attached and opcode != Opcode.ATTACH:
+        if not client.is_attached and opcode != _ATTACH:
             raise _reject(Status.NOT_ATTACHED, "ATTACH first")
         if payload is None:
             raise _reject(Status.BAD_PAYLOAD, f"payload [{rec.payload_offset}, "
@@ -133,7 +132,7 @@ class Dispatcher:
         return arena[offset:offset + num_bytes].copy()
 
     def _ping(self, client, rec, payload):
-        return Status.OK, (len(self.pending), 0, 0)
+        return _OK, (len(self.pending), 0, 0)
 
     def _attach(self, client, rec, payload):
         client.pid, client.is_attached = rec.arg, True
