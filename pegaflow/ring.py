@@ -258,6 +258,32 @@ class RingConsumer(_RingView):
             self.release()
         return record
 
+    def try_get_values(self) -> tuple | None:
+        """``try_get`` as a plain tuple in field order (for a caller that builds its own
+        object from it: no named tuple in between)."""
+        return self.get_values(0.0)
+
+    def get_values(self, deadline: float) -> tuple | None:
+        """``try_get_values``, waiting for a record until ``deadline`` (spin on the seq
+        word for the doorbell's spin time, then sleep on the doorbell); None after it."""
+        at, ready = self._at, self._ready
+        words = self.words
+        if words[at] != ready:
+            monotonic = time.monotonic
+            spin_end = min(deadline, monotonic() + self.doorbell.spin_s)
+            while words[at] != ready:
+                if monotonic() >= spin_end:
+                    if deadline <= spin_end:  # the deadline came while spinning
+                        return None
+                    if not sleep_until(self.is_ready, self.doorbell, deadline):
+                        return None
+                    break
+        values = self.packer.unpack_from(self.buf, at * 8)
+        words[at] = ready - 1 + self.num_slots  # release(), inlined
+        self._at = ready % self.num_slots * self.stride
+        self._ready = ready + 1
+        return values
+
     def wait(self, deadline: float) -> bool:
         """Until a record is published (True) or ``deadline`` (False): spin on the seq word
         for the doorbell's spin time, then sleep on the doorbell."""
