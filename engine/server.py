@@ -19,7 +19,7 @@ from engine.clients import ClientState
 from engine.config import EngineConfig
 from engine.copy import make_backend
 from engine.copy.base import CopyBackend
-from engine.dispatcher import Dispatcher
+from engine.dispatcher import NO_PAYLOAD, Dispatcher
 from engine.index import BlockIndex
 from engine.pool import PagePool
 from engine.segments import EngineSegments
@@ -103,7 +103,7 @@ class EngineServer:
     def _drain_rings(self) -> bool:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
         did_work = False
-        read_payload = self.dispatcher.read_payload
+        dispatcher = self.dispatcher
         for client in self._attached:  # a snapshot: a DETACH may retire a client meanwhile
             submissions = client.submissions
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
@@ -111,23 +111,25 @@ class EngineServer:
                 if rec is None:
                     break
                 did_work = True
-                payload = read_payload(client, rec)
-                submissions.release()  # only now may the client reuse the payload bytes
-                self._handle(client, rec, payload)
+                payload = dispatcher.read_payload(client, rec) if rec.payload_bytes else NO_PAYLOAD
+                try:
+                    dispatcher.handle(client, rec, payload)
+                except Exception:  # boundary: one bad command must not take the engine down
+                    self._internal_error(client, rec)
+                # Only now may the client reuse the slot and the payload bytes (copied
+                # above): handing them back after the answer keeps it off the answer's path.
+                submissions.release()
+                if rec.opcode == _DETACH:
+                    client.is_detached = True
+                    self._retire(client)
             if client.backlog:
                 client.flush()
         return did_work
 
-    def _handle(self, client: ClientState, rec, payload) -> None:
-        try:
-            self.dispatcher.handle(client, rec, payload)
-        except Exception:  # boundary: one bad command must not take the engine down
-            logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
-            client.answer(rec.request_id, rec.opcode, Status.INTERNAL)
-            self.stats.count_command(rec.opcode, Status.INTERNAL)
-        if rec.opcode == _DETACH:
-            client.is_detached = True
-            self._retire(client)
+    def _internal_error(self, client: ClientState, rec) -> None:
+        logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
+        client.answer(rec.request_id, rec.opcode, Status.INTERNAL)
+        self.stats.count_command(rec.opcode, Status.INTERNAL)
 
     def _accept_claims(self) -> None:
         for slot in self.segments.claimed_slots().tolist():
