@@ -25,7 +25,7 @@ from engine.pool import PagePool
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
 from pegaflow.client import is_pid_alive
-from pegaflow.ring import Doorbell, RingConsumer, RingProducer, wait_until
+from pegaflow.ring import Doorbell, RingConsumer, RingProducer, sleep_until
 from pegaflow.wire import STATS, Opcode, SlotState, Status
 
 logger = logging.getLogger(__name__)
@@ -93,12 +93,13 @@ class EngineServer:
             time.sleep(20e-6)
             return
         deadline = min(self._next_housekeeping, now + self.config.housekeeping_s)
-        if wait_until(self._has_submissions, self.doorbell, deadline):
+        # No spin first: serve_forever has spun for idle_spin_s before calling this.
+        if sleep_until(self._has_submissions, self.doorbell, deadline):
             self._next_claim_check = 0.0
 
     def _has_submissions(self) -> bool:
         return (self.is_stopping or any(c.submissions.is_ready() for c in self.clients.values())
-                or len(self.segments.claimed_slots()) > 0)
+                or self.segments.has_claims())
 
     def _drain_rings(self) -> bool:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
@@ -132,6 +133,8 @@ class EngineServer:
         self.stats.count_command(rec.opcode, Status.INTERNAL)
 
     def _accept_claims(self) -> None:
+        if not self.segments.has_claims():
+            return
         for slot in self.segments.claimed_slots().tolist():
             view = self.segments.rings[slot]
             self.segments.reset_ring(view)

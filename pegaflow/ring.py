@@ -331,6 +331,8 @@ def sleep_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
             return False
         doorbell.sleep(remaining)
         doorbell.set_sleeping(False)
+        if time.monotonic() >= deadline:  # woken by the deadline: one last look, no re-arming
+            return is_ready()
 
 
 class PayloadArena:
