@@ -24,7 +24,7 @@ class ClientState:
     page_bytes: int = 0
     num_events: int = 0
     num_inflight: int = 0
-    backlog: deque = field(default_factory=deque)
+    backlog: deque = field(default_factory=deque)  # COMPLETION fields after seq
 
     @property
     def num_layers(self) -> int:
@@ -40,14 +40,17 @@ class ClientState:
 
     def answer(self, request_id: int, opcode: int, status: int, num_items: int = 0,
                value: int = 0, value2: int = 0, value3: int = 0) -> None:
-        """Queue exactly one completion; it is published now or on a later flush."""
-        self.backlog.append((0, request_id, opcode, status, num_items, value, value2, value3))
-        self.flush()
+        """Publish exactly one completion now, or queue it (behind any already queued) for a
+        later flush while the completion ring is full."""
+        fields = (request_id, opcode, status, num_items, value, value2, value3)
+        if self.backlog or not self.completions.try_put_fields(fields):
+            self.backlog.append(fields)
 
     def flush(self) -> bool:
         """Publish queued completions while the completion ring has room."""
-        while self.backlog:
-            if not self.completions.try_put(self.backlog[0]):
+        backlog = self.backlog
+        while backlog:
+            if not self.completions.try_put_fields(backlog[0]):
                 return False
-            self.backlog.popleft()
+            backlog.popleft()
         return True

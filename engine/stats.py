@@ -2,6 +2,8 @@
 
 One writer (the engine's main thread); ``pegaflow-stat`` maps the segment read-only.
 Updates go through a ``memoryview`` of 64-bit words: a few tens of nanoseconds each.
+The words written on every answer (``set_gauges``, ``count_command``) have their indices
+bound at import, so those updates look nothing up.
 """
 
 from __future__ import annotations
@@ -13,14 +15,20 @@ import numpy as np
 
 from pegaflow.wire import NUM_OPCODE_COUNTERS, NUM_STATUS_COUNTERS, STATS
 
+_WORD_AT = {name: STATS.fields[name][1] // 8 for name in STATS.names}
+_COMMANDS, _ERRORS = _WORD_AT["commands"], _WORD_AT["errors"]
+_BY_OPCODE, _BY_STATUS = _WORD_AT["commands_by_opcode"], _WORD_AT["errors_by_status"]
+_POOL_BYTES_USED, _POOL_BLOCKS_USED = _WORD_AT["pool_bytes_used"], _WORD_AT["pool_blocks_used"]
+_LEASES_ACTIVE, _EVICTIONS = _WORD_AT["leases_active"], _WORD_AT["evictions"]
+_LEASE_EXPIRIES = _WORD_AT["lease_expiries"]
+_LAST_OPCODE, _LAST_STATUS = NUM_OPCODE_COUNTERS - 1, NUM_STATUS_COUNTERS - 1
+
 
 class StatsWriter:
     def __init__(self, array: np.ndarray):
         array[:] = np.zeros(1, dtype=STATS)
         self._words = memoryview(array.view(np.uint8).reshape(-1)).cast("Q")
-        self._at = {name: STATS.fields[name][1] // 8 for name in STATS.names}
-        self._opcodes_at = self._at["commands_by_opcode"]
-        self._statuses_at = self._at["errors_by_status"]
+        self._at = _WORD_AT
         self.set("engine_pid", os.getpid())
         self.set("start_ns", time.time_ns())
 
@@ -33,10 +41,20 @@ class StatsWriter:
     def get(self, name: str) -> int:
         return self._words[self._at[name]]
 
+    def set_gauges(self, pool_bytes_used: int, pool_blocks_used: int, leases_active: int,
+                   evictions: int, lease_expiries: int) -> None:
+        """The block index's gauges (refreshed before every answer)."""
+        words = self._words
+        words[_POOL_BYTES_USED] = pool_bytes_used
+        words[_POOL_BLOCKS_USED] = pool_blocks_used
+        words[_LEASES_ACTIVE] = leases_active
+        words[_EVICTIONS] = evictions
+        words[_LEASE_EXPIRIES] = lease_expiries
+
     def count_command(self, opcode: int, status: int) -> None:
         words = self._words
-        words[self._at["commands"]] += 1
-        words[self._opcodes_at + min(opcode, NUM_OPCODE_COUNTERS - 1)] += 1
+        words[_COMMANDS] += 1
+        words[_BY_OPCODE + (opcode if opcode < _LAST_OPCODE else _LAST_OPCODE)] += 1
         if status:
-            words[self._at["errors"]] += 1
-            words[self._statuses_at + min(status, NUM_STATUS_COUNTERS - 1)] += 1
+            words[_ERRORS] += 1
+            words[_BY_STATUS + (status if status < _LAST_STATUS else _LAST_STATUS)] += 1

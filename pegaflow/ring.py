@@ -19,12 +19,18 @@ handed back the submission's slot (the engine copies the payload out on dequeue)
 
 Waits spin for ``spin_s`` and then sleep on a ``posix_ipc.Semaphore`` doorbell that the
 producer posts after every publish; every wait has a deadline and ends in a typed error.
+
+Seq words are read and written through a native ``memoryview`` of 64-bit words: one
+aligned load or store each (atomic, unlike ``struct``'s byte-wise little-endian codec)
+and the cheapest access Python has, which is what a spinning wait does in its loop.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -37,6 +43,9 @@ from pegaflow.wire import COMPLETION, RING_HEADER, SUBMISSION
 
 ARENA_ALIGN = 64
 DEFAULT_SPIN_S = 50e-6
+
+if sys.byteorder != "little":
+    raise ImportError("pegaflow's rings read their little-endian seq words as native integers")
 
 
 def ring_segment_bytes(ring_slots: int, arena_bytes: int) -> int:
@@ -51,12 +60,13 @@ def reset_slots(slots: np.ndarray) -> None:
 
 
 _fence_lock = threading.Lock()
+_fence_acquire, _fence_release = _fence_lock.acquire, _fence_lock.release
 
 
 def fence() -> None:
     """A full memory barrier (a locked instruction): orders our store before our next load."""
-    _fence_lock.acquire()
-    _fence_lock.release()
+    _fence_acquire()
+    _fence_release()
 
 
 class Doorbell:
@@ -75,13 +85,15 @@ class Doorbell:
         self.spin_s = spin_s
 
     def ring(self) -> None:
-        if self.sem is None:
-            return
-        if self.sleeping is not None:
-            fence()
-            if not self.sleeping[0]:
+        """Call after publishing: posts the semaphore only if the consumer sleeps."""
+        sleeping = self.sleeping
+        if sleeping is not None:
+            _fence_acquire()  # fence(), inlined: our publish before our read of the flag
+            _fence_release()
+            if not sleeping[0]:
                 return
-        self.sem.release()
+        if self.sem is not None:
+            self.sem.release()
 
     def drain(self) -> None:
         """Drop pending wake-ups; call before re-checking the ring and sleeping."""
@@ -137,22 +149,27 @@ def record_type(dtype: np.dtype) -> type:
 
 
 class _RingView:
-    """Raw access to a ring's records: seq words and whole records through ``struct``."""
+    """Raw access to a ring's records: seq words through ``words``, whole records through
+    ``struct``.  Slot ``i``'s seq is ``words[i * stride]`` (records are 8-byte multiples)."""
 
     def __init__(self, slots: np.ndarray):
         self.slots = slots
         self.num_slots = len(slots)
         self.itemsize = slots.dtype.itemsize
+        assert slots.dtype.fields["seq"][1] == 0 and self.itemsize % 8 == 0, "seq must lead"
         self.buf = memoryview(slots.view(np.uint8).reshape(-1))
+        self.words = self.buf.cast("Q")
+        self.stride = self.itemsize // 8
         self.packer = _struct_of(slots.dtype)
-        self.make = record_type(slots.dtype)._make
-        self.seq_codec = struct.Struct("<Q")
+        # tuple.__new__ straight away: the named tuple's _make, less its length check
+        # (unpack_from always yields every field).
+        self.make = functools.partial(tuple.__new__, record_type(slots.dtype))
 
     def seq(self, index: int) -> int:
-        return self.seq_codec.unpack_from(self.buf, index * self.itemsize)[0]
+        return self.words[index * self.stride]
 
     def set_seq(self, index: int, value: int) -> None:
-        self.seq_codec.pack_into(self.buf, index * self.itemsize, value)
+        self.words[index * self.stride] = value
 
 
 class RingProducer(_RingView):
@@ -168,21 +185,33 @@ class RingProducer(_RingView):
     def try_put(self, record) -> bool:
         """Publish one record (a tuple in field order, or a numpy record; its ``seq`` is
         ignored) if a slot is free; never blocks."""
+        values = record.item() if isinstance(record, np.void) else tuple(record)
+        return self.try_put_fields(values[1:])
+
+    def try_put_fields(self, fields: tuple) -> bool:
+        """``try_put`` of a record given as its fields after ``seq``."""
         p = self.position
-        i = p % self.num_slots
-        if self.seq(i) != p:
+        at = p % self.num_slots * self.stride
+        words = self.words
+        if words[at] != p:
             return False
-        values = record.item() if isinstance(record, np.void) else record
-        self.packer.pack_into(self.buf, i * self.itemsize, p, *values[1:])
-        self.set_seq(i, p + 1)
+        self.packer.pack_into(self.buf, at * 8, p, *fields)  # seq stays p: not yet visible
+        words[at] = p + 1
         self.position = p + 1
         self.doorbell.ring()
         return True
 
     def put(self, record, timeout_s: float) -> None:
+        values = record.item() if isinstance(record, np.void) else tuple(record)
+        self.put_fields(values[1:], timeout_s)
+
+    def put_fields(self, fields: tuple, timeout_s: float) -> None:
+        """``try_put_fields`` until it succeeds; RingFullError after ``timeout_s``."""
+        if self.try_put_fields(fields):
+            return
         deadline = time.monotonic() + timeout_s
         pause = 1e-6
-        while not self.try_put(record):
+        while not self.try_put_fields(fields):
             if time.monotonic() >= deadline:
                 raise RingFullError(f"ring full for {timeout_s:.3f}s ({self.num_slots} slots)")
             time.sleep(pause)
@@ -190,28 +219,37 @@ class RingProducer(_RingView):
 
 
 class RingConsumer(_RingView):
+    """The consumer keeps the word index of its next record's seq (``_at``) and the value
+    that seq has once the record is published (``_ready``, position + 1)."""
+
     def __init__(self, slots: np.ndarray, doorbell: Doorbell | None = None):
         super().__init__(slots)
-        self.position = 0
+        self._at = 0
+        self._ready = 1
         self.doorbell = doorbell or Doorbell(None)
 
+    @property
+    def position(self) -> int:
+        return self._ready - 1
+
     def is_ready(self) -> bool:
-        return self.seq(self.position % self.num_slots) == self.position + 1
+        return self.words[self._at] == self._ready
 
     def try_peek(self):
         """The next record (a private copy, as a named tuple) if one is published, without
         handing its slot back: the producer may reuse the record's payload only after
         ``release``.  Never blocks."""
-        i = self.position % self.num_slots
-        if self.seq(i) != self.position + 1:
+        at = self._at
+        if self.words[at] != self._ready:
             return None
-        return self.make(self.packer.unpack_from(self.buf, i * self.itemsize))
+        return self.make(self.packer.unpack_from(self.buf, at * 8))
 
     def release(self) -> None:
         """Hand the peeked slot (and with it the record's payload) back to the producer."""
-        c = self.position
-        self.set_seq(c % self.num_slots, c + self.num_slots)
-        self.position = c + 1
+        ready = self._ready  # position + 1
+        self.words[self._at] = ready - 1 + self.num_slots
+        self._at = ready % self.num_slots * self.stride
+        self._ready = ready + 1
 
     def try_get(self):
         """Take one record (a private copy, as a named tuple) if one is published; never blocks."""
@@ -220,13 +258,52 @@ class RingConsumer(_RingView):
             self.release()
         return record
 
+    def try_get_values(self) -> tuple | None:
+        """``try_get`` as a plain tuple in field order (for a caller that builds its own
+        object from it: no named tuple in between)."""
+        return self.get_values(0.0)
+
+    def get_values(self, deadline: float) -> tuple | None:
+        """``try_get_values``, waiting for a record until ``deadline`` (spin on the seq
+        word for the doorbell's spin time, then sleep on the doorbell); None after it."""
+        at, ready = self._at, self._ready
+        words = self.words
+        if words[at] != ready:
+            monotonic = time.monotonic
+            spin_end = min(deadline, monotonic() + self.doorbell.spin_s)
+            while words[at] != ready:
+                if monotonic() >= spin_end:
+                    if deadline <= spin_end:  # the deadline came while spinning
+                        return None
+                    if not sleep_until(self.is_ready, self.doorbell, deadline):
+                        return None
+                    break
+        values = self.packer.unpack_from(self.buf, at * 8)
+        words[at] = ready - 1 + self.num_slots  # release(), inlined
+        self._at = ready % self.num_slots * self.stride
+        self._ready = ready + 1
+        return values
+
+    def wait(self, deadline: float) -> bool:
+        """Until a record is published (True) or ``deadline`` (False): spin on the seq word
+        for the doorbell's spin time, then sleep on the doorbell."""
+        words, at, ready = self.words, self._at, self._ready
+        if words[at] == ready:
+            return True
+        monotonic = time.monotonic
+        spin_end = min(deadline, monotonic() + self.doorbell.spin_s)
+        while words[at] != ready:
+            if monotonic() >= spin_end:
+                return sleep_until(self.is_ready, self.doorbell, deadline)
+        return True
+
     def get(self, timeout_s: float):
-        deadline = time.monotonic() + timeout_s
         record = self.try_get()
-        while record is None:
-            wait_until(self.is_ready, self.doorbell, deadline)
-            record = self.try_get()
-            if record is None and time.monotonic() >= deadline:
+        if record is not None:
+            return record
+        deadline = time.monotonic() + timeout_s
+        while (record := self.try_get()) is None:
+            if not self.wait(deadline):
                 raise RingEmptyError(f"nothing arrived within {timeout_s:.3f}s")
         return record
 
@@ -237,6 +314,11 @@ def wait_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
     while time.monotonic() < spin_end:
         if is_ready():
             return True
+    return sleep_until(is_ready, doorbell, deadline)
+
+
+def sleep_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
+    """Sleep on the doorbell until ``is_ready`` (True) or ``deadline`` (False)."""
     while True:
         doorbell.drain()
         doorbell.set_sleeping(True)
@@ -249,6 +331,8 @@ def wait_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
             return False
         doorbell.sleep(remaining)
         doorbell.set_sleeping(False)
+        if time.monotonic() >= deadline:  # woken by the deadline: one last look, no re-arming
+            return is_ready()
 
 
 class PayloadArena:
