@@ -2,8 +2,9 @@
 
 One thread does everything, so the index, pool and stats need no locks.  The loop spins
 while there is work (and for ``idle_spin_s`` after it), then sleeps on the shared
-doorbell that every client rings after submitting, waking at least every
-``housekeeping_s`` to expire leases, reclaim dead clients' slots and accept new ones.
+doorbell that every client rings after submitting (and after claiming a slot), waking
+at least every ``housekeeping_s`` while anything is attached, leased or half written, to
+expire leases and reclaim dead clients' slots; with none of those it sleeps until rung.
 
 A spinning pass with nothing to do reads one seq word per attached client and the
 clock, nothing else: claims are checked every ``CLAIM_CHECK_S``, copies polled only
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
 SHUTDOWN_DRAIN_S = 5.0
 CLAIM_CHECK_S = 1e-3
+UNATTENDED_SLEEP_S = 30.0  # no client, lease or half-written block: nothing is due before a claim
 _DETACH = Opcode.DETACH  # an enum member read off its class costs ~70 ns; the loop reads it often
 
 
@@ -92,7 +94,10 @@ class EngineServer:
         if self.backend.num_inflight():
             time.sleep(20e-6)
             return
-        deadline = min(self._next_housekeeping, now + self.config.housekeeping_s)
+        if self.clients or self.index.leases or self.index.writing:
+            deadline = min(self._next_housekeeping, now + self.config.housekeeping_s)
+        else:  # a claim rings the doorbell, so does a stop: each wake-up costs CPU, skip them
+            deadline = now + UNATTENDED_SLEEP_S
         # No spin first: serve_forever has spun for idle_spin_s before calling this.
         if sleep_until(self._has_submissions, self.doorbell, deadline):
             self._next_claim_check = 0.0
