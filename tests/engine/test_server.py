@@ -217,6 +217,20 @@ def test_server_detached_client_frees_its_slot(engine):
     assert slot_table(engine.name, 8)[client.slot][0] == SlotState.FREE
 
 
+def test_server_unattended_engine_wakes_for_a_new_client(engine):
+    # 1. Attach and leave: nothing attached, leased or half written, so the engine sleeps
+    #    until rung (its unattended sleep is far longer than this test).
+    engine.connect().close()
+    engine.wait_stats(lambda s: s["clients_attached"] == 0)
+    time.sleep(2.5)  # past two housekeeping periods: the engine is in its long sleep
+    # 2. A new client's claim rings the engine: it attaches within its 3 s deadline.
+    client = EngineClient.connect(engine.name, timeout_s=3.0)
+    try:
+        assert client.ping() == 0  # no copies in flight
+    finally:
+        client.close()
+
+
 def test_server_all_slots_taken_raises_no_free_slot(engine_factory):
     engine = engine_factory(max_clients=2)
     engine.wait_stats(lambda s: s["clients_attached"] == 0)
