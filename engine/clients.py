@@ -34,6 +34,11 @@ class ClientState:
     def entry_bytes(self) -> int:
         return self.num_layers * self.page_bytes
 
+    @property
+    def saves_revoked(self) -> bool:
+        """The client stopped waiting for its saves: their blocks may hold other bytes now."""
+        return bool(self.view.header[0]["saves_revoked"])
+
     def is_complete(self) -> bool:
         """All layers 0..n-1 registered, so blocks can be stored."""
         return bool(self.layers) and max(self.layers) + 1 == len(self.layers)

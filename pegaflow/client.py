@@ -157,6 +157,7 @@ class EngineClient:
         self._producer = RingProducer(view.submissions, engine_bell)
         self._consumer = RingConsumer(view.completions, self._own_bell)
         self._arena = PayloadArena(view.arena, self._producer)
+        self._header = view.header
         self.is_closed = False
         self.call(Opcode.ATTACH, arg=os.getpid(), timeout_s=timeout_s)
         logger.debug("attached to engine %r as slot %d", self.engine_name, self.slot)
@@ -300,6 +301,12 @@ class EngineClient:
         header = self._control.array(CONTROL_HEADER, 1)[0]
         if int(header["epoch"]) != self.epoch or int(header["is_stopping"]):
             raise EngineGoneError(f"engine {self.engine_name!r} is stopping or was restarted")
+
+    def revoke_saves(self) -> None:
+        """Give up on every SAVE of ours still running: whatever the engine copies after
+        this may already be bytes of reused blocks, so it stores none of it.  Call before
+        letting the saved blocks be reused without the SAVE's answer."""
+        self._header["saves_revoked"] = 1
 
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""

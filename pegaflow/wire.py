@@ -20,7 +20,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -111,6 +111,7 @@ RING_HEADER = _dtype([
     ("arena_bytes", "<u8", 16),
     ("generation", "<u8", 24),
     ("client_sleeping", "<u4", 32),  # set while the client sleeps on its completion bell
+    ("saves_revoked", "<u4", 36),    # set by a client that stopped waiting for its saves
 ], 64)
 
 SUBMISSION = _dtype([

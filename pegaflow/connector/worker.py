@@ -322,9 +322,13 @@ class WorkerSide:
         self._collect()
         while any(r in self._pending_saves for r in req_ids):
             if time.monotonic() >= deadline:
-                logger.error("pegaflow: saves of %s still running after %.1fs; dropping the connection",
+                logger.error("pegaflow: saves of %s still running after %.1fs; revoking them and "
+                             "dropping the connection",
                              sorted(r for r in req_ids if r in self._pending_saves),
                              self.config.command_timeout_ms / 1e3)
+                client = self.link.current()
+                if client is not None:
+                    client.revoke_saves()  # the engine stores nothing it copies from now on
                 self.link.fail(TimeoutError("save deadline"))
                 self._forget_saves()
                 return

@@ -19,7 +19,7 @@ import pegaflow.client
 from engine.dispatcher import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
 from pegaflow.errors import CommandError
 from pegaflow.host_memory import HostKVBuffer, layer_records
-from pegaflow.wire import BLOCK_ID, HASH, HASH_BYTES, Opcode, Status, encode_hashes
+from pegaflow.wire import BLOCK_ID, HASH, HASH_BYTES, Opcode, Status, encode_hashes, hash_keys
 
 NAMESPACE = 0x7E57
 OTHER_NAMESPACE = 0x7E58
@@ -322,17 +322,19 @@ def test_dispatcher_refused_load_releases_its_lease(engine, kv_client, rng, make
     assert kv.release(found.lease_id).status == Status.UNKNOWN_LEASE
 
 
-def test_dispatcher_detach_waits_for_copies_then_frees_everything():
-    # 1. A dispatcher whose backend holds every copy until released.
+def _held_dispatcher():
+    """A dispatcher on one in-memory client (one layer of 16 blocks) whose backend holds
+    every copy until the test ends it with ``on_copy_done``."""
+    from types import SimpleNamespace
+
     from engine.clients import ClientState
-    from engine.copy.base import CopyBackend, CopyDone, LayerPlacement
+    from engine.copy.base import CopyBackend, LayerPlacement
     from engine.dispatcher import Dispatcher
     from engine.index import BlockIndex
     from engine.pool import PagePool
     from engine.stats import StatsWriter
     from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView, record_type, reset_slots
-    from pegaflow.wire import (ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION,
-                               Opcode, encode_hashes)
+    from pegaflow.wire import ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION
 
     class HeldBackend(CopyBackend):
         name = "held"
@@ -365,7 +367,6 @@ def test_dispatcher_detach_waits_for_copies_then_frees_everything():
     dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), backend,
                             StatsWriter(np.zeros(1, STATS)))
     make = record_type(SUBMISSION)
-    completions = RingConsumer(view.completions)
 
     def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0):
         view.arena[:payload.nbytes] = payload.view(np.uint8)
@@ -373,9 +374,21 @@ def test_dispatcher_detach_waits_for_copies_then_frees_everything():
                    payload.nbytes, WIRE_VERSION, 0)
         dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
 
+    return SimpleNamespace(dispatcher=dispatcher, client=client, backend=backend, view=view,
+                           send=send, completions=RingConsumer(view.completions))
+
+
+def _save_payload(ids, hashes: list[bytes]) -> np.ndarray:
+    return np.concatenate([np.asarray(ids, np.int32).view(np.uint8), encode_hashes(hashes).view(np.uint8)])
+
+
+def test_dispatcher_detach_waits_for_copies_then_frees_everything():
+    # 1. A dispatcher whose backend holds every copy until released.
+    from engine.copy.base import CopyDone
+    h = _held_dispatcher()
+    dispatcher, client, backend, send, completions = h.dispatcher, h.client, h.backend, h.send, h.completions
     # 2. A SAVE is in flight when the client says DETACH.
-    ids = np.array([1, 2], np.int32)
-    send(1, Opcode.SAVE, np.concatenate([ids.view(np.uint8), encode_hashes([b"a" * 32, b"b" * 32]).view(np.uint8)]), 2)
+    send(1, Opcode.SAVE, _save_payload([1, 2], [b"a" * 32, b"b" * 32]), 2)
     send(2, Opcode.DETACH)
     # 3. No answer to DETACH yet, and its memory is still registered.
     assert completions.try_get() is None and backend.unregistered == []
@@ -396,3 +409,35 @@ def test_chunk_bounds_cover_every_item_with_short_first_and_last_chunks(num_item
     # 2. The first and the last chunk are at most FIRST_CHUNK long.
     if bounds:
         assert bounds[0][1] - bounds[0][0] <= FIRST_CHUNK and bounds[-1][1] - bounds[-1][0] <= FIRST_CHUNK
+
+
+def test_dispatcher_revoked_saves_store_nothing():
+    # 1. A SAVE is in flight; then the client revokes its saves (it stopped waiting and may
+    #    reuse the blocks): the copy ends, but nothing is stored and the SAVE fails.
+    from engine.copy.base import CopyDone
+    h = _held_dispatcher()
+    hashes = [b"r" * 32, b"s" * 32]
+    h.send(1, Opcode.SAVE, _save_payload([3, 4], hashes), 2)
+    h.view.header["saves_revoked"] = 1
+    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+    answer = h.completions.try_get()
+    assert (answer.request_id, answer.status) == (1, Status.COPY_FAILED)
+    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
+    assert all(h.dispatcher.index.get_ready(k) is None for k in keys)
+    assert h.dispatcher.index.pool.num_entries == 0
+    # 2. A SAVE that arrives after the revocation is refused without a copy.
+    h.send(2, Opcode.SAVE, _save_payload([5], [b"t" * 32]), 1)
+    answer = h.completions.try_get()
+    assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
+
+
+def test_dispatcher_client_that_revoked_its_saves_stores_nothing(shared_engine, kv_client, rng, make_hashes):
+    kv = kv_client(shared_engine)
+    hashes = make_hashes(2)
+    kv.fill(rng, [0, 1])
+    # 1. The client revokes its saves through its ring segment; a SAVE after that is refused.
+    kv.client.revoke_saves()
+    assert kv.save(NAMESPACE, [0, 1], hashes).status == Status.BAD_ARGUMENT
+    # 2. Nothing was stored, and the client still works for everything else.
+    assert kv.num_hits(NAMESPACE, hashes) == 0
+    assert kv.client.ping() == 0
