@@ -208,6 +208,23 @@ def test_cuda_backend_round_trip_random_blocks_byte_exact(setup, rng, path, pad_
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["kernel", "copy-engine"])
+def test_cuda_backend_saves_queued_together_each_land_byte_exact(setup, rng, path):
+    # Several SAVE ops at once join one chain of layer copies (each op's first layers wait
+    # on the previous op's last ones): every op still stores exactly its blocks.
+    owner, backend, entries = setup(path)
+    before = owner.call("read")
+    src = rng.choice(NUM_BLOCKS, 3 * NUM_COPIED, replace=False).reshape(3, NUM_COPIED)
+    entry_ids = rng.choice(NUM_ENTRIES, 3 * NUM_COPIED, replace=False).reshape(3, NUM_COPIED)
+    saves = [_op(Direction.SAVE, src[i], entry_ids[i]) for i in range(3)]
+    for save in saves:
+        backend.submit(save)
+    assert _wait(backend, *(s.token for s in saves)) == {s.token: None for s in saves}
+    for i in range(3):
+        assert np.array_equal(entries[entry_ids[i]], before[:, src[i]].transpose(1, 0, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["kernel", "copy-engine"])
 def test_cuda_backend_save_waits_for_client_event_saves_new_bytes(setup, rng, path):
     owner, backend, entries = setup(path)
     block_ids = rng.choice(NUM_BLOCKS, NUM_COPIED, replace=False)
@@ -229,19 +246,16 @@ def test_cuda_backend_load_records_event_compute_reads_after_it(setup, rng, path
     entry_ids = rng.choice(NUM_ENTRIES, NUM_COPIED, replace=False)
     entries[entry_ids] = rng.integers(0, 256, entries[entry_ids].shape, dtype=np.uint8)
     owner.call("poison", dst)
-    # 1. Hold layer 1's engine stream ~0.2 s: a SAVE of other blocks that waits on a late
-    #    client event.  The LOAD queues behind it on the same layer stream.
-    others = np.setdiff1d(np.arange(NUM_BLOCKS), dst)[:4]
-    spare = np.setdiff1d(np.arange(NUM_ENTRIES), entry_ids)[:4]
+    # 1. Hold the LOAD ~0.2 s: its copy first waits for a late client event (0), then
+    #    records event 4 after layer 1's copy.
     owner.call("sleep_then_record", 0)
-    hold = _op(Direction.SAVE, others, spare, layers=[1], wait_event=0)
-    load = _op(Direction.LOAD, dst, entry_ids, layers=[1], record_events=4)
-    backend.submit(hold)
+    load = _op(Direction.LOAD, dst, entry_ids, layers=[1], record_events=4, wait_event=0)
     backend.submit(load)
-    # 2. The client's compute stream waits on event 4 and reads at once: the loaded bytes.
+    # 2. The client's compute stream waits on event 4 and reads at once: the loaded bytes,
+    #    not the poison the blocks held for those 0.2 s.
     got = owner.call("wait_then_read", 1, dst, 4)
     assert np.array_equal(got, entries[entry_ids, 1])
-    assert _wait(backend, hold.token, load.token) == {hold.token: None, load.token: None}
+    assert _wait(backend, load.token) == {load.token: None}
 
 
 @pytest.mark.gpu
