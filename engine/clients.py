@@ -39,6 +39,11 @@ class ClientState:
         """The client stopped waiting for its saves: their blocks may hold other bytes now."""
         return bool(self.view.header[0]["saves_revoked"])
 
+    @property
+    def closed_by_client(self) -> bool:
+        """The client unmapped its ring: it reads no more answers."""
+        return bool(self.view.header[0]["client_closed"])
+
     def is_complete(self) -> bool:
         """All layers 0..n-1 registered, so blocks can be stored."""
         return bool(self.layers) and max(self.layers) + 1 == len(self.layers)

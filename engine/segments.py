@@ -138,7 +138,7 @@ class EngineSegments:
         reset_slots(view.completions)
         header = view.header[0]
         view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
-                          int(header["generation"]) + 1, 0, 0)
+                          int(header["generation"]) + 1, 0, 0, 0)
 
     def mark_stopping(self) -> None:
         self.header["is_stopping"] = 1

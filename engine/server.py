@@ -153,10 +153,11 @@ class EngineServer:
             logger.info("client slot %d claimed by pid %d", slot, self.clients[slot].pid)
 
     def _retire(self, client: ClientState, force: bool = False) -> None:
-        """A DETACHed client: its slot is free once it has read its last completion."""
+        """A DETACHed client: its slot is free once it has read its last completion (or
+        closed its ring without waiting for it, e.g. after a DETACH deadline)."""
         is_read = client.completions.is_consumed(client.completions.position - 1)
         if client.num_inflight or client.pending_detach or not (
-                force or (is_read and not client.backlog)):
+                force or client.closed_by_client or (is_read and not client.backlog)):
             return
         self.clients.pop(client.slot, None)
         self.segments.free_slot(client.slot)
@@ -175,15 +176,15 @@ class EngineServer:
             is_alive = is_pid_alive(client.pid)
             if client.is_detached:
                 self._retire(client, force=not is_alive)
-            elif not is_alive:
-                self._reclaim_dead(client)
+            elif not is_alive or client.closed_by_client:
+                self._reclaim_dead(client, "is gone" if not is_alive else "closed its ring")
         self.stats.set("heartbeat_ns", time.time_ns())
 
-    def _reclaim_dead(self, client: ClientState) -> None:
+    def _reclaim_dead(self, client: ClientState, why: str = "is gone") -> None:
         if client.num_inflight:
             return  # its copies still touch its memory; reclaim once they are done
-        logger.warning("client slot %d: pid %d is gone; reclaiming its slot, leases and memory",
-                       client.slot, client.pid)
+        logger.warning("client slot %d: pid %d %s; reclaiming its slot, leases and memory",
+                       client.slot, client.pid, why)
         self.dispatcher.release_client(client)
         client.backlog.clear()
         self.clients.pop(client.slot, None)

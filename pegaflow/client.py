@@ -364,6 +364,9 @@ class EngineClient:
         except PegaflowError as exc:
             logger.info("detach from engine %r: %s", self.engine_name, exc)
         self.is_closed = True
+        if getattr(self, "_header", None) is not None:
+            self._header["client_closed"] = 1  # no answer will be read: the engine may free the slot
+            self._header = None
         for segment in (self._ring_segment, self._control):
             if segment is not None:
                 segment.close()

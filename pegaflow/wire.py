@@ -112,6 +112,7 @@ RING_HEADER = _dtype([
     ("generation", "<u8", 24),
     ("client_sleeping", "<u4", 32),  # set while the client sleeps on its completion bell
     ("saves_revoked", "<u4", 36),    # set by a client that stopped waiting for its saves
+    ("client_closed", "<u4", 40),    # set by a client that unmapped its ring: it reads no more
 ], 64)
 
 SUBMISSION = _dtype([

@@ -56,14 +56,13 @@ class EngineLink:
         self._client = client
         return client
 
-    def current(self) -> EngineClient | None:
-        """The live client, never connecting."""
-        return self._client
-
     def fail(self, exc: Exception) -> None:
         """An operation failed: drop the connection and retry later."""
         self._mark_down(exc)
         if self._client is not None:
+            # Whoever uses this link forgets its saves now and lets their blocks be reused:
+            # the engine must store nothing it copies for us from here on.
+            self._client.revoke_saves()
             # A live engine frees our slot (and whatever we left queued) on DETACH.
             self._client.close(detach=not isinstance(exc, EngineGoneError), timeout_s=DETACH_TIMEOUT_S)
             self._client = None

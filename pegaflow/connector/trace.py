@@ -44,10 +44,14 @@ class StepTrace:
         if not self.is_on:
             return
         import torch
-        event = self._gpu.get(name)
-        if event is None:
-            event = self._gpu[name] = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.ExternalStream(stream))
+        try:
+            event = self._gpu.get(name)
+            if event is None:
+                event = self._gpu[name] = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.ExternalStream(stream))
+        except RuntimeError as exc:  # a diagnostic must never fail vLLM's step
+            logger.warning("step timeline: CUDA marks off (%s)", exc)
+            self.is_on, self._gpu = False, {}
 
     def layer_ready(self, stream: int) -> None:
         """The compute stream now waits for a layer's pages (after its wait)."""
@@ -73,9 +77,11 @@ class StepTrace:
         t0 = cpu[0][1]
         parts = [f"{name} +{(t - t0) * 1e3:.2f}" for name, t in cpu[1:]]
         first = gpu.get(GPU_MARKS[0])
-        if first is not None:
-            for name in GPU_MARKS[1:]:
+        try:
+            for name in GPU_MARKS[1:] if first is not None else ():
                 if name in gpu:
-                    gpu[name].synchronize()
+                    gpu[name].synchronize()  # recorded a step ago: normally long complete
                     parts.append(f"gpu {name} +{first.elapsed_time(gpu[name]):.2f}")
+        except RuntimeError as exc:
+            parts.append(f"gpu marks unreadable ({exc})")
         logger.debug("%s (ms after start_load_kv): %s", label, ", ".join(parts))

@@ -312,7 +312,7 @@ class WorkerSide:
                 del self._pending_saves[req_id]
 
     def _forget_saves(self) -> None:
-        """The engine is gone: nothing reads our blocks any more."""
+        """The link failed (and revoked our saves): nothing stores our blocks any more."""
         self._save_cmds.clear()
         self._pending_saves.clear()
 
@@ -326,10 +326,7 @@ class WorkerSide:
                              "dropping the connection",
                              sorted(r for r in req_ids if r in self._pending_saves),
                              self.config.command_timeout_ms / 1e3)
-                client = self.link.current()
-                if client is not None:
-                    client.revoke_saves()  # the engine stores nothing it copies from now on
-                self.link.fail(TimeoutError("save deadline"))
+                self.link.fail(TimeoutError("save deadline"))  # revokes the saves first
                 self._forget_saves()
                 return
             time.sleep(50e-6)

@@ -231,6 +231,22 @@ def test_server_unattended_engine_wakes_for_a_new_client(engine):
         client.close()
 
 
+def test_server_client_that_closed_its_ring_frees_its_slot(engine):
+    engine.wait_stats(lambda s: s["clients_attached"] == 0)
+    # 1. A live client unmaps without DETACH (as after an engine error): its slot is freed.
+    client = engine.connect()
+    client.close(detach=False)
+    engine.wait_stats(lambda s: s["clients_attached"] == 0)
+    assert slot_table(engine.name, 8)[client.slot][0] == SlotState.FREE
+    # 2. One that sends DETACH but unmaps before reading the answer (a DETACH deadline):
+    #    freed too, though the answer is never read.
+    client = engine.connect()
+    client.submit(Opcode.DETACH)
+    client.close(detach=False)
+    engine.wait_stats(lambda s: s["clients_attached"] == 0)
+    assert slot_table(engine.name, 8)[client.slot][0] == SlotState.FREE
+
+
 def test_server_all_slots_taken_raises_no_free_slot(engine_factory):
     engine = engine_factory(max_clients=2)
     engine.wait_stats(lambda s: s["clients_attached"] == 0)
