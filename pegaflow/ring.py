@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import platform
 import struct
 import sys
 import threading
@@ -46,6 +47,11 @@ DEFAULT_SPIN_S = 50e-6
 
 if sys.byteorder != "little":
     raise ImportError("pegaflow's rings read their little-endian seq words as native integers")
+
+# x86 keeps stores in order and loads in order (TSO): a record written before its seq word
+# is seen before it.  Elsewhere (aarch64, e.g. Grace Hopper) a full fence goes between the
+# record and its seq word on both sides.
+WEAK_MEMORY_ORDER = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
 def ring_segment_bytes(ring_slots: int, arena_bytes: int) -> int:
@@ -196,6 +202,8 @@ class RingProducer(_RingView):
         if words[at] != p:
             return False
         self.packer.pack_into(self.buf, at * 8, p, *fields)  # seq stays p: not yet visible
+        if WEAK_MEMORY_ORDER:
+            fence()  # the record (and its payload) before the seq word that publishes it
         words[at] = p + 1
         self.position = p + 1
         self.doorbell.ring()
@@ -242,11 +250,15 @@ class RingConsumer(_RingView):
         at = self._at
         if self.words[at] != self._ready:
             return None
+        if WEAK_MEMORY_ORDER:
+            fence()  # the seq word before the record it publishes
         return self.make(self.packer.unpack_from(self.buf, at * 8))
 
     def release(self) -> None:
         """Hand the peeked slot (and with it the record's payload) back to the producer."""
         ready = self._ready  # position + 1
+        if WEAK_MEMORY_ORDER:
+            fence()  # our reads of the record and payload before the slot is handed back
         self.words[self._at] = ready - 1 + self.num_slots
         self._at = ready % self.num_slots * self.stride
         self._ready = ready + 1
@@ -278,7 +290,11 @@ class RingConsumer(_RingView):
                     if not sleep_until(self.is_ready, self.doorbell, deadline):
                         return None
                     break
+        if WEAK_MEMORY_ORDER:
+            fence()  # the seq word before the record it publishes
         values = self.packer.unpack_from(self.buf, at * 8)
+        if WEAK_MEMORY_ORDER:
+            fence()  # our read of the record before the slot is handed back
         words[at] = ready - 1 + self.num_slots  # release(), inlined
         self._at = ready % self.num_slots * self.stride
         self._ready = ready + 1
