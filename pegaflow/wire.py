@@ -169,6 +169,8 @@ EVENT_HANDLE = _dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
 
 BLOCK_ID = np.dtype("<i4")
 
+# heartbeat_ns: the last housekeeping pass (every housekeeping_s while anything is
+# attached; an engine with nothing attached sleeps until rung, so it may be older).
 _STATS_COUNTERS = [
     "engine_pid", "start_ns", "heartbeat_ns",
     "commands", "errors",
