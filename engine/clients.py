@@ -37,12 +37,12 @@ class ClientState:
     @property
     def saves_revoked(self) -> bool:
         """The client stopped waiting for its saves: their blocks may hold other bytes now."""
-        return bool(self.view.header[0]["saves_revoked"])
+        return bool(self.view.saves_revoked[0])
 
     @property
     def closed_by_client(self) -> bool:
         """The client unmapped its ring: it reads no more answers."""
-        return bool(self.view.header[0]["client_closed"])
+        return bool(self.view.client_closed[0])
 
     def is_complete(self) -> bool:
         """All layers 0..n-1 registered, so blocks can be stored."""

@@ -2,9 +2,11 @@
 
 One thread does everything, so the index, pool and stats need no locks.  The loop spins
 while there is work (and for ``idle_spin_s`` after it), then sleeps on the shared
-doorbell that every client rings after submitting (and after claiming a slot), waking
-at least every ``housekeeping_s`` while anything is attached, leased or half written, to
-expire leases and reclaim dead clients' slots; with none of those it sleeps until rung.
+doorbell that every client rings after submitting (and after claiming a slot).  It wakes
+to keep house (expire leases, drop stale half-written blocks, free the slots of dead or
+detached clients) every ``housekeeping_s`` while anything is leased, half written or
+detaching, every ``LIVENESS_ONLY_S`` while clients are merely attached, and not at all
+with nothing attached: each wake-up costs CPU, and an idle engine should cost none.
 
 A spinning pass with nothing to do reads one seq word per attached client and the
 clock, nothing else: claims are checked every ``CLAIM_CHECK_S``, copies polled only
@@ -35,6 +37,8 @@ MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many sav
 SHUTDOWN_DRAIN_S = 5.0
 CLAIM_CHECK_S = 1e-3
 UNATTENDED_SLEEP_S = 30.0  # no client, lease or half-written block: nothing is due before a claim
+LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detaching: only
+#                        their liveness is checked, and a dead one's slot can wait this long
 _DETACH = Opcode.DETACH  # an enum member read off its class costs ~70 ns; the loop reads it often
 
 
@@ -95,7 +99,7 @@ class EngineServer:
             time.sleep(20e-6)
             return
         if self.clients or self.index.leases or self.index.writing:
-            deadline = min(self._next_housekeeping, now + self.config.housekeeping_s)
+            deadline = self._next_housekeeping
         else:  # a claim rings the doorbell, so does a stop: each wake-up costs CPU, skip them
             deadline = now + UNATTENDED_SLEEP_S
         # No spin first: serve_forever has spun for idle_spin_s before calling this.
@@ -169,7 +173,10 @@ class EngineServer:
         self.stats.set("clients_attached", len(self.clients))
 
     def _housekeeping(self, now: float) -> None:
-        self._next_housekeeping = now + self.config.housekeeping_s
+        is_timed = self.index.leases or self.index.writing or any(
+            c.is_detached for c in self.clients.values())
+        self._next_housekeeping = now + (self.config.housekeeping_s if is_timed else
+                                         max(self.config.housekeeping_s, LIVENESS_ONLY_S))
         self.index.expire_leases(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
         for client in list(self.clients.values()):

@@ -157,7 +157,7 @@ class EngineClient:
         self._producer = RingProducer(view.submissions, engine_bell)
         self._consumer = RingConsumer(view.completions, self._own_bell)
         self._arena = PayloadArena(view.arena, self._producer)
-        self._header = view.header
+        self._view = view
         self.is_closed = False
         self.call(Opcode.ATTACH, arg=os.getpid(), timeout_s=timeout_s)
         logger.debug("attached to engine %r as slot %d", self.engine_name, self.slot)
@@ -306,7 +306,7 @@ class EngineClient:
         """Give up on every SAVE of ours still running: whatever the engine copies after
         this may already be bytes of reused blocks, so it stores none of it.  Call before
         letting the saved blocks be reused without the SAVE's answer."""
-        self._header["saves_revoked"] = 1
+        self._view.saves_revoked[0] = 1
 
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""
@@ -364,9 +364,9 @@ class EngineClient:
         except PegaflowError as exc:
             logger.info("detach from engine %r: %s", self.engine_name, exc)
         self.is_closed = True
-        if getattr(self, "_header", None) is not None:
-            self._header["client_closed"] = 1  # no answer will be read: the engine may free the slot
-            self._header = None
+        if getattr(self, "_view", None) is not None:
+            self._view.client_closed[0] = 1  # no answer will be read: the engine may free the slot
+            self._view = None
         for segment in (self._ring_segment, self._control):
             if segment is not None:
                 segment.close()

@@ -420,5 +420,11 @@ class RingSegmentView:
         self.completions = segment.array(COMPLETION, ring_slots, at)
         at += ring_slots * COMPLETION.itemsize
         self.arena = segment.array(np.uint8, arena_bytes, at)
-        flag_at = RING_HEADER.fields["client_sleeping"][1]
-        self.client_sleeping = memoryview(self.header.view(np.uint8)[flag_at:flag_at + 4]).cast("I")
+        raw = self.header.view(np.uint8)
+
+        def word(name: str) -> memoryview:  # one u4 field of the header, read without numpy
+            at = RING_HEADER.fields[name][1]
+            return memoryview(raw[at:at + 4]).cast("I")
+        self.client_sleeping = word("client_sleeping")
+        self.saves_revoked = word("saves_revoked")
+        self.client_closed = word("client_closed")
