@@ -322,13 +322,14 @@ def test_dispatcher_refused_load_releases_its_lease(engine, kv_client, rng, make
     assert kv.release(found.lease_id).status == Status.UNKNOWN_LEASE
 
 
-def _held_dispatcher():
-    """A dispatcher on one in-memory client (one layer of 16 blocks) whose backend holds
-    every copy until the test ends it with ``on_copy_done``."""
+def _held_dispatcher(refuse: bool = False):
+    """A dispatcher on one in-memory client (one layer of 16 blocks, 4 IPC events) whose
+    backend holds every copy until the test ends it with ``on_copy_done`` (or, with
+    ``refuse``, reports every copy failed at its next poll, as a refusal at submit)."""
     from types import SimpleNamespace
 
     from engine.clients import ClientState
-    from engine.copy.base import CopyBackend, LayerPlacement
+    from engine.copy.base import CopyBackend, CopyDone, LayerPlacement
     from engine.dispatcher import Dispatcher
     from engine.index import BlockIndex
     from engine.pool import PagePool
@@ -340,15 +341,18 @@ def _held_dispatcher():
         name = "held"
 
         def __init__(self):
-            self.held, self.unregistered = [], []
+            self.held, self.unregistered, self.refused = [], [], []
 
         def attach_pool(self, pool): pass
         def register_region(self, *args): pass
         def register_events(self, *args): pass
         def unregister_client(self, slot): self.unregistered.append(slot)
-        def submit(self, op): self.held.append(op.token)
-        def poll(self): return []
-        def num_inflight(self): return len(self.held)
+        def submit(self, op): (self.refused if refuse else self.held).append(op.token)
+        def num_inflight(self): return len(self.held) + len(self.refused)
+
+        def poll(self):
+            done, self.refused = [CopyDone(t, "refused at submit") for t in self.refused], []
+            return done
 
     class Segment:
         def __init__(self, size): self.buf, self.name = np.zeros(size, np.uint8), "mem"
@@ -362,15 +366,15 @@ def _held_dispatcher():
     client = ClientState(0, view, RingConsumer(view.submissions), RingProducer(view.completions),
                          pid=os.getpid(), is_attached=True)
     client.layers = {0: LayerPlacement(0, 0, 0, 4096)}
-    client.region_blocks, client.page_bytes = {0: 16}, 4096
+    client.region_blocks, client.page_bytes, client.num_events = {0: 16}, 4096, 4
     backend = HeldBackend()
     dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), backend,
                             StatsWriter(np.zeros(1, STATS)))
     make = record_type(SUBMISSION)
 
-    def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0):
+    def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0, event_index=NO_EVENT):
         view.arena[:payload.nbytes] = payload.view(np.uint8)
-        rec = make(0, request_id, opcode, 0, ALL_LAYERS, 0, num_items, NO_EVENT, 7, 0,
+        rec = make(0, request_id, opcode, 0, ALL_LAYERS, 0, num_items, event_index, 7, 0,
                    payload.nbytes, WIRE_VERSION, 0)
         dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
 
@@ -441,3 +445,45 @@ def test_dispatcher_client_that_revoked_its_saves_stores_nothing(shared_engine, 
     # 2. Nothing was stored, and the client still works for everything else.
     assert kv.num_hits(NAMESPACE, hashes) == 0
     assert kv.client.ping() == 0
+
+
+def _stored(h, request_id: int, ids, hashes) -> None:
+    """SAVE ``hashes`` from ``ids`` and let the held copy finish."""
+    from engine.copy.base import CopyDone
+    h.send(request_id, Opcode.SAVE, _save_payload(ids, hashes), len(ids))
+    for token in list(h.backend.held):
+        h.backend.held.remove(token)
+        h.dispatcher.on_copy_done(CopyDone(token))
+    assert h.completions.try_get().status == Status.OK
+
+
+def test_dispatcher_fenced_load_is_answered_at_issue_once():
+    # 1. Blocks stored; a LOAD fenced by the client's events (event_index) is answered OK as
+    #    soon as its copy is issued: the events, not the answer, tell the client's GPU.
+    from engine.copy.base import CopyDone
+    h = _held_dispatcher()
+    hashes = [b"f" * 32, b"g" * 32]
+    _stored(h, 1, [1, 2], hashes)
+    h.send(2, Opcode.LOAD, _save_payload([5, 6], hashes), 2, event_index=0)
+    answer = h.completions.try_get()
+    assert (answer.request_id, answer.opcode, answer.status) == (2, Opcode.LOAD, Status.OK)
+    assert len(h.backend.held) == 1
+    # 2. The copy ends: no second answer, and the entries are no longer pinned.
+    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+    assert h.completions.try_get() is None
+    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
+    assert [h.dispatcher.index.entries[k].refs for k in keys] == [0, 0]
+
+
+def test_dispatcher_fenced_load_refused_at_submit_is_not_answered_ok():
+    # A copy the backend refuses at submit (reported at its first poll) must not be
+    # answered OK: the client would wait on events nobody records.
+    h = _held_dispatcher(refuse=True)
+    hashes = [b"h" * 32]
+    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
+    h.dispatcher.index.reserve_many(keys, 4096, 1, 0)  # stored, without a copy
+    h.dispatcher.index.mark_layers_done(keys, 1)
+    h.send(3, Opcode.LOAD, _save_payload([5], hashes), 1, event_index=0)
+    answer = h.completions.try_get()
+    assert (answer.request_id, answer.status) == (3, Status.COPY_FAILED)
+    assert h.completions.try_get() is None
