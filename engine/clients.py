@@ -35,9 +35,9 @@ class ClientState:
         return self.num_layers * self.page_bytes
 
     @property
-    def saves_revoked(self) -> bool:
-        """The client stopped waiting for its saves: their blocks may hold other bytes now."""
-        return bool(self.view.saves_revoked[0])
+    def revoked(self) -> bool:
+        """The client stopped waiting for its copies: their blocks may belong to others now."""
+        return bool(self.view.revoked[0])
 
     @property
     def closed_by_client(self) -> bool:

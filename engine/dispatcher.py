@@ -226,6 +226,8 @@ class Dispatcher:
             raise _reject(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
         if not client.is_complete():
             raise _reject(Status.UNKNOWN_REGION, "register every layer's KV memory first")
+        if client.revoked:  # sent before the client gave up: its blocks may be someone else's
+            raise _reject(Status.BAD_ARGUMENT, "this client revoked its copies")
         split = num_items * BLOCK_ID.itemsize
         block_ids = payload[:split].view(BLOCK_ID).astype(np.int64)
         layer = rec.layer
@@ -251,8 +253,6 @@ class Dispatcher:
 
     def _save(self, client, rec, payload):
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
-        if client.saves_revoked:  # sent before the client gave up: its blocks may be reused
-            raise _reject(Status.BAD_ARGUMENT, "this client revoked its saves")
         per_layer = rec.layer == ALL_LAYERS  # then one event per layer, in layer order
         wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
@@ -389,10 +389,10 @@ class Dispatcher:
                 if pending.layer_mask & 1:
                     self.stats.add("blocks_loaded", len(keys))
             return
-        if error is None and pending.client.saves_revoked:
-            error = "the client revoked its saves"  # it may have reused the blocks meanwhile
+        if error is None and pending.client.revoked:
+            error = "the client revoked its copies"  # it may have reused the blocks meanwhile
             pending.error = pending.error or error
-            logger.warning("slot %d: %d blocks copied after the client revoked its saves: "
+            logger.warning("slot %d: %d blocks copied after the client revoked its copies: "
                            "not stored", pending.client.slot, len(keys))
         if error is not None:
             for key in keys:

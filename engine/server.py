@@ -132,6 +132,9 @@ class EngineServer:
                 if rec.opcode == _DETACH:
                     client.is_detached = True
                     self._retire(client)
+                    # its slot is freed by housekeeping: within housekeeping_s, not 2.5 s
+                    self._next_housekeeping = min(self._next_housekeeping,
+                                                  time.monotonic() + self.config.housekeeping_s)
             if client.backlog:
                 client.flush()
         return did_work

@@ -302,11 +302,12 @@ class EngineClient:
         if int(header["epoch"]) != self.epoch or int(header["is_stopping"]):
             raise EngineGoneError(f"engine {self.engine_name!r} is stopping or was restarted")
 
-    def revoke_saves(self) -> None:
-        """Give up on every SAVE of ours still running: whatever the engine copies after
-        this may already be bytes of reused blocks, so it stores none of it.  Call before
-        letting the saved blocks be reused without the SAVE's answer."""
-        self._view.saves_revoked[0] = 1
+    def revoke(self) -> None:
+        """Give up on every copy of ours not yet answered, before letting vLLM reuse their
+        blocks: the engine stores nothing it finishes copying from them after this, and
+        starts no SAVE or LOAD of ours still queued (it would read or overwrite blocks
+        that belong to someone else by then)."""
+        self._view.revoked[0] = 1
 
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""
@@ -358,14 +359,22 @@ class EngineClient:
         """DETACH (best effort within ``timeout_s``; skipped when ``detach`` is False) and unmap."""
         if self.is_closed:
             return
+        is_answered = False
         try:
             if detach:
                 self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, timeout_s))
+                is_answered = True
+        except CommandError as exc:  # answered, with an error: read all the same
+            is_answered = True
+            logger.info("detach from engine %r: %s", self.engine_name, exc)
         except PegaflowError as exc:
             logger.info("detach from engine %r: %s", self.engine_name, exc)
         self.is_closed = True
         if getattr(self, "_view", None) is not None:
-            self._view.client_closed[0] = 1  # no answer will be read: the engine may free the slot
+            if not is_answered:
+                # No DETACH answer will be read: say so, or the engine keeps the slot while
+                # we live.  Not after a read answer: the slot may already be someone else's.
+                self._view.client_closed[0] = 1
             self._view = None
         for segment in (self._ring_segment, self._control):
             if segment is not None:

@@ -49,8 +49,10 @@ if sys.byteorder != "little":
     raise ImportError("pegaflow's rings read their little-endian seq words as native integers")
 
 # x86 keeps stores in order and loads in order (TSO): a record written before its seq word
-# is seen before it.  Elsewhere (aarch64, e.g. Grace Hopper) a full fence goes between the
-# record and its seq word on both sides.
+# is seen before it.  Elsewhere (aarch64, e.g. Grace Hopper) ``fence()`` goes between the
+# record and its seq word on both sides; from Python that is a lock round trip (atomic
+# read-modify-writes), which orders in practice but is not formally a full fence there:
+# x86 is the platform these rings are tested on.
 WEAK_MEMORY_ORDER = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -70,7 +72,8 @@ _fence_acquire, _fence_release = _fence_lock.acquire, _fence_lock.release
 
 
 def fence() -> None:
-    """A full memory barrier (a locked instruction): orders our store before our next load."""
+    """A lock round trip: on x86 a locked instruction, a full barrier that orders our store
+    before our next load (see WEAK_MEMORY_ORDER for other CPUs)."""
     _fence_acquire()
     _fence_release()
 
@@ -426,5 +429,5 @@ class RingSegmentView:
             at = RING_HEADER.fields[name][1]
             return memoryview(raw[at:at + 4]).cast("I")
         self.client_sleeping = word("client_sleeping")
-        self.saves_revoked = word("saves_revoked")
+        self.revoked = word("revoked")
         self.client_closed = word("client_closed")

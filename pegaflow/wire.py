@@ -111,7 +111,7 @@ RING_HEADER = _dtype([
     ("arena_bytes", "<u8", 16),
     ("generation", "<u8", 24),
     ("client_sleeping", "<u4", 32),  # set while the client sleeps on its completion bell
-    ("saves_revoked", "<u4", 36),    # set by a client that stopped waiting for its saves
+    ("revoked", "<u4", 36),          # set by a client that stopped waiting for its copies
     ("client_closed", "<u4", 40),    # set by a client that unmapped its ring: it reads no more
 ], 64)
 
@@ -169,8 +169,8 @@ EVENT_HANDLE = _dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
 
 BLOCK_ID = np.dtype("<i4")
 
-# heartbeat_ns: the last housekeeping pass (every housekeeping_s while anything is
-# attached; an engine with nothing attached sleeps until rung, so it may be older).
+# heartbeat_ns: the last housekeeping pass (every housekeeping_s to 2.5 s while clients
+# are attached; an engine with nothing attached sleeps until rung, so it may be older).
 _STATS_COUNTERS = [
     "engine_pid", "start_ns", "heartbeat_ns",
     "commands", "errors",

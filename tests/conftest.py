@@ -202,7 +202,8 @@ def shared_engine(tmp_path_factory) -> EngineProcess:
     """One engine for a whole module; tests must use hashes no other test uses."""
     harness = EngineHarness(tmp_path_factory.mktemp("engine"))
     # A detached client's slot is freed at the engine's next housekeeping pass (about a
-    # second), so a module of quick tests needs more slots than are ever attached at once.
+    # second after a DETACH), so a module of quick tests needs more slots than are ever
+    # attached at once.
     yield harness.start(max_clients=64)
     harness.stop_all()
 

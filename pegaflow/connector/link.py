@@ -62,7 +62,7 @@ class EngineLink:
         if self._client is not None:
             # Whoever uses this link forgets its saves now and lets their blocks be reused:
             # the engine must store nothing it copies for us from here on.
-            self._client.revoke_saves()
+            self._client.revoke()
             # A live engine frees our slot (and whatever we left queued) on DETACH.
             self._client.close(detach=not isinstance(exc, EngineGoneError), timeout_s=DETACH_TIMEOUT_S)
             self._client = None

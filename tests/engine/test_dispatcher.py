@@ -422,7 +422,7 @@ def test_dispatcher_revoked_saves_store_nothing():
     h = _held_dispatcher()
     hashes = [b"r" * 32, b"s" * 32]
     h.send(1, Opcode.SAVE, _save_payload([3, 4], hashes), 2)
-    h.view.header["saves_revoked"] = 1
+    h.view.header["revoked"] = 1
     h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
     answer = h.completions.try_get()
     assert (answer.request_id, answer.status) == (1, Status.COPY_FAILED)
@@ -435,14 +435,20 @@ def test_dispatcher_revoked_saves_store_nothing():
     assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
 
 
-def test_dispatcher_client_that_revoked_its_saves_stores_nothing(shared_engine, kv_client, rng, make_hashes):
+def test_dispatcher_client_that_revoked_its_copies_gets_none_started(shared_engine, kv_client, rng,
+                                                                   make_hashes):
     kv = kv_client(shared_engine)
-    hashes = make_hashes(2)
-    kv.fill(rng, [0, 1])
-    # 1. The client revokes its saves through its ring segment; a SAVE after that is refused.
-    kv.client.revoke_saves()
+    stored, hashes = make_hashes(1), make_hashes(2)
+    kv.fill(rng, [0, 1, 2])
+    assert kv.save(NAMESPACE, [2], stored).is_ok
+    # 1. The client revokes its copies through its ring segment: a SAVE is refused...
+    kv.client.revoke()
     assert kv.save(NAMESPACE, [0, 1], hashes).status == Status.BAD_ARGUMENT
-    # 2. Nothing was stored, and the client still works for everything else.
+    # 2. ...and so is a LOAD: it would overwrite blocks vLLM may have given to others.
+    kv.pages[:, 3] = 0x77
+    assert kv.load(NAMESPACE, [3], stored).status == Status.BAD_ARGUMENT
+    assert (kv.pages[:, 3] == 0x77).all()
+    # 3. Nothing new was stored; the client still answers pings (it is about to detach).
     assert kv.num_hits(NAMESPACE, hashes) == 0
     assert kv.client.ping() == 0
 

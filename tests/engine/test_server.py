@@ -24,7 +24,7 @@ from engine.server import EngineServer
 from pegaflow import shm
 from pegaflow.client import EngineClient
 from pegaflow.errors import EngineGoneError, EngineNotRunningError, NoFreeSlotError, WireVersionError
-from pegaflow.wire import CONTROL_HEADER, SLOT, Opcode, SlotState, Status, encode_hashes
+from pegaflow.wire import CONTROL_HEADER, RING_HEADER, SLOT, Opcode, SlotState, Status, encode_hashes
 
 NAMESPACE = 0x5E7
 SIGTERM_EXIT_S = 5.0
@@ -245,6 +245,15 @@ def test_server_client_that_closed_its_ring_frees_its_slot(engine):
     client.close(detach=False)
     engine.wait_stats(lambda s: s["clients_attached"] == 0)
     assert slot_table(engine.name, 8)[client.slot][0] == SlotState.FREE
+    # 3. One whose DETACH was answered and read leaves the flag down: its slot may already
+    #    be another client's, whom the flag would get reclaimed.
+    client = engine.connect()
+    client.close()
+    ring = shm.attach_segment(shm.ipc_name(engine.name, f"ring.{client.slot}"))
+    try:
+        assert int(ring.array(RING_HEADER, 1)[0]["client_closed"]) == 0
+    finally:
+        ring.close()
 
 
 def test_server_all_slots_taken_raises_no_free_slot(engine_factory):

@@ -16,7 +16,7 @@ class StuckClient:
     def check_engine(self):
         pass
 
-    def revoke_saves(self):
+    def revoke(self):
         self.calls.append("revoke")
 
     def close(self, detach=True, timeout_s=2.0):
