@@ -24,7 +24,7 @@ from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningErro
                              NoFreeSlotError, PegaflowError, WireVersionError)
 from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
-                           SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
+                           RING_HEADER, SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
                            Status, encode_hashes)
 
 logger = logging.getLogger(__name__)
@@ -132,8 +132,50 @@ class EngineClient:
     @classmethod
     def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0) -> "EngineClient":
         client = cls(engine_name, timeout_s)
-        client._attach(timeout_s)
+        try:
+            client._attach(timeout_s)
+        except BaseException:
+            try:
+                client._abandon_attach()
+            except (PegaflowError, OSError) as exc:  # the attach's own error is the one to raise
+                logger.info("giving back slot %d of engine %r: %s", client.slot, engine_name, exc)
+            raise
         return client
+
+    def _abandon_attach(self) -> None:
+        """A failed attach gives its slot back: it would stay taken while we live."""
+        if not self.is_closed:
+            self.close(detach=False)  # ring mapped: client_closed tells the engine
+            return
+        if self.slot >= 0 and self._control is not None:
+            slots = None
+            lock = shm.attach_semaphore(shm.ipc_name(self.engine_name, "lock"))
+            try:
+                lock.acquire(CLAIM_LOCK_TIMEOUT_S)
+                try:
+                    num_slots = int(read_control_header(self._control)["num_slots"])
+                    slots = self._control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
+                    if int(slots["state"][self.slot]) == SlotState.CLAIMED and \
+                            int(slots["pid"][self.slot]) == os.getpid():
+                        slots["state"][self.slot] = SlotState.FREE  # never accepted
+                        slots = None
+                finally:
+                    lock.release()
+            except posix_ipc.BusyError:
+                logger.warning("slot %d of engine %r: control lock busy; the slot stays claimed",
+                               self.slot, self.engine_name)
+            finally:
+                lock.close()
+            if slots is not None and int(slots["state"][self.slot]) == SlotState.ACTIVE and \
+                    int(slots["pid"][self.slot]) == os.getpid():
+                ring = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
+                try:  # accepted after we gave up: the engine frees it once told we are gone
+                    ring.array(RING_HEADER, 1)["client_closed"] = 1
+                finally:
+                    ring.close()
+        if self._control is not None:
+            self._control.close()
+            self._control = None
 
     def _attach(self, timeout_s: float) -> None:
         self._control = shm.attach_segment(shm.ipc_name(self.engine_name, "control"))

@@ -256,6 +256,25 @@ def test_server_client_that_closed_its_ring_frees_its_slot(engine):
         ring.close()
 
 
+def test_server_connect_that_times_out_gives_its_slot_back(engine):
+    # 1. The engine is stopped, so it never accepts a claim: connect times out.
+    engine.wait_stats(lambda s: s["clients_attached"] == 0)
+    os.kill(engine.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(pegaflow.client.EngineTimeoutError):
+            EngineClient.connect(engine.name, timeout_s=0.3)
+        # 2. The claim was taken back: no slot is left CLAIMED under our pid.
+        assert all(state != SlotState.CLAIMED for state, _ in slot_table(engine.name, 8))
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)  # never leave a frozen engine to the teardown
+    # 3. The engine, running again, serves new clients and holds no stray slot.
+    client = engine.connect()
+    assert client.ping() == 0
+    client.close()
+    engine.wait_stats(lambda s: s["clients_attached"] == 0)
+    assert all(state == SlotState.FREE for state, _ in slot_table(engine.name, 8))
+
+
 def test_server_all_slots_taken_raises_no_free_slot(engine_factory):
     engine = engine_factory(max_clients=2)
     engine.wait_stats(lambda s: s["clients_attached"] == 0)
