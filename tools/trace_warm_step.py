@@ -3,9 +3,11 @@ the worker's step timeline (``pegaflow.connector.trace``) and the engine's LOAD 
 
     python tools/trace_warm_step.py [--load-mode layerwise|async] [--copy-backend auto|kernel|copy-engine]
 
-Prints, per request, the wall time and vLLM's scheduled -> first token; the timeline
-lines (one per loading step, logged when the next one ends) go to stderr with the rest of
-the logs.  Needs a GPU and vLLM.
+Prints, per request, the wall time and vLLM's scheduled -> first token (with both
+timestamps on time.monotonic, the clock of the timeline's start_load_kv stamp: their
+difference is the part of the step before the load could start); the timeline lines (one
+per loading step, logged when the next one ends) go to stderr with the rest of the logs.
+Needs a GPU and vLLM.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ def main() -> int:
                 out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
                 wall, m = (time.perf_counter() - t0) * 1e3, out[0].metrics
                 print(f"{label:<10} wall {wall:6.1f} ms   scheduled -> first token "
-                      f"{(m.first_token_ts - m.scheduled_ts) * 1e3:6.1f} ms", flush=True)
+                      f"{(m.first_token_ts - m.scheduled_ts) * 1e3:6.1f} ms   (monotonic: "
+                      f"scheduled {m.scheduled_ts:.6f}, first token {m.first_token_ts:.6f})",
+                      flush=True)
             time.sleep(0.5)  # saves land before the next pass
     finally:
         engine.stop()

@@ -32,7 +32,9 @@ class StepTrace:
             return
         self._step += 1
         self._cpu, self._gpu = [("start_load_kv", time.perf_counter())], {}
-        self._label = f"step {self._step}: {num_loads} load(s) of {num_blocks} blocks"
+        # time.monotonic is vLLM's clock for a request's scheduled_ts / first_token_ts
+        self._label = (f"step {self._step}: {num_loads} load(s) of {num_blocks} blocks, "
+                       f"start_load_kv at monotonic {time.monotonic():.6f}")
 
     def mark(self, name: str) -> None:
         if self.is_on:
