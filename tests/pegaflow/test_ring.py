@@ -9,7 +9,6 @@ payload sizes.  Every record a producer writes has all its fields derived from i
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ from pegaflow.errors import PayloadTooLargeError, RingEmptyError, RingFullError
 from pegaflow.ring import (ARENA_ALIGN, Doorbell, PayloadArena, RingConsumer, RingProducer,
                            reset_slots, wait_until)
 from pegaflow.wire import SUBMISSION
+from tests.spawn import start_child, stop_child
 
 MASK16, MASK32, MASK64 = 2**16 - 1, 2**32 - 1, 2**64 - 1
 FLAG_BYTES = 64  # a shared segment starts with the consumer's sleeping flag, then the slots
@@ -522,14 +522,9 @@ def ring_worker(conn) -> None:
 
 @pytest.fixture(scope="module")
 def worker():
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=ring_worker, args=(child,), daemon=True)
-    proc.start()
+    parent, proc = start_child(ring_worker)
     yield parent
-    parent.send(None)
-    proc.join(10)
-    assert proc.exitcode == 0
+    stop_child(parent, proc, 10)
 
 
 @st.composite

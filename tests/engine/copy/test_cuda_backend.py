@@ -11,7 +11,6 @@ Skipped where CUDA is absent.
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 import time
 
@@ -30,6 +29,7 @@ from pegaflow import shm  # noqa: E402
 from pegaflow.cuda.ipc import EventPool, export_allocation, region_record  # noqa: E402
 from pegaflow.host_memory import layer_records  # noqa: E402
 from pegaflow.wire import ALL_LAYERS  # noqa: E402
+from tests.spawn import start_child  # noqa: E402
 
 NUM_LAYERS, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD = 4, 64, 16, 2, 64
 PAGE_BYTES = BLOCK_SIZE * KV_HEADS * 2 * HEAD * 2  # K and V of one block, bf16: 8 KiB
@@ -94,10 +94,7 @@ def _client_command(pages, events: EventPool, side, name: str, *args):
 
 class KVOwner:
     def __init__(self, pad_bytes: int = 0, seed: int = 1) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_client_main, args=(child, pad_bytes, seed), daemon=True)
-        self.proc.start()
+        self.conn, self.proc = start_child(_client_main, pad_bytes, seed)
         self.exported, self.event_handles = self._recv()
 
     def _recv(self):
@@ -238,14 +235,21 @@ def test_cuda_backend_save_waits_for_client_event_saves_new_bytes(setup, rng, pa
     assert (entries[entry_ids, 2] == NEW_BYTE).all()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "copy-engine"])
-def test_cuda_backend_load_records_event_compute_reads_after_it(setup, rng, path):
-    owner, backend, entries = setup(path)
+def _stored_entries_and_poisoned_blocks(owner, entries, rng):
+    """(client blocks, pool entries) for a LOAD: random bytes in the entries, poison in the
+    blocks, so a read before the copy landed shows."""
     dst = rng.choice(NUM_BLOCKS, NUM_COPIED, replace=False)
     entry_ids = rng.choice(NUM_ENTRIES, NUM_COPIED, replace=False)
     entries[entry_ids] = rng.integers(0, 256, entries[entry_ids].shape, dtype=np.uint8)
     owner.call("poison", dst)
+    return dst, entry_ids
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["kernel", "copy-engine"])
+def test_cuda_backend_load_records_event_compute_reads_after_it(setup, rng, path):
+    owner, backend, entries = setup(path)
+    dst, entry_ids = _stored_entries_and_poisoned_blocks(owner, entries, rng)
     # 1. Hold the LOAD ~0.2 s: its copy first waits for a late client event (0), then
     #    records event 4 after layer 1's copy.
     owner.call("sleep_then_record", 0)
@@ -262,10 +266,7 @@ def test_cuda_backend_load_records_event_compute_reads_after_it(setup, rng, path
 @pytest.mark.parametrize("path", ["kernel", "copy-engine"])
 def test_cuda_backend_all_layers_load_events_each_layer_in_order(setup, rng, path):
     owner, backend, entries = setup(path)
-    dst = rng.choice(NUM_BLOCKS, NUM_COPIED, replace=False)
-    entry_ids = rng.choice(NUM_ENTRIES, NUM_COPIED, replace=False)
-    entries[entry_ids] = rng.integers(0, 256, entries[entry_ids].shape, dtype=np.uint8)
-    owner.call("poison", dst)
+    dst, entry_ids = _stored_entries_and_poisoned_blocks(owner, entries, rng)
     # One LOAD of every layer records events 2..5, one per layer; each layer reads right.
     load = _op(Direction.LOAD, dst, entry_ids, record_events=2)
     backend.submit(load)

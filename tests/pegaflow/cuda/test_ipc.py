@@ -6,7 +6,6 @@ engine and uses only ``pegaflow.cuda.driver``.  Skipped where CUDA is absent.
 
 from __future__ import annotations
 
-import multiprocessing
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ pytest.importorskip("cuda.bindings")
 from pegaflow import wire  # noqa: E402
 from pegaflow.cuda import driver  # noqa: E402
 from pegaflow.cuda.ipc import EventPool, export_allocation  # noqa: E402
+from tests.spawn import start_child, stop_child  # noqa: E402
 
 PAD_BYTES = (1 << 20) + 4096
 NUM_BYTES = 1 << 20
@@ -47,14 +47,9 @@ def _engine_side(conn) -> None:
 @pytest.fixture
 def engine_side():
     """A spawned opener process and the pipe to it."""
-    ctx = multiprocessing.get_context("spawn")
-    conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_engine_side, args=(child,), daemon=True)
-    proc.start()
+    conn, proc = start_child(_engine_side)
     yield conn
-    conn.send(None)
-    proc.join(TIMEOUT_S)
-    assert proc.exitcode == 0
+    stop_child(conn, proc, TIMEOUT_S)
 
 
 def _recv(conn):
