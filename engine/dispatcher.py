@@ -79,10 +79,6 @@ def chunk_bounds(num_items: int):
         yield start, num_items
 
 
-def _reject(status: Status, message: str) -> CommandError:
-    return CommandError(status, message)
-
-
 class Dispatcher:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter):
         self.index = index
@@ -108,14 +104,14 @@ class Dispatcher:
             self.gauges_stale = True
         try:
             if rec.version != WIRE_VERSION:
-                raise _reject(Status.BAD_VERSION, f"wire version {rec.version}")
+                raise CommandError(Status.BAD_VERSION, f"wire version {rec.version}")
             handler = self._handlers.get(opcode)
             if handler is None:
-                raise _reject(Status.BAD_OPCODE, f"unknown opcode {opcode}")
+                raise CommandError(Status.BAD_OPCODE, f"unknown opcode {opcode}")
             if not client.is_attached and opcode != _ATTACH:
-                raise _reject(Status.NOT_ATTACHED, "ATTACH first")
+                raise CommandError(Status.NOT_ATTACHED, "ATTACH first")
             if payload is None:
-                raise _reject(Status.BAD_PAYLOAD, f"payload [{rec.payload_offset}, "
+                raise CommandError(Status.BAD_PAYLOAD, f"payload [{rec.payload_offset}, "
                                                   f"+{rec.payload_bytes}) past the arena")
             status, values = handler(client, rec, payload)
         except CommandError as exc:
@@ -188,7 +184,7 @@ class Dispatcher:
 
     def _unregister(self, client, rec, payload):
         if client.num_inflight:
-            raise _reject(Status.BAD_ARGUMENT, "copies still in flight")
+            raise CommandError(Status.BAD_ARGUMENT, "copies still in flight")
         self.release_client(client)
         return Status.OK, (0, 0, 0)
 
@@ -201,13 +197,13 @@ class Dispatcher:
     def _keys(self, rec, records: np.ndarray) -> list[Key]:
         namespace = rec.namespace
         if (records["length"] == 0).any() or (records["length"] > 32).any():
-            raise _reject(Status.BAD_PAYLOAD, "a hash record has a bad length")
+            raise CommandError(Status.BAD_PAYLOAD, "a hash record has a bad length")
         return [(namespace, key) for key in hash_keys(records)]
 
     def _lookup(self, client, rec, payload):
         num_items = rec.num_items
         if len(payload) != num_items * HASH.itemsize:
-            raise _reject(Status.BAD_PAYLOAD, "LOOKUP wants num_items hash records")
+            raise CommandError(Status.BAD_PAYLOAD, "LOOKUP wants num_items hash records")
         num_hits, lease_id = self.index.lookup(client.slot, self._keys(rec, payload.view(HASH)))
         self.stats.add("lookups")
         self.stats.add("lookup_blocks", num_items)
@@ -216,18 +212,18 @@ class Dispatcher:
 
     def _release(self, client, rec, payload):
         if not self.index.release(rec.arg):
-            raise _reject(Status.UNKNOWN_LEASE, f"no lease {rec.arg}")
+            raise CommandError(Status.UNKNOWN_LEASE, f"no lease {rec.arg}")
         return Status.OK, (0, 0, 0)
 
     def _blocks(self, client: ClientState, rec, payload: np.ndarray):
         """Validated (block ids, keys, layer placements, layer mask) of a SAVE or LOAD."""
         num_items = rec.num_items
         if len(payload) != num_items * (BLOCK_ID.itemsize + HASH.itemsize):
-            raise _reject(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
+            raise CommandError(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
         if not client.is_complete():
-            raise _reject(Status.UNKNOWN_REGION, "register every layer's KV memory first")
+            raise CommandError(Status.UNKNOWN_REGION, "register every layer's KV memory first")
         if client.revoked:  # sent before the client gave up: its blocks may be someone else's
-            raise _reject(Status.BAD_ARGUMENT, "this client revoked its copies")
+            raise CommandError(Status.BAD_ARGUMENT, "this client revoked its copies")
         split = num_items * BLOCK_ID.itemsize
         block_ids = payload[:split].view(BLOCK_ID).astype(np.int64)
         layer = rec.layer
@@ -236,10 +232,10 @@ class Dispatcher:
         elif layer in client.layers:
             placements = [client.layers[layer]]
         else:
-            raise _reject(Status.BAD_ARGUMENT, f"layer {layer} is not registered")
+            raise CommandError(Status.BAD_ARGUMENT, f"layer {layer} is not registered")
         limit = min(client.region_blocks[p.region_id] for p in placements)
         if num_items and (block_ids.min() < 0 or block_ids.max() >= limit):
-            raise _reject(Status.BLOCK_OUT_OF_RANGE, f"block ids must lie in [0, {limit})")
+            raise CommandError(Status.BLOCK_OUT_OF_RANGE, f"block ids must lie in [0, {limit})")
         mask = sum(1 << p.layer for p in placements)
         return block_ids, self._keys(rec, payload[split:].view(HASH)), placements, mask
 
@@ -248,7 +244,7 @@ class Dispatcher:
         if index == NO_EVENT:
             return None
         if index + count > client.num_events:
-            raise _reject(Status.BAD_ARGUMENT, f"event {index}+{count} outside the client's pool")
+            raise CommandError(Status.BAD_ARGUMENT, f"event {index}+{count} outside the client's pool")
         return index
 
     def _save(self, client, rec, payload):
@@ -297,9 +293,9 @@ class Dispatcher:
         entries = [self.index.get_ready(key) for key in keys]
         missing = sum(entry is None for entry in entries)
         if missing:
-            raise _reject(Status.MISSING_BLOCK, f"{missing} of {len(keys)} blocks are not stored")
+            raise CommandError(Status.MISSING_BLOCK, f"{missing} of {len(keys)} blocks are not stored")
         if any(entry.entry_bytes != client.entry_bytes for entry in entries):
-            raise _reject(Status.BAD_ARGUMENT, "stored blocks have another geometry")
+            raise CommandError(Status.BAD_ARGUMENT, "stored blocks have another geometry")
         lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
         pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,
                               len(placements) * client.page_bytes, lease_id=lease_id)

@@ -14,9 +14,6 @@ class LruPolicy:
     def __init__(self) -> None:
         self._order: OrderedDict[Hashable, None] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._order)
-
     def insert(self, key: Hashable) -> None:
         self._order[key] = None
         self._order.move_to_end(key)

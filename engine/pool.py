@@ -26,7 +26,6 @@ class PagePool:
     def __init__(self, pool_bytes: int, slab_bytes: int):
         if slab_bytes > pool_bytes:
             raise ConfigError(f"slab of {slab_bytes} bytes exceeds the {pool_bytes}-byte pool")
-        self.pool_bytes = pool_bytes
         self.slab_bytes = slab_bytes
         self.num_slabs = pool_bytes // slab_bytes
         self._free_slabs = list(range(self.num_slabs - 1, -1, -1))

@@ -22,23 +22,19 @@ logger = logging.getLogger(__name__)
 MAX_LAYERS = 1024
 
 
-def _reject(status: Status, message: str) -> CommandError:
-    return CommandError(status, message)
-
-
 def register_region(client: ClientState, rec, payload: np.ndarray, backend: CopyBackend,
                     pool: PagePool) -> None:
     """REGISTER: check a region's geometry, open its memory, record where each layer lives."""
     num_layers = rec.num_items
     if len(payload) != REGION.itemsize + num_layers * LAYER.itemsize or not 0 < num_layers <= MAX_LAYERS:
-        raise _reject(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
+        raise CommandError(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
     region = payload[:REGION.itemsize].view(REGION)[0]
     layers = payload[REGION.itemsize:].view(LAYER)
     page_bytes = _check_region(client, region, layers, pool)
     try:
         backend.register_region(client.slot, rec.region_id, region)
     except PegaflowError as exc:
-        raise _reject(Status.BAD_ARGUMENT, f"cannot open region: {exc}") from exc
+        raise CommandError(Status.BAD_ARGUMENT, f"cannot open region: {exc}") from exc
     client.page_bytes = page_bytes
     client.region_blocks[rec.region_id] = int(region["num_blocks"])
     for layer in layers:
@@ -53,21 +49,21 @@ def _check_region(client: ClientState, region: np.void, layers: np.ndarray, pool
     page, num_blocks = int(region["page_bytes"]), int(region["num_blocks"])
     limit = int(region["alloc_bytes"]) - int(region["base_offset"])
     if page <= 0 or num_blocks <= 0 or limit <= 0:
-        raise _reject(Status.BAD_ARGUMENT, "region needs positive page size, blocks and bytes")
+        raise CommandError(Status.BAD_ARGUMENT, "region needs positive page size, blocks and bytes")
     if client.page_bytes and page != client.page_bytes:
-        raise _reject(Status.BAD_ARGUMENT, f"page size {page} != {client.page_bytes} registered")
+        raise CommandError(Status.BAD_ARGUMENT, f"page size {page} != {client.page_bytes} registered")
     offsets, strides = layers["offset_bytes"], layers["block_stride_bytes"]
     last = offsets + (num_blocks - 1) * strides + page
     if (offsets < 0).any() or (strides < page).any() or (last > limit).any():
-        raise _reject(Status.BAD_ARGUMENT, "a layer's pages overlap or fall outside the region")
+        raise CommandError(Status.BAD_ARGUMENT, "a layer's pages overlap or fall outside the region")
     if (layers["layer"] >= MAX_LAYERS).any() or len(np.unique(layers["layer"])) != len(layers):
-        raise _reject(Status.BAD_ARGUMENT, "layer indices repeat or exceed the maximum")
+        raise CommandError(Status.BAD_ARGUMENT, "layer indices repeat or exceed the maximum")
     if any(int(i) in client.layers for i in layers["layer"]):
-        raise _reject(Status.BAD_ARGUMENT, "a layer is already registered")
+        raise CommandError(Status.BAD_ARGUMENT, "a layer is already registered")
     try:
         pool.check_entry_bytes(page * (len(client.layers) + len(layers)))
     except ConfigError as exc:
-        raise _reject(Status.BAD_ARGUMENT, str(exc)) from exc
+        raise CommandError(Status.BAD_ARGUMENT, str(exc)) from exc
     return page
 
 
@@ -75,9 +71,9 @@ def register_events(client: ClientState, rec, payload: np.ndarray, backend: Copy
     """REGISTER_EVENTS: open the client's pool of IPC events."""
     num_events = rec.num_items
     if len(payload) != num_events * EVENT_HANDLE.itemsize:
-        raise _reject(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
+        raise CommandError(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
     try:
         backend.register_events(client.slot, payload.view(EVENT_HANDLE))
     except PegaflowError as exc:
-        raise _reject(Status.BAD_ARGUMENT, f"cannot open events: {exc}") from exc
+        raise CommandError(Status.BAD_ARGUMENT, f"cannot open events: {exc}") from exc
     client.num_events = num_events

@@ -46,14 +46,15 @@ class EngineServer:
     def __init__(self, config: EngineConfig, backend: CopyBackend | None = None):
         self.config = config
         self.segments = EngineSegments(config)
-        try:
+        try:  # a failed start leaves nothing behind in /dev/shm
+            pool = PagePool(config.pool_bytes, config.slab_bytes)
             self.backend = backend or make_backend(config.backend, config.copy_backend)
             self.backend.attach_pool(self.segments.pool)
         except BaseException:
             self.segments.unlink_all()
             raise
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1))
-        self.index = BlockIndex(PagePool(config.pool_bytes, config.slab_bytes), config.lease_ttl_s)
+        self.index = BlockIndex(pool, config.lease_ttl_s)
         self.stats.set("pool_bytes_total", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}
@@ -129,8 +130,7 @@ class EngineServer:
                 # Only now may the client reuse the slot and the payload bytes (copied
                 # above): handing them back after the answer keeps it off the answer's path.
                 submissions.release()
-                if rec.opcode == _DETACH:
-                    client.is_detached = True
+                if rec.opcode == _DETACH and client.is_detached:  # accepted, not refused
                     self._retire(client)
                     # its slot is freed by housekeeping: within housekeeping_s, not 2.5 s
                     self._next_housekeeping = min(self._next_housekeeping,
@@ -166,10 +166,14 @@ class EngineServer:
         if client.num_inflight or client.pending_detach or not (
                 force or client.closed_by_client or (is_read and not client.backlog)):
             return
+        self._drop(client)
+        logger.info("client slot %d (pid %d) detached", client.slot, client.pid)
+
+    def _drop(self, client: ClientState) -> None:
+        """Free the slot of a client whose memory, leases and blocks are already released."""
         self.clients.pop(client.slot, None)
         self.segments.free_slot(client.slot)
         self._clients_changed()
-        logger.info("client slot %d (pid %d) detached", client.slot, client.pid)
 
     def _clients_changed(self) -> None:
         self._attached = tuple(self.clients.values())
@@ -197,9 +201,7 @@ class EngineServer:
                        client.slot, client.pid, why)
         self.dispatcher.release_client(client)
         client.backlog.clear()
-        self.clients.pop(client.slot, None)
-        self.segments.free_slot(client.slot)
-        self._clients_changed()
+        self._drop(client)
 
     def shutdown(self) -> None:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""

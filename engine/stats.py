@@ -38,9 +38,6 @@ class StatsWriter:
     def set(self, name: str, value: int) -> None:
         self._words[self._at[name]] = value
 
-    def get(self, name: str) -> int:
-        return self._words[self._at[name]]
-
     def set_gauges(self, pool_bytes_used: int, pool_blocks_used: int, leases_active: int,
                    evictions: int, lease_expiries: int) -> None:
         """The block index's gauges (refreshed before every answer)."""

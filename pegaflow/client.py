@@ -127,6 +127,7 @@ class EngineClient:
         self.engine_pid = 0
         self._control: shm.Segment | None = None
         self._ring_segment: shm.Segment | None = None
+        self._view: RingSegmentView | None = None
         self.is_closed = True
 
     @classmethod
@@ -357,15 +358,14 @@ class EngineClient:
 
     def lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> LookupResult:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = self.wait(self.submit_lookup(namespace, hashes), timeout_s)
-        if not done.is_ok:
-            raise CommandError(done.status, f"LOOKUP failed: {getattr(done.status, 'name', done.status)}")
+        done = _checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s),
+                                                 timeout_s))
         return LookupResult(done.value, done.value2)
 
-    def submit_lookup(self, namespace: int, hashes) -> int:
+    def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> int:
         records = _records(hashes)
         return self.submit(Opcode.LOOKUP, payload=[records], num_items=len(records),
-                           namespace=namespace)
+                           namespace=namespace, timeout_s=timeout_s)
 
     def release(self, lease_id: int) -> int:
         """End a lease; returns the request id to wait on."""
@@ -412,12 +412,13 @@ class EngineClient:
         except PegaflowError as exc:
             logger.info("detach from engine %r: %s", self.engine_name, exc)
         self.is_closed = True
-        if getattr(self, "_view", None) is not None:
-            if not is_answered:
-                # No DETACH answer will be read: say so, or the engine keeps the slot while
-                # we live.  Not after a read answer: the slot may already be someone else's.
-                self._view.client_closed[0] = 1
-            self._view = None
+        if not is_answered:
+            # No DETACH answer will be read: say so, or the engine keeps the slot while we
+            # live.  Not after a read answer: the slot may already be someone else's.
+            self._view.client_closed[0] = 1
+        self._view = None
+        for bell in (self._own_bell, self._producer.doorbell):
+            bell.sem.close()
         for segment in (self._ring_segment, self._control):
             if segment is not None:
                 segment.close()

@@ -1,8 +1,8 @@
 """The one error hierarchy of pegaflow.
 
-Every failure a caller can act on has its own type; the engine turns each into a
-``Status`` code on the wire (see ``pegaflow.wire``) and the client turns the code back
-into the same type, so both sides of the ring speak of one error by one name.
+Every failure a caller can act on has its own type.  A command the engine refuses comes
+back as a ``Status`` code on the wire (see ``pegaflow.wire``), which the client raises as
+``CommandError`` carrying that status.
 """
 
 
@@ -68,10 +68,6 @@ class CommandError(PegaflowError):
 
 class LayoutError(PegaflowError, ValueError):
     """A KV cache tensor's layout cannot be described as contiguous pages."""
-
-
-class PoolFullError(PegaflowError):
-    """The pool has no free page and nothing is evictable."""
 
 
 class CudaError(PegaflowError):

@@ -21,7 +21,7 @@ class HostKVBuffer:
         self.segment = shm.create_segment(self.name, num_bytes)
         self.num_bytes = num_bytes
         self.data = self.segment.array(np.uint8, num_bytes)
-        register_live(self)
+        _LIVE[self.name] = self  # found by address when vLLM hands us its tensors
 
     def region_record(self, num_blocks: int, page_bytes: int, num_layers: int,
                       base_offset: int = 0) -> np.ndarray:
@@ -47,10 +47,6 @@ def layer_records(layers: list[int], offsets: list[int], strides: list[int]) -> 
 
 
 _LIVE: dict[str, "HostKVBuffer"] = {}
-
-
-def register_live(buffer: "HostKVBuffer") -> None:
-    _LIVE[buffer.name] = buffer
 
 
 def find_buffer(address: int, num_bytes: int) -> tuple["HostKVBuffer", int] | None:

@@ -164,11 +164,11 @@ class _RingView:
     def __init__(self, slots: np.ndarray):
         self.slots = slots
         self.num_slots = len(slots)
-        self.itemsize = slots.dtype.itemsize
-        assert slots.dtype.fields["seq"][1] == 0 and self.itemsize % 8 == 0, "seq must lead"
+        itemsize = slots.dtype.itemsize
+        assert slots.dtype.fields["seq"][1] == 0 and itemsize % 8 == 0, "seq must lead"
         self.buf = memoryview(slots.view(np.uint8).reshape(-1))
         self.words = self.buf.cast("Q")
-        self.stride = self.itemsize // 8
+        self.stride = itemsize // 8
         self.packer = _struct_of(slots.dtype)
         # tuple.__new__ straight away: the named tuple's _make, less its length check
         # (unpack_from always yields every field).
@@ -176,9 +176,6 @@ class _RingView:
 
     def seq(self, index: int) -> int:
         return self.words[index * self.stride]
-
-    def set_seq(self, index: int, value: int) -> None:
-        self.words[index * self.stride] = value
 
 
 class RingProducer(_RingView):
@@ -276,23 +273,17 @@ class RingConsumer(_RingView):
     def try_get_values(self) -> tuple | None:
         """``try_get`` as a plain tuple in field order (for a caller that builds its own
         object from it: no named tuple in between)."""
+        if self.words[self._at] != self._ready:
+            return None
         return self.get_values(0.0)
 
     def get_values(self, deadline: float) -> tuple | None:
-        """``try_get_values``, waiting for a record until ``deadline`` (spin on the seq
-        word for the doorbell's spin time, then sleep on the doorbell); None after it."""
+        """``try_get_values``, waiting for a record until ``deadline`` (see ``wait``); None
+        after it."""
         at, ready = self._at, self._ready
         words = self.words
-        if words[at] != ready:
-            monotonic = time.monotonic
-            spin_end = min(deadline, monotonic() + self.doorbell.spin_s)
-            while words[at] != ready:
-                if monotonic() >= spin_end:
-                    if deadline <= spin_end:  # the deadline came while spinning
-                        return None
-                    if not sleep_until(self.is_ready, self.doorbell, deadline):
-                        return None
-                    break
+        if words[at] != ready and not self.wait(deadline):
+            return None
         if WEAK_MEMORY_ORDER:
             fence()  # the seq word before the record it publishes
         values = self.packer.unpack_from(self.buf, at * 8)
@@ -325,15 +316,6 @@ class RingConsumer(_RingView):
             if not self.wait(deadline):
                 raise RingEmptyError(f"nothing arrived within {timeout_s:.3f}s")
         return record
-
-
-def wait_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
-    """Spin on ``is_ready`` for the doorbell's spin time, then sleep on it until ``deadline``."""
-    spin_end = min(deadline, time.monotonic() + doorbell.spin_s)
-    while time.monotonic() < spin_end:
-        if is_ready():
-            return True
-    return sleep_until(is_ready, doorbell, deadline)
 
 
 def sleep_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from engine.copy.base import CopyBackend
+
+logger = logging.getLogger(__name__)
 
 
 def detect_cuda() -> bool:
@@ -10,9 +14,11 @@ def detect_cuda() -> bool:
     try:
         from cuda.bindings import driver
         err, = driver.cuInit(0)
-    except (ImportError, RuntimeError, OSError):  # no cuda-python, or no driver library (libcuda)
+    except (ImportError, RuntimeError, OSError) as exc:  # no cuda-python, or no libcuda
+        logger.info("no usable CUDA driver (%s: %s)", type(exc).__name__, exc)
         return False
     if err != driver.CUresult.CUDA_SUCCESS:
+        logger.info("no usable CUDA driver (cuInit: %s)", err.name)
         return False
     err, count = driver.cuDeviceGetCount()
     return err == driver.CUresult.CUDA_SUCCESS and count > 0

@@ -17,10 +17,10 @@ import numpy as np
 from cuda.bindings import driver, nvrtc
 
 from pegaflow.errors import CudaError
+from pegaflow.wire import IPC_HANDLE_BYTES
 
 logger = logging.getLogger(__name__)
 
-IPC_HANDLE_BYTES = 64
 _primary: dict[int, driver.CUcontext] = {}
 _initialized = False
 
@@ -47,10 +47,6 @@ def init() -> None:
         raise CudaError(f"CUDA driver not loadable: {exc}") from exc
     _initialized = True
 
-
-def device_count() -> int:
-    init()
-    return check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
 
 
 def device_name(device: int) -> str:
@@ -335,7 +331,3 @@ def destroy_event(event) -> None:
 def destroy_stream(stream) -> None:
     check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 
-
-def memcpy(dst: int, src: int, size: int) -> None:
-    """Synchronous copy between any two addresses (unified addressing infers the kinds)."""
-    check(driver.cuMemcpy(dst, src, size), "cuMemcpy")

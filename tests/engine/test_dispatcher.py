@@ -493,3 +493,18 @@ def test_dispatcher_fenced_load_refused_at_submit_is_not_answered_ok():
     answer = h.completions.try_get()
     assert (answer.request_id, answer.status) == (3, Status.COPY_FAILED)
     assert h.completions.try_get() is None
+
+
+def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client, rng, make_hashes):
+    kv = kv_client(engine)
+    hashes = make_hashes(1)
+    kv.fill(rng, [0])
+    assert kv.save(NAMESPACE, [0], hashes).is_ok
+    # 1. A DETACH of another wire version is refused: it changes nothing.
+    request_id = kv.submit_raw(opcode=Opcode.DETACH, version=99)
+    assert int(kv.take_raw(request_id)["status"]) == Status.BAD_VERSION
+    # 2. After a housekeeping pass the client still holds its slot and its memory: a LOAD works.
+    engine.fresh_stats()
+    assert engine.stats()["clients_attached"] == 1
+    found = kv.client.lookup(NAMESPACE, hashes)
+    assert kv.load(NAMESPACE, [1], hashes, lease_id=found.lease_id).is_ok

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pegaflow.client
@@ -401,7 +402,7 @@ def inprocess_engine():
     assert shm_entries(name) == []
 
 
-def test_server_payload_is_read_before_the_client_may_reuse_its_bytes(inprocess_engine, kv_client, rng,
+def test_server_payload_is_copied_before_it_is_handled(inprocess_engine, kv_client, rng,
                                                                       make_hashes, monkeypatch):
     server = inprocess_engine
     kv = kv_client(server.config)
@@ -410,16 +411,17 @@ def test_server_payload_is_read_before_the_client_may_reuse_its_bytes(inprocess_
     assert kv.save(NAMESPACE, range(64), hashes[:64]).value == 64
     assert kv.save(NAMESPACE, range(16), hashes[64:]).value == 16
     # 1. When the engine starts handling a LOOKUP, the client (here, in the engine's
-    #    thread, at exactly that moment) reuses every arena byte it may reuse.
+    #    thread, at exactly that moment) writes other hashes over the command's payload.
+    #    A client may not, but the engine must not depend on it: it handles its own copy.
     original_handle = server.dispatcher.handle
     overwritten = []
 
     def handle_after_client_reuse(client, rec, *rest):
         if rec["opcode"] == Opcode.LOOKUP and rec["namespace"] == NAMESPACE and not overwritten:
-            offset = kv.client._arena.try_alloc(rec["payload_bytes"])
-            if offset is not None:
-                kv.client._arena.write(offset, [encode_hashes(make_hashes(80))])
-            overwritten.append(offset)
+            start = rec["payload_offset"]
+            kv.client._view.arena[start:start + rec["payload_bytes"]] = \
+                encode_hashes(make_hashes(80)).view(np.uint8)
+            overwritten.append(start)
         return original_handle(client, rec, *rest)
 
     monkeypatch.setattr(server.dispatcher, "handle", handle_after_client_reuse)

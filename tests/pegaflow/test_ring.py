@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from pegaflow import shm
 from pegaflow.errors import PayloadTooLargeError, RingEmptyError, RingFullError
 from pegaflow.ring import (ARENA_ALIGN, Doorbell, PayloadArena, RingConsumer, RingProducer,
-                           reset_slots, wait_until)
+                           reset_slots)
 from pegaflow.wire import SUBMISSION
 from tests.spawn import start_child, stop_child
 
@@ -452,7 +452,7 @@ def peek(consumer: RingConsumer, timeout_s: float):
     """The next record without handing its slot back, waiting up to ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while (record := consumer.try_peek()) is None:
-        if not wait_until(consumer.is_ready, consumer.doorbell, deadline):
+        if not consumer.wait(deadline):
             raise RingEmptyError(f"nothing arrived within {timeout_s}s")
     return record
 
@@ -614,6 +614,7 @@ def test_ring_with_weak_memory_order_fences_still_delivers_in_order(monkeypatch)
         else:
             values = consumer.get_values(time.monotonic() + 1.0)
             if values is not None:
+                assert is_consistent(consumer.make(values))
                 got.append(values[1])
     thread.join(10.0)
     assert got == list(range(count))

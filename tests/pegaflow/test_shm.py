@@ -154,7 +154,7 @@ def test_shm_attach_segment_not_yet_sized_raises_typed_error(seg_name):
     raw.close_fd()
     # 2. Attaching fails with a pegaflow error a caller can catch and retry on, not a
     #    bare ValueError from mmap.
-    with pytest.raises(PegaflowError):
+    with pytest.raises(EngineNotRunningError, match="not initialised"):
         shm.attach_segment(seg_name)
 
 
@@ -165,7 +165,7 @@ def test_shm_client_connect_to_a_starting_engine_raises_typed_error():
     try:
         shm.create_segment(control, 4096).close()
         # 2. A client attaching now gets a pegaflow error (retry-able), nothing else.
-        with pytest.raises(PegaflowError):
+        with pytest.raises(EngineNotRunningError, match="still starting"):
             EngineClient.connect(name, timeout_s=1.0)
     finally:
         shm.unlink_segment(control)
