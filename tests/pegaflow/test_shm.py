@@ -12,7 +12,7 @@ import pytest
 
 from pegaflow import shm
 from pegaflow.client import EngineClient
-from pegaflow.errors import ConfigError, EngineNotRunningError, PegaflowError, ShmError
+from pegaflow.errors import ConfigError, EngineNotRunningError, ShmError
 
 _counter = itertools.count()
 
