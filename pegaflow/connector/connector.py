@@ -24,25 +24,25 @@ from pegaflow.connector.metadata import PegaConnectorMetadata
 from pegaflow.connector.namespace import kv_fields, rank_namespace
 from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.connector.worker import WorkerSide
-from pegaflow.errors import LayoutError
+from pegaflow.errors import ConfigError, LayoutError
 
 logger = logging.getLogger(__name__)
 
 
-def _tp_rank() -> int:
+def _rank(group: str, size: int) -> int:
+    """This worker's rank in vLLM's ``group`` ("tp" or "pp") of ``size`` ranks.  Without
+    distributed state only a group of one may assume rank 0: two ranks sharing a namespace
+    would be served each other's KV."""
     try:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-        return get_tensor_model_parallel_rank()
-    except (AssertionError, ImportError):  # no distributed state: a single process
-        return 0
-
-
-def _pp_rank() -> int:
-    try:
-        from vllm.distributed.parallel_state import get_pp_group
-        return get_pp_group().rank_in_group
-    except (AssertionError, ImportError):
-        return 0
+        from vllm.distributed import parallel_state
+        if group == "tp":
+            return parallel_state.get_tensor_model_parallel_rank()
+        return parallel_state.get_pp_group().rank_in_group
+    except (AssertionError, ImportError) as exc:
+        if size == 1:
+            return 0
+        raise ConfigError(f"pegaflow: cannot read this worker's {group} rank "
+                          f"({size} ranks): {exc!r}") from exc
 
 
 def _tensor_info(name: str, tensor) -> TensorInfo:
@@ -58,6 +58,7 @@ class PegaKVConnector(KVConnectorBase_V1):
         block_size = vllm_config.cache_config.block_size
         base = kv_fields(vllm_config, kv_cache_config)
         tp_size = vllm_config.parallel_config.tensor_parallel_size
+        pp_size = vllm_config.parallel_config.pipeline_parallel_size
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -66,11 +67,10 @@ class PegaKVConnector(KVConnectorBase_V1):
                             "setting kv_load_failure_policy to 'recompute'")
                 transfer.kv_load_failure_policy = "recompute"
             # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank.
-            pp_size = vllm_config.parallel_config.pipeline_parallel_size
             namespaces = [rank_namespace(base, tp, pp) for pp in range(pp_size) for tp in range(tp_size)]
             self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size)
         else:
-            tp_rank, pp_rank = _tp_rank(), _pp_rank()
+            tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
             self._worker = WorkerSide(self.pega_config, rank_namespace(base, tp_rank, pp_rank),
                                       pp_rank * tp_size + tp_rank, kv_cache_config.num_blocks)
         logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s",

@@ -27,9 +27,6 @@ class HostMemory:
         buffer, offset = found
         return buffer.name, offset, buffer.region_record(0, 0, 0)
 
-    def current_stream(self) -> int:
-        return 0
-
     def create_events(self, num_events: int) -> None:
         """Host copies are synchronous: no events."""
 

@@ -58,7 +58,6 @@ class SchedulerSide:
         self.requests: dict[str, RequestState] = {}
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
-        self.num_lookup_timeouts = 0
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -127,15 +126,19 @@ class SchedulerSide:
     def _lookup_late(self, state: RequestState, client, deadline: float) -> bool:
         if time.monotonic() < deadline:
             return False
-        self.num_lookup_timeouts += 1
         logger.debug("pegaflow: lookup for %s missed its %.0f ms deadline",
                      state.request.request_id, self.config.lookup_timeout_ms)
-        self._release(tuple(a.value2 for a in state.lookup.answers.values()))
-        for request_id in state.lookup.request_ids:
-            if request_id not in state.lookup.answers:
-                client.abandon(request_id)
-        state.lookup = None
+        self._drop_lookup(state, client)
         return True
+
+    def _drop_lookup(self, state: RequestState, client) -> None:
+        """Give back the leases of the lookup in flight and stop waiting for its other
+        answers (``client`` None: the connection it went out on is gone)."""
+        lookup, state.lookup = state.lookup, None
+        self._release(tuple(a.value2 for a in lookup.answers.values()))
+        for request_id in lookup.request_ids if client is not None else ():
+            if request_id not in lookup.answers:
+                client.abandon(request_id)
 
     def _release_orphans(self, client) -> None:
         """Leases of lookups answered after their deadline: give them back."""
@@ -162,13 +165,7 @@ class SchedulerSide:
         state.lease_ids = ()
         if state.lookup is not None:
             client = self.link.client()
-            if client is not state.lookup.client:
-                client = None
-            self._release(tuple(a.value2 for a in state.lookup.answers.values()))
-            for request_id in state.lookup.request_ids if client is not None else ():
-                if request_id not in state.lookup.answers:
-                    client.abandon(request_id)
-            state.lookup = None
+            self._drop_lookup(state, client if client is state.lookup.client else None)
         if state.pending_load is not None:
             self._release(state.pending_load.lease_ids)
             state.pending_load = None

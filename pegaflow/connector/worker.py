@@ -53,7 +53,6 @@ class WorkerSide:
         self._async_loads: dict[int, tuple[LoadSpec, float]] = {}  # request id -> (spec, sent at)
         self._finished_recving: set[str] = set()
         self._load_errors: set[int] = set()
-        self._save_payload = None
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
         self._failed_load_reqs: set[str] = set()
@@ -61,7 +60,6 @@ class WorkerSide:
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
-        self.num_saves_dropped = 0
         self.trace = StepTrace()
 
     # -- memory ---------------------------------------------------------------------------
@@ -112,7 +110,6 @@ class WorkerSide:
 
     def bind(self, meta: PegaConnectorMetadata) -> None:
         self._meta = meta
-        self._save_payload = None
         self._saved_layers = set()
         self._is_save_sent = False
         self._failed_load_reqs: set[str] = set()
@@ -162,17 +159,15 @@ class WorkerSide:
             self._wait_step_loads()
         if not self.memory.has_events:
             return
-        stream = None
+        layers = self.virtual.get(layer_name, ())
+        events = [self._load_event_base(slot) + v for _, _, slot in self._step_loads
+                  if slot is not None for v in layers]
+        if not events:
+            return
         try:
-            for _, _, slot in self._step_loads:
-                if slot is None:
-                    continue
-                stream = stream or self.memory.current_stream()
-                base = self._load_event_base(slot)
-                for v in self.virtual.get(layer_name, ()):
-                    self.memory.events.wait(base + v, stream)
-            if stream is not None:
-                self.trace.layer_ready(stream)
+            stream = self.memory.current_stream()
+            self.memory.events.wait(events, stream)
+            self.trace.layer_ready(stream)
         except PegaflowError as exc:  # unfenced data must not be used: vLLM recomputes it
             logger.error("pegaflow: cannot fence this step's loads (%s); reporting them failed", exc)
             for _, spec, _ in self._step_loads:
@@ -182,6 +177,8 @@ class WorkerSide:
     def _wait_step_loads(self) -> None:
         """The engine accepted (cuda) or finished (host) each of this step's loads."""
         self._loads_waited = True
+        if not self._step_loads:
+            return  # nothing to wait for: no reconnect attempt inside vLLM's forward
         client, ok = self.link.client(), []
         deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
         for request_id, spec, slot in self._step_loads:
@@ -210,14 +207,6 @@ class WorkerSide:
 
     # -- saves ----------------------------------------------------------------------------
 
-    def _payload(self):
-        if self._save_payload is None:
-            saves = [s for s in self._meta.saves if s.req_id not in self._failed_load_reqs]
-            ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
-            records = encode_hashes([h for s in saves for h in s.hashes])
-            self._save_payload = (ids, records, tuple(s.req_id for s in saves))
-        return self._save_payload
-
     def save_kv_layer(self, layer_name: str) -> None:
         """Mark the layer's KV written (cuda: an event on vLLM's stream, one per engine layer);
         the step's one SAVE goes out from ``wait_for_save``."""
@@ -226,9 +215,7 @@ class WorkerSide:
             return
         if self.memory.has_events:
             try:
-                stream = self.memory.current_stream()
-                for v in self.virtual[layer_name]:
-                    self.memory.events.record(v, stream)
+                self.memory.events.record(self.virtual[layer_name], self.memory.current_stream())
             except PegaflowError as exc:
                 logger.error("pegaflow: cannot fence layer %s for saving (%s); this step's "
                              "saves are dropped", layer_name, exc)
@@ -247,20 +234,20 @@ class WorkerSide:
         if self._saved_layers != self.save_layers:
             missing = len(self.save_layers) - len(self._saved_layers)
             logger.warning("pegaflow: %d layers were not written this step; its saves are dropped", missing)
-            self.num_saves_dropped += 1
             return
         client = self.link.client()
         if client is None:
-            self.num_saves_dropped += 1
             return
-        ids, records, req_ids = self._payload()
-        if not req_ids:
+        saves = [s for s in meta.saves if s.req_id not in self._failed_load_reqs]
+        if not saves:
             return
+        ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
+        records = encode_hashes([h for s in saves for h in s.hashes])
+        req_ids = tuple(s.req_id for s in saves)
         event = 0 if self.memory.has_events else NO_EVENT
         try:
             request_id = client.submit_save(self.namespace, ids, records, event_index=event)
         except PegaflowError as exc:
-            self.num_saves_dropped += 1
             self.link.fail(exc)
             self._forget_saves()
             return
@@ -286,7 +273,7 @@ class WorkerSide:
                 client.check_engine()
             for request_id in list(self._save_cmds):
                 if (done := client.try_take(request_id)) is not None:
-                    self._save_done(request_id, done.is_ok)
+                    self._save_done(request_id, done)
             for request_id, (spec, started) in list(self._async_loads.items()):
                 done = client.try_take(request_id)
                 if done is None and started > expired:
@@ -303,9 +290,10 @@ class WorkerSide:
             self.link.fail(exc)
             self._collect()
 
-    def _save_done(self, request_id: int, is_ok: bool) -> None:
-        if not is_ok:
-            self.num_saves_dropped += 1
+    def _save_done(self, request_id: int, done) -> None:
+        if not done.is_ok:
+            logger.debug("pegaflow: a save was answered %s; those blocks stay uncached",
+                         getattr(done.status, "name", done.status))
         for req_id in self._save_cmds.pop(request_id):
             self._pending_saves[req_id] -= 1
             if self._pending_saves[req_id] <= 0:

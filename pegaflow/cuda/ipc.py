@@ -65,15 +65,18 @@ class EventPool:
             raw[i] = np.frombuffer(driver.ipc_event_handle(event), dtype=np.uint8)
         return records
 
-    def record(self, index: int, stream: int) -> None:
-        """Record event ``index`` on ``stream`` (e.g. after a layer's KV is written)."""
+    def record(self, indices, stream: int) -> None:
+        """Record each event of ``indices`` on ``stream`` (e.g. after a layer's KV is written)."""
         driver.ensure_context(self.device)
-        driver.record(self._events[index], stream)
+        for index in indices:
+            driver.record(self._events[index], stream)
 
-    def wait(self, index: int, stream: int) -> None:
-        """Make ``stream`` wait, on the GPU, for the last issued record of event ``index``."""
+    def wait(self, indices, stream: int) -> None:
+        """Make ``stream`` wait, on the GPU, for the last issued record of each event of
+        ``indices``."""
         driver.ensure_context(self.device)
-        driver.wait(stream, self._events[index])
+        for index in indices:
+            driver.wait(stream, self._events[index])
 
     def query(self, index: int) -> bool:
         """True once the work before the last record of event ``index`` is done."""

@@ -76,15 +76,15 @@ def _client_command(pages, events: EventPool, side, name: str, *args):
         layer, event = args
         torch.cuda._sleep(SLEEP_CYCLES)
         pages[layer].fill_(NEW_BYTE)
-        events.record(event, current.cuda_stream)
+        events.record([event], current.cuda_stream)
         return None
     if name == "sleep_then_record":
         torch.cuda._sleep(SLEEP_CYCLES)
-        events.record(args[0], current.cuda_stream)
+        events.record([args[0]], current.cuda_stream)
         return None
     if name == "wait_then_read":  # a "compute" stream that reads after the event only
         layer, block_ids, event = args
-        events.wait(event, side.cuda_stream)
+        events.wait([event], side.cuda_stream)
         with torch.cuda.stream(side):
             out = pages[layer, torch.as_tensor(block_ids, device="cuda")].clone()
         side.synchronize()
@@ -321,7 +321,7 @@ def test_engine_process_cuda_backend_round_trip_byte_exact(engine_factory, rng, 
         assert loaded.is_ok
         stream = torch.cuda.current_stream()
         for layer in range(NUM_LAYERS):
-            events.wait(layer, stream.cuda_stream)
+            events.wait([layer], stream.cuda_stream)
         got = pages[:, torch.as_tensor(dst, device="cuda")].cpu().numpy()
         assert np.array_equal(got, expected)
     finally:
