@@ -69,7 +69,9 @@ def bench_zmq(iters: int, transport: str) -> tuple[float, float]:
     ready = mp.get_context("spawn").Event()
     server = mp.get_context("spawn").Process(target=_zmq_server, args=(address, ready))
     server.start()
-    ready.wait(30)
+    if not ready.wait(30):
+        server.kill()
+        raise RuntimeError("the ZMQ server process did not start within 30 s")
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.connect(address)
 
@@ -78,7 +80,8 @@ def bench_zmq(iters: int, transport: str) -> tuple[float, float]:
         pickle.loads(sock.recv())
     try:
         return _percentiles(_time_calls(call, iters, iters // 10))
-    finally:
+    finally:  # the timing is over: from here every wait has a deadline
+        sock.setsockopt(zmq.RCVTIMEO, 10_000)
         sock.send(pickle.dumps("stop"))
         sock.recv()
         server.join(10)

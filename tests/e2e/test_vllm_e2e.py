@@ -70,8 +70,10 @@ def _flatten(result: dict) -> list:
 
 def _max_logprob_diff(a: list, b: list) -> float:
     worst = 0.0
+    assert len(a) == len(b), "a different number of outputs"
     for x, y in zip(a, b):
         assert x["tokens"] == y["tokens"], "greedy tokens differ"
+        assert len(x["logprobs"]) == len(y["logprobs"]), "a different number of logprob steps"
         for sx, sy in zip(x["logprobs"], y["logprobs"]):
             assert sx.keys() == sy.keys(), "top-5 token sets differ"
             worst = max(worst, max(abs(sx[k] - sy[k]) for k in sx))
@@ -126,12 +128,15 @@ def test_e2e_engine_gone_still_exact(reference, tmp_path):
     # 1. An engine serves A, then dies (SIGKILL) before B runs: B must recompute everything.
     proc = EngineProcess(f"e2ek{os.getpid()}", backend="cuda", pool_size="4GiB", start_timeout_s=120)
     name = proc.name
-    _run(tmp_path, "A", [[x] for x in prompts["base"]], name)
-    proc.proc.kill()
-    proc.proc.wait()
     try:
+        _run(tmp_path, "A", [[x] for x in prompts["base"]], name)
+        proc.proc.kill()
+        proc.proc.wait()
         result = _run(tmp_path, "B", _b_batches(prompts), name, "--no-prefix-caching")
     finally:
+        if proc.proc.poll() is None:  # run A failed: the engine still runs
+            proc.proc.kill()
+            proc.proc.wait()
         # 2. A new engine of that name removes what the killed one left in /dev/shm.
         EngineProcess(name, backend="cuda", pool_size="64MiB", start_timeout_s=120).stop()
     assert result["external_hit_tokens"] == 0

@@ -337,7 +337,11 @@ def test_connector_abort_during_async_load_after_preemption_keeps_vllm_consisten
 def test_connector_reconnects_when_the_engine_comes_back():
     name = f"conn{os.getpid()}_r{os.urandom(2).hex()}"
     first_engine = EngineProcess(name)  # its leftovers are removed by the second one
-    vllm = VllmInstance(name, extra={"reconnect_interval_s": 0.2})
+    try:
+        vllm = VllmInstance(name, extra={"reconnect_interval_s": 0.2})
+    except BaseException:
+        first_engine.stop()
+        raise
     try:
         # 1. The engine dies: the running vLLM misses and keeps serving.
         first_engine.proc.kill()
