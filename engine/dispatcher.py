@@ -294,7 +294,8 @@ class Dispatcher:
         missing = sum(entry is None for entry in entries)
         if missing:
             raise CommandError(Status.MISSING_BLOCK, f"{missing} of {len(keys)} blocks are not stored")
-        if any(entry.entry_bytes != client.entry_bytes for entry in entries):
+        entry_bytes = client.entry_bytes
+        if any(entry.entry_bytes != entry_bytes for entry in entries):
             raise CommandError(Status.BAD_ARGUMENT, "stored blocks have another geometry")
         lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
         pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,

@@ -19,7 +19,7 @@ import posix_ipc
 
 from engine.config import EngineConfig
 from pegaflow import shm
-from pegaflow.client import is_pid_alive
+from pegaflow.shm import is_pid_alive
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,

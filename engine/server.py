@@ -27,7 +27,7 @@ from engine.index import BlockIndex
 from engine.pool import PagePool
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
-from pegaflow.client import is_pid_alive
+from pegaflow.shm import is_pid_alive
 from pegaflow.ring import Doorbell, RingConsumer, RingProducer, sleep_until
 from pegaflow.wire import STATS, Opcode, SlotState, Status
 

@@ -20,6 +20,7 @@ import numpy as np
 import posix_ipc
 
 from pegaflow import shm
+from pegaflow.shm import is_pid_alive
 from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
                              NoFreeSlotError, PegaflowError, WireVersionError)
 from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
@@ -94,21 +95,6 @@ def read_control_header(segment: shm.Segment) -> np.void:
             f"(fingerprint {int(header['fingerprint']):#x}); this client speaks "
             f"{WIRE_VERSION} ({FINGERPRINT:#x}): run a matching pegaflow on both sides")
     return header
-
-
-def is_pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 class EngineClient:

@@ -123,3 +123,18 @@ def unlink_semaphore(name: str) -> bool:
 def private_buffer_name(what: str) -> str:
     """A fresh name for a segment a client creates for itself (host-backend KV memory)."""
     return f"/pegaflow.{os.getuid()}.{what}.{os.getpid()}.{os.urandom(4).hex()}"
+
+
+def is_pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (FileNotFoundError, IndexError):
+        return False

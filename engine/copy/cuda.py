@@ -368,8 +368,8 @@ class CudaBackend(CopyBackend):
             dev.kernel.launch(stream, ids, ids + 8 * n, n, client_base, client_stride,
                               pool_base, op.page_bytes, to_pool)
             return
-        client = op.block_ids.astype(np.int64) * client_stride + client_base
-        pool = op.entry_offsets.astype(np.int64) + pool_base
+        client = op.block_ids * client_stride + client_base  # int64 (CopyOp), no copy first
+        pool = op.entry_offsets + pool_base
         dst, src = (pool, client) if to_pool else (client, pool)
         driver.memcpy_batch_async(dst, src, op.page_bytes, stream)
 
