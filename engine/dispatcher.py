@@ -19,8 +19,9 @@ range, ...) is answered with its status and changes nothing.
 from __future__ import annotations
 
 import itertools
-import time
 import logging
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,29 +255,47 @@ class Dispatcher:
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
                               len(placements) * client.page_bytes)
         ids = block_ids.tolist()
-        for start, end in chunk_bounds(len(keys)):
-            chosen_ids, chosen_keys, offsets = [], [], []
-            chunk_keys = keys[start:end]
-            entries = self.index.reserve_many(chunk_keys, client.entry_bytes, client.num_layers,
-                                              client.slot)
-            for block_id, key, entry in zip(ids[start:end], chunk_keys, entries):
-                if entry is None:
-                    pending.num_dropped += 1
-                elif not mask & ~(entry.done_mask | entry.pending_mask):
-                    pending.num_deduped += 1  # stored, or on its way from another save
-                else:
-                    entry.pending_mask |= mask
-                    chosen_ids.append(block_id)
-                    chosen_keys.append(key)
-                    offsets.append(entry.offset)
-            if chosen_keys:
-                self._submit(pending, chosen_keys, CopyOp(
-                    0, Direction.SAVE, client.slot, placements, client.page_bytes,
-                    np.array(chosen_ids, np.int64), np.array(offsets, np.int64),
-                    wait_event=wait_event, wait_per_layer=per_layer))
+        with self._answered_on_fault(pending):
+            for start, end in chunk_bounds(len(keys)):
+                self._save_chunk(pending, ids[start:end], keys[start:end], placements,
+                                 wait_event, per_layer)
         self.stats.add("save_dedup_blocks", pending.num_deduped)
         self.stats.add("save_dropped_blocks", pending.num_dropped)
         return self._seal(pending)
+
+    def _save_chunk(self, pending: PendingCopy, ids: list[int], keys: list[Key], placements,
+                    wait_event: int | None, per_layer: bool) -> None:
+        client, mask = pending.client, pending.layer_mask
+        chosen_ids, chosen_keys, offsets = [], [], []
+        entries = self.index.reserve_many(keys, client.entry_bytes, client.num_layers, client.slot)
+        for block_id, key, entry in zip(ids, keys, entries):
+            if entry is None:
+                pending.num_dropped += 1
+            elif not mask & ~(entry.done_mask | entry.pending_mask):
+                pending.num_deduped += 1  # stored, or on its way from another save
+            else:
+                entry.pending_mask |= mask
+                chosen_ids.append(block_id)
+                chosen_keys.append(key)
+                offsets.append(entry.offset)
+        if chosen_keys:
+            self._submit(pending, chosen_keys, CopyOp(
+                0, Direction.SAVE, client.slot, placements, client.page_bytes,
+                np.array(chosen_ids, np.int64), np.array(offsets, np.int64),
+                wait_event=wait_event, wait_per_layer=per_layer))
+
+    @contextmanager
+    def _answered_on_fault(self, pending: PendingCopy):
+        """A fault (a bug) in the middle of a SAVE or LOAD: the server answers the command
+        INTERNAL; the chunks already in flight finish their bookkeeping without a second
+        answer, and the command's leases and marks are given back."""
+        try:
+            yield
+        except BaseException:
+            pending.error = pending.error or "internal error"
+            pending.is_answered = True
+            self._seal(pending)
+            raise
 
     def _load(self, client, rec, payload):
         try:
@@ -305,9 +324,10 @@ class Dispatcher:
         self.index.pin(keys)
         planned = time.perf_counter()
         if keys:
-            self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
-                                               client.page_bytes, block_ids, offsets,
-                                               record_events=record_events))
+            with self._answered_on_fault(pending):
+                self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
+                                                   client.page_bytes, block_ids, offsets,
+                                                   record_events=record_events))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("slot %d: LOAD of %d blocks x %d layers: planned in %.2f ms, issued in "
                          "%.2f ms", client.slot, len(keys), len(placements),
@@ -332,6 +352,9 @@ class Dispatcher:
                 logger.error("slot %d: %s of %d blocks failed to start: %s", pending.client.slot,
                              pending.opcode.name, len(keys), exc)
                 pending.error = str(exc)
+            except BaseException:
+                self._finish_chunk(pending, keys, "internal error")  # unpin / unmark, then raise
+                raise
         if pending.error is not None:
             self._finish_chunk(pending, keys, pending.error)
             return
@@ -367,7 +390,8 @@ class Dispatcher:
             self.index.release(pending.lease_id)
         if pending.is_answered:
             if pending.error:
-                logger.error("slot %d: fenced LOAD failed after issue: %s", pending.client.slot, pending.error)
+                logger.error("slot %d: %s failed after it was answered: %s", pending.client.slot,
+                             pending.opcode.name, pending.error)
             return
         status = Status.OK if pending.error is None else Status.COPY_FAILED
         self.update_gauges()

@@ -61,6 +61,7 @@ _TOUCH_STRIDE = 4096
 _PROBE_BYTES = 64 << 20
 _PROBE_MAX_PAGES = 8192
 _PROBE_RUNS = 3
+CLOSE_WAIT_S = 2.0  # after the server's own drain
 _COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
 
@@ -271,12 +272,21 @@ class CudaBackend(CopyBackend):
     def num_inflight(self) -> int:
         return len(self._inflight) + len(self._ready)
 
-    def close(self) -> None:
-        for f in self._inflight:
-            driver.use_device(f.device)
-            driver.synchronize_event(f.done)
-            self._release(f)
-        self._inflight = []
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Release every mapping once no copy runs.  Copies still running after ``wait_s``
+        (they wait on client GPU work that never ends) keep everything mapped: unmapping
+        memory under a running copy could fault the device, and the process exit tears
+        the contexts down anyway."""
+        deadline = time.monotonic() + wait_s
+        while self._inflight:
+            self.poll()
+            if self._inflight and time.monotonic() >= deadline:
+                logger.error("%d copies still running on the GPU after %.1f s (they wait on client "
+                             "GPU work that never finished): leaving the pool and client memory "
+                             "mapped", len(self._inflight), wait_s)
+                return
+            time.sleep(1e-3)
+        self._ready = []
         for slot in {k[0] for k in self._regions} | set(self._event_handles):
             self.unregister_client(slot)
         self._staging.close()

@@ -19,7 +19,8 @@ import pegaflow.client
 from engine.dispatcher import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
 from pegaflow.errors import CommandError
 from pegaflow.host_memory import HostKVBuffer, layer_records
-from pegaflow.wire import BLOCK_ID, HASH, HASH_BYTES, Opcode, Status, encode_hashes, hash_keys
+from pegaflow.wire import (BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes,
+                           hash_keys)
 
 NAMESPACE = 0x7E57
 OTHER_NAMESPACE = 0x7E58
@@ -372,10 +373,11 @@ def _held_dispatcher(refuse: bool = False):
                             StatsWriter(np.zeros(1, STATS)))
     make = record_type(SUBMISSION)
 
-    def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0, event_index=NO_EVENT):
+    def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0, event_index=NO_EVENT,
+             flags=0, arg=0):
         view.arena[:payload.nbytes] = payload.view(np.uint8)
-        rec = make(0, request_id, opcode, 0, ALL_LAYERS, 0, num_items, event_index, 7, 0,
-                   payload.nbytes, WIRE_VERSION, 0)
+        rec = make(0, request_id, opcode, flags, ALL_LAYERS, 0, num_items, event_index, 7, 0,
+                   payload.nbytes, WIRE_VERSION, arg)
         dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
 
     return SimpleNamespace(dispatcher=dispatcher, client=client, backend=backend, view=view,
@@ -508,3 +510,61 @@ def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client,
     assert engine.stats()["clients_attached"] == 1
     found = kv.client.lookup(NAMESPACE, hashes)
     assert kv.load(NAMESPACE, [1], hashes, lease_id=found.lease_id).is_ok
+
+
+def test_dispatcher_fault_in_the_middle_of_a_save_leaves_no_marks(monkeypatch):
+    # 1. Chunks of 2 blocks; the backend takes the first chunk and fails (a bug, not a
+    #    refusal) on the second.
+    from engine.copy.base import CopyDone
+    import engine.dispatcher
+    monkeypatch.setattr(engine.dispatcher, "FIRST_CHUNK", 2)
+    h = _held_dispatcher()
+    submit = h.backend.submit
+
+    def failing_submit(op):
+        if h.backend.held:
+            raise RuntimeError("backend bug")
+        submit(op)
+
+    monkeypatch.setattr(h.backend, "submit", failing_submit)
+    hashes = [bytes([65 + i]) * 32 for i in range(6)]
+    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
+    # 2. The fault reaches the caller (the server answers the command INTERNAL).
+    with pytest.raises(RuntimeError, match="backend bug"):
+        h.send(1, Opcode.SAVE, _save_payload(range(6), hashes), 6)
+    # 3. The failed chunk's entries are gone (not left "on their way"), the third chunk was
+    #    never reserved; the first chunk's copy is still in flight.
+    index = h.dispatcher.index
+    assert [k in index.entries for k in keys] == [True, True, False, False, False, False]
+    assert h.client.num_inflight == 1
+    # 4. It ends: its blocks are stored, and no second answer is written for the command.
+    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+    assert h.completions.try_get() is None
+    assert [index.get_ready(k) is not None for k in keys[:2]] == [True, True]
+    assert h.client.num_inflight == 0 and h.dispatcher.pending == {}
+    # 5. The blocks of the failed chunk can be saved again: they are not deduped.
+    monkeypatch.setattr(h.backend, "submit", submit)
+    _stored(h, 2, [2, 3], hashes[2:4])
+    assert [index.get_ready(k) is not None for k in keys[2:4]] == [True, True]
+
+
+def test_dispatcher_fault_at_load_submit_unpins_and_releases_the_lease(monkeypatch):
+    # 1. Two blocks stored and looked up (a lease pins them); the backend fails at the LOAD.
+    h = _held_dispatcher()
+    hashes = [b"u" * 32, b"v" * 32]
+    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
+    _stored(h, 1, [1, 2], hashes)
+    num_hits, lease_id = h.dispatcher.index.lookup(0, keys)
+    assert num_hits == 2 and lease_id
+
+    def failing_submit(op):
+        raise RuntimeError("backend bug")
+
+    monkeypatch.setattr(h.backend, "submit", failing_submit)
+    with pytest.raises(RuntimeError, match="backend bug"):
+        h.send(2, Opcode.LOAD, _save_payload([5, 6], hashes), 2, flags=CommandFlag.RELEASE_LEASE,
+               arg=lease_id)
+    # 2. Nothing stays pinned, the lease is gone, and no answer was written by the dispatcher.
+    assert [h.dispatcher.index.entries[k].refs for k in keys] == [0, 0]
+    assert lease_id not in h.dispatcher.index.leases
+    assert h.completions.try_get() is None and h.client.num_inflight == 0
