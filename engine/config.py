@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from engine.copy.base import PATHS as COPY_PATHS
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
 
@@ -46,8 +47,8 @@ class EngineConfig:
             raise ConfigError(f"--slab-size must be positive, got {self.slab_bytes}")
         if self.backend not in ("auto", "cuda", "host"):
             raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
-        if self.copy_backend not in ("auto", "kernel", "copy-engine"):
-            raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose auto, kernel or copy-engine")
+        if self.copy_backend not in COPY_PATHS:
+            raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose {', '.join(COPY_PATHS)}")
         if not 1 <= self.num_slots <= 4096 or self.ring_slots < 2 or self.arena_bytes < 4096:
             raise ConfigError("--max-clients, --ring-slots and --arena-size are out of range")
         if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pool allocation unit per block size; clamped to the pool size (default %(default)s)")
     p.add_argument("--backend", choices=["auto", "cuda", "host"], default=_env("BACKEND", d.backend),
                    help="auto: cuda when a GPU is present, else host (default %(default)s)")
-    p.add_argument("--copy-backend", choices=["auto", "kernel", "copy-engine"],
+    p.add_argument("--copy-backend", choices=COPY_PATHS,
                    default=_env("COPY_BACKEND", d.copy_backend),
                    help="cuda copy path; auto picks by page size (default %(default)s)")
     p.add_argument("--max-clients", type=int, default=_env_number("MAX_CLIENTS", d.num_slots, int),

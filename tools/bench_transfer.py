@@ -37,7 +37,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
-from engine.copy.cuda import CudaBackend, prefault  # noqa: E402
+from engine.copy.cuda import CudaBackend  # noqa: E402
+from engine.copy.cuda_device import prefault  # noqa: E402
 from pegaflow import shm  # noqa: E402
 from pegaflow.cuda import driver  # noqa: E402
 

@@ -23,6 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 
+KERNEL = "kernel"            # a gather/scatter kernel per layer (SMs)
+COPY_ENGINE = "copy-engine"  # cuMemcpyBatchAsync per layer (DMA, no SMs)
+AUTO = "auto"                # chosen per page size and direction by a measurement
+PATHS = (AUTO, KERNEL, COPY_ENGINE)
+
+
 class Direction(enum.IntEnum):
     SAVE = 1  # client (GPU) pages -> pool
     LOAD = 2  # pool -> client (GPU) pages

@@ -40,27 +40,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
-from engine.copy.kernels import CopyKernel, StagingRing, is_aligned
+from engine.copy.base import AUTO, COPY_ENGINE, KERNEL, PATHS, CopyBackend, CopyDone, CopyOp, Direction
+from engine.copy.cuda_device import MAPPINGS, Device, prefault
+from engine.copy.kernels import StagingRing, is_aligned
+from engine.copy.probe import measure_paths
 from pegaflow.cuda import driver
 from pegaflow.errors import CommandError, ConfigError, CudaError
 from pegaflow.wire import RegionKind, Status
 
 logger = logging.getLogger(__name__)
 
-KERNEL = "kernel"
-COPY_ENGINE = "copy-engine"
-AUTO = "auto"
-PATHS = (AUTO, KERNEL, COPY_ENGINE)
-_TOUCH_STRIDE = 4096
-_PROBE_BYTES = 64 << 20
-_PROBE_MAX_PAGES = 8192
-_PROBE_RUNS = 3
 CLOSE_WAIT_S = 2.0  # after the server's own drain
 _COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
@@ -84,75 +77,6 @@ class _Inflight:
     done: object = None
 
 
-class _IpcMappings:
-    """Each client allocation is opened once per process and device, shared by count
-    (a second ``cuIpcOpenMemHandle`` of one allocation in one context fails)."""
-
-    def __init__(self) -> None:
-        self._open: dict[tuple[int, bytes], list[int]] = {}  # -> [address, references]
-
-    def acquire(self, device: int, handle: bytes) -> int:
-        entry = self._open.get((device, handle))
-        if entry is None:
-            entry = self._open[(device, handle)] = [driver.open_ipc_mem(handle), 0]
-        entry[1] += 1
-        return entry[0]
-
-    def release(self, device: int, handle: bytes) -> None:
-        entry = self._open[(device, handle)]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self._open[(device, handle)]
-            driver.close_ipc_mem(entry[0])
-
-
-_MAPPINGS = _IpcMappings()
-
-
-class _Device:
-    """One GPU: its primary context, layer streams, compiled kernel and idle events."""
-
-    def __init__(self, device: int, num_ctas: int) -> None:
-        self.device = device
-        driver.use_device(device)
-        self.kernel = CopyKernel(device, num_ctas)
-        self.streams: dict[tuple[int, Direction], object] = {}
-        self.idle_events: list = []
-        self.save_chain: list = []  # events of the latest SAVE layer copies, oldest first
-        self.paths: dict[tuple[int, Direction], str] = {}
-        self.pool_base = 0
-
-    def stream(self, layer: int, direction: Direction):
-        stream = self.streams.get((layer, direction))
-        if stream is None:
-            stream = self.streams[(layer, direction)] = driver.create_stream(low_priority=True)
-        return stream
-
-    def event(self):
-        return self.idle_events.pop() if self.idle_events else driver.create_event()
-
-    def close(self) -> None:
-        driver.use_device(self.device)
-        for stream in self.streams.values():
-            driver.destroy_stream(stream)
-        for event in self.idle_events:
-            driver.destroy_event(event)
-        self.kernel.close()
-
-
-def prefault(segment, num_threads: int) -> None:
-    """Fault every page of ``segment`` in, in parallel, without changing a byte."""
-    view = segment.array(np.uint8, segment.size)
-    chunk = -(-segment.size // num_threads // _TOUCH_STRIDE) * _TOUCH_STRIDE or _TOUCH_STRIDE
-
-    def touch(start: int) -> None:
-        part = view[start:start + chunk:_TOUCH_STRIDE]
-        np.bitwise_or(part, 0, out=part)
-
-    with ThreadPoolExecutor(num_threads) as pool:
-        list(pool.map(touch, range(0, segment.size, chunk)))
-
-
 class CudaBackend(CopyBackend):
     name = "cuda"
 
@@ -168,7 +92,7 @@ class CudaBackend(CopyBackend):
         self.num_ctas = num_ctas
         self.layers_in_flight = layers_in_flight
         self.touch_threads = touch_threads or min(16, os.cpu_count() or 1)
-        self._devices: dict[int, _Device] = {}
+        self._devices: dict[int, Device] = {}
         self._default_device = device
         self._pool: tuple[int, int] | None = None  # (host address, size)
         self._device(device)
@@ -180,10 +104,10 @@ class CudaBackend(CopyBackend):
         self._ready: list[CopyDone] = []
         self.probes: list[dict] = []  # what ``auto`` measured and chose, for tools and logs
 
-    def _device(self, device: int) -> _Device:
+    def _device(self, device: int) -> Device:
         dev = self._devices.get(device)
         if dev is None:
-            dev = self._devices[device] = _Device(device, self.num_ctas)
+            dev = self._devices[device] = Device(device, self.num_ctas)
             if self._pool is not None:
                 dev.pool_base = driver.host_device_pointer(self._pool[0])
         driver.use_device(device)
@@ -214,7 +138,7 @@ class CudaBackend(CopyBackend):
             raise CudaError(f"region offset {base_offset} is past its allocation ({alloc_bytes})")
         dev = self._device(int(region["device"]))
         handle = region["handle"].tobytes()
-        address = _MAPPINGS.acquire(dev.device, handle)
+        address = MAPPINGS.acquire(dev.device, handle)
         self._drop_region((slot, region_id))
         self._regions[(slot, region_id)] = _Region(dev.device, handle, address + base_offset,
                                                    alloc_bytes - base_offset)
@@ -302,7 +226,7 @@ class CudaBackend(CopyBackend):
         region = self._regions.pop(key, None)
         if region is not None:
             driver.use_device(region.device)
-            _MAPPINGS.release(region.device, region.handle)
+            MAPPINGS.release(region.device, region.handle)
 
     def _open_events(self, slot: int, device: int) -> list:
         handles = self._event_handles.get(slot)
@@ -338,7 +262,7 @@ class CudaBackend(CopyBackend):
             raise
         self._inflight.append(inflight)
 
-    def _issue(self, dev: _Device, op: CopyOp, regions: list[_Region], path: str,
+    def _issue(self, dev: Device, op: CopyOp, regions: list[_Region], path: str,
                f: _Inflight) -> None:
         events = self._open_events(op.slot, dev.device)
         driver.use_device(dev.device)
@@ -370,7 +294,7 @@ class CudaBackend(CopyBackend):
         f.events.append(f.done)
         driver.record(f.done, last)
 
-    def _copy(self, dev: _Device, path: str, stream, op: CopyOp, client_base: int,
+    def _copy(self, dev: Device, path: str, stream, op: CopyOp, client_base: int,
               client_stride: int, pool_base: int, to_pool: bool, staging: list | None) -> None:
         if path == KERNEL:
             n = len(op.block_ids)
@@ -453,7 +377,7 @@ class CudaBackend(CopyBackend):
             raise CommandError(Status.BAD_ARGUMENT,
                                f"events {op.record_events}+{len(op.layers)} of {count}")
 
-    def _path(self, dev: _Device, op: CopyOp, regions: list[_Region]) -> str:
+    def _path(self, dev: Device, op: CopyOp, regions: list[_Region]) -> str:
         path = self.copy_backend
         if path == AUTO and op.record_events is not None:
             path = KERNEL  # issued in one launch per layer: the client's wait starts sooner
@@ -466,20 +390,25 @@ class CudaBackend(CopyBackend):
         return path
 
     @staticmethod
-    def _is_aligned(dev: _Device, op: CopyOp, regions: list[_Region]) -> bool:
+    def _is_aligned(dev: Device, op: CopyOp, regions: list[_Region]) -> bool:
         values = [op.page_bytes, dev.pool_base, int(np.bitwise_or.reduce(op.entry_offsets))]
         for layer, region in zip(op.layers, regions):
             values += [region.base + layer.offset_bytes, layer.block_stride_bytes]
         return is_aligned(*values)
 
-    def _choose_path(self, dev: _Device, page_bytes: int) -> None:
+    def _choose_path(self, dev: Device, page_bytes: int) -> None:
         if (page_bytes, Direction.SAVE) in dev.paths:
             return
         if page_bytes % 16:
             for direction in Direction:
                 dev.paths[(page_bytes, direction)] = COPY_ENGINE
             return
-        for direction, rates in self._probe(dev, page_bytes).items():
+        pool_bytes = self._pool[1] if self._pool else 0
+        if pool_bytes >= page_bytes:
+            self._drain_all()  # the probe's copies must not share the bus with real ones
+        rates_by_direction = measure_paths(dev, pool_bytes, page_bytes, self._copy, self._stage,
+                                           self._staging.free)
+        for direction, rates in rates_by_direction.items():
             kernel_gbps, dma_gbps = rates
             path = COPY_ENGINE if dma_gbps >= _COPY_ENGINE_MARGIN[direction] * kernel_gbps else KERNEL
             dev.paths[(page_bytes, direction)] = path
@@ -489,56 +418,7 @@ class CudaBackend(CopyBackend):
             logger.info("auto: %d-byte pages %s: kernel %.1f GB/s, copy engine %.1f GB/s -> %s",
                         page_bytes, direction.name, kernel_gbps, dma_gbps, path)
 
-    def _probe(self, dev: _Device, page_bytes: int) -> dict[Direction, tuple[float, float]]:
-        """GB/s of (kernel, copy engine) each way, over pages spread across the real pool.
-
-        Up to 64 MiB of random pool pages are read into device scratch (LOAD), then the
-        same bytes are written back (SAVE), after in-flight copies drain: the pool's
-        contents do not change, and the pool's own pinning and spread are what is timed.
-        """
-        num_pages = min(_PROBE_MAX_PAGES, _PROBE_BYTES // page_bytes,
-                        (self._pool[1] if self._pool else 0) // page_bytes)
-        if num_pages == 0:
-            return {}
-        self._drain_all()
-        driver.use_device(dev.device)
-        rng = np.random.default_rng(0)
-        slots = rng.choice(self._pool[1] // page_bytes, num_pages, replace=False)
-        op = CopyOp(-1, Direction.LOAD, -1, [], page_bytes, rng.permutation(num_pages),
-                    slots.astype(np.int64) * page_bytes)
-        gpu = driver.device_alloc(num_pages * page_bytes)
-        stream = driver.create_stream(low_priority=True)
-        timers = (driver.create_event(timing=True), driver.create_event(timing=True))
-        staging = self._stage(op)
-        try:
-            return {d: tuple(self._time_copy(dev, path, stream, op, gpu, dev.pool_base, d,
-                                             staging, timers) for path in (KERNEL, COPY_ENGINE))
-                    for d in (Direction.LOAD, Direction.SAVE)}  # LOAD first: it fills scratch
-        finally:
-            driver.synchronize_stream(stream)
-            if staging is not None:
-                self._staging.free(staging)
-            for event in timers:
-                driver.destroy_event(event)
-            driver.destroy_stream(stream)
-            driver.device_free(gpu)
-
     def _drain_all(self) -> None:
         for f in self._inflight:
             driver.use_device(f.device)
             driver.synchronize_event(f.done)
-
-    def _time_copy(self, dev: _Device, path: str, stream, op: CopyOp, gpu: int, pool: int,
-                   direction: Direction, staging: list | None, timers: tuple) -> float:
-        if path == KERNEL and staging is None:
-            return 0.0
-        args = (dev, path, stream, op, gpu, op.page_bytes, pool, direction == Direction.SAVE,
-                staging)
-        self._copy(*args)  # warm-up
-        driver.record(timers[0], stream)
-        for _ in range(_PROBE_RUNS):
-            self._copy(*args)
-        driver.record(timers[1], stream)
-        driver.synchronize_event(timers[1])
-        num_bytes = _PROBE_RUNS * len(op.block_ids) * op.page_bytes
-        return num_bytes / driver.elapsed_ms(*timers) / 1e6

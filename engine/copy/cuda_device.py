@@ -1,0 +1,83 @@
+"""Per-process CUDA state of the copy backend: each GPU's streams, events and kernel, the
+client allocations opened through IPC (once per device), and pre-faulting the pool."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from engine.copy.base import Direction
+from engine.copy.kernels import CopyKernel
+from pegaflow.cuda import driver
+
+_TOUCH_STRIDE = 4096
+
+
+class IpcMappings:
+    """Each client allocation is opened once per process and device, shared by count
+    (a second ``cuIpcOpenMemHandle`` of one allocation in one context fails)."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, bytes], list[int]] = {}  # -> [address, references]
+
+    def acquire(self, device: int, handle: bytes) -> int:
+        entry = self._open.get((device, handle))
+        if entry is None:
+            entry = self._open[(device, handle)] = [driver.open_ipc_mem(handle), 0]
+        entry[1] += 1
+        return entry[0]
+
+    def release(self, device: int, handle: bytes) -> None:
+        entry = self._open[(device, handle)]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._open[(device, handle)]
+            driver.close_ipc_mem(entry[0])
+
+
+MAPPINGS = IpcMappings()
+
+
+class Device:
+    """One GPU: its primary context, layer streams, compiled kernel and idle events."""
+
+    def __init__(self, device: int, num_ctas: int) -> None:
+        self.device = device
+        driver.use_device(device)
+        self.kernel = CopyKernel(device, num_ctas)
+        self.streams: dict[tuple[int, Direction], object] = {}
+        self.idle_events: list = []
+        self.save_chain: list = []  # events of the latest SAVE layer copies, oldest first
+        self.paths: dict[tuple[int, Direction], str] = {}
+        self.pool_base = 0
+
+    def stream(self, layer: int, direction: Direction):
+        stream = self.streams.get((layer, direction))
+        if stream is None:
+            stream = self.streams[(layer, direction)] = driver.create_stream(low_priority=True)
+        return stream
+
+    def event(self):
+        return self.idle_events.pop() if self.idle_events else driver.create_event()
+
+    def close(self) -> None:
+        driver.use_device(self.device)
+        for stream in self.streams.values():
+            driver.destroy_stream(stream)
+        for event in self.idle_events:
+            driver.destroy_event(event)
+        self.kernel.close()
+
+
+def prefault(segment, num_threads: int) -> None:
+    """Fault every page of ``segment`` in, in parallel, without changing a byte."""
+    view = segment.array(np.uint8, segment.size)
+    chunk = -(-segment.size // num_threads // _TOUCH_STRIDE) * _TOUCH_STRIDE or _TOUCH_STRIDE
+
+    def touch(start: int) -> None:
+        part = view[start:start + chunk:_TOUCH_STRIDE]
+        np.bitwise_or(part, 0, out=part)
+
+    with ThreadPoolExecutor(num_threads) as pool:
+        list(pool.map(touch, range(0, segment.size, chunk)))
