@@ -23,7 +23,8 @@ from pegaflow import shm
 from pegaflow.shm import is_pid_alive
 from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
                              NoFreeSlotError, PegaflowError, WireVersionError)
-from pegaflow.ring import Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView
+from pegaflow.ring import (Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView,
+                           poll_until)
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
                            RING_HEADER, SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
                            Status, encode_hashes)
@@ -215,14 +216,13 @@ class EngineClient:
     def _wait_slot_active(self, num_slots: int, timeout_s: float) -> None:
         """The engine resets the slot's ring and marks it ACTIVE; wait for that."""
         slots = self._control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
-        deadline = time.monotonic() + timeout_s
-        pause = 1e-5
-        while int(slots["state"][self.slot]) != SlotState.ACTIVE:
-            if time.monotonic() >= deadline:
-                raise EngineTimeoutError(f"engine {self.engine_name!r} did not accept slot "
-                                         f"{self.slot} within {timeout_s:.3f}s")
-            time.sleep(pause)
-            pause = min(pause * 2, 5e-3)
+
+        def is_active():
+            return True if int(slots["state"][self.slot]) == SlotState.ACTIVE else None
+
+        if poll_until(is_active, timeout_s, first_pause_s=1e-5, max_pause_s=5e-3) is None:
+            raise EngineTimeoutError(f"engine {self.engine_name!r} did not accept slot "
+                                     f"{self.slot} within {timeout_s:.3f}s")
 
     def _new_request_id(self) -> int:
         request_id = self._next_request_id

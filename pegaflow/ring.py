@@ -217,13 +217,8 @@ class RingProducer(_RingView):
         """``try_put_fields`` until it succeeds; RingFullError after ``timeout_s``."""
         if self.try_put_fields(fields):
             return
-        deadline = time.monotonic() + timeout_s
-        pause = 1e-6
-        while not self.try_put_fields(fields):
-            if time.monotonic() >= deadline:
-                raise RingFullError(f"ring full for {timeout_s:.3f}s ({self.num_slots} slots)")
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+        if poll_until(lambda: self.try_put_fields(fields) or None, timeout_s) is None:
+            raise RingFullError(f"ring full for {timeout_s:.3f}s ({self.num_slots} slots)")
 
 
 class RingConsumer(_RingView):
@@ -318,6 +313,20 @@ class RingConsumer(_RingView):
         return record
 
 
+def poll_until(attempt, timeout_s: float, first_pause_s: float = 1e-6, max_pause_s: float = 1e-3):
+    """``attempt()`` until it returns something other than None (returned), or None once
+    ``timeout_s`` has passed; the pauses between attempts double up to ``max_pause_s``.
+    For waits nobody rings a doorbell for (a free ring slot, arena space, a slot state)."""
+    deadline = time.monotonic() + timeout_s
+    pause = first_pause_s
+    while (result := attempt()) is None:
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, max_pause_s)
+    return result
+
+
 def sleep_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
     """Sleep on the doorbell until ``is_ready`` (True) or ``deadline`` (False)."""
     while True:
@@ -370,13 +379,9 @@ class PayloadArena:
         return start % self.num_bytes
 
     def alloc(self, num_bytes: int, timeout_s: float) -> int:
-        deadline = time.monotonic() + timeout_s
-        pause = 1e-6
-        while (offset := self.try_alloc(num_bytes)) is None:
-            if time.monotonic() >= deadline:
-                raise RingFullError(f"payload arena full for {timeout_s:.3f}s")
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+        offset = poll_until(lambda: self.try_alloc(num_bytes), timeout_s)
+        if offset is None:
+            raise RingFullError(f"payload arena full for {timeout_s:.3f}s")
         return offset
 
     def write(self, offset: int, parts: list[np.ndarray]) -> int:
