@@ -33,14 +33,13 @@ def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
 
 def _llm(args, kind: str):
     from vllm import LLM
-    from vllm.config import KVTransferConfig
+    from pegaflow.connector import kv_transfer_config
     common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
                   seed=0, max_model_len=args.prompt_tokens + args.decode_tokens + 64,
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
     if kind == "pegaflow":
-        return LLM(**common, enable_prefix_caching=False, kv_transfer_config=KVTransferConfig(
-            kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
-            kv_role="kv_both", kv_connector_extra_config={"engine_name": args.engine_name}))
+        return LLM(**common, enable_prefix_caching=False,
+                   kv_transfer_config=kv_transfer_config(args.engine_name))
     if kind == "native":
         return LLM(**common, kv_offloading_size=args.native_offload_gib, kv_offloading_backend="native")
     return LLM(**common)

@@ -38,7 +38,7 @@ def main() -> int:
 
     from tools.engine_process import EngineProcess
     from vllm import LLM, SamplingParams, TokensPrompt
-    from vllm.config import KVTransferConfig
+    from pegaflow.connector import kv_transfer_config
     engine = EngineProcess(f"trace{os.getpid()}", "--copy-backend", args.copy_backend,
                            "--log-level", "DEBUG", backend="cuda", pool_size="8GiB",
                            start_timeout_s=300)
@@ -46,10 +46,7 @@ def main() -> int:
         llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True,
                   enforce_eager=True, seed=0, max_model_len=args.prompt_tokens + 400,
                   gpu_memory_utilization=0.8, enable_prefix_caching=False, disable_log_stats=False,
-                  kv_transfer_config=KVTransferConfig(
-                      kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
-                      kv_role="kv_both", kv_connector_extra_config={
-                          "engine_name": engine.name, "load_mode": args.load_mode}))
+                  kv_transfer_config=kv_transfer_config(engine.name, load_mode=args.load_mode))
         rng = random.Random(1)
         prompts = [[rng.randrange(10, 100000) for _ in range(args.prompt_tokens)]
                    for _ in range(args.num_prompts)]

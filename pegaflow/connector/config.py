@@ -89,3 +89,16 @@ class ConnectorConfig:
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"{name}={raw!r}: {exc}") from exc
         return cls(**values)
+
+
+def kv_transfer_config(engine_name: str = "pegaflow", **options):
+    """vLLM's ``KVTransferConfig`` for pegaflow: ``LLM(..., kv_transfer_config=kv_transfer_config())``.
+
+    ``options`` are ``kv_connector_extra_config`` keys (the table above), checked here so a
+    typo fails before vLLM starts.
+    """
+    from vllm.config import KVTransferConfig
+    extra = {"engine_name": engine_name, **options}
+    ConnectorConfig.from_sources(extra, environ={})
+    return KVTransferConfig(kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
+                            kv_role="kv_both", kv_connector_extra_config=extra)

@@ -33,16 +33,13 @@ def main() -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     args = p.parse_args()
     from vllm import LLM, SamplingParams, TokensPrompt
-    from vllm.config import KVTransferConfig
+    from pegaflow.connector import kv_transfer_config
     kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
                   seed=0, max_model_len=8192, gpu_memory_utilization=0.35, disable_log_stats=False,
                   enable_prefix_caching=not args.no_prefix_caching,
                   max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=True)
     if args.engine_name:
-        kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
-            kv_role="kv_both",
-            kv_connector_extra_config={"engine_name": args.engine_name, **json.loads(args.extra)})
+        kwargs["kv_transfer_config"] = kv_transfer_config(args.engine_name, **json.loads(args.extra))
     llm = LLM(**kwargs)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, logprobs=5, ignore_eos=True,
                             detokenize=False)

@@ -204,3 +204,16 @@ def test_kv_fields_any_config_change_changes_rank_namespace(override):
 def test_kv_fields_same_configs_same_namespace():
     # 1. Scheduler and worker read equal configs: they agree on the namespace.
     assert rank_namespace(kv_fields(*_fake_configs()), 0) == rank_namespace(kv_fields(*_fake_configs()), 0)
+
+
+def test_kv_transfer_config_names_the_connector_and_passes_options():
+    pytest.importorskip("vllm")
+    from pegaflow.connector import kv_transfer_config
+    # 1. vLLM's config points at our class and module, both roles, with our options.
+    config = kv_transfer_config("mine", load_mode="async")
+    assert (config.kv_connector, config.kv_connector_module_path, config.kv_role) == (
+        "PegaKVConnector", "pegaflow.connector", "kv_both")
+    assert config.kv_connector_extra_config == {"engine_name": "mine", "load_mode": "async"}
+    # 2. A misspelt option fails here, before vLLM starts.
+    with pytest.raises(ConfigError, match="lod_mode"):
+        kv_transfer_config(lod_mode="async")

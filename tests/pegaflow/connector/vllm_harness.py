@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from vllm import SamplingParams
-from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                         SchedulerConfig, VllmConfig)
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -29,7 +28,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from pegaflow.connector import PegaKVConnector
+from pegaflow.connector import PegaKVConnector, kv_transfer_config
 from pegaflow.host_memory import HostKVBuffer
 
 TINY_MODEL = Path(__file__).resolve().parents[2] / "data" / "tiny-llama"
@@ -92,10 +91,7 @@ class VllmInstance:
                             enable_prefix_caching=True)
         if "kv_cache_layout" in CacheConfig.__dataclass_fields__:
             cache.kv_cache_layout = "LBNHC"
-        transfer = KVTransferConfig(
-            kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
-            kv_role="kv_both",
-            kv_connector_extra_config={"engine_name": engine_name, "lookup_timeout_ms": 20000, **extra})
+        transfer = kv_transfer_config(engine_name, **{"lookup_timeout_ms": 20000, **extra})
         return VllmConfig(model_config=model_config, cache_config=cache, kv_transfer_config=transfer,
                           scheduler_config=SchedulerConfig(
                               max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
