@@ -37,6 +37,8 @@ def _llm(args, kind: str):
     common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
                   seed=0, max_model_len=args.prompt_tokens + args.decode_tokens + 64,
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
+    if args.no_async_scheduling:
+        common["async_scheduling"] = False
     if kind == "pegaflow":
         return LLM(**common, enable_prefix_caching=False,
                    kv_transfer_config=kv_transfer_config(args.engine_name))
@@ -154,7 +156,8 @@ def _passthrough(args) -> list[str]:
             "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
             "--decode-prompts", str(args.decode_prompts),
             "--engine-name", args.engine_name, "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-            "--native-offload-gib", str(args.native_offload_gib)]
+            "--native-offload-gib", str(args.native_offload_gib)] + (
+            ["--no-async-scheduling"] if args.no_async_scheduling else [])
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -212,6 +215,8 @@ def main() -> int:
     p.add_argument("--pool-size", default="48GiB")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     p.add_argument("--native-offload-gib", type=float, default=40)
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="turn vLLM's asynchronous scheduling off in every phase")
     p.add_argument("--json", action="store_true")
     p.add_argument("--phase", choices=["pegaflow", "native", "none"], help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
@@ -236,6 +241,7 @@ def main() -> int:
         if engine is not None:
             engine.stop()
     result = summarize(peg, native, none, _gpu_name())
+    result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
     if args.json:
         print(json.dumps(result))
         return 0

@@ -2,6 +2,7 @@
 the worker's step timeline (``pegaflow.connector.trace``) and the engine's LOAD timing on.
 
     python tools/trace_warm_step.py [--load-mode layerwise|async] [--copy-backend auto|kernel|copy-engine]
+                                    [--no-async-scheduling]
 
 Prints, per request, the wall time and vLLM's scheduled -> first token (with both
 timestamps on time.monotonic, the clock of the timeline's start_load_kv stamp: their
@@ -32,6 +33,7 @@ def main() -> int:
     p.add_argument("--copy-backend", default="auto", choices=["auto", "kernel", "copy-engine"])
     p.add_argument("--num-prompts", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=10000)
+    p.add_argument("--no-async-scheduling", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("pegaflow.connector.trace").setLevel(logging.DEBUG)
@@ -46,7 +48,8 @@ def main() -> int:
         llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True,
                   enforce_eager=True, seed=0, max_model_len=args.prompt_tokens + 400,
                   gpu_memory_utilization=0.8, enable_prefix_caching=False, disable_log_stats=False,
-                  kv_transfer_config=kv_transfer_config(engine.name, load_mode=args.load_mode))
+                  kv_transfer_config=kv_transfer_config(engine.name, load_mode=args.load_mode),
+                  **({"async_scheduling": False} if args.no_async_scheduling else {}))
         rng = random.Random(1)
         prompts = [[rng.randrange(10, 100000) for _ in range(args.prompt_tokens)]
                    for _ in range(args.num_prompts)]
