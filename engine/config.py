@@ -24,6 +24,9 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+MAX_SLOTS = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     name: str = "pegaflow"
@@ -45,16 +48,27 @@ class EngineConfig:
             raise ConfigError(f"--pool-size must be positive, got {self.pool_bytes}")
         if self.slab_bytes <= 0:
             raise ConfigError(f"--slab-size must be positive, got {self.slab_bytes}")
+        if self.slab_bytes > self.pool_bytes:
+            raise ConfigError(f"--slab-size {self.slab_bytes} exceeds --pool-size {self.pool_bytes}")
         if self.backend not in ("auto", "cuda", "host"):
             raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
         if self.copy_backend not in COPY_PATHS:
             raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose {', '.join(COPY_PATHS)}")
-        if not 1 <= self.num_slots <= 4096 or self.ring_slots < 2 or self.arena_bytes < 4096:
-            raise ConfigError("--max-clients, --ring-slots and --arena-size are out of range")
+        if not 1 <= self.num_slots <= MAX_SLOTS:
+            raise ConfigError(f"--max-clients {self.num_slots}: must lie in [1, {MAX_SLOTS}]")
+        if self.ring_slots < 2:
+            raise ConfigError(f"--ring-slots {self.ring_slots}: must be at least 2")
+        if self.arena_bytes < 4096:
+            raise ConfigError(f"--arena-size {self.arena_bytes} bytes: must be at least 4KiB")
         if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
         if self.lease_ttl_s <= 0:
             raise ConfigError(f"--lease-ttl must be positive, got {self.lease_ttl_s}")
+
+    @property
+    def usable_pool_bytes(self) -> int:
+        """The pool holds whole slabs: what is allocated of ``pool_bytes``."""
+        return self.pool_bytes // self.slab_bytes * self.slab_bytes
 
 
 def _env(name: str, default: str) -> str:
@@ -94,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arena-size", default="8MiB", help="payload arena per client (default %(default)s)")
     p.add_argument("--lease-ttl", type=float, default=_env_number("LEASE_TTL_S", d.lease_ttl_s, float),
                    help="seconds a lookup's lease pins its blocks if never used (default %(default)s)")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level),
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level), type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default %(default)s")
     return p
 

@@ -17,10 +17,10 @@ import time
 import numpy as np
 import posix_ipc
 
-from engine.config import EngineConfig
+from engine.config import MAX_SLOTS, EngineConfig
 from pegaflow import shm
 from pegaflow.shm import is_pid_alive
-from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError
+from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ShmError
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
                            WIRE_VERSION, SlotState)
@@ -28,25 +28,73 @@ from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
 logger = logging.getLogger(__name__)
 
 
-def _what_names(config: EngineConfig) -> tuple[list[str], list[str]]:
-    segments = ["control", "stats", "pool"] + [f"ring.{i}" for i in range(config.num_slots)]
-    semaphores = ["lock", "doorbell"] + [f"cq.{i}" for i in range(config.num_slots)]
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
+
+
+def _mem_available(meminfo: str) -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_room(num_bytes: int, pool_bytes: int, shm_dir: str = "/dev/shm",
+               meminfo: str = "/proc/meminfo") -> None:
+    """Refuse to start when ``shm_dir`` has no room for ``num_bytes`` of segments or the
+    host's available memory cannot hold the pool: either would kill the engine with
+    SIGBUS (or the OOM killer) once the pool fills, long after a clean start."""
+    if os.path.isdir(shm_dir):
+        stat = os.statvfs(shm_dir)
+        free = stat.f_bavail * stat.f_frsize
+        if num_bytes > free:
+            raise ShmError(f"the engine needs {_gib(num_bytes)} of shared memory but {shm_dir} has "
+                           f"{_gib(free)} free: lower --pool-size, or give {shm_dir} more room "
+                           f"(in a container: --shm-size, or --ipc=host)")
+    available = _mem_available(meminfo)
+    if available is not None and pool_bytes > available:
+        raise ShmError(f"--pool-size {_gib(pool_bytes)} is more than the host's available memory "
+                       f"({_gib(available)}): lower --pool-size")
+
+
+def _what_names(num_slots: int) -> tuple[list[str], list[str]]:
+    segments = ["control", "stats", "pool"] + [f"ring.{i}" for i in range(num_slots)]
+    semaphores = ["lock", "doorbell"] + [f"cq.{i}" for i in range(num_slots)]
     return segments, semaphores
+
+
+def _lock_path(name: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f"pegaflow.{os.getuid()}.{name}.lock")
 
 
 def _claim_name(name: str) -> int:
     """Hold an exclusive lock on the engine's name for the engine's lifetime (the kernel
-    drops it when the process dies), so two engines can never both own one name."""
-    path = os.path.join(tempfile.gettempdir(), f"pegaflow.{os.getuid()}.{name}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    drops it when the process dies), so two engines can never both own one name.  The
+    file is unlinked at a clean stop: a lock taken on a file that was unlinked meanwhile
+    is not the name's lock, and the claim starts over."""
+    path = _lock_path(name)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise EngineAlreadyRunningError(
+                f"an engine named {name!r} is already running (pid {owner}); stop it or start "
+                f"this one with another --name") from None
+        try:
+            is_current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            is_current = False
+        if is_current:
+            break
         os.close(fd)
-        raise EngineAlreadyRunningError(
-            f"an engine named {name!r} is already running (pid {owner}); stop it or start "
-            f"this one with another --name") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -95,7 +143,9 @@ class EngineSegments:
                 f"stop it or start this one with another --name")
         logger.warning("removing segments left by a dead engine named %r (pid %d)",
                        self.config.name, pid)
-        segments, semaphores = _what_names(self.config)
+        # every name the dead engine may have created (it may have had more slots than we do)
+        old_slots = min(int(header["num_slots"]), MAX_SLOTS) if int(header["magic"]) == MAGIC else 0
+        segments, semaphores = _what_names(max(old_slots, self.config.num_slots))
         for what in segments:
             shm.unlink_segment(shm.ipc_name(self.config.name, what))
         for what in semaphores:
@@ -103,9 +153,11 @@ class EngineSegments:
 
     def _create_rest(self) -> None:
         cfg = self.config
-        self.stats = self._segment("stats", STATS.itemsize)
-        self.pool = self._segment("pool", cfg.pool_bytes)
         ring_bytes = ring_segment_bytes(cfg.ring_slots, cfg.arena_bytes)
+        check_room(cfg.usable_pool_bytes + STATS.itemsize + cfg.num_slots * ring_bytes,
+                   cfg.usable_pool_bytes)
+        self.stats = self._segment("stats", STATS.itemsize)
+        self.pool = self._segment("pool", cfg.usable_pool_bytes)
         self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
                                       cfg.arena_bytes) for i in range(cfg.num_slots)]
         for view in self.rings:
@@ -152,6 +204,10 @@ class EngineSegments:
         self._segments.clear()
         self._semaphores.clear()
         if self._name_lock is not None:
+            try:
+                os.unlink(_lock_path(self.config.name))  # while still locked: see _claim_name
+            except FileNotFoundError:
+                pass  # removed by hand; nothing to clean up
             os.close(self._name_lock)  # the name is free for the next engine
             self._name_lock = None
 

@@ -47,7 +47,7 @@ class EngineServer:
         self.config = config
         self.segments = EngineSegments(config)
         try:  # a failed start leaves nothing behind in /dev/shm
-            pool = PagePool(config.pool_bytes, config.slab_bytes)
+            pool = PagePool(config.usable_pool_bytes, config.slab_bytes)
             self.backend = backend or make_backend(config.backend, config.copy_backend)
             self.backend.attach_pool(self.segments.pool)
         except BaseException:
@@ -63,8 +63,14 @@ class EngineServer:
         self.is_stopping = False
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
-        logger.info("engine %r ready: %s backend, pool %.1f GiB, %d client slots",
-                    config.name, self.backend.name, config.pool_bytes / 2**30, config.num_slots)
+        if config.usable_pool_bytes < config.pool_bytes:
+            logger.warning("--pool-size %.1f MiB is not a whole number of %.1f MiB slabs: %.1f MiB "
+                           "allocated", config.pool_bytes / 2**20, config.slab_bytes / 2**20,
+                           config.usable_pool_bytes / 2**20)
+        logger.info("engine %r ready: %s backend, pool %.1f GiB (%d slabs of %.0f MiB; the largest "
+                    "block it stores is one slab), %d client slots", config.name, self.backend.name,
+                    config.usable_pool_bytes / 2**30, pool.num_slabs, config.slab_bytes / 2**20,
+                    config.num_slots)
 
     def request_stop(self) -> None:
         self.is_stopping = True

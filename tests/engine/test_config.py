@@ -146,3 +146,20 @@ def test_engine_config_is_frozen():
     # 1. One config per process: it cannot be changed after validation.
     with pytest.raises(AttributeError):
         EngineConfig().pool_bytes = 1
+
+
+def test_config_from_args_log_level_any_case(clean_env):
+    # 1. --log-level takes the level in any case, as PEGAFLOW_LOG_LEVEL does.
+    assert config_from_args(["--log-level", "debug"]).log_level == "DEBUG"
+    clean_env.setenv("PEGAFLOW_LOG_LEVEL", "warning")
+    assert config_from_args([]).log_level == "WARNING"
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"num_slots": 0}, r"--max-clients 0: must lie in \[1, 4096\]"),
+    ({"ring_slots": 1}, "--ring-slots 1: must be at least 2"),
+    ({"arena_bytes": 1024}, "--arena-size 1024 bytes: must be at least 4KiB"),
+])
+def test_engine_config_range_errors_name_the_value_and_the_bounds(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(**fields)

@@ -1,0 +1,96 @@
+"""engine/segments.py: room for the segments, a pool of whole slabs, and what a crash or a
+clean stop leaves behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from engine import segments
+from engine.segments import check_room
+from pegaflow import shm
+from pegaflow.errors import ShmError
+
+GIB = 1 << 30
+
+
+def _meminfo(tmp_path, available_kib: int) -> str:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal: {2 * available_kib} kB\nMemAvailable: {available_kib} kB\n")
+    return str(path)
+
+
+def _free_shm(monkeypatch, free_bytes: int) -> None:
+    monkeypatch.setattr(segments.os, "statvfs",
+                        lambda path: SimpleNamespace(f_bavail=free_bytes // 4096, f_frsize=4096))
+
+
+def test_check_room_refuses_more_than_dev_shm_has_free(tmp_path, monkeypatch):
+    # 1. /dev/shm has 2 GiB free, memory is plentiful: 3 GiB of segments are refused,
+    #    with both figures and what to change.
+    _free_shm(monkeypatch, 2 * GIB)
+    meminfo = _meminfo(tmp_path, 64 * GIB // 1024)
+    with pytest.raises(ShmError, match=r"3\.0 GiB.*2\.0 GiB free.*--pool-size.*--shm-size"):
+        check_room(3 * GIB, 3 * GIB, shm_dir=str(tmp_path), meminfo=meminfo)
+    # 2. 1 GiB fits.
+    check_room(GIB, GIB, shm_dir=str(tmp_path), meminfo=meminfo)
+
+
+def test_check_room_refuses_a_pool_larger_than_available_memory(tmp_path, monkeypatch):
+    # 1. Room in /dev/shm, but only 4 GiB of memory available: an 8 GiB pool is refused.
+    _free_shm(monkeypatch, 100 * GIB)
+    meminfo = _meminfo(tmp_path, 4 * GIB // 1024)
+    with pytest.raises(ShmError, match=r"8\.0 GiB is more than the host's available memory \(4\.0 GiB\)"):
+        check_room(8 * GIB, 8 * GIB, shm_dir=str(tmp_path), meminfo=meminfo)
+    # 2. Without /proc/meminfo (not Linux) only /dev/shm is checked.
+    check_room(8 * GIB, 8 * GIB, shm_dir=str(tmp_path), meminfo=str(tmp_path / "absent"))
+
+
+def test_engine_with_a_pool_larger_than_the_host_exits_1_and_says_why(engine_factory):
+    # 1. A 64 TiB pool: the engine refuses at start (exit 1) instead of dying of SIGBUS later.
+    engine = engine_factory(pool_size="64TiB", wait=False)
+    engine.is_clean_exit_expected = False
+    assert engine.proc.wait(30) == 1
+    text = engine.stderr_text()
+    assert "cannot start" in text and "--pool-size" in text and "Traceback" not in text
+    # 2. (teardown) nothing named after it is left in /dev/shm.
+
+
+def test_engine_pool_is_whole_slabs(engine_factory):
+    # 1. 100 MiB in slabs of 64 MiB: one slab is allocated, and the engine says so.
+    engine = engine_factory(pool_size="100MiB", slab_size="64MiB")
+    assert engine.stats()["pool_bytes_total"] == 64 << 20
+    pool = shm.attach_segment(shm.ipc_name(engine.name, "pool"), readonly=True)
+    try:
+        assert pool.size == 64 << 20
+    finally:
+        pool.close()
+    assert "not a whole number of 64.0 MiB slabs" in engine.stderr_text()
+
+
+def test_restart_after_a_crash_removes_the_rings_of_more_slots_than_its_own(engine_factory):
+    # 1. An engine with 8 client slots dies by SIGKILL, leaving 8 rings behind.
+    crashed = engine_factory(max_clients=8)
+    crashed.is_clean_exit_expected = False
+    crashed.stop(signal.SIGKILL)
+    # 2. Its successor has 4 slots: it removes all 8 of the dead engine's rings anyway.
+    restarted = engine_factory(crashed.name, max_clients=4)
+    left = [e for e in os.listdir("/dev/shm") if f".{crashed.name}." in e and ("ring." in e or "cq." in e)]
+    assert sorted(e.rsplit(".", 1)[1] for e in left) == ["0", "0", "1", "1", "2", "2", "3", "3"]
+    assert restarted.connect().ping() >= 0
+    # 3. (teardown) nothing of either engine is left in /dev/shm.
+
+
+def test_clean_stop_removes_the_name_lock_and_the_name_can_be_taken_again(engine_factory):
+    # 1. A running engine holds a lock file on its name; a clean stop removes it.
+    engine = engine_factory()
+    lock = segments._lock_path(engine.name)
+    assert os.path.exists(lock)
+    assert engine.stop() == 0
+    assert not os.path.exists(lock)
+    # 2. Another engine takes the name at once.
+    again = engine_factory(engine.name)
+    assert again.connect().ping() >= 0
