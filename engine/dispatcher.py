@@ -9,7 +9,8 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
     RELEASE(arg=lease)         ends a lease
     SAVE(ns, ids, hashes)      client pages -> pool, ``layer`` or ALL_LAYERS; answered when copied
     LOAD(ns, ids, hashes)      pool -> client pages; answered when copied, or when issued if
-                               the client's events fence it (``event_index``)
+                               the client's events fence it (``event_index``); with
+                               AFTER_CLIENT, copied only after the client's last pool event
     PING, UNREGISTER, DETACH
 
 A bad command (unknown opcode, wrong version, payload past the arena, block id out of
@@ -41,7 +42,9 @@ FIRST_CHUNK = 64
 MAX_CHUNK = 1024
 NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
 _OK, _ATTACH = Status.OK, Opcode.ATTACH  # enum members read off their class cost ~70 ns each
-_READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
+_READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})
+_SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
+_OPCODES = frozenset(Opcode)  # commands that leave the index (and gauges) be
 
 
 @dataclass(slots=True)
@@ -115,8 +118,10 @@ class Dispatcher:
                 raise CommandError(Status.BAD_PAYLOAD, f"payload [{rec.payload_offset}, "
                                                   f"+{rec.payload_bytes}) past the arena")
             status, values = handler(client, rec, payload)
-        except CommandError as exc:
-            logger.debug("slot %d: %s rejected: %s", client.slot, opcode, exc)
+        except CommandError as exc:  # setup refusals stop a client from caching: say why
+            logger.log(logging.WARNING if opcode in _SETUP else logging.DEBUG,
+                       "slot %d (pid %d): %s refused: %s", client.slot, client.pid,
+                       Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
             status, values = Status(exc.status), (0, 0, 0)
         if status is not None:
             if self.gauges_stale:  # a client that reads the stats after our answer sees them
@@ -323,11 +328,16 @@ class Dispatcher:
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         self.index.pin(keys)
         planned = time.perf_counter()
+        wait_event = None
+        if rec.flags & CommandFlag.AFTER_CLIENT:
+            if not client.num_events:
+                raise CommandError(Status.BAD_ARGUMENT, "AFTER_CLIENT without registered events")
+            wait_event = client.num_events - 1
         if keys:
             with self._answered_on_fault(pending):
                 self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
                                                    client.page_bytes, block_ids, offsets,
-                                                   record_events=record_events))
+                                                   wait_event=wait_event, record_events=record_events))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("slot %d: LOAD of %d blocks x %d layers: planned in %.2f ms, issued in "
                          "%.2f ms", client.slot, len(keys), len(placements),

@@ -1,8 +1,9 @@
 """REGISTER and REGISTER_EVENTS: a client's KV memory and events, checked before use.
 
-A region is refused (BAD_ARGUMENT / BAD_PAYLOAD, nothing changed) unless every layer's
-pages lie inside it without overlapping, page sizes agree across the client's regions,
-layer indices are new and below MAX_LAYERS, and one block of all layers fits a slab.
+A region is refused (BAD_ARGUMENT / BAD_PAYLOAD, nothing changed) unless its id is new,
+every layer's pages lie inside it without overlapping, page sizes agree across the
+client's regions, layer indices are new and below MAX_LAYERS, and one block of all layers
+fits a slab.  Events are registered once per connection.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def register_region(client: ClientState, rec, payload: np.ndarray, backend: Copy
     num_layers = rec.num_items
     if len(payload) != REGION.itemsize + num_layers * LAYER.itemsize or not 0 < num_layers <= MAX_LAYERS:
         raise CommandError(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
+    if rec.region_id in client.region_blocks:  # remapping it could pull memory from under copies
+        raise CommandError(Status.BAD_ARGUMENT, f"region {rec.region_id} is already registered")
     region = payload[:REGION.itemsize].view(REGION)[0]
     layers = payload[REGION.itemsize:].view(LAYER)
     page_bytes = _check_region(client, region, layers, pool)
@@ -70,6 +73,8 @@ def _check_region(client: ClientState, region: np.void, layers: np.ndarray, pool
 def register_events(client: ClientState, rec, payload: np.ndarray, backend: CopyBackend) -> None:
     """REGISTER_EVENTS: open the client's pool of IPC events."""
     num_events = rec.num_items
+    if client.num_events:  # reopening them could close events copies still record
+        raise CommandError(Status.BAD_ARGUMENT, "events are already registered")
     if len(payload) != num_events * EVENT_HANDLE.itemsize:
         raise CommandError(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
     try:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import time
 
+import posix_ipc
+
 from engine.clients import ClientState
 from engine.config import EngineConfig
 from engine.copy import make_backend
@@ -151,8 +153,21 @@ class EngineServer:
         self.stats.count_command(rec.opcode, Status.INTERNAL)
 
     def _accept_claims(self) -> None:
+        """Claimed slots become ACTIVE, under the control lock: a client that gives up on
+        its attach frees its slot under the same lock, only while it is still CLAIMED."""
         if not self.segments.has_claims():
             return
+        lock = self.segments.lock
+        try:
+            lock.acquire(0)
+        except posix_ipc.BusyError:
+            return  # a client holds it for a moment: the next pass accepts
+        try:
+            self._accept_claimed_slots()
+        finally:
+            lock.release()
+
+    def _accept_claimed_slots(self) -> None:
         for slot in self.segments.claimed_slots().tolist():
             view = self.segments.rings[slot]
             self.segments.reset_ring(view)

@@ -190,7 +190,7 @@ class EngineClient:
         self._view = view
         self.is_closed = False
         self.call(Opcode.ATTACH, arg=os.getpid(), timeout_s=timeout_s)
-        logger.debug("attached to engine %r as slot %d", self.engine_name, self.slot)
+        logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
 
     def _claim_slot(self, num_slots: int) -> int:
         lock = shm.attach_semaphore(shm.ipc_name(self.engine_name, "lock"))
@@ -368,9 +368,14 @@ class EngineClient:
                            namespace=namespace, layer=layer, event_index=event_index)
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
-                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT) -> int:
+                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
+                    after_client: bool = False) -> int:
+        """``after_client``: the copy waits for the last event of our pool, which the caller
+        recorded on its stream before this call."""
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
         flags = CommandFlag.RELEASE_LEASE if lease_id else CommandFlag.NONE
+        if after_client:
+            flags |= CommandFlag.AFTER_CLIENT
         return self.submit(Opcode.LOAD, payload=[ids, _records(hashes)], num_items=len(ids),
                            namespace=namespace, layer=layer, event_index=event_index,
                            arg=lease_id, flags=int(flags))

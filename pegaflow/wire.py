@@ -20,7 +20,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -72,6 +72,9 @@ class RegionKind(IntEnum):
 class CommandFlag(IntFlag):
     NONE = 0
     RELEASE_LEASE = 1  # LOAD: drop the lease named in ``arg`` once the copy is done
+    AFTER_CLIENT = 2   # LOAD: copy only once the client's stream reaches where it last recorded
+    #                    the last event of its pool (vLLM's kernels still queued there may
+    #                    write blocks it has just given to this load)
 
 
 def _dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:

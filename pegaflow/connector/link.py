@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable
 
 from pegaflow.client import EngineClient
-from pegaflow.errors import EngineGoneError, PegaflowError
+from pegaflow.errors import CommandError, EngineGoneError, PegaflowError
 
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 1.0
 DETACH_TIMEOUT_S = 0.2
+REFUSED_RETRY_S = 60.0  # the engine refused our setup: its config must change first
 
 
 class EngineLink:
@@ -48,7 +49,10 @@ class EngineLink:
         except PegaflowError as exc:
             if client is not None:
                 client.close(timeout_s=DETACH_TIMEOUT_S)  # e.g. REGISTER refused: free the slot
-            self._mark_down(exc)
+            if isinstance(exc, CommandError):
+                self._mark_refused(exc)
+            else:
+                self._mark_down(exc)
             return None
         if self.is_down or self.num_failures:
             logger.warning("%s: engine %r is reachable again; cache in use", self.who, self.engine_name)
@@ -75,6 +79,19 @@ class EngineLink:
                            "(lookups miss, saves are dropped, loads recompute) and retrying every %.0fs",
                            self.who, self.engine_name, type(exc).__name__, exc, self.reconnect_interval_s)
         self.is_down = True
+
+    def _mark_refused(self, exc: CommandError) -> None:
+        """The engine is there and answered, but refused what we registered: say so once,
+        loudly, and try again rarely (an engine restarted with another config accepts)."""
+        self.num_failures += 1
+        if not self.is_down:
+            logger.error("%s: engine %r refused this process (%s); the engine's log says why "
+                         "(e.g. a KV block larger than its --slab-size, or GPU memory offered to "
+                         "a --backend host engine); serving without the cache, trying again "
+                         "every %.0fs", self.who, self.engine_name, exc,
+                         max(self.reconnect_interval_s, REFUSED_RETRY_S))
+        self.is_down = True
+        self._next_try = time.monotonic() + max(self.reconnect_interval_s, REFUSED_RETRY_S)
 
     def close(self) -> None:
         if self._client is not None:

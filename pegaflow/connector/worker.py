@@ -87,7 +87,7 @@ class WorkerSide:
             self.virtual[name] = tuple(range(first, first + len(subs)))
             self.save_layers.add(name)
             self._num_virtual += len(subs)
-        memory.create_events((1 + self.config.num_load_slots) * self._num_virtual)
+        memory.create_events(self._start_fence_event() + 1)
         for region, layers in by_alloc.values():
             region["num_layers"], region["num_blocks"], region["page_bytes"] = len(layers), self.num_blocks, page_bytes
             self._regions.append((region, layer_records(*map(list, zip(*layers)))))
@@ -106,6 +106,11 @@ class WorkerSide:
         """Events [0, V) fence saves (one per engine layer); each load slot has V more."""
         return (1 + slot) * self._num_virtual
 
+    def _start_fence_event(self) -> int:
+        """The pool's last event: recorded where vLLM's stream stands when a step's loads go
+        out; the engine starts those copies only after it (AFTER_CLIENT)."""
+        return (1 + self.config.num_load_slots) * self._num_virtual
+
     # -- loads ----------------------------------------------------------------------------
 
     def bind(self, meta: PegaConnectorMetadata) -> None:
@@ -123,6 +128,8 @@ class WorkerSide:
         trace = self.trace
         trace.begin(len(meta.loads), sum(len(s.block_ids) for s in meta.loads))
         client = self.link.client()
+        if client is not None and self.memory.has_events and not self._record_start_fence():
+            client = None  # unfenced, a load could race kernels still writing its blocks
         for index, spec in enumerate(meta.loads):
             if client is None:
                 self._fail_load(spec)
@@ -134,7 +141,8 @@ class WorkerSide:
             try:
                 request_id = client.submit_load(
                     self.namespace, spec.block_ids, list(spec.hashes), lease_id=lease,
-                    event_index=NO_EVENT if slot is None else self._load_event_base(slot))
+                    event_index=NO_EVENT if slot is None else self._load_event_base(slot),
+                    after_client=self.memory.has_events)
             except PegaflowError as exc:
                 self.link.fail(exc)
                 client = None
@@ -147,6 +155,17 @@ class WorkerSide:
         if trace.is_on and self.memory.has_events:
             trace.gpu_mark("loads_submitted", self.memory.current_stream())
         trace.mark("loads_submitted")
+
+    def _record_start_fence(self) -> bool:
+        """Blocks vLLM gives to this step's loads may have belonged to requests whose last
+        kernels are still queued on its stream (asynchronous scheduling): the loads' copies
+        start after them."""
+        try:
+            self.memory.events.record([self._start_fence_event()], self.memory.current_stream())
+        except PegaflowError as exc:
+            logger.error("pegaflow: cannot fence this step's loads (%s); vLLM recomputes them", exc)
+            return False
+        return True
 
     def _fail_load(self, spec: LoadSpec) -> None:
         self._load_errors.update(spec.block_ids)
@@ -278,12 +297,16 @@ class WorkerSide:
                 done = client.try_take(request_id)
                 if done is None and started > expired:
                     continue
-                del self._async_loads[request_id]
                 if done is None:
-                    client.abandon(request_id)
+                    # vLLM may reuse the blocks once told: the engine must never write them
+                    # now, so revoke (the link does, first) and drop the connection.
                     logger.warning("pegaflow: async load for %s missed its deadline; vLLM "
                                    "recomputes it", spec.req_id)
-                if done is None or not done.is_ok:
+                    self.link.fail(TimeoutError("async load deadline"))
+                    self._collect()  # no client now: every save is forgotten, every async load failed
+                    return
+                del self._async_loads[request_id]
+                if not done.is_ok:
                     self._load_errors.update(spec.block_ids)
                 self._finished_recving.add(spec.req_id)
         except PegaflowError as exc:

@@ -222,7 +222,7 @@ def test_dispatcher_block_id_out_of_range_answers_block_out_of_range(
 def test_dispatcher_wrong_version_field_answers_bad_version(shared_engine, kv_client, monkeypatch):
     kv = kv_client(shared_engine)
     before = shared_engine.stats()["errors_by_status"]
-    # 1. The client writes wire version 2 into the next SUBMISSION.
+    # 1. The client writes the next wire version into the next SUBMISSION.
     monkeypatch.setattr(pegaflow.client, "WIRE_VERSION", pegaflow.client.WIRE_VERSION + 1)
     request_id = kv.client.submit(Opcode.PING)
     monkeypatch.undo()
@@ -342,13 +342,15 @@ def _held_dispatcher(refuse: bool = False):
         name = "held"
 
         def __init__(self):
-            self.held, self.unregistered, self.refused = [], [], []
+            self.held, self.unregistered, self.refused, self.ops = [], [], [], {}
 
         def attach_pool(self, pool): pass
         def register_region(self, *args): pass
         def register_events(self, *args): pass
         def unregister_client(self, slot): self.unregistered.append(slot)
-        def submit(self, op): (self.refused if refuse else self.held).append(op.token)
+        def submit(self, op):
+            self.ops[op.token] = op
+            (self.refused if refuse else self.held).append(op.token)
         def num_inflight(self): return len(self.held) + len(self.refused)
 
         def poll(self):
@@ -568,3 +570,47 @@ def test_dispatcher_fault_at_load_submit_unpins_and_releases_the_lease(monkeypat
     assert [h.dispatcher.index.entries[k].refs for k in keys] == [0, 0]
     assert lease_id not in h.dispatcher.index.leases
     assert h.completions.try_get() is None and h.client.num_inflight == 0
+
+
+def test_dispatcher_after_client_load_waits_for_the_clients_last_event():
+    from engine.copy.base import CopyDone
+    # 1. A LOAD flagged AFTER_CLIENT: its copy waits for the last event of the client's
+    #    pool (4 events: index 3), which the client recorded where its stream stood.
+    h = _held_dispatcher()
+    hashes = [b"w" * 32]
+    _stored(h, 1, [1], hashes)
+    h.send(2, Opcode.LOAD, _save_payload([5], hashes), 1, flags=CommandFlag.AFTER_CLIENT)
+    (token,) = h.backend.held
+    assert h.backend.ops[token].wait_event == 3 and h.backend.ops[token].direction.name == "LOAD"
+    # 2. Without the flag, no wait.
+    h.dispatcher.on_copy_done(CopyDone(token))
+    h.send(3, Opcode.LOAD, _save_payload([6], hashes), 1)
+    assert h.backend.ops[h.backend.held[-1]].wait_event is None
+
+
+def test_dispatcher_after_client_load_without_events_is_refused():
+    # A client that registered no events cannot be waited on: BAD_ARGUMENT, nothing copied.
+    h = _held_dispatcher()
+    hashes = [b"x" * 32]
+    _stored(h, 1, [1], hashes)
+    h.client.num_events = 0
+    h.send(2, Opcode.LOAD, _save_payload([5], hashes), 1, flags=CommandFlag.AFTER_CLIENT)
+    answer = h.completions.try_get()
+    assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
+
+
+def test_dispatcher_register_of_a_registered_region_id_is_refused(shared_engine, kv_client, rng,
+                                                                  make_hashes):
+    kv = kv_client(shared_engine)
+    hashes = make_hashes(2)
+    expected = kv.fill(rng, [0, 1])
+    # 1. Region 0 again, other layers at other offsets: refused, nothing remapped.
+    layers = layer_records([10, 11], [0, kv.PAGE_BYTES], [2 * kv.PAGE_BYTES] * 2)
+    with pytest.raises(CommandError) as info:
+        kv.client.register_region(0, kv.kv.region_record(2, kv.PAGE_BYTES, 2), layers)
+    assert info.value.status == Status.BAD_ARGUMENT
+    # 2. The first registration still holds: a round trip of every layer is exact.
+    assert kv.save(NAMESPACE, [0, 1], hashes).is_ok
+    kv.pages[:, [2, 3]] = 0
+    assert kv.load(NAMESPACE, [2, 3], hashes).is_ok
+    np.testing.assert_array_equal(kv.pages[:, [2, 3]], expected)

@@ -1,7 +1,10 @@
-"""WorkerSide paths that need no vLLM: giving up on saves that never finish."""
+"""WorkerSide paths that need no vLLM: giving up on copies that never finish, fencing loads."""
+
+import time
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.worker import WorkerSide
+from pegaflow.errors import CudaError
 
 
 class StuckClient:
@@ -35,3 +38,78 @@ def test_worker_save_deadline_revokes_the_saves_before_the_blocks_are_reused():
     worker.wait_for_saves_of({"req-a"})
     assert client.calls == ["revoke", "close"]
     assert "req-a" not in worker._pending_saves and worker.link.is_down
+
+
+def test_worker_async_load_deadline_revokes_before_vllm_reuses_the_blocks():
+    # 1. An async load is outstanding on an engine that never answers, past its deadline.
+    from pegaflow.connector.metadata import LoadSpec
+    worker = WorkerSide(ConnectorConfig(command_timeout_ms=50), namespace=1, rank=0, num_blocks=8)
+    client = StuckClient()
+    worker.link._client = client
+    spec = LoadSpec("req-b", (3, 4), (b"h" * 32, b"i" * 32), (0,), True)
+    worker._async_loads[21] = (spec, time.monotonic() - 1.0)
+    # 2. The worker reports it finished with load errors (vLLM recomputes and may reuse
+    #    the blocks), so the engine must be stopped from writing them first: revoke, close.
+    worker._collect()
+    assert client.calls == ["revoke", "close"] and worker.link.is_down
+    assert worker.get_block_ids_with_load_errors() == {3, 4}
+    assert worker._finished_recving == {"req-b"} and worker._async_loads == {}
+
+
+class FencedMemory:
+    """Memory with an event pool (cuda): records what is recorded, on which stream."""
+
+    has_events = True
+
+    def __init__(self, fail=False):
+        self.recorded, self.fail = [], fail
+        self.events = self
+
+    def current_stream(self):
+        return 7
+
+    def record(self, indices, stream):
+        if self.fail:
+            raise CudaError("record failed")
+        self.recorded.append((list(indices), stream))
+
+
+class LoadClient(StuckClient):
+    def __init__(self, memory):
+        super().__init__()
+        self.memory, self.loads = memory, []
+
+    def submit_load(self, namespace, block_ids, hashes, **kwargs):
+        self.loads.append((len(self.memory.recorded), kwargs))
+        return 31
+
+
+def _worker_with_a_load(memory):
+    from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+    worker = WorkerSide(ConnectorConfig(num_load_slots=2), namespace=1, rank=0, num_blocks=8)
+    worker._num_virtual, worker.memory = 4, memory
+    client = LoadClient(memory)
+    worker.link._client = client
+    meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
+    meta.loads.append(LoadSpec("req-c", (5, 6), (b"j" * 32, b"k" * 32), (0,), False))
+    worker.bind(meta)
+    return worker, client
+
+
+def test_worker_loads_start_after_vllms_queued_kernels():
+    # 1. A step with a load: the pool's last event is recorded on vLLM's stream first...
+    memory = FencedMemory()
+    worker, client = _worker_with_a_load(memory)
+    worker.start_load_kv()
+    fence = (1 + 2) * 4  # after the save events and 2 load slots of 4 layers
+    assert memory.recorded == [([fence], 7)]
+    # 2. ...and the LOAD, sent after it, tells the engine to copy only after that point.
+    assert client.loads == [(1, {"lease_id": 0, "event_index": 4, "after_client": True})]
+
+
+def test_worker_load_that_cannot_be_fenced_is_recomputed():
+    # 1. The fence cannot be recorded: no LOAD goes out, vLLM recomputes the blocks.
+    worker, client = _worker_with_a_load(FencedMemory(fail=True))
+    worker.start_load_kv()
+    assert client.loads == []
+    assert worker.get_block_ids_with_load_errors() == {5, 6}

@@ -1,0 +1,31 @@
+"""pegaflow.connector.link: a connection that survives the engine, and one the engine refuses."""
+
+from __future__ import annotations
+
+import logging
+
+from pegaflow.connector.link import REFUSED_RETRY_S, EngineLink
+from pegaflow.wire import Opcode
+
+
+def test_link_refused_setup_is_logged_once_as_an_error_and_retried_rarely(engine, caplog):
+    # 1. The engine answers our setup with a refusal (a REGISTER it cannot use).
+    attempts = []
+
+    def register_garbage(client):
+        attempts.append(client.slot)
+        client.call(Opcode.REGISTER, timeout_s=2.0)
+
+    caplog.set_level(logging.WARNING, logger="pegaflow.connector.link")
+    link = EngineLink(engine.name, 0.01, "test worker", on_connect=register_garbage)
+    # 2. No client: an ERROR naming the refusal and where to look, not "unreachable".
+    assert link.client() is None and len(attempts) == 1
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "refused" in errors[0].getMessage()
+    assert "REGISTER" in errors[0].getMessage() and "unreachable" not in caplog.text
+    # 3. A retry interval of 10 ms is stretched: no new attempt right away.
+    assert REFUSED_RETRY_S >= 60 and link.client() is None and len(attempts) == 1
+    # 4. The engine says why, at WARNING, in its own log.
+    engine.wait_stats(lambda s: s["errors"] >= 1)
+    assert "REGISTER refused" in engine.stderr_text()
+    link.close()
