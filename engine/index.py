@@ -10,6 +10,7 @@ their client goes away, or at expiry.
 from __future__ import annotations
 
 import itertools
+import secrets
 import logging
 import time
 from dataclasses import dataclass, field
@@ -62,7 +63,9 @@ class BlockIndex:
     policy: LruPolicy = field(default_factory=LruPolicy)
     counters: IndexCounters = field(default_factory=IndexCounters)
     writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
-    _lease_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    # Lease ids start at random: a lease id a client kept across an engine restart (or
+    # got from another engine) names no lease here instead of someone else's.
+    _lease_ids: itertools.count = field(default_factory=lambda: itertools.count(1 + secrets.randbits(62)))
 
     def get_ready(self, key: Key) -> Entry | None:
         entry = self.entries.get(key)

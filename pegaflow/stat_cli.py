@@ -16,6 +16,7 @@ import time
 
 from pegaflow import shm
 from pegaflow.errors import EngineNotRunningError, ShmError
+from pegaflow.shm import is_pid_alive
 from pegaflow.wire import STATS, STATS_COUNTER_NAMES, Opcode, Status
 
 _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
@@ -36,6 +37,21 @@ def read_stats(name: str) -> dict:
                                     for st in Status if st != Status.OK}
     snapshot["uptime_s"] = round(max(0, time.time_ns() - snapshot["start_ns"]) / 1e9, 3)
     snapshot["name"] = name
+    snapshot["alive"] = is_pid_alive(snapshot["engine_pid"])
+    return snapshot
+
+
+class EngineDeadError(EngineNotRunningError):
+    """The engine's segments are there, its process is not (it crashed)."""
+
+
+def _read_live(name: str) -> dict:
+    snapshot = read_stats(name)
+    if not snapshot["alive"]:
+        raise EngineDeadError(
+            f"engine {name!r} (pid {snapshot['engine_pid']}) is not running: what is left is the "
+            f"shared memory of a crash (these counters are its last); starting an engine named "
+            f"{name!r} removes it")
     return snapshot
 
 
@@ -62,12 +78,12 @@ def format_once(s: dict) -> str:
 def live(name: str, interval_s: float) -> None:
     header = "  ".join([f"{'time':>8}", f"{'pool GiB':>9}"] + [f"{label:>8}" for _, label in _RATES]
                        + [f"{'clients':>7}", f"{'leases':>6}"])
-    prev, prev_t = read_stats(name), time.monotonic()
+    prev, prev_t = _read_live(name), time.monotonic()
     for row in range(10**12):
         if row % 20 == 0:
             print(header, flush=True)
         time.sleep(interval_s)
-        cur, now = read_stats(name), time.monotonic()
+        cur, now = _read_live(name), time.monotonic()
         dt = max(now - prev_t, 1e-9)
         rates = [f"{(cur[k] - prev[k]) / dt:>8.0f}" for k, _ in _RATES]
         print("  ".join([time.strftime("%H:%M:%S"), f"{cur['pool_bytes_used'] / 2**30:>9.2f}"]
@@ -85,11 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="live refresh, seconds")
     args = parser.parse_args(argv)
     try:
-        if args.once or args.json:
-            snapshot = read_stats(args.name)
-            print(json.dumps(snapshot) if args.json else format_once(snapshot))
+        if args.json:
+            snapshot = read_stats(args.name)  # a crashed engine's too, with "alive": false
+            print(json.dumps(snapshot))
+            return 0 if snapshot["alive"] else 1
+        if args.once:
+            print(format_once(_read_live(args.name)))
         else:
             live(args.name, args.interval)
+    except EngineDeadError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 1
     except EngineNotRunningError:
         print(f"pegaflow-stat: no engine named {args.name!r} is running on this host "
               f"(start one with `make run-engine` or `python -m engine --name {args.name}`)",
@@ -99,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pegaflow-stat: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # e.g. `pegaflow-stat | head`: the reader is gone, and so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 0
 

@@ -1,14 +1,18 @@
 """The namespace: a 64-bit fingerprint of everything that makes KV bytes incompatible.
 
-Two vLLM instances share blocks only when model, dtypes, layer count, KV heads, head
-size, block size, KV layout, TP/PP size and rank all agree.  The scheduler and each
-worker compute it from the same config, so a lookup and a load always agree.
+Two vLLM instances share blocks only when model, its weights' files, quantization,
+config overrides, load format, dtypes, layer count, KV heads, head size, block size, KV
+layout, TP/PP size and rank all agree.  The scheduler and each worker compute it from the
+same config, so a lookup and a load always agree.  Weights replaced in place under the
+same local path change it (their files' sizes and times are part of it); a hub model
+is identified by name and revision only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 from pegaflow.wire import WIRE_VERSION
 
@@ -33,14 +37,44 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
             "block_size": spec.block_size, "num_kv_heads": getattr(spec, "num_kv_heads", None),
             "head_size": getattr(spec, "head_size", None), "dtype": str(getattr(spec, "dtype", "")),
         })
+    load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", None))
     return {
         "model": str(model.model), "revision": str(getattr(model, "revision", None)),
+        "weights": weights_identity(str(model.model)),
+        "quantization": str(getattr(model, "quantization", None)),
+        "hf_overrides": _stable_text(getattr(model, "hf_overrides", None)),
+        # dummy weights are drawn from the seed
+        "load_format": load_format,
+        "seed": getattr(model, "seed", None) if load_format == "dummy" else None,
         "dtype": str(model.dtype), "cache_dtype": str(cache.cache_dtype),
         "kv_layout": str(getattr(cache, "kv_cache_layout", None) or _legacy_layout()),
         "hash_algo": str(getattr(cache, "prefix_caching_hash_algo", "")),
         "tp_size": parallel.tensor_parallel_size, "pp_size": parallel.pipeline_parallel_size,
         "groups": groups,
     }
+
+
+def _stable_text(value) -> str:
+    """The same text in every process (a callable's repr carries its address)."""
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json")
+
+
+def weights_identity(model_path: str) -> str | None:
+    """Name, size and modification time of each weight and config file of a local model
+    directory, hashed (None for a hub name): weights replaced in place change it."""
+    if not os.path.isdir(model_path):
+        return None
+    parts = []
+    for entry in sorted(os.scandir(model_path), key=lambda e: e.name):
+        if entry.is_file() and entry.name.endswith(_WEIGHT_SUFFIXES):
+            stat = entry.stat()
+            parts.append(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
 
 
 def _legacy_layout() -> str:

@@ -23,7 +23,8 @@ from pegaflow.wire import Opcode, encode_hashes
 
 logger = logging.getLogger(__name__)
 
-FIRST_WAIT_S = 2e-3  # a lookup is usually answered in ~0.1 ms; past this, vLLM asks again
+FIRST_WAIT_S = 2e-3  # per call, all ranks' answers together: a lookup is usually answered in
+#                     ~0.1 ms; past this, vLLM asks again
 
 
 @dataclass(slots=True)
@@ -102,11 +103,12 @@ class SchedulerSide:
             state.lookup = None
             return True
         deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
+        wait_until = min(deadline, time.monotonic() + FIRST_WAIT_S)  # for all ranks' answers
         try:
             for request_id in pending.request_ids:
                 if request_id not in pending.answers:
-                    wait_s = max(0.0, min(deadline - time.monotonic(), FIRST_WAIT_S))
-                    pending.answers[request_id] = client.wait(request_id, wait_s)
+                    pending.answers[request_id] = client.wait(
+                        request_id, max(0.0, wait_until - time.monotonic()))
         except EngineTimeoutError:
             return self._lookup_late(state, client, deadline)
         except PegaflowError as exc:

@@ -272,3 +272,17 @@ def test_index_release_slot_then_partial_copy_lands_entry_not_leaked(index):
     index.mark_layers_done([key(0)], 0b0001)
     assert key(0) not in index.entries
     assert index.pool.num_entries == 0
+
+
+def test_index_lease_ids_of_two_engines_do_not_collide():
+    # 1. Two indexes (an engine and its restarted successor) hand out their first leases.
+    first = BlockIndex(PagePool(CAPACITY * ENTRY_BYTES, CAPACITY * ENTRY_BYTES), lease_ttl_s=TTL_S)
+    second = BlockIndex(PagePool(CAPACITY * ENTRY_BYTES, CAPACITY * ENTRY_BYTES), lease_ttl_s=TTL_S)
+    for index in (first, second):
+        store(index, 0)
+    _, old_lease = first.lookup(SLOT, [key(0)])
+    _, new_lease = second.lookup(SLOT, [key(0)])
+    # 2. A lease id kept from the first names nothing in the second: releasing it there
+    #    leaves the second's own lease (and its pin) alone.
+    assert old_lease != new_lease
+    assert second.release(old_lease) is False and refs(second, 0) == 1

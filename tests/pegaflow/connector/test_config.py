@@ -173,10 +173,14 @@ def _fake_configs(**overrides):
     """The attributes kv_fields reads of VllmConfig and KVCacheConfig, with ``overrides``."""
     values = dict(model="/m/llama", revision=None, dtype="torch.bfloat16", cache_dtype="auto",
                   kv_cache_layout="LBNHC", hash_algo="sha256", tp_size=1, pp_size=1,
-                  block_size=16, num_kv_heads=8, head_size=128, spec_dtype="torch.bfloat16", num_layers=4)
+                  block_size=16, num_kv_heads=8, head_size=128, spec_dtype="torch.bfloat16", num_layers=4,
+                  quantization=None, hf_overrides={}, load_format="auto", seed=0)
     values.update(overrides)
     vllm_config = SimpleNamespace(
-        model_config=SimpleNamespace(model=values["model"], revision=values["revision"], dtype=values["dtype"]),
+        model_config=SimpleNamespace(model=values["model"], revision=values["revision"], dtype=values["dtype"],
+                                     quantization=values["quantization"],
+                                     hf_overrides=values["hf_overrides"], seed=values["seed"]),
+        load_config=SimpleNamespace(load_format=values["load_format"]),
         cache_config=SimpleNamespace(cache_dtype=values["cache_dtype"], kv_cache_layout=values["kv_cache_layout"],
                                      prefix_caching_hash_algo=values["hash_algo"]),
         parallel_config=SimpleNamespace(tensor_parallel_size=values["tp_size"],
@@ -191,7 +195,8 @@ def _fake_configs(**overrides):
     {"model": "/m/qwen"}, {"revision": "abc123"}, {"dtype": "torch.float16"}, {"cache_dtype": "fp8"},
     {"kv_cache_layout": "LHBNC"}, {"hash_algo": "xxhash"}, {"tp_size": 2}, {"pp_size": 2},
     {"block_size": 32}, {"num_kv_heads": 4}, {"head_size": 64}, {"spec_dtype": "torch.float8_e4m3fn"},
-    {"num_layers": 8},
+    {"num_layers": 8}, {"quantization": "fp8"}, {"hf_overrides": {"num_hidden_layers": 2}},
+    {"load_format": "dummy"},
 ])
 def test_kv_fields_any_config_change_changes_rank_namespace(override):
     # 1. Fields read from two vLLM configs that differ in one setting.
@@ -217,3 +222,34 @@ def test_kv_transfer_config_names_the_connector_and_passes_options():
     # 2. A misspelt option fails here, before vLLM starts.
     with pytest.raises(ConfigError, match="lod_mode"):
         kv_transfer_config(lod_mode="async")
+
+
+def test_kv_fields_dummy_weights_of_another_seed_differ_real_weights_ignore_the_seed():
+    # 1. Dummy weights are drawn from the seed: another seed, other KV bytes.
+    dummy = [rank_namespace(kv_fields(*_fake_configs(load_format="dummy", seed=s)), 0) for s in (0, 1)]
+    assert dummy[0] != dummy[1]
+    # 2. Real weights do not depend on it: instances with other seeds share blocks.
+    real = [rank_namespace(kv_fields(*_fake_configs(seed=s)), 0) for s in (0, 1)]
+    assert real[0] == real[1]
+
+
+def test_kv_fields_weights_replaced_in_place_change_the_namespace(tmp_path):
+    # 1. A local model directory; the namespace of its current files.
+    (tmp_path / "config.json").write_text("{}")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 64)
+    before = rank_namespace(kv_fields(*_fake_configs(model=str(tmp_path))), 0)
+    assert rank_namespace(kv_fields(*_fake_configs(model=str(tmp_path))), 0) == before
+    # 2. New weights written over the old file (another size): another namespace.
+    weights.write_bytes(b"\1" * 128)
+    assert rank_namespace(kv_fields(*_fake_configs(model=str(tmp_path))), 0) != before
+
+
+def test_kv_fields_callable_hf_overrides_give_one_namespace_in_every_process():
+    # vLLM accepts a function as hf_overrides: its repr holds an address that differs per
+    # process, which would give the scheduler and the workers different namespaces.
+    def shrink(config):
+        return config
+
+    fields = kv_fields(*_fake_configs(hf_overrides=shrink))
+    assert "0x" not in fields["hf_overrides"] and fields["hf_overrides"].endswith("shrink")

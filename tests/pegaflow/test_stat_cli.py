@@ -1,0 +1,46 @@
+"""pegaflow-stat against a live engine, a crashed one, and a reader that goes away."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _stat(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pegaflow.stat_cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_stat_cli_crashed_engine_is_reported_dead_not_running(engine_factory):
+    # 1. A live engine: its snapshot says alive.
+    engine = engine_factory()
+    live = _stat("--once", "--json", "--name", engine.name)
+    assert live.returncode == 0 and json.loads(live.stdout)["alive"] is True
+    # 2. It dies by SIGKILL, leaving its segments: the text view fails with the reason...
+    engine.is_clean_exit_expected = False
+    engine.stop(signal.SIGKILL)
+    once = _stat("--once", "--name", engine.name)
+    assert once.returncode == 1 and "is not running" in once.stderr and "crash" in once.stderr
+    # 3. ...and the JSON view still shows the last counters, with alive false and exit 1.
+    dead = _stat("--once", "--json", "--name", engine.name)
+    assert dead.returncode == 1 and json.loads(dead.stdout)["alive"] is False
+    # 4. (teardown) a new engine under the name would remove the leftovers; do it here.
+    engine_factory(engine.name)
+
+
+def test_stat_cli_live_view_into_a_closed_pipe_exits_quietly(engine):
+    # 1. `pegaflow-stat | head -1`: the reader leaves after one line.
+    proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stat_cli", "--name", engine.name,
+                             "--interval", "0.05"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    # 2. Its next line meets the closed pipe: exit 0, no traceback.
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
