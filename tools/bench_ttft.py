@@ -42,6 +42,9 @@ def _llm(args, kind: str):
     if kind == "pegaflow":
         return LLM(**common, enable_prefix_caching=False,
                    kv_transfer_config=kv_transfer_config(args.engine_name))
+    if kind == "idle":  # the connector in vLLM's path, neither saving nor loading
+        return LLM(**common, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config(
+            args.engine_name, enable_save=False, enable_load=False))
     if kind == "native":
         return LLM(**common, kv_offloading_size=args.native_offload_gib, kv_offloading_backend="native")
     return LLM(**common)
@@ -126,6 +129,9 @@ def run_phase(args) -> dict:
     llm = _llm(args, args.phase)
     _time_each(llm, _prompts(3, 1, 512, vocab), 1)  # warm-up: kernels, allocator
     result = {}
+    if args.tpot_only:
+        result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
+        return result
     _timed(result, "cold", _time_each(llm, prompts, 1))
     if args.phase == "pegaflow":
         _timed(result, "warm", _time_each(llm, prompts, 1))
@@ -152,12 +158,13 @@ def _spawn(args, phase: str) -> dict:
 
 
 def _passthrough(args) -> list[str]:
+    flags = [flag for flag, on in (("--tpot-only", args.tpot_only),
+                                   ("--no-async-scheduling", args.no_async_scheduling)) if on]
     return ["--model", args.model, "--num-prompts", str(args.num_prompts),
             "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
-            "--decode-prompts", str(args.decode_prompts),
-            "--engine-name", args.engine_name, "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-            "--native-offload-gib", str(args.native_offload_gib)] + (
-            ["--no-async-scheduling"] if args.no_async_scheduling else [])
+            "--decode-prompts", str(args.decode_prompts), "--engine-name", args.engine_name,
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+            "--native-offload-gib", str(args.native_offload_gib), *flags]
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -199,6 +206,16 @@ def summarize(peg: dict, native: dict, none: dict, gpu: str) -> dict:
     }
 
 
+def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
+    """Medians of --tpot-only's three phases and their ratios."""
+    med = {phase: statistics.median(values) for phase, values in tpot.items()}
+    return {"gpu": gpu, "tpot_saving_ms": med["pegaflow"], "tpot_idle_ms": med["idle"],
+            "tpot_none_ms": med["none"], "tpot_ratio_saving_vs_none": med["pegaflow"] / med["none"],
+            "tpot_ratio_saving_vs_idle": med["pegaflow"] / med["idle"],
+            "tpot_ratio_idle_vs_none": med["idle"] / med["none"],
+            **{f"tpot_{phase}_ms_each": values for phase, values in tpot.items()}}
+
+
 def _gpu_name() -> str:
     import torch
     return torch.cuda.get_device_name(0)
@@ -217,8 +234,10 @@ def main() -> int:
     p.add_argument("--native-offload-gib", type=float, default=40)
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="turn vLLM's asynchronous scheduling off in every phase")
+    p.add_argument("--tpot-only", action="store_true",
+                   help="only TPOT: saving, the connector idle (no save, no load), no connector")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--phase", choices=["pegaflow", "native", "none"], help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none"], help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
@@ -230,6 +249,14 @@ def main() -> int:
         engine = EngineProcess(f"ttft{os.getpid()}", backend="cuda", pool_size=args.pool_size,
                                start_timeout_s=300)
         args.engine_name = engine.name
+    if args.tpot_only:
+        try:
+            tpot = {phase: _spawn(args, phase)["tpot_ms"] for phase in ("pegaflow", "idle", "none")}
+        finally:
+            if engine is not None:
+                engine.stop()
+        print(json.dumps(summarize_tpot(tpot, _gpu_name())))
+        return 0
     try:
         peg = _spawn(args, "pegaflow")
         if engine is not None:

@@ -44,3 +44,14 @@ def test_bench_ttft_summarize_different_tokens_not_identical():
 
 def test_bench_ttft_stats_p90_is_the_high_end():
     assert _stats([1.0, 2.0, 3.0, 4.0, 100.0]) == (3.0, 100.0)
+
+
+def test_bench_ttft_summarize_tpot_separates_saving_from_the_connector_itself():
+    from tools.bench_ttft import summarize_tpot
+    # 1. Medians 12 (saving), 11 (connector idle), 10 (none): each ratio from them.
+    result = summarize_tpot({"pegaflow": [12.0, 13.0, 11.0], "idle": [11.0, 99.0, 10.0],
+                             "none": [10.0, 9.0, 11.0]}, "test-gpu")
+    assert (result["tpot_saving_ms"], result["tpot_idle_ms"], result["tpot_none_ms"]) == (12.0, 11.0, 10.0)
+    assert abs(result["tpot_ratio_saving_vs_none"] - 1.2) < 1e-12
+    assert abs(result["tpot_ratio_saving_vs_idle"] - 12 / 11) < 1e-12
+    assert abs(result["tpot_ratio_idle_vs_none"] - 1.1) < 1e-12
