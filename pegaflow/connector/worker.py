@@ -25,7 +25,7 @@ from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
 from pegaflow.connector.trace import StepTrace
-from pegaflow.errors import LayoutError, PegaflowError
+from pegaflow.errors import EngineGoneError, LayoutError, PegaflowError
 from pegaflow.host_memory import layer_records
 from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
 
@@ -220,6 +220,25 @@ class WorkerSide:
         self._step_loads = ok
         self.trace.mark("loads_accepted")
 
+    def _check_fenced_loads(self) -> None:
+        """Fenced loads were answered when issued, and vLLM's stream was told their pages
+        are there by events the engine records: an engine that went away before the
+        copies ended leaves blocks partly written.  Reported failed, vLLM drops this
+        step's tokens of those requests and recomputes them."""
+        client = self.link.client()
+        try:
+            if client is None:
+                raise EngineGoneError(f"no connection to engine {self.config.engine_name!r}")
+            client.check_engine()
+        except PegaflowError as exc:
+            if client is not None:
+                self.link.fail(exc)
+            logger.error("pegaflow: the engine went away while this step's loads were copied "
+                         "(%s); vLLM recomputes them", exc)
+            for _, spec, _ in self._step_loads:
+                self._fail_load(spec)
+        self._step_loads = []
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
@@ -357,6 +376,8 @@ class WorkerSide:
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if not self._loads_waited:
             self._wait_step_loads()  # a step that ran no attention layer still reports its loads
+        if self._step_loads and self.memory.has_events:
+            self._check_fenced_loads()
         self._submit_step_save()  # vLLM versions that skip wait_for_save on some steps
         self._collect()
         sending = {r for r in self._held if r not in self._pending_saves}

@@ -1,10 +1,11 @@
 """WorkerSide paths that need no vLLM: giving up on copies that never finish, fencing loads."""
 
 import time
+from types import SimpleNamespace
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.worker import WorkerSide
-from pegaflow.errors import CudaError
+from pegaflow.errors import CudaError, EngineGoneError
 
 
 class StuckClient:
@@ -113,3 +114,44 @@ def test_worker_load_that_cannot_be_fenced_is_recomputed():
     worker.start_load_kv()
     assert client.loads == []
     assert worker.get_block_ids_with_load_errors() == {5, 6}
+
+
+class AcceptingClient(LoadClient):
+    """Accepts every load at issue (fenced); ``gone`` makes the engine's liveness check fail."""
+
+    def __init__(self, memory):
+        super().__init__(memory)
+        self.gone = False
+
+    def wait(self, request_id, timeout_s):
+        return SimpleNamespace(is_ok=True, status=0)
+
+    def check_engine(self):
+        if self.gone:
+            raise EngineGoneError("engine exited")
+
+
+def _step_with_a_fenced_load(gone: bool):
+    memory = FencedMemory()
+    worker, _ = _worker_with_a_load(memory)
+    client = AcceptingClient(memory)
+    worker.link._client = client
+    worker.start_load_kv()
+    worker.wait_for_layer_load("layer")  # the load is accepted: vLLM's stream waits on events
+    client.gone = gone
+    worker.get_finished(set())
+    return worker, client
+
+
+def test_worker_fenced_loads_of_an_engine_that_went_away_are_recomputed():
+    # 1. The engine accepted the step's load, then died before the step ended: its copies
+    #    may not have finished, so the blocks are reported failed (vLLM drops the step's
+    #    token of that request and recomputes) and the connection is dropped.
+    worker, client = _step_with_a_fenced_load(gone=True)
+    assert worker.get_block_ids_with_load_errors() == {5, 6}
+    assert client.calls == ["revoke", "close"] and worker.link.is_down
+
+
+def test_worker_fenced_loads_of_a_live_engine_are_kept():
+    worker, client = _step_with_a_fenced_load(gone=False)
+    assert worker.get_block_ids_with_load_errors() == set() and client.calls == []
