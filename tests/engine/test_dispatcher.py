@@ -12,11 +12,8 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 import pegaflow.client
-from engine.dispatcher import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
 from pegaflow.errors import CommandError
 from pegaflow.host_memory import HostKVBuffer, layer_records
 from pegaflow.wire import (BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes,
@@ -407,18 +404,6 @@ def test_dispatcher_detach_waits_for_copies_then_frees_everything():
     assert backend.unregistered == [0] and client.num_inflight == 0
 
 
-@given(st.integers(0, 20000))
-def test_chunk_bounds_cover_every_item_with_short_first_and_last_chunks(num_items):
-    # 1. Chunks tile [0, num_items) in order, none empty, none over MAX_CHUNK.
-    bounds = list(chunk_bounds(num_items))
-    assert [b[0] for b in bounds[1:]] == [b[1] for b in bounds[:-1]]
-    assert (bounds[0][0], bounds[-1][1]) == (0, num_items) if num_items else bounds == []
-    assert all(0 < end - start <= MAX_CHUNK for start, end in bounds)
-    # 2. The first and the last chunk are at most FIRST_CHUNK long.
-    if bounds:
-        assert bounds[0][1] - bounds[0][0] <= FIRST_CHUNK and bounds[-1][1] - bounds[-1][0] <= FIRST_CHUNK
-
-
 def test_dispatcher_revoked_saves_store_nothing():
     # 1. A SAVE is in flight; then the client revokes its saves (it stopped waiting and may
     #    reuse the blocks): the copy ends, but nothing is stored and the SAVE fails.
@@ -518,8 +503,8 @@ def test_dispatcher_fault_in_the_middle_of_a_save_leaves_no_marks(monkeypatch):
     # 1. Chunks of 2 blocks; the backend takes the first chunk and fails (a bug, not a
     #    refusal) on the second.
     from engine.copy.base import CopyDone
-    import engine.dispatcher
-    monkeypatch.setattr(engine.dispatcher, "FIRST_CHUNK", 2)
+    import engine.transfers
+    monkeypatch.setattr(engine.transfers, "FIRST_CHUNK", 2)
     h = _held_dispatcher()
     submit = h.backend.submit
 
