@@ -30,7 +30,8 @@ from engine.pool import PagePool
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
 from pegaflow.shm import is_pid_alive
-from pegaflow.ring import Doorbell, RingConsumer, RingProducer, sleep_until
+from pegaflow.ring import RingConsumer, RingProducer
+from pegaflow.waits import Doorbell, sleep_until
 from pegaflow.wire import STATS, Opcode, SlotState, Status
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,9 @@ from pegaflow import shm
 from pegaflow.shm import is_pid_alive
 from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
                              NoFreeSlotError, PegaflowError, WireVersionError)
-from pegaflow.ring import (Doorbell, PayloadArena, RingConsumer, RingProducer, RingSegmentView,
-                           poll_until)
+from pegaflow.arena import PayloadArena
+from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
+from pegaflow.waits import Doorbell, poll_until
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
                            RING_HEADER, SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
                            Status, encode_hashes)

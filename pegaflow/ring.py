@@ -1,4 +1,5 @@
-"""Single-producer single-consumer rings of fixed records, and the payload arena.
+"""Single-producer single-consumer rings of fixed records (the arena is ``arena.py``, the
+waits ``waits.py``).
 
 Layout of one client's ring segment (``ring.<slot>``, created by the engine)::
 
@@ -29,31 +30,18 @@ from __future__ import annotations
 
 import collections
 import functools
-import platform
 import struct
 import sys
-import threading
 import time
-from collections import deque
 
 import numpy as np
-import posix_ipc
 
-from pegaflow.errors import PayloadTooLargeError, RingEmptyError, RingFullError
+from pegaflow.errors import RingEmptyError, RingFullError
+from pegaflow.waits import WEAK_MEMORY_ORDER, Doorbell, fence, poll_until, sleep_until
 from pegaflow.wire import COMPLETION, RING_HEADER, SUBMISSION
-
-ARENA_ALIGN = 64
-DEFAULT_SPIN_S = 50e-6
 
 if sys.byteorder != "little":
     raise ImportError("pegaflow's rings read their little-endian seq words as native integers")
-
-# x86 keeps stores in order and loads in order (TSO): a record written before its seq word
-# is seen before it.  Elsewhere (aarch64, e.g. Grace Hopper) ``fence()`` goes between the
-# record and its seq word on both sides; from Python that is a lock round trip (atomic
-# read-modify-writes), which orders in practice but is not formally a full fence there:
-# x86 is the platform these rings are tested on.
-WEAK_MEMORY_ORDER = platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686")
 
 
 def ring_segment_bytes(ring_slots: int, arena_bytes: int) -> int:
@@ -65,72 +53,6 @@ def reset_slots(slots: np.ndarray) -> None:
     """Make every slot free for lap 0 (the creator does this; so does a reclaim)."""
     slots[:] = np.zeros(1, dtype=slots.dtype)
     slots["seq"] = np.arange(len(slots), dtype=np.uint64)
-
-
-_fence_lock = threading.Lock()
-_fence_acquire, _fence_release = _fence_lock.acquire, _fence_lock.release
-
-
-def fence() -> None:
-    """A lock round trip: on x86 a locked instruction, a full barrier that orders our store
-    before our next load (see WEAK_MEMORY_ORDER for other CPUs)."""
-    _fence_acquire()
-    _fence_release()
-
-
-class Doorbell:
-    """Wake a sleeping consumer without a system call when it is awake.
-
-    The consumer spins first; before sleeping on the semaphore it raises ``sleeping``
-    (a word in shared memory), fences, and re-checks its ring.  The producer publishes,
-    fences, and posts the semaphore only if ``sleeping`` is raised.  Either the consumer
-    sees the record or the producer sees the flag, so no wake-up is lost.
-    """
-
-    def __init__(self, sem: posix_ipc.Semaphore | None, sleeping: memoryview | None = None,
-                 spin_s: float = DEFAULT_SPIN_S):
-        self.sem = sem
-        self.sleeping = sleeping
-        self.spin_s = spin_s
-
-    def ring(self) -> None:
-        """Call after publishing: posts the semaphore only if the consumer sleeps."""
-        sleeping = self.sleeping
-        if sleeping is not None:
-            _fence_acquire()  # fence(), inlined: our publish before our read of the flag
-            _fence_release()
-            if not sleeping[0]:
-                return
-        if self.sem is not None:
-            self.sem.release()
-
-    def drain(self) -> None:
-        """Drop pending wake-ups; call before re-checking the ring and sleeping."""
-        if self.sem is None:
-            return
-        try:
-            while True:
-                self.sem.acquire(0)
-        except posix_ipc.BusyError:
-            return
-
-    def set_sleeping(self, is_sleeping: bool) -> None:
-        if self.sleeping is not None:
-            self.sleeping[0] = int(is_sleeping)
-            if is_sleeping:
-                fence()
-
-    def sleep(self, timeout_s: float) -> None:
-        """Sleep until rung or ``timeout_s``; without a semaphore, a short nap."""
-        if timeout_s <= 0:
-            return
-        if self.sem is None:
-            time.sleep(min(timeout_s, 1e-3))
-            return
-        try:
-            self.sem.acquire(timeout_s)
-        except (posix_ipc.BusyError, posix_ipc.SignalError):
-            return  # timed out, or a signal arrived: the caller re-checks its state
 
 
 def _struct_of(dtype: np.dtype) -> struct.Struct:
@@ -311,91 +233,6 @@ class RingConsumer(_RingView):
             if not self.wait(deadline):
                 raise RingEmptyError(f"nothing arrived within {timeout_s:.3f}s")
         return record
-
-
-def poll_until(attempt, timeout_s: float, first_pause_s: float = 1e-6, max_pause_s: float = 1e-3):
-    """``attempt()`` until it returns something other than None (returned), or None once
-    ``timeout_s`` has passed; the pauses between attempts double up to ``max_pause_s``.
-    For waits nobody rings a doorbell for (a free ring slot, arena space, a slot state)."""
-    deadline = time.monotonic() + timeout_s
-    pause = first_pause_s
-    while (result := attempt()) is None:
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(pause)
-        pause = min(pause * 2, max_pause_s)
-    return result
-
-
-def sleep_until(is_ready, doorbell: Doorbell, deadline: float) -> bool:
-    """Sleep on the doorbell until ``is_ready`` (True) or ``deadline`` (False)."""
-    while True:
-        doorbell.drain()
-        doorbell.set_sleeping(True)
-        if is_ready():
-            doorbell.set_sleeping(False)
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            doorbell.set_sleeping(False)
-            return False
-        doorbell.sleep(remaining)
-        doorbell.set_sleeping(False)
-        if time.monotonic() >= deadline:  # woken by the deadline: one last look, no re-arming
-            return is_ready()
-
-
-class PayloadArena:
-    """The producer's allocator over the arena: in-order allocation and reclaim."""
-
-    def __init__(self, arena: np.ndarray, producer: RingProducer):
-        self.arena = arena
-        self.num_bytes = len(arena)
-        self.producer = producer
-        self.head = 0
-        self.tail = 0
-        self._pending: deque[tuple[int, int]] = deque()  # (ring position, arena head after)
-
-    def _reclaim(self) -> None:
-        while self._pending and self.producer.is_consumed(self._pending[0][0]):
-            self.tail = self._pending.popleft()[1]
-
-    def try_alloc(self, num_bytes: int) -> int | None:
-        """Offset of ``num_bytes`` free bytes, or None while the engine still reads them."""
-        size = -(-num_bytes // ARENA_ALIGN) * ARENA_ALIGN
-        if size > self.num_bytes:
-            raise PayloadTooLargeError(
-                f"payload of {num_bytes} bytes exceeds the {self.num_bytes}-byte arena")
-        self._reclaim()
-        if self.head == self.tail and not self._pending:
-            # Empty: start the next payload at the arena's beginning, so any size that fits does.
-            self.head = self.tail = -(-self.head // self.num_bytes) * self.num_bytes
-        start = self.head
-        if start % self.num_bytes + size > self.num_bytes:
-            start += self.num_bytes - start % self.num_bytes
-        if start + size - self.tail > self.num_bytes:
-            return None
-        self.head = start + size
-        return start % self.num_bytes
-
-    def alloc(self, num_bytes: int, timeout_s: float) -> int:
-        offset = poll_until(lambda: self.try_alloc(num_bytes), timeout_s)
-        if offset is None:
-            raise RingFullError(f"payload arena full for {timeout_s:.3f}s")
-        return offset
-
-    def write(self, offset: int, parts: list[np.ndarray]) -> int:
-        """Copy arrays back to back at ``offset``; returns the bytes written."""
-        at = offset
-        for part in parts:
-            raw = np.ascontiguousarray(part).view(np.uint8).reshape(-1)
-            self.arena[at:at + len(raw)] = raw
-            at += len(raw)
-        return at - offset
-
-    def mark_sent(self, position: int) -> None:
-        """Tie the bytes allocated so far to the submission published at ``position``."""
-        self._pending.append((position, self.head))
 
 
 class RingSegmentView:

@@ -1,4 +1,5 @@
-"""pegaflow.ring: SPSC rings, the payload arena and the doorbell.
+"""pegaflow.ring with pegaflow.arena and pegaflow.waits: SPSC rings, the payload arena and
+the doorbell, together, as a client and the engine use them.
 
 Scenarios run single-threaded against a model, across threads, and across processes
 over posix shared memory; hypothesis picks ring sizes, burst/pause patterns and
@@ -23,8 +24,9 @@ from hypothesis import strategies as st
 
 from pegaflow import shm
 from pegaflow.errors import PayloadTooLargeError, RingEmptyError, RingFullError
-from pegaflow.ring import (ARENA_ALIGN, Doorbell, PayloadArena, RingConsumer, RingProducer,
-                           reset_slots)
+from pegaflow.arena import ARENA_ALIGN, PayloadArena
+from pegaflow.ring import RingConsumer, RingProducer, reset_slots
+from pegaflow.waits import Doorbell
 from pegaflow.wire import SUBMISSION
 from tests.spawn import start_child, stop_child
 
