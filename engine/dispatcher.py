@@ -49,7 +49,7 @@ class Dispatcher:
         # Whether the index may have changed since the gauges were last written: set by
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
-        self.transfers = Transfers(index, backend, stats, self.update_gauges)
+        self.transfers = Transfers(index, backend, stats, self.update_gauges, self.on_copy_done)
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,

@@ -106,6 +106,7 @@ class EngineSegments:
         self.epoch = secrets.randbits(63) or 1
         self._segments: list[shm.Segment] = []
         self._semaphores: list[str] = []
+        self.pool: shm.Segment | None = None
         self._name_lock = _claim_name(config.name)
         self.control = self._create_control()
         try:
@@ -195,8 +196,12 @@ class EngineSegments:
     def mark_stopping(self) -> None:
         self.header["is_stopping"] = 1
 
-    def unlink_all(self) -> None:
-        """Unlink every segment and semaphore this engine created (its name becomes free)."""
+    def unlink_all(self, release_pool: bool = True) -> None:
+        """Unlink every segment and semaphore this engine created (its name becomes free).
+        With ``release_pool`` (no copy may still touch it), the pool's memory is given back
+        first: an engine started under the name as soon as it is free must find the room."""
+        if release_pool and self.pool is not None:
+            self.pool.discard()
         for segment in self._segments:
             shm.unlink_segment(segment.name)
         for name in self._semaphores:

@@ -239,5 +239,5 @@ class EngineServer:
                 client.answer(rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
             client.flush()
         self.backend.close()
-        self.segments.unlink_all()
+        self.segments.unlink_all(release_pool=self.backend.num_inflight() == 0)
         logger.info("engine %r stopped; its shared memory is unlinked", self.config.name)

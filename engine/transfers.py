@@ -79,11 +79,13 @@ def chunk_bounds(num_items: int):
 
 class Transfers:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter,
-                 update_gauges: Callable[[], None]):
+                 update_gauges: Callable[[], None], on_copy_finished: Callable[[CopyDone], None]):
         self.index = index
         self.backend = backend
         self.stats = stats
         self.update_gauges = update_gauges  # before an answer: a client then reads current stats
+        # The dispatcher's on_copy_done (which calls ours): for copies this class polls itself.
+        self.on_copy_finished = on_copy_finished
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
         self._tokens = itertools.count(1)
 
@@ -180,6 +182,11 @@ class Transfers:
         started = time.perf_counter()
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         record_events = self._check_event(client, rec, len(placements))
+        wait_event = None
+        if rec.flags & CommandFlag.AFTER_CLIENT:
+            if not client.num_events:
+                raise CommandError(Status.BAD_ARGUMENT, "AFTER_CLIENT without registered events")
+            wait_event = client.num_events - 1
         entries = [self.index.get_ready(key) for key in keys]
         missing = sum(entry is None for entry in entries)
         if missing:
@@ -194,11 +201,6 @@ class Transfers:
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         self.index.pin(keys)
         planned = time.perf_counter()
-        wait_event = None
-        if rec.flags & CommandFlag.AFTER_CLIENT:
-            if not client.num_events:
-                raise CommandError(Status.BAD_ARGUMENT, "AFTER_CLIENT without registered events")
-            wait_event = client.num_events - 1
         if keys:
             with self._answered_on_fault(pending):
                 self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
@@ -210,7 +212,7 @@ class Transfers:
                          (planned - started) * 1e3, (time.perf_counter() - planned) * 1e3)
         if record_events is not None:
             for done in self.backend.poll():  # a refusal at submit must not be answered OK
-                self.on_copy_done(done)
+                self.on_copy_finished(done)  # any client's: its DETACH may be waiting on it
         if record_events is not None and pending.error is None and keys:
             pending.is_answered = True  # the client's events fence the data, not our answer
             self.update_gauges()

@@ -60,6 +60,16 @@ class Segment:
         view = np.frombuffer(self._map, dtype=np.uint8, count=1)
         return view.__array_interface__["data"][0]
 
+    def discard(self) -> None:
+        """Give the segment's memory back to the system now; its bytes read as zeros after.
+        For a stopping owner whose mapping (numpy views) outlives the segment's name."""
+        if not hasattr(mmap, "MADV_REMOVE"):
+            return  # not Linux: the memory goes when the last mapping does
+        try:
+            self._map.madvise(mmap.MADV_REMOVE)
+        except OSError as exc:
+            logger.info("%s: memory kept until exit (madvise: %s)", self.name, exc)
+
     def close(self) -> None:
         """Unmap; views still alive keep the mapping until they are collected."""
         try:

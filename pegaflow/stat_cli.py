@@ -37,7 +37,9 @@ def read_stats(name: str) -> dict:
                                     for st in Status if st != Status.OK}
     snapshot["uptime_s"] = round(max(0, time.time_ns() - snapshot["start_ns"]) / 1e9, 3)
     snapshot["name"] = name
-    snapshot["alive"] = is_pid_alive(snapshot["engine_pid"])
+    # engine_pid is written once the pool is ready (pre-touching a large one takes seconds)
+    snapshot["starting"] = snapshot["engine_pid"] == 0
+    snapshot["alive"] = snapshot["starting"] or is_pid_alive(snapshot["engine_pid"])
     return snapshot
 
 
@@ -60,6 +62,8 @@ def _gib(num_bytes: int) -> str:
 
 
 def format_once(s: dict) -> str:
+    if s["starting"]:
+        return f"engine {s['name']!r} is starting (preparing its pool)"
     lines = [f"engine {s['name']!r} pid {s['engine_pid']} up {s['uptime_s']:.0f}s, "
              f"{s['clients_attached']} clients, {s['leases_active']} leases",
              f"pool    {_gib(s['pool_bytes_used'])} / {_gib(s['pool_bytes_total'])} GiB, "

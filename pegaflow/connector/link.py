@@ -13,12 +13,15 @@ from collections.abc import Callable
 
 from pegaflow.client import EngineClient
 from pegaflow.errors import CommandError, EngineGoneError, PegaflowError
+from pegaflow.wire import Status
 
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 1.0
 DETACH_TIMEOUT_S = 0.2
 REFUSED_RETRY_S = 60.0  # the engine refused our setup: its config must change first
+# Answers that say our setup does not fit this engine (others, e.g. SHUTTING_DOWN, pass).
+REFUSALS = frozenset({Status.BAD_ARGUMENT, Status.BAD_PAYLOAD, Status.UNKNOWN_REGION})
 
 
 class EngineLink:
@@ -49,7 +52,7 @@ class EngineLink:
         except PegaflowError as exc:
             if client is not None:
                 client.close(timeout_s=DETACH_TIMEOUT_S)  # e.g. REGISTER refused: free the slot
-            if isinstance(exc, CommandError):
+            if isinstance(exc, CommandError) and exc.status in REFUSALS:
                 self._mark_refused(exc)
             else:
                 self._mark_down(exc)

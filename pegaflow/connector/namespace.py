@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 
+from pegaflow.errors import ConfigError
 from pegaflow.wire import WIRE_VERSION
 
 
@@ -55,10 +56,24 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
 
 
 def _stable_text(value) -> str:
-    """The same text in every process (a callable's repr carries its address)."""
-    if callable(value):
-        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
-    return json.dumps(value, sort_keys=True, default=str)
+    """The same text in every process, or ConfigError: a callable's or an object's repr
+    carries its address, a set's order its hash seed."""
+    return json.dumps(_canonical(value), sort_keys=True)
+
+
+def _canonical(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if callable(value):  # a function or a class: by name (its code is the model's to keep)
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+    raise ConfigError(f"hf_overrides holds a {type(value).__name__}, which pegaflow cannot "
+                      f"fingerprint the same way in every vLLM process")
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json")

@@ -224,7 +224,8 @@ class WorkerSide:
         """Fenced loads were answered when issued, and vLLM's stream was told their pages
         are there by events the engine records: an engine that went away before the
         copies ended leaves blocks partly written.  Reported failed, vLLM drops this
-        step's tokens of those requests and recomputes them."""
+        step's tokens of those requests and recomputes them.  Best effort: the check runs
+        when the CPU ends the step, which may be before the GPU has run the copies."""
         client = self.link.client()
         try:
             if client is None:

@@ -358,29 +358,37 @@ def _held_dispatcher(refuse: bool = False):
         def __init__(self, size): self.buf, self.name = np.zeros(size, np.uint8), "mem"
         def array(self, dtype, count, offset=0): return np.frombuffer(self.buf, dtype, count, offset)
 
-    slots, arena = 8, 1 << 16
-    view = RingSegmentView(Segment(64 + slots * (SUBMISSION.itemsize + COMPLETION.itemsize) + arena),
-                           slots, arena)
-    reset_slots(view.submissions)
-    reset_slots(view.completions)
-    client = ClientState(0, view, RingConsumer(view.submissions), RingProducer(view.completions),
-                         pid=os.getpid(), is_attached=True)
-    client.layers = {0: LayerPlacement(0, 0, 0, 4096)}
-    client.region_blocks, client.page_bytes, client.num_events = {0: 16}, 4096, 4
     backend = HeldBackend()
     dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), backend,
                             StatsWriter(np.zeros(1, STATS)))
     make = record_type(SUBMISSION)
 
-    def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0, event_index=NO_EVENT,
-             flags=0, arg=0):
-        view.arena[:payload.nbytes] = payload.view(np.uint8)
-        rec = make(0, request_id, opcode, flags, ALL_LAYERS, 0, num_items, event_index, 7, 0,
-                   payload.nbytes, WIRE_VERSION, arg)
-        dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
+    def add_client(slot: int) -> SimpleNamespace:
+        """Another in-memory client of the same dispatcher (same geometry, own ring)."""
+        num_slots, arena = 8, 1 << 16
+        view = RingSegmentView(Segment(64 + num_slots * (SUBMISSION.itemsize + COMPLETION.itemsize)
+                                       + arena), num_slots, arena)
+        reset_slots(view.submissions)
+        reset_slots(view.completions)
+        client = ClientState(slot, view, RingConsumer(view.submissions), RingProducer(view.completions),
+                             pid=os.getpid(), is_attached=True)
+        client.layers = {0: LayerPlacement(0, 0, 0, 4096)}
+        client.region_blocks, client.page_bytes, client.num_events = {0: 16}, 4096, 4
 
-    return SimpleNamespace(dispatcher=dispatcher, client=client, backend=backend, view=view,
-                           send=send, completions=RingConsumer(view.completions))
+        def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0,
+                 event_index=NO_EVENT, flags=0, arg=0):
+            view.arena[:payload.nbytes] = payload.view(np.uint8)
+            rec = make(0, request_id, opcode, flags, ALL_LAYERS, 0, num_items, event_index, 7, 0,
+                       payload.nbytes, WIRE_VERSION, arg)
+            dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
+
+        return SimpleNamespace(client=client, view=view, send=send,
+                               completions=RingConsumer(view.completions))
+
+    first = add_client(0)
+    return SimpleNamespace(dispatcher=dispatcher, backend=backend, add_client=add_client,
+                           client=first.client, view=first.view, send=first.send,
+                           completions=first.completions)
 
 
 def _save_payload(ids, hashes: list[bytes]) -> np.ndarray:
@@ -582,6 +590,9 @@ def test_dispatcher_after_client_load_without_events_is_refused():
     h.send(2, Opcode.LOAD, _save_payload([5], hashes), 1, flags=CommandFlag.AFTER_CLIENT)
     answer = h.completions.try_get()
     assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
+    # The stored block is not left pinned (it could never be evicted).
+    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
+    assert h.dispatcher.index.entries[keys[0]].refs == 0
 
 
 def test_dispatcher_register_of_a_registered_region_id_is_refused(shared_engine, kv_client, rng,
@@ -599,3 +610,28 @@ def test_dispatcher_register_of_a_registered_region_id_is_refused(shared_engine,
     kv.pages[:, [2, 3]] = 0
     assert kv.load(NAMESPACE, [2, 3], hashes).is_ok
     np.testing.assert_array_equal(kv.pages[:, [2, 3]], expected)
+
+
+def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_another_clients_load_polls_it():
+    # 1. Client A's SAVE is in flight when A says DETACH: its answer waits for the copy.
+    from engine.copy.base import CopyDone
+    h = _held_dispatcher()
+    b = h.add_client(1)
+    _stored(h, 1, [1], [b"y" * 32])  # something for B to load
+    h.send(2, Opcode.SAVE, _save_payload([2], [b"z" * 32]), 1)
+    h.send(3, Opcode.DETACH)
+    (save_token,) = h.backend.held
+    assert h.completions.try_get() is None  # neither the SAVE nor the DETACH is answered yet
+    # 2. B's fenced LOAD polls the backend inside its own handling, and the poll reports A's
+    #    copy done: A's DETACH must be answered then, and A's memory let go.
+    h.backend.held.remove(save_token)
+    h.backend.refused.append(save_token)  # reported by the next poll (as "refused")
+    b.send(4, Opcode.LOAD, _save_payload([5], [b"y" * 32]), 1, event_index=0)
+    answers = []
+    while (answer := h.completions.try_get()) is not None:
+        answers.append((answer.request_id, answer.opcode))
+    assert (3, Opcode.DETACH) in answers
+    assert h.backend.unregistered == [0] and h.client.num_inflight == 0
+    # 3. B's own LOAD went ahead as usual.
+    assert b.completions.try_get().status == Status.OK
+    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))

@@ -7,6 +7,7 @@ import os
 import signal
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from engine import segments
@@ -94,3 +95,19 @@ def test_clean_stop_removes_the_name_lock_and_the_name_can_be_taken_again(engine
     # 2. Another engine takes the name at once.
     again = engine_factory(engine.name)
     assert again.connect().ping() >= 0
+
+
+@pytest.mark.parametrize("release_pool", [True, False])
+def test_unlink_all_gives_the_pool_memory_back_only_when_no_copy_can_touch_it(release_pool):
+    # 1. An engine's segments; the pool holds bytes, and a view of it outlives the names.
+    from engine.config import EngineConfig
+    from engine.segments import EngineSegments
+    name = f"t{os.getpid()}_discard{int(release_pool)}"
+    segs = EngineSegments(EngineConfig(name=name, pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
+    view = segs.pool.array(np.uint8, 4 << 20)
+    view[:] = 0xAB
+    # 2. Unlinked with release_pool (the stop found no copy in flight): the memory is given
+    #    back at once, before the name is free; without it (copies may still run) it stays.
+    segs.unlink_all(release_pool=release_pool)
+    assert (view == (0 if release_pool else 0xAB)).all()
+    assert not [e for e in os.listdir("/dev/shm") if f".{name}." in e]

@@ -44,3 +44,21 @@ def test_stat_cli_live_view_into_a_closed_pipe_exits_quietly(engine):
     # 2. Its next line meets the closed pipe: exit 0, no traceback.
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+
+
+def test_stat_cli_engine_still_preparing_its_pool_is_starting_not_dead():
+    # 1. The stats segment exists, its engine_pid not written yet (the pool is being
+    #    pre-touched): alive and starting, exit 0.
+    from pegaflow import shm
+    from pegaflow.wire import STATS
+    name = f"t{os.getpid()}_starting"
+    segment = shm.create_segment(shm.ipc_name(name, "stats"), STATS.itemsize)
+    try:
+        snapshot = _stat("--once", "--json", "--name", name)
+        assert snapshot.returncode == 0, snapshot.stderr
+        assert json.loads(snapshot.stdout)["starting"] is True
+        once = _stat("--once", "--name", name)
+        assert once.returncode == 0 and "is starting" in once.stdout
+    finally:
+        segment.close()
+        segment.unlink()

@@ -252,4 +252,13 @@ def test_kv_fields_callable_hf_overrides_give_one_namespace_in_every_process():
         return config
 
     fields = kv_fields(*_fake_configs(hf_overrides=shrink))
-    assert "0x" not in fields["hf_overrides"] and fields["hf_overrides"].endswith("shrink")
+    assert "0x" not in fields["hf_overrides"] and fields["hf_overrides"].endswith('shrink"')
+
+
+def test_kv_fields_hf_overrides_canonical_whatever_the_hash_seed_and_refused_if_opaque():
+    # 1. A set inside: sorted, so every process writes the same text.
+    fields = kv_fields(*_fake_configs(hf_overrides={"b": {"y", "x", "z"}, "a": 1}))
+    assert fields["hf_overrides"] == '{"a": 1, "b": ["x", "y", "z"]}'
+    # 2. An object whose repr is its address: refused, not fingerprinted per process.
+    with pytest.raises(ConfigError, match="hf_overrides holds a object"):
+        kv_fields(*_fake_configs(hf_overrides={"a": object()}))

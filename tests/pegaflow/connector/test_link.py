@@ -29,3 +29,19 @@ def test_link_refused_setup_is_logged_once_as_an_error_and_retried_rarely(engine
     engine.wait_stats(lambda s: s["errors"] >= 1)
     assert "REGISTER refused" in engine.stderr_text()
     link.close()
+
+
+def test_link_engine_stopping_during_setup_is_down_not_refused(engine, caplog):
+    # An answer that says nothing about our setup (the engine is stopping) is a passing
+    # outage: the usual warning and retry period, not a refusal.
+    from pegaflow.errors import CommandError
+    from pegaflow.wire import Status
+
+    def stopping(client):
+        raise CommandError(Status.SHUTTING_DOWN, "REGISTER failed: SHUTTING_DOWN")
+
+    caplog.set_level(logging.WARNING, logger="pegaflow.connector.link")
+    link = EngineLink(engine.name, 0.01, "test worker", on_connect=stopping)
+    assert link.client() is None
+    assert "unreachable" in caplog.text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    link.close()
