@@ -55,6 +55,7 @@ from pegaflow.wire import RegionKind, Status
 logger = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 2.0  # after the server's own drain
+PROBE_DRAIN_S = 1.0  # copies in flight before auto's measurement
 _COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
 
@@ -404,8 +405,13 @@ class CudaBackend(CopyBackend):
                 dev.paths[(page_bytes, direction)] = COPY_ENGINE
             return
         pool_bytes = self._pool[1] if self._pool else 0
-        if pool_bytes >= page_bytes:
-            self._drain_all()  # the probe's copies must not share the bus with real ones
+        # The probe's copies must not share the bus with real ones; copies that do not end
+        # (they wait on a client's stuck GPU work) must not stall the engine either.
+        if pool_bytes >= page_bytes and not self._drain_all(PROBE_DRAIN_S):
+            logger.warning("auto: %d copies still running after %.0f s; %d-byte pages take the "
+                           "copy engine until a later registration measures them",
+                           len(self._inflight), PROBE_DRAIN_S, page_bytes)
+            return
         rates_by_direction = measure_paths(dev, pool_bytes, page_bytes, self._copy, self._stage,
                                            self._staging.free)
         for direction, rates in rates_by_direction.items():
@@ -418,7 +424,13 @@ class CudaBackend(CopyBackend):
             logger.info("auto: %d-byte pages %s: kernel %.1f GB/s, copy engine %.1f GB/s -> %s",
                         page_bytes, direction.name, kernel_gbps, dma_gbps, path)
 
-    def _drain_all(self) -> None:
+    def _drain_all(self, wait_s: float) -> bool:
+        """Whether every copy in flight ended within ``wait_s`` (polled, never blocking)."""
+        deadline = time.monotonic() + wait_s
         for f in self._inflight:
             driver.use_device(f.device)
-            driver.synchronize_event(f.done)
+            while not driver.event_done(f.done):
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(1e-4)
+        return True
