@@ -17,22 +17,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import posix_ipc
 
 from pegaflow import shm
 from pegaflow.shm import is_pid_alive
-from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
-                             NoFreeSlotError, PegaflowError, WireVersionError)
+from pegaflow.errors import CommandError, EngineGoneError, EngineTimeoutError, PegaflowError
 from pegaflow.arena import PayloadArena
+from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait_slot_active
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
-from pegaflow.waits import Doorbell, poll_until
-from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, FINGERPRINT, MAGIC, NO_EVENT,
-                           RING_HEADER, SLOT, WIRE_VERSION, CommandFlag, Opcode, SlotState,
-                           Status, encode_hashes)
+from pegaflow.waits import Doorbell
+from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, NO_EVENT, WIRE_VERSION,
+                           CommandFlag, Opcode, Status, encode_hashes)
 
 logger = logging.getLogger(__name__)
-
-CLAIM_LOCK_TIMEOUT_S = 2.0
 
 
 class Completion(NamedTuple):
@@ -85,20 +81,6 @@ def _records(hashes) -> np.ndarray:
     return hashes if isinstance(hashes, np.ndarray) else encode_hashes(hashes)
 
 
-def read_control_header(segment: shm.Segment) -> np.void:
-    header = segment.array(CONTROL_HEADER, 1)[0].copy()
-    if int(header["magic"]) == 0:
-        raise EngineNotRunningError(f"{segment.name}: the engine is still starting")
-    if int(header["magic"]) != MAGIC:
-        raise WireVersionError(f"{segment.name} is not a pegaflow control segment")
-    if int(header["version"]) != WIRE_VERSION or int(header["fingerprint"]) != FINGERPRINT:
-        raise WireVersionError(
-            f"engine speaks wire version {int(header['version'])} "
-            f"(fingerprint {int(header['fingerprint']):#x}); this client speaks "
-            f"{WIRE_VERSION} ({FINGERPRINT:#x}): run a matching pegaflow on both sides")
-    return header
-
-
 class EngineClient:
     """One attached client; not thread-safe (use one per thread that talks to the engine)."""
 
@@ -137,31 +119,7 @@ class EngineClient:
             self.close(detach=False)  # ring mapped: client_closed tells the engine
             return
         if self.slot >= 0 and self._control is not None:
-            slots = None
-            lock = shm.attach_semaphore(shm.ipc_name(self.engine_name, "lock"))
-            try:
-                lock.acquire(CLAIM_LOCK_TIMEOUT_S)
-                try:
-                    num_slots = int(read_control_header(self._control)["num_slots"])
-                    slots = self._control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
-                    if int(slots["state"][self.slot]) == SlotState.CLAIMED and \
-                            int(slots["pid"][self.slot]) == os.getpid():
-                        slots["state"][self.slot] = SlotState.FREE  # never accepted
-                        slots = None
-                finally:
-                    lock.release()
-            except posix_ipc.BusyError:
-                logger.warning("slot %d of engine %r: control lock busy; the slot stays claimed",
-                               self.slot, self.engine_name)
-            finally:
-                lock.close()
-            if slots is not None and int(slots["state"][self.slot]) == SlotState.ACTIVE and \
-                    int(slots["pid"][self.slot]) == os.getpid():
-                ring = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
-                try:  # accepted after we gave up: the engine frees it once told we are gone
-                    ring.array(RING_HEADER, 1)["client_closed"] = 1
-                finally:
-                    ring.close()
+            give_back_slot(self._control, self.engine_name, self.slot)
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -176,9 +134,9 @@ class EngineClient:
         engine_sleeping = memoryview(self._control.array(np.uint8, 4, flag_at)).cast("I")
         engine_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, "doorbell")),
                                engine_sleeping)
-        self.slot = self._claim_slot(int(header["num_slots"]))
+        self.slot = claim_slot(self._control, self.engine_name, int(header["num_slots"]))
         engine_bell.ring()
-        self._wait_slot_active(int(header["num_slots"]), timeout_s)
+        wait_slot_active(self._control, self.engine_name, self.slot, int(header["num_slots"]), timeout_s)
         ring_slots, arena_bytes = int(header["ring_slots"]), int(header["arena_bytes"])
         self._ring_segment = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
         view = RingSegmentView(self._ring_segment, ring_slots, arena_bytes)
@@ -192,38 +150,6 @@ class EngineClient:
         self.is_closed = False
         self.call(Opcode.ATTACH, arg=os.getpid(), timeout_s=timeout_s)
         logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
-
-    def _claim_slot(self, num_slots: int) -> int:
-        lock = shm.attach_semaphore(shm.ipc_name(self.engine_name, "lock"))
-        try:
-            lock.acquire(CLAIM_LOCK_TIMEOUT_S)
-        except posix_ipc.BusyError as exc:
-            raise EngineTimeoutError("the engine's control lock stayed taken") from exc
-        try:
-            slots = self._control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
-            free = np.flatnonzero(slots["state"] == SlotState.FREE)
-            if len(free) == 0:
-                raise NoFreeSlotError(f"all {num_slots} client slots of engine "
-                                      f"{self.engine_name!r} are taken")
-            slot = int(free[0])
-            slots["pid"][slot] = os.getpid()
-            slots["claim_ns"][slot] = time.monotonic_ns()
-            slots["state"][slot] = SlotState.CLAIMED
-            return slot
-        finally:
-            lock.release()
-            lock.close()
-
-    def _wait_slot_active(self, num_slots: int, timeout_s: float) -> None:
-        """The engine resets the slot's ring and marks it ACTIVE; wait for that."""
-        slots = self._control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
-
-        def is_active():
-            return True if int(slots["state"][self.slot]) == SlotState.ACTIVE else None
-
-        if poll_until(is_active, timeout_s, first_pause_s=1e-5, max_pause_s=5e-3) is None:
-            raise EngineTimeoutError(f"engine {self.engine_name!r} did not accept slot "
-                                     f"{self.slot} within {timeout_s:.3f}s")
 
     def _new_request_id(self) -> int:
         request_id = self._next_request_id

@@ -195,7 +195,8 @@ def test_server_absent_engine_connect_raises_engine_not_running(engine):
 def test_server_client_of_another_wire_version_gets_wire_version_error(engine, monkeypatch, constant):
     engine.wait_stats(lambda s: s["clients_attached"] == 0)
     # 1. A client built from another wire layout attaches.
-    monkeypatch.setattr(pegaflow.client, constant, getattr(pegaflow.client, constant) + 1)
+    import pegaflow.slots
+    monkeypatch.setattr(pegaflow.slots, constant, getattr(pegaflow.slots, constant) + 1)
     with pytest.raises(WireVersionError, match="wire version"):
         EngineClient.connect(engine.name, timeout_s=2.0)
     monkeypatch.undo()

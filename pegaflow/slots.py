@@ -1,0 +1,108 @@
+"""The client's side of the control segment: read its header, claim a free client slot
+under the control lock, wait for the engine to accept it, or give it back.
+
+The engine accepts a claim (CLAIMED -> ACTIVE) under the same lock, so a client that gives
+up frees its slot only while it is still CLAIMED; one accepted meanwhile is freed by the
+engine once the ring says ``client_closed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import posix_ipc
+
+from pegaflow import shm
+from pegaflow.errors import EngineNotRunningError, EngineTimeoutError, NoFreeSlotError, WireVersionError
+from pegaflow.waits import poll_until
+from pegaflow.wire import CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT, WIRE_VERSION, SlotState
+
+logger = logging.getLogger(__name__)
+
+CLAIM_LOCK_TIMEOUT_S = 2.0
+
+
+def read_control_header(segment: shm.Segment) -> np.void:
+    header = segment.array(CONTROL_HEADER, 1)[0].copy()
+    if int(header["magic"]) == 0:
+        raise EngineNotRunningError(f"{segment.name}: the engine is still starting")
+    if int(header["magic"]) != MAGIC:
+        raise WireVersionError(f"{segment.name} is not a pegaflow control segment")
+    if int(header["version"]) != WIRE_VERSION or int(header["fingerprint"]) != FINGERPRINT:
+        raise WireVersionError(
+            f"engine speaks wire version {int(header['version'])} "
+            f"(fingerprint {int(header['fingerprint']):#x}); this client speaks "
+            f"{WIRE_VERSION} ({FINGERPRINT:#x}): run a matching pegaflow on both sides")
+    return header
+
+
+def _slot_table(control: shm.Segment, num_slots: int) -> np.ndarray:
+    return control.array(SLOT, num_slots, CONTROL_HEADER.itemsize)
+
+
+def claim_slot(control: shm.Segment, engine_name: str, num_slots: int) -> int:
+    """A free slot, now CLAIMED by this process (NoFreeSlotError if none is free)."""
+    lock = shm.attach_semaphore(shm.ipc_name(engine_name, "lock"))
+    try:
+        lock.acquire(CLAIM_LOCK_TIMEOUT_S)
+    except posix_ipc.BusyError as exc:
+        raise EngineTimeoutError("the engine's control lock stayed taken") from exc
+    try:
+        slots = _slot_table(control, num_slots)
+        free = np.flatnonzero(slots["state"] == SlotState.FREE)
+        if len(free) == 0:
+            raise NoFreeSlotError(f"all {num_slots} client slots of engine "
+                                  f"{engine_name!r} are taken")
+        slot = int(free[0])
+        slots["pid"][slot] = os.getpid()
+        slots["claim_ns"][slot] = time.monotonic_ns()
+        slots["state"][slot] = SlotState.CLAIMED
+        return slot
+    finally:
+        lock.release()
+        lock.close()
+
+
+def wait_slot_active(control: shm.Segment, engine_name: str, slot: int, num_slots: int,
+                     timeout_s: float) -> None:
+    """The engine resets the slot's ring and marks it ACTIVE; wait for that."""
+    slots = _slot_table(control, num_slots)
+
+    def is_active():
+        return True if int(slots["state"][slot]) == SlotState.ACTIVE else None
+
+    if poll_until(is_active, timeout_s, first_pause_s=1e-5, max_pause_s=5e-3) is None:
+        raise EngineTimeoutError(f"engine {engine_name!r} did not accept slot "
+                                 f"{slot} within {timeout_s:.3f}s")
+
+
+def give_back_slot(control: shm.Segment, engine_name: str, slot: int) -> None:
+    """An attach that failed after its claim: free the slot if the engine has not accepted
+    it yet, else tell the engine (``client_closed``) that its client is gone."""
+    slots = None
+    lock = shm.attach_semaphore(shm.ipc_name(engine_name, "lock"))
+    try:
+        lock.acquire(CLAIM_LOCK_TIMEOUT_S)
+        try:
+            slots = _slot_table(control, int(read_control_header(control)["num_slots"]))
+            if int(slots["state"][slot]) == SlotState.CLAIMED and \
+                    int(slots["pid"][slot]) == os.getpid():
+                slots["state"][slot] = SlotState.FREE  # never accepted
+                slots = None
+        finally:
+            lock.release()
+    except posix_ipc.BusyError:
+        logger.warning("slot %d of engine %r: control lock busy; the slot stays claimed",
+                       slot, engine_name)
+    finally:
+        lock.close()
+    if slots is not None and int(slots["state"][slot]) == SlotState.ACTIVE and \
+            int(slots["pid"][slot]) == os.getpid():
+        ring = shm.attach_segment(shm.ipc_name(engine_name, f"ring.{slot}"))
+        try:  # accepted after we gave up: the engine frees it once told we are gone
+            ring.array(RING_HEADER, 1)["client_closed"] = 1
+        finally:
+            ring.close()
