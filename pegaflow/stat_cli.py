@@ -17,7 +17,7 @@ import time
 from pegaflow import shm
 from pegaflow.errors import EngineNotRunningError, ShmError
 from pegaflow.shm import is_pid_alive
-from pegaflow.wire import STATS, STATS_COUNTER_NAMES, Opcode, Status
+from pegaflow.wire import CONTROL_HEADER, STATS, STATS_COUNTER_NAMES, Opcode, Status
 
 _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
           ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
@@ -37,10 +37,25 @@ def read_stats(name: str) -> dict:
                                     for st in Status if st != Status.OK}
     snapshot["uptime_s"] = round(max(0, time.time_ns() - snapshot["start_ns"]) / 1e9, 3)
     snapshot["name"] = name
-    # engine_pid is written once the pool is ready (pre-touching a large one takes seconds)
-    snapshot["starting"] = snapshot["engine_pid"] == 0
-    snapshot["alive"] = snapshot["starting"] or is_pid_alive(snapshot["engine_pid"])
+    # The stats' engine_pid is written once the pool is ready (pre-touching a large one
+    # takes seconds); until then the control segment's header names the engine.
+    pid = snapshot["engine_pid"]
+    snapshot["starting"] = pid == 0
+    if snapshot["starting"]:
+        pid = snapshot["engine_pid"] = _control_pid(name)
+    snapshot["alive"] = pid == 0 or is_pid_alive(pid)  # 0: not even the header written yet
     return snapshot
+
+
+def _control_pid(name: str) -> int:
+    try:
+        control = shm.attach_segment(shm.ipc_name(name, "control"), readonly=True)
+    except EngineNotRunningError:
+        return 0
+    try:
+        return int(control.array(CONTROL_HEADER, 1)[0]["engine_pid"])
+    finally:
+        control.close()
 
 
 class EngineDeadError(EngineNotRunningError):
@@ -62,7 +77,7 @@ def _gib(num_bytes: int) -> str:
 
 
 def format_once(s: dict) -> str:
-    if s["starting"]:
+    if s["starting"] and s["alive"]:
         return f"engine {s['name']!r} is starting (preparing its pool)"
     lines = [f"engine {s['name']!r} pid {s['engine_pid']} up {s['uptime_s']:.0f}s, "
              f"{s['clients_attached']} clients, {s['leases_active']} leases",

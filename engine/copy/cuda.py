@@ -55,7 +55,7 @@ from pegaflow.wire import RegionKind, Status
 logger = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 2.0  # after the server's own drain
-PROBE_DRAIN_S = 1.0  # copies in flight before auto's measurement
+PROBE_DRAIN_S = 0.1  # copies in flight before auto's measurement (a REGISTER waits for it)
 _COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
 
@@ -406,12 +406,18 @@ class CudaBackend(CopyBackend):
             return
         pool_bytes = self._pool[1] if self._pool else 0
         # The probe's copies must not share the bus with real ones; copies that do not end
-        # (they wait on a client's stuck GPU work) must not stall the engine either.
-        if pool_bytes >= page_bytes and not self._drain_all(PROBE_DRAIN_S):
-            logger.warning("auto: %d copies still running after %.0f s; %d-byte pages take the "
-                           "copy engine until a later registration measures them",
-                           len(self._inflight), PROBE_DRAIN_S, page_bytes)
+        # (they wait on a client's stuck GPU work) must not stall the engine either: such a
+        # page size takes the copy engine until a registration finds nothing in flight.
+        if page_bytes in dev.unmeasured and self._inflight:
             return
+        if pool_bytes >= page_bytes and not self._drain_all(PROBE_DRAIN_S):
+            if page_bytes not in dev.unmeasured:
+                logger.warning("auto: %d copies still running after %.1f s; %d-byte pages take "
+                               "the copy engine until a registration finds none in flight",
+                               len(self._inflight), PROBE_DRAIN_S, page_bytes)
+            dev.unmeasured.add(page_bytes)
+            return
+        dev.unmeasured.discard(page_bytes)
         rates_by_direction = measure_paths(dev, pool_bytes, page_bytes, self._copy, self._stage,
                                            self._staging.free)
         for direction, rates in rates_by_direction.items():

@@ -50,6 +50,7 @@ class Device:
         self.idle_events: list = []
         self.save_chain: list = []  # events of the latest SAVE layer copies, oldest first
         self.paths: dict[tuple[int, Direction], str] = {}
+        self.unmeasured: set[int] = set()  # page sizes whose measurement waits for a quiet moment
         self.pool_base = 0
 
     def stream(self, layer: int, direction: Direction):

@@ -63,6 +63,10 @@ class EngineLink:
         self._client = client
         return client
 
+    def current(self) -> EngineClient | None:
+        """The live client, without trying to connect."""
+        return self._client
+
     def fail(self, exc: Exception) -> None:
         """An operation failed: drop the connection and retry later."""
         self._mark_down(exc)

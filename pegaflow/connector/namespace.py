@@ -10,12 +10,18 @@ is identified by name and revision only.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import os
+import re
+import secrets
+import types
 
-from pegaflow.errors import ConfigError
 from pegaflow.wire import WIRE_VERSION
+
+logger = logging.getLogger(__name__)
 
 
 def namespace_of(fields: dict) -> int:
@@ -55,10 +61,19 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
     }
 
 
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+
+
 def _stable_text(value) -> str:
-    """The same text in every process, or ConfigError: a callable's or an object's repr
-    carries its address, a set's order its hash seed."""
+    """The same text in every process for the same value: sets sorted (their order follows
+    the hash seed), functions by name, no memory address.  A value that has no such text
+    gives a text of this process only (a warning says so): instances then share nothing,
+    which is slower but never wrong."""
     return json.dumps(_canonical(value), sort_keys=True)
+
+
+def _qualified(obj) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
 
 def _canonical(value):
@@ -70,10 +85,17 @@ def _canonical(value):
         return [_canonical(v) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted((_canonical(v) for v in value), key=repr)
-    if callable(value):  # a function or a class: by name (its code is the model's to keep)
-        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
-    raise ConfigError(f"hf_overrides holds a {type(value).__name__}, which pegaflow cannot "
-                      f"fingerprint the same way in every vLLM process")
+    if isinstance(value, functools.partial):
+        return {"partial": _canonical(value.func), "args": _canonical(value.args),
+                "keywords": _canonical(value.keywords)}
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return _qualified(value)  # by name: its code is the model's to keep
+    text = str(value)  # torch.bfloat16, an Enum member, a Path, a numpy number...
+    if not _ADDRESS.search(text):
+        return f"{_qualified(type(value))}:{text}"
+    logger.warning("pegaflow: hf_overrides holds a %s without a stable text (%s); this process "
+                   "shares no KV blocks with any other", type(value).__name__, text)
+    return f"unshareable:{secrets.token_hex(8)}"
 
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json")

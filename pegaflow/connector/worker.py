@@ -50,6 +50,7 @@ class WorkerSide:
         self._meta: PegaConnectorMetadata | None = None
         self._step_loads: list[tuple[int, LoadSpec, int | None]] = []
         self._loads_waited = True
+        self._loads_client: EngineClient | None = None  # the connection this step's loads used
         self._async_loads: dict[int, tuple[LoadSpec, float]] = {}  # request id -> (spec, sent at)
         self._finished_recving: set[str] = set()
         self._load_errors: set[int] = set()
@@ -121,7 +122,7 @@ class WorkerSide:
         self._held |= meta.held_req_ids
 
     def start_load_kv(self) -> None:
-        self._step_loads, self._loads_waited = [], False
+        self._step_loads, self._loads_waited, self._loads_client = [], False, None
         meta = self._meta
         if meta is None or not meta.loads:
             return
@@ -130,6 +131,7 @@ class WorkerSide:
         client = self.link.client()
         if client is not None and self.memory.has_events and not self._record_start_fence():
             client = None  # unfenced, a load could race kernels still writing its blocks
+        self._loads_client = client
         for index, spec in enumerate(meta.loads):
             if client is None:
                 self._fail_load(spec)
@@ -226,13 +228,13 @@ class WorkerSide:
         copies ended leaves blocks partly written.  Reported failed, vLLM drops this
         step's tokens of those requests and recomputes them.  Best effort: the check runs
         when the CPU ends the step, which may be before the GPU has run the copies."""
-        client = self.link.client()
+        client = self._loads_client  # the connection the loads went out on, not a newer one
         try:
-            if client is None:
-                raise EngineGoneError(f"no connection to engine {self.config.engine_name!r}")
+            if client is None or self.link.current() is not client:
+                raise EngineGoneError("the connection this step's loads went out on was dropped")
             client.check_engine()
         except PegaflowError as exc:
-            if client is not None:
+            if client is not None and self.link.current() is client:
                 self.link.fail(exc)
             logger.error("pegaflow: the engine went away while this step's loads were copied "
                          "(%s); vLLM recomputes them", exc)

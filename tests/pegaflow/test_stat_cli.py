@@ -62,3 +62,30 @@ def test_stat_cli_engine_still_preparing_its_pool_is_starting_not_dead():
     finally:
         segment.close()
         segment.unlink()
+
+
+def test_stat_cli_engine_that_died_while_starting_is_dead_not_starting():
+    # 1. Stats without a pid (the pool was being prepared) and a control header naming a
+    #    process that has exited (killed while pre-touching its pool, say).
+    from pegaflow import shm
+    from pegaflow.wire import CONTROL_HEADER, STATS
+    name = f"t{os.getpid()}_diedstarting"
+    stats = shm.create_segment(shm.ipc_name(name, "stats"), STATS.itemsize)
+    control = shm.create_segment(shm.ipc_name(name, "control"), CONTROL_HEADER.itemsize)
+    control.array(CONTROL_HEADER, 1)["engine_pid"] = _exited_pid()
+    try:
+        # 2. Reported dead, exit 1, not "starting" forever.
+        once = _stat("--once", "--name", name)
+        assert once.returncode == 1 and "is not running" in once.stderr
+        dead = _stat("--once", "--json", "--name", name)
+        assert dead.returncode == 1 and json.loads(dead.stdout)["alive"] is False
+    finally:
+        for segment in (stats, control):
+            segment.close()
+            segment.unlink()
+
+
+def _exited_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

@@ -38,7 +38,7 @@ def test_cuda_backend_auto_measurement_does_not_wait_forever_for_copies(monkeypa
     backend._inflight = [SimpleNamespace(device=0, done="event", token=1)]
     backend._pool = (0, 1 << 30)
     backend.probes = []
-    dev = SimpleNamespace(device=0, paths={})
+    dev = SimpleNamespace(device=0, paths={}, unmeasured=set())
     monkeypatch.setattr(cuda.driver, "use_device", lambda device: None)
     monkeypatch.setattr(cuda.driver, "event_done", lambda event: False)
     monkeypatch.setattr(cuda, "PROBE_DRAIN_S", 0.05)
@@ -48,3 +48,7 @@ def test_cuda_backend_auto_measurement_does_not_wait_forever_for_copies(monkeypa
     backend._choose_path(dev, 65536)
     assert time.monotonic() - started < 1.0
     assert dev.paths == {} and "take the copy engine" in caplog.text
+    # 2. While copies are still in flight, later registrations of that size do not wait again.
+    monkeypatch.setattr(cuda.driver, "event_done", lambda event: pytest.fail("drained again"))
+    backend._choose_path(dev, 65536)
+    assert dev.paths == {}

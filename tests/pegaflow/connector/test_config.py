@@ -255,10 +255,42 @@ def test_kv_fields_callable_hf_overrides_give_one_namespace_in_every_process():
     assert "0x" not in fields["hf_overrides"] and fields["hf_overrides"].endswith('shrink"')
 
 
-def test_kv_fields_hf_overrides_canonical_whatever_the_hash_seed_and_refused_if_opaque():
+def test_kv_fields_hf_overrides_canonical_whatever_the_hash_seed_or_process():
+    import enum
+    import functools
+    import subprocess
+    import sys
+
+    class Mode(enum.Enum):
+        FAST = 1
+
+    def shrink(config, layers):
+        return config
+
     # 1. A set inside: sorted, so every process writes the same text.
     fields = kv_fields(*_fake_configs(hf_overrides={"b": {"y", "x", "z"}, "a": 1}))
     assert fields["hf_overrides"] == '{"a": 1, "b": ["x", "y", "z"]}'
-    # 2. An object whose repr is its address: refused, not fingerprinted per process.
-    with pytest.raises(ConfigError, match="hf_overrides holds a object"):
-        kv_fields(*_fake_configs(hf_overrides={"a": object()}))
+    # 2. A partial (how vLLM itself passes a function) and values with a plain text (an
+    #    Enum member, a Path): by name and text, no address.
+    from pathlib import Path
+    text = kv_fields(*_fake_configs(hf_overrides={
+        "f": functools.partial(shrink, layers=2), "m": Mode.FAST, "p": Path("/m")}))["hf_overrides"]
+    assert "0x" not in text and "shrink" in text and "Mode.FAST" in text and "/m" in text
+    # 3. The same overrides in another process (another hash seed) give the same text.
+    code = ("import sys; sys.path.insert(0, '.'); from pegaflow.connector.namespace import _stable_text; "
+            "print(_stable_text({'b': {'y', 'x', 'z'}, 'c': frozenset({'q', 'p'})}))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345", "PATH": ""})
+    from pegaflow.connector.namespace import _stable_text
+    assert other.stdout.strip() == _stable_text({"b": {"y", "x", "z"}, "c": frozenset({"q", "p"})})
+
+
+def test_kv_fields_hf_overrides_without_a_stable_text_share_nothing(caplog):
+    # An object whose text is its address: this process's namespace is its own (no wrong
+    # sharing, no failure to start), and a warning says so.
+    import logging
+    caplog.set_level(logging.WARNING, logger="pegaflow.connector.namespace")
+    first = kv_fields(*_fake_configs(hf_overrides={"a": object()}))
+    second = kv_fields(*_fake_configs(hf_overrides={"a": object()}))
+    assert first["hf_overrides"] != second["hf_overrides"]
+    assert "shares no KV blocks" in caplog.text

@@ -155,3 +155,22 @@ def test_worker_fenced_loads_of_an_engine_that_went_away_are_recomputed():
 def test_worker_fenced_loads_of_a_live_engine_are_kept():
     worker, client = _step_with_a_fenced_load(gone=False)
     assert worker.get_block_ids_with_load_errors() == set() and client.calls == []
+
+
+def test_worker_fenced_loads_of_a_dropped_connection_are_recomputed_even_after_a_reconnect():
+    # 1. The step's load was accepted; then the connection was dropped (say, a save hit a
+    #    full ring) and a new one made to a live engine before the step ended.
+    memory = FencedMemory()
+    worker, _ = _worker_with_a_load(memory)
+    first = AcceptingClient(memory)
+    worker.link._client = first
+    worker.start_load_kv()
+    worker.wait_for_layer_load("layer")
+    worker.link.fail(RuntimeError("ring full"))
+    second = AcceptingClient(memory)
+    worker.link._client = second
+    # 2. The new connection says nothing about the copies of the old one: the loads are
+    #    reported failed, and the new connection is left alone.
+    worker.get_finished(set())
+    assert worker.get_block_ids_with_load_errors() == {5, 6}
+    assert second.calls == [] and worker.link.current() is second
