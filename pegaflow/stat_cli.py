@@ -3,6 +3,7 @@
     pegaflow-stat                 live view, one line a second with rates (like nvidia-smi dmon)
     pegaflow-stat --once          one snapshot, human readable
     pegaflow-stat --once --json   one JSON object
+    pegaflow-stat --serve-metrics [HOST:]PORT    Prometheus metrics at /metrics
 """
 
 from __future__ import annotations
@@ -118,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--json", action="store_true", help="with --once: one JSON object")
     parser.add_argument("--interval", type=float, default=1.0, help="live refresh, seconds")
+    parser.add_argument("--serve-metrics", metavar="[HOST:]PORT",
+                        help="serve Prometheus metrics of the engine at /metrics until stopped")
     args = parser.parse_args(argv)
+    if args.serve_metrics:
+        return serve_metrics(args.name, args.serve_metrics)
     try:
         if args.json:
             snapshot = read_stats(args.name)  # a crashed engine's too, with "alive": false
@@ -145,6 +150,33 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 0
+
+
+def serve_metrics(name: str, where: str) -> int:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from pegaflow.metrics import EngineCollector
+    host, _, port = where.rpartition(":")
+    try:
+        port_number = int(port)
+    except ValueError:
+        print(f"pegaflow-stat: --serve-metrics {where!r}: expected [HOST:]PORT", file=sys.stderr)
+        return 2
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(name))
+    try:
+        server, _ = start_http_server(port_number, addr=host or "0.0.0.0", registry=registry)
+    except OSError as exc:
+        print(f"pegaflow-stat: cannot serve metrics on {where}: {exc}", file=sys.stderr)
+        return 1
+    print(f"pegaflow-stat: Prometheus metrics of engine {name!r} at "
+          f"http://{host or '0.0.0.0'}:{server.server_port}/metrics", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+        return 0
 
 
 if __name__ == "__main__":
