@@ -83,10 +83,18 @@ class BlockIndex:
         hit_keys = keys[:num_hits]
         for key in hit_keys:
             self.entries[key].refs += 1
-            self.policy.touch(key)
+        self.touch_chain(hit_keys)
         lease_id = next(self._lease_ids)
         self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s)
         return num_hits, lease_id
+
+    def touch_chain(self, keys: list[Key]) -> None:
+        """``keys`` (a prefix chain, head first) were just used: the head becomes the most
+        recently used, so eviction takes a chain from its tail (a lookup stops at the
+        first miss: a chain without its head is lost whole)."""
+        touch = self.policy.touch
+        for key in reversed(keys):
+            touch(key)
 
     def release(self, lease_id: int) -> bool:
         lease = self.leases.pop(lease_id, None)

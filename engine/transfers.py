@@ -51,6 +51,7 @@ class PendingCopy:
     layer_mask: int
     bytes_per_block: int
     lease_id: int = 0
+    chain: list | None = None  # a SAVE's keys, head first: touched tail to head when done
     is_answered: bool = False
     is_sealed: bool = False
     num_ops: int = 0
@@ -126,7 +127,7 @@ class Transfers:
         per_layer = rec.layer == ALL_LAYERS  # then one event per layer, in layer order
         wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
-                              len(placements) * client.page_bytes)
+                              len(placements) * client.page_bytes, chain=keys)
         ids = block_ids.tolist()
         with self._answered_on_fault(pending):
             for start, end in chunk_bounds(len(keys)):
@@ -265,6 +266,8 @@ class Transfers:
     def _complete(self, pending: PendingCopy) -> None:
         if pending.opcode == Opcode.LOAD and pending.lease_id:
             self.index.release(pending.lease_id)
+        if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
+            self.index.touch_chain(pending.chain)
         if pending.is_answered:
             if pending.error:
                 logger.error("slot %d: %s failed after it was answered: %s", pending.client.slot,

@@ -185,6 +185,7 @@ class SchedulerSide:
             return
         bs = self.block_size
         block_ids = blocks.get_block_ids()[0]
+        state.block_ids = list(block_ids)  # an async load's request is not scheduled yet
         first, count = state.lookup_at_tokens // bs, num_external_tokens // bs
         state.pending_load = LoadSpec(
             request.request_id, tuple(block_ids[first:first + count]),

@@ -32,6 +32,7 @@ from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
 logger = logging.getLogger(__name__)
 
 LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine is alive
+TAINT_STEPS = 2
 
 
 class WorkerSide:
@@ -56,7 +57,12 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
-        self._failed_load_reqs: set[str] = set()
+        # Blocks whose load failed, and requests that read or wrote them: their KV is garbage
+        # until vLLM recomputes it, so none of it is saved.  Kept for TAINT_STEPS steps:
+        # this one and the next, which asynchronous scheduling may have planned before
+        # vLLM learned of the failure.  (block id / request id -> steps left)
+        self._tainted_blocks: dict[int, int] = {}
+        self._tainted_reqs: dict[str, int] = {}
         self._save_cmds: dict[int, tuple[str, ...]] = {}
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
@@ -118,7 +124,11 @@ class WorkerSide:
         self._meta = meta
         self._saved_layers = set()
         self._is_save_sent = False
-        self._failed_load_reqs: set[str] = set()
+        for tainted in (self._tainted_blocks, self._tainted_reqs):
+            for key in [k for k, left in tainted.items() if left <= 1]:
+                del tainted[key]
+            for key in tainted:
+                tainted[key] -= 1
         self._held |= meta.held_req_ids
 
     def start_load_kv(self) -> None:
@@ -135,6 +145,7 @@ class WorkerSide:
         for index, spec in enumerate(meta.loads):
             if client is None:
                 self._fail_load(spec)
+                self._release_lease(spec)  # never sent: nobody else gives its lease back
                 continue
             slot = None
             if self.memory.has_events and not spec.is_async and index < self.config.num_load_slots:
@@ -169,9 +180,22 @@ class WorkerSide:
             return False
         return True
 
+    def _release_lease(self, spec: LoadSpec) -> None:
+        """Give back this rank's lease of a load never sent (else it pins its blocks until
+        it expires), if the engine can be told; the scheduler took it on its own link."""
+        lease = spec.lease_ids[self.rank] if self.rank < len(spec.lease_ids) else 0
+        client = self.link.current()
+        if not lease or client is None:
+            return
+        try:
+            client.release_nowait(lease)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+
     def _fail_load(self, spec: LoadSpec) -> None:
         self._load_errors.update(spec.block_ids)
-        self._failed_load_reqs.add(spec.req_id)  # this step's KV of it is not to be saved
+        self._tainted_blocks.update(dict.fromkeys(spec.block_ids, TAINT_STEPS))
+        self._tainted_reqs[spec.req_id] = TAINT_STEPS
         if spec.is_async:
             self._finished_recving.add(spec.req_id)
 
@@ -279,7 +303,7 @@ class WorkerSide:
         client = self.link.client()
         if client is None:
             return
-        saves = [s for s in meta.saves if s.req_id not in self._failed_load_reqs]
+        saves = self._untainted(meta.saves)
         if not saves:
             return
         ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
@@ -295,6 +319,26 @@ class WorkerSide:
         self._save_cmds[request_id] = req_ids
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
+
+    def _untainted(self, saves: list) -> list:
+        """The saves that neither belong to a tainted request nor hold a tainted block (a
+        request sharing a failed load's blocks through vLLM's own prefix cache computed on
+        them too); the others' requests are tainted in turn."""
+        blocks, reqs = self._tainted_blocks, self._tainted_reqs
+        if not blocks and not reqs:
+            return saves
+        kept = []
+        for spec in saves:
+            if spec.req_id in reqs:
+                continue
+            if any(b in blocks for b in spec.block_ids):
+                reqs[spec.req_id] = TAINT_STEPS
+                continue
+            kept.append(spec)
+        if len(kept) < len(saves):
+            logger.warning("pegaflow: %d saves dropped: their requests read blocks whose load "
+                           "failed (vLLM recomputes them)", len(saves) - len(kept))
+        return kept
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""

@@ -635,3 +635,17 @@ def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_another_clients_lo
     # 3. B's own LOAD went ahead as usual.
     assert b.completions.try_get().status == Status.OK
     h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+
+
+def test_dispatcher_full_pool_evicts_a_saved_chain_from_its_tail(engine_factory, kv_client, rng,
+                                                                 make_hashes):
+    # 1. A pool of 16 entries; a 16-block chain saved in one SAVE fills it.
+    engine = engine_factory(pool_size="256KiB", slab_size="64KiB")
+    kv = kv_client(engine)
+    chain = make_hashes(16)
+    kv.fill(rng, range(17))
+    assert kv.save(NAMESPACE, range(16), chain).value == 16
+    # 2. One more block evicts the chain's last block, not its first: 15 blocks still hit
+    #    (a lookup stops at the first miss: without its head the chain would be lost whole).
+    assert kv.save(NAMESPACE, [16], make_hashes(1)).value == 1
+    assert kv.num_hits(NAMESPACE, chain) == 15

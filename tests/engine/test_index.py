@@ -24,17 +24,18 @@ def test_index_full_pool_evicts_least_recently_used_first(engine_factory, kv_cli
     kv = kv_client(engine)
     capacity = POOL_BYTES // kv.ENTRY_BYTES
     old = make_hashes(capacity)
-    # 1. Fill the pool: old[0] is the least recently stored, old[-1] the most.
+    # 1. Fill the pool with one chain: a finished SAVE touches its blocks tail to head, so
+    #    old[0] is the most recently used and old[-1] the least (a chain goes from its tail).
     kv.fill(rng, range(capacity))
     assert kv.save(NAMESPACE, range(capacity), old).value == capacity
-    # 2. Use old[0..3] (lookup, then release): they become the most recently used.
-    assert kv.num_hits(NAMESPACE, old[:4]) == 4
-    # 3. Store 4 new blocks: the 4 least recently used go, i.e. old[4..7].
+    # 2. Use old[8..11] (lookup, then release): they become the most recently used.
+    assert kv.num_hits(NAMESPACE, old[8:12]) == 4
+    # 3. Store 4 new blocks: the 4 least recently used go, i.e. old[12..15].
     new = make_hashes(4)
     saved = kv.save(NAMESPACE, range(capacity, capacity + 4), new)
     assert (saved.value, saved.value3) == (4, 0)
     survivors = [h for h in old + new if kv.num_hits(NAMESPACE, [h]) == 1]
-    assert survivors == old[:4] + old[8:] + new
+    assert survivors == old[:12] + new
     # 4. The engine counted exactly those 4 evictions, and the pool is still full.
     stats = engine.wait_stats(lambda s: s["evictions"] == 4)
     assert stats["pool_blocks_used"] == capacity
@@ -80,10 +81,10 @@ def test_index_lease_expiry_makes_blocks_evictable(engine_factory, kv_client, rn
     # 3. After the TTL the engine expires the lease on its own.
     stats = engine.wait_stats(lambda s: s["leases_active"] == 0, timeout_s=lease_ttl_s + 5)
     assert stats["lease_expiries"] == 1
-    # 4. Now new blocks evict the formerly leased ones.
+    # 4. Now new blocks evict the formerly leased ones (the chain's tail first).
     saved = kv.save(NAMESPACE, range(capacity, capacity + 4), make_hashes(4))
     assert (saved.value, saved.value3) == (4, 0)
-    assert kv.num_hits(NAMESPACE, old[:1]) == 0
+    assert kv.num_hits(NAMESPACE, old[-1:]) == 0 and kv.num_hits(NAMESPACE, old) == capacity - 4
     # 5. The expired lease is gone: releasing it is an error.
     assert kv.release(found.lease_id).status == Status.UNKNOWN_LEASE
 

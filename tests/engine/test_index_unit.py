@@ -286,3 +286,25 @@ def test_index_lease_ids_of_two_engines_do_not_collide():
     #    leaves the second's own lease (and its pin) alone.
     assert old_lease != new_lease
     assert second.release(old_lease) is False and refs(second, 0) == 1
+
+
+def test_index_chain_looked_up_is_evicted_from_its_tail(index):
+    # 1. A chain of 4 blocks stored head first (0 is then the least recently used), and
+    #    looked up: the lookup makes its head the most recently used.
+    fill(index)
+    chain = [key(i) for i in range(CAPACITY)]
+    _, lease_id = index.lookup(SLOT, chain)
+    index.release(lease_id)
+    # 2. A new block evicts the chain's tail, not its head: 3 of 4 blocks still hit.
+    store(index, 100)
+    assert key(CAPACITY - 1) not in index.entries
+    assert index.lookup(SLOT, chain)[0] == CAPACITY - 1
+
+
+def test_index_touch_chain_after_a_save_keeps_the_head_longest(index):
+    # A SAVE's blocks become READY head first; once the whole SAVE is done it touches
+    # its chain, so the next eviction takes the tail.
+    fill(index)
+    index.touch_chain([key(i) for i in range(CAPACITY)])
+    store(index, 100)
+    assert key(0) in index.entries and key(CAPACITY - 1) not in index.entries

@@ -44,3 +44,20 @@ def test_scheduler_lookup_of_many_ranks_waits_once_not_once_per_rank():
     # 2. vLLM is told to ask again (None) once one FIRST_WAIT_S is spent, not 8 of them.
     assert scheduler.get_num_new_matched_tokens(request, 0) == (None, False)
     assert client.num_answered < 8 and client.waited_s <= FIRST_WAIT_S + 1e-9
+
+
+def test_scheduler_failed_async_load_rewinds_the_saves_of_its_blocks():
+    # 1. A request with 4 cached blocks is allocated blocks 10-13 and loads them
+    #    asynchronously (it is not scheduled until the load ends).
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(load_mode="async"), namespaces=[1], block_size=16)
+    request = SimpleNamespace(request_id="r", num_tokens=80, block_hashes=[b"h" * 32] * 5)
+    state = scheduler.requests["r"] = RequestState(request, lookup_at_tokens=0, lease_ids=(0,))
+    blocks = SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14],))
+    scheduler.update_state_after_alloc(request, blocks, num_external_tokens=64)
+    assert state.num_saved_blocks == 4  # loaded blocks are stored already
+    # 2. Block 12 fails to load: vLLM recomputes from it, so it and what follows must be
+    #    saved again once recomputed.
+    scheduler.update_connector_output(SimpleNamespace(finished_sending=None, finished_recving={"r"},
+                                                      invalid_block_ids={12}))
+    assert state.num_saved_blocks == 2

@@ -174,3 +174,79 @@ def test_worker_fenced_loads_of_a_dropped_connection_are_recomputed_even_after_a
     worker.get_finished(set())
     assert worker.get_block_ids_with_load_errors() == {5, 6}
     assert second.calls == [] and worker.link.current() is second
+
+
+class SavingClient(StuckClient):
+    """Loads are answered failed (their blocks were evicted); saves are recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.saved = []
+
+    def submit_load(self, *args, **kwargs):
+        return 40
+
+    def wait(self, request_id, timeout_s):
+        return SimpleNamespace(is_ok=False, status="MISSING_BLOCK")
+
+    def submit_save(self, namespace, ids, records, event_index):
+        self.saved.append(sorted(int(i) for i in ids))
+        return 41
+
+
+def test_worker_saves_of_blocks_whose_load_failed_are_dropped_for_every_request():
+    # 1. Request x's load of blocks 1-2 fails; request c, in the same step, reads the same
+    #    blocks (vLLM's own prefix cache gave them to it) and would save them with its own;
+    #    request d is unrelated.
+    from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
+    worker = WorkerSide(ConnectorConfig(), namespace=1, rank=0, num_blocks=16)
+    worker.memory = SimpleNamespace(has_events=False)
+    worker.save_layers = {"layer"}
+    client = SavingClient()
+    worker.link._client = client
+
+    def step(loads, saves):
+        meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
+        meta.loads.extend(loads)
+        meta.saves.extend(SaveSpec(r, ids, tuple(b"s" * 32 for _ in ids)) for r, ids in saves)
+        worker.bind(meta)
+        worker.start_load_kv()
+        worker.save_kv_layer("layer")
+        worker.wait_for_save()
+        worker.get_finished(set())
+        worker.get_block_ids_with_load_errors()
+        saved, client.saved = client.saved, []
+        return saved
+
+    x_load = LoadSpec("x", (1, 2), (b"h" * 32, b"i" * 32), (0,), False)
+    # 2. That step stores only d's blocks.
+    assert step([x_load], [("c", (1, 2, 3)), ("d", (7, 8))]) == [[7, 8]]
+    # 3. The next step (planned before vLLM heard of the failure) stores none of x's or c's.
+    assert step([], [("x", (4,)), ("c", (5,)), ("d", (9,))]) == [[9]]
+    # 4. After that, their recomputed blocks are stored again.
+    assert step([], [("x", (1, 2)), ("c", (6,))]) == [[1, 2, 6]]
+
+
+class ReleasingClient(StuckClient):
+    def __init__(self):
+        super().__init__()
+        self.released = []
+
+    def release_nowait(self, lease_id):
+        self.released.append(lease_id)
+
+
+def test_worker_load_never_sent_gives_its_lease_back():
+    # The step's loads cannot be fenced (recording the start event failed): none is sent,
+    # and this rank's lease is released at once instead of pinning the blocks until expiry.
+    from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+    worker = WorkerSide(ConnectorConfig(num_load_slots=2), namespace=1, rank=1, num_blocks=8)
+    worker._num_virtual, worker.memory = 4, FencedMemory(fail=True)
+    client = ReleasingClient()
+    worker.link._client = client
+    meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
+    meta.loads.append(LoadSpec("req-e", (5,), (b"j" * 32,), (70, 71), False))
+    worker.bind(meta)
+    worker.start_load_kv()
+    assert client.released == [71]
+    assert worker.get_block_ids_with_load_errors() == {5}
