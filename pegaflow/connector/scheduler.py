@@ -23,6 +23,9 @@ from pegaflow.wire import Opcode, encode_hashes
 
 logger = logging.getLogger(__name__)
 
+LOOKUP_MAX_AGE_S = 30.0  # an answer kept longer is asked again: its lease (default TTL
+#                          120 s) may expire, and the blocks with it, while vLLM cannot
+#                          allocate the request yet
 FIRST_WAIT_S = 2e-3  # per call, all ranks' answers together: a lookup is usually answered in
 #                     ~0.1 ms; past this, vLLM asks again
 
@@ -31,6 +34,7 @@ FIRST_WAIT_S = 2e-3  # per call, all ranks' answers together: a lookup is usuall
 class RequestState:
     request: Any
     lookup_at_tokens: int = -1
+    looked_up_at: float = 0.0
     num_hit_tokens: int = 0
     lease_ids: tuple[int, ...] = ()
     block_ids: list[int] = field(default_factory=list)
@@ -68,9 +72,11 @@ class SchedulerSide:
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests[request.request_id] = RequestState(request)
-        if state.lookup_at_tokens != num_computed_tokens:
+        is_stale = (state.lookup is None and
+                    time.monotonic() - state.looked_up_at > LOOKUP_MAX_AGE_S)
+        if state.lookup_at_tokens != num_computed_tokens or is_stale:
             self._release_leases(state)
-            state.lookup_at_tokens = num_computed_tokens
+            state.lookup_at_tokens, state.looked_up_at = num_computed_tokens, time.monotonic()
             state.num_hit_tokens, state.lease_ids = 0, ()
             self._start_lookup(state, request, num_computed_tokens)
         if state.lookup is not None and not self._finish_lookup(state):

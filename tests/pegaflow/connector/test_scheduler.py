@@ -61,3 +61,41 @@ def test_scheduler_failed_async_load_rewinds_the_saves_of_its_blocks():
     scheduler.update_connector_output(SimpleNamespace(finished_sending=None, finished_recving={"r"},
                                                       invalid_block_ids={12}))
     assert state.num_saved_blocks == 2
+
+
+class AnsweringClient:
+    """Answers every LOOKUP at once with all blocks hit and a new lease."""
+
+    def __init__(self):
+        self.lookups, self.released, self._ids = 0, [], iter(range(1, 1000))
+
+    def take_orphans(self):
+        return []
+
+    def submit_lookup(self, namespace, records):
+        self.lookups += 1
+        return next(self._ids)
+
+    def wait(self, request_id, timeout_s):
+        return SimpleNamespace(is_ok=True, value=4, value2=100 + request_id)
+
+    def release_nowait(self, lease_id):
+        self.released.append(lease_id)
+
+
+def test_scheduler_lookup_answer_kept_too_long_is_asked_again():
+    # 1. A lookup hits 4 blocks under lease 101; vLLM asks again soon: the answer is reused.
+    from pegaflow.connector.scheduler import LOOKUP_MAX_AGE_S
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    client = AnsweringClient()
+    scheduler.link._client = client
+    request = SimpleNamespace(request_id="r", num_tokens=80, block_hashes=[b"h" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(request, 0) == (64, False)
+    assert scheduler.get_num_new_matched_tokens(request, 0) == (64, False) and client.lookups == 1
+    # 2. vLLM could not allocate the request for a long while: past LOOKUP_MAX_AGE_S the
+    #    engine is asked again (the old lease may have expired with its blocks) and the
+    #    old lease is given back.
+    scheduler.requests["r"].looked_up_at -= LOOKUP_MAX_AGE_S + 1
+    assert scheduler.get_num_new_matched_tokens(request, 0) == (64, False)
+    assert client.lookups == 2 and client.released == [101]
+    assert scheduler.requests["r"].lease_ids == (102,)
