@@ -24,6 +24,7 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import EngineGoneError, LayoutError, PegaflowError
 from pegaflow.host_memory import layer_records
@@ -32,7 +33,6 @@ from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
 logger = logging.getLogger(__name__)
 
 LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine is alive
-TAINT_STEPS = 2
 
 
 class WorkerSide:
@@ -57,12 +57,7 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
-        # Blocks whose load failed, and requests that read or wrote them: their KV is garbage
-        # until vLLM recomputes it, so none of it is saved.  Kept for TAINT_STEPS steps:
-        # this one and the next, which asynchronous scheduling may have planned before
-        # vLLM learned of the failure.  (block id / request id -> steps left)
-        self._tainted_blocks: dict[int, int] = {}
-        self._tainted_reqs: dict[str, int] = {}
+        self._taint = Taint()  # saves that would store garbage of failed loads
         self._save_cmds: dict[int, tuple[str, ...]] = {}
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
@@ -124,11 +119,7 @@ class WorkerSide:
         self._meta = meta
         self._saved_layers = set()
         self._is_save_sent = False
-        for tainted in (self._tainted_blocks, self._tainted_reqs):
-            for key in [k for k, left in tainted.items() if left <= 1]:
-                del tainted[key]
-            for key in tainted:
-                tainted[key] -= 1
+        self._taint.next_step()
         self._held |= meta.held_req_ids
 
     def start_load_kv(self) -> None:
@@ -194,8 +185,7 @@ class WorkerSide:
 
     def _fail_load(self, spec: LoadSpec) -> None:
         self._load_errors.update(spec.block_ids)
-        self._tainted_blocks.update(dict.fromkeys(spec.block_ids, TAINT_STEPS))
-        self._tainted_reqs[spec.req_id] = TAINT_STEPS
+        self._taint.failed_load(spec.req_id, spec.block_ids)
         if spec.is_async:
             self._finished_recving.add(spec.req_id)
 
@@ -303,7 +293,7 @@ class WorkerSide:
         client = self.link.client()
         if client is None:
             return
-        saves = self._untainted(meta.saves)
+        saves = self._taint.clean(meta.saves)
         if not saves:
             return
         ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
@@ -319,26 +309,6 @@ class WorkerSide:
         self._save_cmds[request_id] = req_ids
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
-
-    def _untainted(self, saves: list) -> list:
-        """The saves that neither belong to a tainted request nor hold a tainted block (a
-        request sharing a failed load's blocks through vLLM's own prefix cache computed on
-        them too); the others' requests are tainted in turn."""
-        blocks, reqs = self._tainted_blocks, self._tainted_reqs
-        if not blocks and not reqs:
-            return saves
-        kept = []
-        for spec in saves:
-            if spec.req_id in reqs:
-                continue
-            if any(b in blocks for b in spec.block_ids):
-                reqs[spec.req_id] = TAINT_STEPS
-                continue
-            kept.append(spec)
-        if len(kept) < len(saves):
-            logger.warning("pegaflow: %d saves dropped: their requests read blocks whose load "
-                           "failed (vLLM recomputes them)", len(saves) - len(kept))
-        return kept
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""
