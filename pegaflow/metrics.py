@@ -14,10 +14,14 @@ never attaches to the engine as a client.
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pegaflow.errors import EngineNotRunningError
+from pegaflow.errors import EngineNotRunningError, PegaflowError
+
+logger = logging.getLogger(__name__)
 
 # stats field -> metric name (Prometheus style: unit last, counters end in _total)
 COUNTERS = {"blocks_saved": "saved_blocks", "bytes_saved": "saved_bytes",
@@ -41,6 +45,9 @@ class EngineCollector(Collector):
         try:
             stats = read_stats(self.engine_name)
         except EngineNotRunningError:
+            stats = None
+        except PegaflowError as exc:  # unreadable (permissions, another wire layout): down
+            logger.warning("metrics of engine %r: %s", self.engine_name, exc)
             stats = None
         is_up = stats is not None and stats["alive"] and not stats["starting"]
         up.add_metric([self.engine_name], 1.0 if is_up else 0.0)

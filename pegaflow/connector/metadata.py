@@ -35,3 +35,6 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     held_req_ids: set[str] = field(default_factory=set)
     # Requests preempted this step: their blocks may be reused now.
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Blocks whose failed load the scheduler has seen (it replans their saves): the
+    # workers stop holding back saves on their account.
+    rewound_block_ids: set[int] = field(default_factory=set)

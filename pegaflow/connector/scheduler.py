@@ -63,6 +63,7 @@ class SchedulerSide:
         self.requests: dict[str, RequestState] = {}
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
+        self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -206,8 +207,8 @@ class SchedulerSide:
         if (client := self.link.client()) is not None:
             self._release_orphans(client)
         meta = PegaConnectorMetadata(held_req_ids=self._held, preempted_req_ids=set(
-            scheduler_output.preempted_req_ids or ()))
-        self._held = set()
+            scheduler_output.preempted_req_ids or ()), rewound_block_ids=self._rewound)
+        self._held, self._rewound = set(), set()
         for req_id in meta.preempted_req_ids:
             if (state := self.requests.get(req_id)) is not None:
                 state.block_ids = []
@@ -276,6 +277,7 @@ class SchedulerSide:
                 state.is_async_loading = False
         if connector_output.invalid_block_ids:
             self._rewind_saves(connector_output.invalid_block_ids)
+            self._rewound |= set(connector_output.invalid_block_ids)
 
     def _rewind_saves(self, invalid_block_ids: set[int]) -> None:
         """Blocks that failed to load are recomputed by vLLM: save them (and what follows)

@@ -2,10 +2,10 @@
 
 A block whose load failed holds garbage until vLLM recomputes it, and so does whatever a
 request computed while reading it: such a request may be the one whose load failed, or
-another that vLLM's own prefix cache gave the same blocks in the same step.  Their saves
-are dropped for ``TAINT_STEPS`` steps: the failing one and the next, which asynchronous
-scheduling may have planned before vLLM learned of the failure.  After that vLLM
-recomputes, and the scheduler plans those blocks' saves again.
+another that vLLM's own prefix cache gave the same blocks.  Their saves are held back
+until the scheduler has seen the failure (it then rewinds and replans those requests'
+saves, and says so with ``rewound_block_ids`` in a later step's metadata).  Steps
+scheduled before that, as asynchronous scheduling does, keep dropping them.
 """
 
 from __future__ import annotations
@@ -14,24 +14,24 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-TAINT_STEPS = 2
-
 
 class Taint:
     def __init__(self) -> None:
-        self._blocks: dict[int, int] = {}  # block id -> steps it still taints
-        self._reqs: dict[str, int] = {}    # request id -> steps it is still tainted
-
-    def next_step(self) -> None:
-        for tainted in (self._blocks, self._reqs):
-            for key in [k for k, left in tainted.items() if left <= 1]:
-                del tainted[key]
-            for key in tainted:
-                tainted[key] -= 1
+        self._blocks: set[int] = set()            # blocks whose load failed
+        self._reqs: dict[str, set[int]] = {}      # request id -> the failed blocks it read
 
     def failed_load(self, req_id: str, block_ids) -> None:
-        self._blocks.update(dict.fromkeys(block_ids, TAINT_STEPS))
-        self._reqs[req_id] = TAINT_STEPS
+        self._blocks.update(block_ids)
+        self._reqs.setdefault(req_id, set()).update(block_ids)
+
+    def acknowledge(self, rewound_block_ids) -> None:
+        """The scheduler has seen these failures: every request that held one of them is
+        rewound and its saves replanned from the recomputed blocks on."""
+        if not rewound_block_ids or not (self._blocks or self._reqs):
+            return
+        self._blocks.difference_update(rewound_block_ids)
+        for req_id in [r for r, blocks in self._reqs.items() if not blocks.isdisjoint(rewound_block_ids)]:
+            del self._reqs[req_id]
 
     def clean(self, saves: list) -> list:
         """The saves that neither belong to a tainted request nor hold a tainted block; the
@@ -43,11 +43,12 @@ class Taint:
         for spec in saves:
             if spec.req_id in reqs:
                 continue
-            if any(b in blocks for b in spec.block_ids):
-                reqs[spec.req_id] = TAINT_STEPS
+            read = blocks.intersection(spec.block_ids)
+            if read:
+                reqs[spec.req_id] = read
                 continue
             kept.append(spec)
         if len(kept) < len(saves):
-            logger.warning("pegaflow: %d saves dropped: their requests read blocks whose load "
+            logger.warning("pegaflow: %d saves held back: their requests read blocks whose load "
                            "failed (vLLM recomputes them)", len(saves) - len(kept))
         return kept

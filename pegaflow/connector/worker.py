@@ -119,7 +119,7 @@ class WorkerSide:
         self._meta = meta
         self._saved_layers = set()
         self._is_save_sent = False
-        self._taint.next_step()
+        self._taint.acknowledge(meta.rewound_block_ids)
         self._held |= meta.held_req_ids
 
     def start_load_kv(self) -> None:

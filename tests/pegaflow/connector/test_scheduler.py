@@ -99,3 +99,18 @@ def test_scheduler_lookup_answer_kept_too_long_is_asked_again():
     assert scheduler.get_num_new_matched_tokens(request, 0) == (64, False)
     assert client.lookups == 2 and client.released == [101]
     assert scheduler.requests["r"].lease_ids == (102,)
+
+
+def test_scheduler_tells_the_workers_once_which_failed_blocks_it_has_rewound():
+    # Failed blocks reported by a step's output: the next step's metadata names them (the
+    # workers stop holding back saves on their account), the step after does not.
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    scheduler.link._client = AnsweringClient()
+    output = SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}, scheduled_new_reqs=[],
+                             scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],
+                                                                   resumed_req_ids=set(),
+                                                                   num_computed_tokens=[]))
+    scheduler.update_connector_output(SimpleNamespace(finished_sending=None, finished_recving=None,
+                                                      invalid_block_ids={3, 4}))
+    assert scheduler.build_connector_meta(output).rewound_block_ids == {3, 4}
+    assert scheduler.build_connector_meta(output).rewound_block_ids == set()

@@ -205,8 +205,9 @@ def test_worker_saves_of_blocks_whose_load_failed_are_dropped_for_every_request(
     client = SavingClient()
     worker.link._client = client
 
-    def step(loads, saves):
-        meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
+    def step(loads, saves, rewound=()):
+        meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set(),
+                                     rewound_block_ids=set(rewound))
         meta.loads.extend(loads)
         meta.saves.extend(SaveSpec(r, ids, tuple(b"s" * 32 for _ in ids)) for r, ids in saves)
         worker.bind(meta)
@@ -214,17 +215,19 @@ def test_worker_saves_of_blocks_whose_load_failed_are_dropped_for_every_request(
         worker.save_kv_layer("layer")
         worker.wait_for_save()
         worker.get_finished(set())
-        worker.get_block_ids_with_load_errors()
+        errors = worker.get_block_ids_with_load_errors()
         saved, client.saved = client.saved, []
-        return saved
+        return saved, errors
 
     x_load = LoadSpec("x", (1, 2), (b"h" * 32, b"i" * 32), (0,), False)
-    # 2. That step stores only d's blocks.
-    assert step([x_load], [("c", (1, 2, 3)), ("d", (7, 8))]) == [[7, 8]]
-    # 3. The next step (planned before vLLM heard of the failure) stores none of x's or c's.
-    assert step([], [("x", (4,)), ("c", (5,)), ("d", (9,))]) == [[9]]
-    # 4. After that, their recomputed blocks are stored again.
-    assert step([], [("x", (1, 2)), ("c", (6,))]) == [[1, 2, 6]]
+    # 2. That step stores only d's blocks, and reports blocks 1-2 to vLLM.
+    assert step([x_load], [("c", (1, 2, 3)), ("d", (7, 8))]) == ([[7, 8]], {1, 2})
+    # 3. The next step (planned before the scheduler saw the failure) stores none of x's or
+    #    c's blocks.
+    assert step([], [("x", (4,)), ("c", (5,)), ("d", (9,))]) == ([[9]], set())
+    # 4. Once the scheduler has seen it (and rewound them), their recomputed blocks go out.
+    assert step([], [("x", (1, 2, 4)), ("c", (1, 2, 3, 5))], rewound={1, 2}) == (
+        [[1, 1, 2, 2, 3, 4, 5]], set())
 
 
 class ReleasingClient(StuckClient):
