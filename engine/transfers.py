@@ -180,7 +180,8 @@ class Transfers:
             raise
 
     def _start_load(self, client, rec, payload):
-        started = time.perf_counter()
+        is_timed = logger.isEnabledFor(logging.DEBUG)
+        started = time.perf_counter() if is_timed else 0.0
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         record_events = self._check_event(client, rec, len(placements))
         wait_event = None
@@ -201,13 +202,13 @@ class Transfers:
         offsets = np.array([entry.offset for entry in entries], np.int64)
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         self.index.pin(keys)
-        planned = time.perf_counter()
+        planned = time.perf_counter() if is_timed else 0.0
         if keys:
             with self._answered_on_fault(pending):
                 self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
                                                    client.page_bytes, block_ids, offsets,
                                                    wait_event=wait_event, record_events=record_events))
-        if logger.isEnabledFor(logging.DEBUG):
+        if is_timed:
             logger.debug("slot %d: LOAD of %d blocks x %d layers: planned in %.2f ms, issued in "
                          "%.2f ms", client.slot, len(keys), len(placements),
                          (planned - started) * 1e3, (time.perf_counter() - planned) * 1e3)

@@ -98,6 +98,8 @@ class EngineClient:
         self._control: shm.Segment | None = None
         self._ring_segment: shm.Segment | None = None
         self._view: RingSegmentView | None = None
+        self._num_slots = 0
+        self._bells: list[Doorbell] = []  # opened during the attach, closed by whoever ends it
         self.is_closed = True
 
     @classmethod
@@ -119,7 +121,9 @@ class EngineClient:
             self.close(detach=False)  # ring mapped: client_closed tells the engine
             return
         if self.slot >= 0 and self._control is not None:
-            give_back_slot(self._control, self.engine_name, self.slot)
+            give_back_slot(self._control, self.engine_name, self.slot, self._num_slots)
+        for bell in self._bells:
+            bell.sem.close()
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -134,14 +138,17 @@ class EngineClient:
         engine_sleeping = memoryview(self._control.array(np.uint8, 4, flag_at)).cast("I")
         engine_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, "doorbell")),
                                engine_sleeping)
-        self.slot = claim_slot(self._control, self.engine_name, int(header["num_slots"]))
+        self._bells.append(engine_bell)
+        self._num_slots = int(header["num_slots"])
+        self.slot = claim_slot(self._control, self.engine_name, self._num_slots)
         engine_bell.ring()
-        wait_slot_active(self._control, self.engine_name, self.slot, int(header["num_slots"]), timeout_s)
+        wait_slot_active(self._control, self.engine_name, self.slot, self._num_slots, timeout_s)
         ring_slots, arena_bytes = int(header["ring_slots"]), int(header["arena_bytes"])
         self._ring_segment = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
         view = RingSegmentView(self._ring_segment, ring_slots, arena_bytes)
         self._own_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, f"cq.{self.slot}")),
                                   view.client_sleeping)
+        self._bells.append(self._own_bell)
         self._own_bell.drain()
         self._producer = RingProducer(view.submissions, engine_bell)
         self._consumer = RingConsumer(view.completions, self._own_bell)
@@ -168,8 +175,7 @@ class EngineClient:
         offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
         if num_bytes:
             self._arena.write(offset, list(payload))
-        request_id = self._next_request_id
-        self._next_request_id = request_id + 1
+        request_id = self._new_request_id()
         producer = self._producer
         position = producer.position
         fields = (request_id, opcode, flags, layer, region_id, num_items, event_index, namespace,
@@ -335,7 +341,7 @@ class EngineClient:
             # live.  Not after a read answer: the slot may already be someone else's.
             self._view.client_closed[0] = 1
         self._view = None
-        for bell in (self._own_bell, self._producer.doorbell):
+        for bell in self._bells:
             bell.sem.close()
         for segment in (self._ring_segment, self._control):
             if segment is not None:

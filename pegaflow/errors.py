@@ -22,6 +22,10 @@ class EngineNotRunningError(ShmError):
     """No engine of that name runs on this host (its control segment is absent)."""
 
 
+class EngineDeadError(EngineNotRunningError):
+    """The engine's segments are there, its process is not (it crashed)."""
+
+
 class EngineAlreadyRunningError(ShmError):
     """Another live engine already owns that name."""
 

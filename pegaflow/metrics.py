@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pegaflow.errors import EngineNotRunningError, PegaflowError
+from pegaflow.stat_cli import read_stats
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ class EngineCollector(Collector):
         self.engine_name = engine_name
 
     def collect(self):
-        from pegaflow.stat_cli import read_stats
         up = GaugeMetricFamily("pegaflow_up", "1 while the engine runs", labels=["engine"])
         try:
             stats = read_stats(self.engine_name)

@@ -137,8 +137,6 @@ class RingProducer(_RingView):
 
     def put_fields(self, fields: tuple, timeout_s: float) -> None:
         """``try_put_fields`` until it succeeds; RingFullError after ``timeout_s``."""
-        if self.try_put_fields(fields):
-            return
         if poll_until(lambda: self.try_put_fields(fields) or None, timeout_s) is None:
             raise RingFullError(f"ring full for {timeout_s:.3f}s ({self.num_slots} slots)")
 

@@ -79,28 +79,27 @@ def wait_slot_active(control: shm.Segment, engine_name: str, slot: int, num_slot
                                  f"{slot} within {timeout_s:.3f}s")
 
 
-def give_back_slot(control: shm.Segment, engine_name: str, slot: int) -> None:
+def give_back_slot(control: shm.Segment, engine_name: str, slot: int, num_slots: int) -> None:
     """An attach that failed after its claim: free the slot if the engine has not accepted
     it yet, else tell the engine (``client_closed``) that its client is gone."""
-    slots = None
+    slots = _slot_table(control, num_slots)
     lock = shm.attach_semaphore(shm.ipc_name(engine_name, "lock"))
     try:
-        lock.acquire(CLAIM_LOCK_TIMEOUT_S)
         try:
-            slots = _slot_table(control, int(read_control_header(control)["num_slots"]))
-            if int(slots["state"][slot]) == SlotState.CLAIMED and \
-                    int(slots["pid"][slot]) == os.getpid():
+            lock.acquire(CLAIM_LOCK_TIMEOUT_S)
+        except posix_ipc.BusyError:
+            logger.warning("slot %d of engine %r: control lock busy; the slot stays claimed",
+                           slot, engine_name)
+            return
+        try:
+            if int(slots["state"][slot]) == SlotState.CLAIMED and int(slots["pid"][slot]) == os.getpid():
                 slots["state"][slot] = SlotState.FREE  # never accepted
-                slots = None
+                return
         finally:
             lock.release()
-    except posix_ipc.BusyError:
-        logger.warning("slot %d of engine %r: control lock busy; the slot stays claimed",
-                       slot, engine_name)
     finally:
         lock.close()
-    if slots is not None and int(slots["state"][slot]) == SlotState.ACTIVE and \
-            int(slots["pid"][slot]) == os.getpid():
+    if int(slots["state"][slot]) == SlotState.ACTIVE and int(slots["pid"][slot]) == os.getpid():
         ring = shm.attach_segment(shm.ipc_name(engine_name, f"ring.{slot}"))
         try:  # accepted after we gave up: the engine frees it once told we are gone
             ring.array(RING_HEADER, 1)["client_closed"] = 1

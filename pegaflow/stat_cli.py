@@ -16,7 +16,7 @@ import time
 
 
 from pegaflow import shm
-from pegaflow.errors import EngineNotRunningError, ShmError
+from pegaflow.errors import EngineDeadError, EngineNotRunningError, ShmError
 from pegaflow.shm import is_pid_alive
 from pegaflow.wire import CONTROL_HEADER, STATS, STATS_COUNTER_NAMES, Opcode, Status
 
@@ -57,10 +57,6 @@ def _control_pid(name: str) -> int:
         return int(control.array(CONTROL_HEADER, 1)[0]["engine_pid"])
     finally:
         control.close()
-
-
-class EngineDeadError(EngineNotRunningError):
-    """The engine's segments are there, its process is not (it crashed)."""
 
 
 def _read_live(name: str) -> dict:

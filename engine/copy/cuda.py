@@ -204,7 +204,9 @@ class CudaBackend(CopyBackend):
         the contexts down anyway."""
         deadline = time.monotonic() + wait_s
         while self._inflight:
-            self.poll()
+            for done in self.poll():
+                if done.error:
+                    logger.error("copy %d failed while closing: %s", done.token, done.error)
             if self._inflight and time.monotonic() >= deadline:
                 logger.error("%d copies still running on the GPU after %.1f s (they wait on client "
                              "GPU work that never finished): leaving the pool and client memory "
@@ -433,10 +435,14 @@ class CudaBackend(CopyBackend):
     def _drain_all(self, wait_s: float) -> bool:
         """Whether every copy in flight ended within ``wait_s`` (polled, never blocking)."""
         deadline = time.monotonic() + wait_s
-        for f in self._inflight:
-            driver.use_device(f.device)
-            while not driver.event_done(f.done):
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(1e-4)
+        try:
+            for f in self._inflight:
+                driver.use_device(f.device)
+                while not driver.event_done(f.done):
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(1e-4)
+        except CudaError as exc:  # the failed copy is reported by the next poll
+            logger.warning("auto: a copy in flight failed (%s); not measuring now", exc)
+            return False
         return True

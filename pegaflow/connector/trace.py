@@ -23,6 +23,7 @@ class StepTrace:
         self._cpu: list[tuple[str, float]] = []
         self._gpu: dict[str, object] = {}
         self._previous: tuple[list, dict, str] | None = None
+        self._label = ""
         self._step = 0
 
     def begin(self, num_loads: int, num_blocks: int) -> None:

@@ -26,7 +26,7 @@ from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
-from pegaflow.errors import EngineGoneError, LayoutError, PegaflowError
+from pegaflow.errors import LayoutError, PegaflowError
 from pegaflow.host_memory import layer_records
 from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
 
@@ -131,12 +131,13 @@ class WorkerSide:
         trace.begin(len(meta.loads), sum(len(s.block_ids) for s in meta.loads))
         client = self.link.client()
         if client is not None and self.memory.has_events and not self._record_start_fence():
-            client = None  # unfenced, a load could race kernels still writing its blocks
+            for spec in meta.loads:  # unfenced, a load could race kernels still writing its blocks
+                self._release_lease(client, spec)  # never sent: nobody else gives it back
+            client = None
         self._loads_client = client
         for index, spec in enumerate(meta.loads):
             if client is None:
                 self._fail_load(spec)
-                self._release_lease(spec)  # never sent: nobody else gives its lease back
                 continue
             slot = None
             if self.memory.has_events and not spec.is_async and index < self.config.num_load_slots:
@@ -171,12 +172,11 @@ class WorkerSide:
             return False
         return True
 
-    def _release_lease(self, spec: LoadSpec) -> None:
+    def _release_lease(self, client: EngineClient, spec: LoadSpec) -> None:
         """Give back this rank's lease of a load never sent (else it pins its blocks until
-        it expires), if the engine can be told; the scheduler took it on its own link."""
+        it expires); the scheduler took it on its own link."""
         lease = spec.lease_ids[self.rank] if self.rank < len(spec.lease_ids) else 0
-        client = self.link.current()
-        if not lease or client is None:
+        if not lease:
             return
         try:
             client.release_nowait(lease)
@@ -192,7 +192,7 @@ class WorkerSide:
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._loads_waited:
             self._wait_step_loads()
-        if not self.memory.has_events:
+        if not self._step_loads or not self.memory.has_events:
             return
         layers = self.virtual.get(layer_name, ())
         events = [self._load_event_base(slot) + v for _, _, slot in self._step_loads
@@ -243,15 +243,18 @@ class WorkerSide:
         step's tokens of those requests and recomputes them.  Best effort: the check runs
         when the CPU ends the step, which may be before the GPU has run the copies."""
         client = self._loads_client  # the connection the loads went out on, not a newer one
-        try:
-            if client is None or self.link.current() is not client:
-                raise EngineGoneError("the connection this step's loads went out on was dropped")
-            client.check_engine()
-        except PegaflowError as exc:
-            if client is not None and self.link.current() is client:
+        reason = None
+        if client is None or self.link.current() is not client:
+            reason = "the connection this step's loads went out on was dropped"
+        else:
+            try:
+                client.check_engine()
+            except PegaflowError as exc:
                 self.link.fail(exc)
+                reason = str(exc)
+        if reason is not None:
             logger.error("pegaflow: the engine went away while this step's loads were copied "
-                         "(%s); vLLM recomputes them", exc)
+                         "(%s); vLLM recomputes them", reason)
             for _, spec, _ in self._step_loads:
                 self._fail_load(spec)
         self._step_loads = []
