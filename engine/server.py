@@ -117,7 +117,7 @@ class EngineServer:
             self._next_claim_check = 0.0
 
     def _has_submissions(self) -> bool:
-        return (self.is_stopping or any(c.submissions.is_ready() for c in self.clients.values())
+        return (self.is_stopping or any(c.submissions.is_ready() for c in self._attached)
                 or self.segments.has_claims())
 
     def _drain_rings(self) -> bool:
@@ -203,7 +203,7 @@ class EngineServer:
 
     def _housekeeping(self, now: float) -> None:
         is_timed = self.index.leases or self.index.writing or any(
-            c.is_detached for c in self.clients.values())
+            c.is_detached for c in self._attached)
         self._next_housekeeping = now + (self.config.housekeeping_s if is_timed else
                                          max(self.config.housekeeping_s, LIVENESS_ONLY_S))
         self.index.expire_leases(now)
