@@ -1,8 +1,9 @@
 """Timing the two copy paths on the real pool, for ``--copy-backend auto``.
 
-Up to 64 MiB of random pool pages are read into device scratch (LOAD), then the same
-bytes are written back (SAVE): the pool's contents do not change, and the pool's own
-pinning and spread are what is timed.  The caller drains its copies first.
+Up to 64 MiB of random pool pages, in address order as the backend issues an op's
+pages, are read into device scratch (LOAD), then the same bytes are written back (SAVE):
+the pool's contents do not change, and the pool's own pinning and spread are what is
+timed.  The caller drains its copies first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def measure_paths(dev, pool_bytes: int, page_bytes: int, copy, stage,
         return {}
     driver.use_device(dev.device)
     rng = np.random.default_rng(0)
-    slots = rng.choice(pool_bytes // page_bytes, num_pages, replace=False)
+    slots = np.sort(rng.choice(pool_bytes // page_bytes, num_pages, replace=False))  # as ops
     op = CopyOp(-1, Direction.LOAD, -1, [], page_bytes, rng.permutation(num_pages),
                 slots.astype(np.int64) * page_bytes)
     gpu = driver.device_alloc(num_pages * page_bytes)
