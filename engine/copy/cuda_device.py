@@ -1,5 +1,6 @@
 """Per-process CUDA state of the copy backend: each GPU's streams, events and kernel, the
-client allocations opened through IPC (once per device), and pre-faulting the pool."""
+client allocations opened through IPC (once per device), and readying the pool (pre-faulting
+it, then one DMA write of every page)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from engine.copy.kernels import CopyKernel
 from pegaflow.cuda import driver
 
 _TOUCH_STRIDE = 4096
+_DMA_CHUNK = 64 << 20
 
 
 class IpcMappings:
@@ -82,3 +84,31 @@ def prefault(segment, num_threads: int) -> None:
 
     with ThreadPoolExecutor(num_threads) as pool:
         list(pool.map(touch, range(0, segment.size, chunk)))
+
+
+def dma_write_once(pool_base: int, size: int) -> None:
+    """Read the registered pool (device address ``pool_base``) into device memory and write
+    it back by DMA, on the current device: the bytes do not change.
+
+    The copy engine's first write to a host page is slower than the later ones (on the
+    H200 test machine, 64 KiB pages: 50.7 GB/s into pages never written by DMA, 53.2 once
+    written; reads are not affected), and once per page is enough: this moves that cost
+    from the first SAVEs to the engine's start (~0.05 s per GiB).
+    """
+    chunk = min(_DMA_CHUNK, size)
+    buffers, streams = [], []
+    try:
+        for _ in range(2):  # two chunks in flight: reads and writes share the duplex link
+            buffers.append(driver.device_alloc(chunk))
+            streams.append(driver.create_stream(low_priority=False))
+        for i, start in enumerate(range(0, size, chunk)):
+            num_bytes = min(chunk, size - start)
+            buffer, stream = buffers[i % 2], streams[i % 2]
+            driver.memcpy_async(buffer, pool_base + start, num_bytes, stream)
+            driver.memcpy_async(pool_base + start, buffer, num_bytes, stream)
+    finally:
+        for stream in streams:
+            driver.synchronize_stream(stream)
+            driver.destroy_stream(stream)
+        for buffer in buffers:
+            driver.device_free(buffer)

@@ -277,6 +277,19 @@ def test_cuda_backend_all_layers_load_events_each_layer_in_order(setup, rng, pat
 
 
 @pytest.mark.gpu
+def test_cuda_backend_attach_pool_leaves_its_bytes_unchanged(pool):
+    """Attaching writes every pool page once by DMA: the bytes it writes are those it read."""
+    before = np.random.default_rng(3).integers(0, 256, pool.size, dtype=np.uint8)
+    pool.array(np.uint8, pool.size)[:] = before
+    backend = CudaBackend(copy_backend="copy-engine")
+    try:
+        backend.attach_pool(pool)
+        assert np.array_equal(pool.array(np.uint8, pool.size), before)
+    finally:
+        backend.close()
+
+
+@pytest.mark.gpu
 def test_cuda_backend_out_of_range_block_reports_error_not_raise(setup):
     _, backend, entries = setup("kernel")
     bad = _op(Direction.LOAD, [1 << 24], [0])  # 128 GiB past the region: past any allocation
