@@ -19,3 +19,7 @@ def test_chunk_bounds_cover_every_item_with_short_first_and_last_chunks(num_item
     # 2. The first and the last chunk are at most FIRST_CHUNK long.
     if bounds:
         assert bounds[0][1] - bounds[0][0] <= FIRST_CHUNK and bounds[-1][1] - bounds[-1][0] <= FIRST_CHUNK
+    # 3. A chunk is at most twice the one before (its bookkeeping hides behind that copy);
+    #    the last one is at most FIRST_CHUNK anyway.
+    sizes = [end - start for start, end in bounds][:-1]
+    assert all(after <= 2 * before for before, after in zip(sizes, sizes[1:]))
