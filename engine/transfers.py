@@ -192,17 +192,10 @@ class Transfers:
             if not client.num_events:
                 raise CommandError(Status.BAD_ARGUMENT, "AFTER_CLIENT without registered events")
             wait_event = client.num_events - 1
-        entries = [self.index.get_ready(key) for key in keys]
-        missing = sum(entry is None for entry in entries)
-        if missing:
-            raise CommandError(Status.MISSING_BLOCK, f"{missing} of {len(keys)} blocks are not stored")
-        entry_bytes = client.entry_bytes
-        if any(entry.entry_bytes != entry_bytes for entry in entries):
-            raise CommandError(Status.BAD_ARGUMENT, "stored blocks have another geometry")
+        offsets = self._stored_offsets(keys, client.entry_bytes)
         lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
         pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,
                               len(placements) * client.page_bytes, lease_id=lease_id)
-        offsets = np.array([entry.offset for entry in entries], np.int64)
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         self.index.pin(keys)
         planned = time.perf_counter() if is_timed else 0.0
@@ -224,6 +217,21 @@ class Transfers:
             self.stats.count_command(Opcode.LOAD, Status.OK)
             pending.client.answer(pending.request_id, Opcode.LOAD, Status.OK, len(keys), len(keys))
         return self._seal(pending)
+
+    def _stored_offsets(self, keys: list[Key], entry_bytes: int) -> np.ndarray:
+        """The pool offsets of ``keys``, every one stored with this geometry (one pass: a
+        LOAD's copies start after it)."""
+        get_ready, offsets = self.index.get_ready, []
+        for key in keys:
+            entry = get_ready(key)
+            if entry is None or entry.entry_bytes != entry_bytes:
+                missing = sum(get_ready(k) is None for k in keys)
+                if missing:
+                    raise CommandError(Status.MISSING_BLOCK,
+                                       f"{missing} of {len(keys)} blocks are not stored")
+                raise CommandError(Status.BAD_ARGUMENT, "stored blocks have another geometry")
+            offsets.append(entry.offset)
+        return np.array(offsets, np.int64)
 
     def _submit(self, pending: PendingCopy, keys: list[Key], op: CopyOp) -> None:
         """Hand one chunk to the backend; ``on_copy_done`` finishes it."""
@@ -269,19 +277,20 @@ class Transfers:
 
     def _complete(self, pending: PendingCopy) -> None:
         if pending.opcode == Opcode.LOAD and pending.lease_id:
-            self.index.release(pending.lease_id)
-        if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
-            self.index.touch_chain(pending.chain)
+            self.index.release(pending.lease_id)  # before the gauges the answer's reader sees
         if pending.is_answered:
             if pending.error:
                 logger.error("slot %d: %s failed after it was answered: %s", pending.client.slot,
                              pending.opcode.name, pending.error)
-            return
-        status = Status.OK if pending.error is None else Status.COPY_FAILED
-        self.update_gauges()
-        pending.client.answer(pending.request_id, pending.opcode, status, pending.num_blocks,
-                              pending.num_blocks, pending.num_deduped, pending.num_dropped)
-        self.stats.count_command(pending.opcode, status)
+        else:
+            status = Status.OK if pending.error is None else Status.COPY_FAILED
+            self.update_gauges()
+            pending.client.answer(pending.request_id, pending.opcode, status, pending.num_blocks,
+                                  pending.num_blocks, pending.num_deduped, pending.num_dropped)
+            self.stats.count_command(pending.opcode, status)
+        # After the answer (nothing else runs before it is done): the eviction order only.
+        if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
+            self.index.touch_chain(pending.chain)
 
     def _finish_chunk(self, pending: PendingCopy, keys: list[Key], error: str | None) -> None:
         """Index bookkeeping once a chunk's copy is over (or never started)."""

@@ -183,6 +183,17 @@ def test_wire_hash_keys_same_for_uniform_and_mixed_length_batches():
     assert uniform[0] == mixed[0]
 
 
+def test_wire_hash_keys_of_a_zero_length_record_keep_all_their_bytes():
+    # 1. A malformed record (length 0, digest ending in zeros) next to a good one.
+    records = wire.encode_hashes([b"\x05" * 32, b"\x06" * 32])
+    records["length"][1] = 0
+    raw = records.view(np.uint8).reshape(2, wire.HASH.itemsize)
+    raw[1, 16:wire.HASH_BYTES] = 0
+    # 2. Every key is still digest plus length, byte for byte.
+    keys = wire.hash_keys(records)
+    assert keys == [b"\x05" * 32 + b"\x20", b"\x06" * 16 + bytes(17)]
+
+
 @pytest.mark.parametrize("hashes", [[b""], [b"\x01" * 33], [b"\x01" * 16, b""], [b"\x01" * 16, b"\x02" * 40],
                                     [b"\x01" * 33, b"\x02" * 33]],
                          ids=["empty", "33_bytes", "mixed_with_empty", "mixed_with_40", "uniform_33"])
