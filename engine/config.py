@@ -25,6 +25,7 @@ def parse_size(text: str) -> int:
 
 
 MAX_SLOTS = 4096
+MAX_IDLE_SPIN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,9 @@ class EngineConfig:
             raise ConfigError(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
         if self.lease_ttl_s <= 0:
             raise ConfigError(f"--lease-ttl must be positive, got {self.lease_ttl_s}")
+        if not 0 <= self.idle_spin_s <= MAX_IDLE_SPIN_S:
+            raise ConfigError(f"--idle-spin-ms {self.idle_spin_s * 1e3:g}: must lie in "
+                              f"[0, {MAX_IDLE_SPIN_S * 1e3:g}]")
 
     @property
     def usable_pool_bytes(self) -> int:
@@ -108,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arena-size", default="8MiB", help="payload arena per client (default %(default)s)")
     p.add_argument("--lease-ttl", type=float, default=_env_number("LEASE_TTL_S", d.lease_ttl_s, float),
                    help="seconds a lookup's lease pins its blocks if never used (default %(default)s)")
+    p.add_argument("--idle-spin-ms", type=float,
+                   default=_env_number("IDLE_SPIN_MS", d.idle_spin_s * 1e3, float),
+                   help="after its last work the engine polls this long before sleeping: a "
+                        "command arriving later first wakes it (0.1-2 ms on a VM), one arriving "
+                        "sooner costs a busy core meanwhile (default %(default)g)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level), type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default %(default)s")
     return p
@@ -121,4 +130,5 @@ def config_from_args(argv: list[str] | None = None) -> EngineConfig:
         slab_bytes=min(parse_size(args.slab_size), pool_bytes),
         backend=args.backend, copy_backend=args.copy_backend, log_level=args.log_level.upper(),
         num_slots=args.max_clients, ring_slots=args.ring_slots,
-        arena_bytes=parse_size(args.arena_size), lease_ttl_s=args.lease_ttl)
+        arena_bytes=parse_size(args.arena_size), lease_ttl_s=args.lease_ttl,
+        idle_spin_s=args.idle_spin_ms / 1e3)

@@ -61,10 +61,12 @@ def test_config_from_args_env_used_when_flag_absent(clean_env):
     clean_env.setenv("PEGAFLOW_MAX_CLIENTS", "12")
     clean_env.setenv("PEGAFLOW_LEASE_TTL_S", "30")
     clean_env.setenv("PEGAFLOW_LOG_LEVEL", "DEBUG")
+    clean_env.setenv("PEGAFLOW_IDLE_SPIN_MS", "10")
     config = config_from_args([])
     # 2. Each reaches the config.
     assert config == EngineConfig(name="from_env", pool_bytes=1 << 30, slab_bytes=16 << 20, backend="host",
-                                  copy_backend="kernel", num_slots=12, lease_ttl_s=30.0, log_level="DEBUG")
+                                  copy_backend="kernel", num_slots=12, lease_ttl_s=30.0, log_level="DEBUG",
+                                  idle_spin_s=10e-3)
 
 
 def test_config_from_args_flag_beats_env(clean_env):
@@ -80,9 +82,9 @@ def test_config_from_args_flag_beats_env(clean_env):
 def test_config_from_args_sizes_and_numbers_parsed(clean_env):
     # 1. Size flags take units; ring slots and TTL are numbers.
     config = config_from_args(["--pool-size", "256MiB", "--slab-size", "1MiB", "--arena-size", "64KiB",
-                               "--ring-slots", "32", "--lease-ttl", "2.5"])
+                               "--ring-slots", "32", "--lease-ttl", "2.5", "--idle-spin-ms", "0.5"])
     assert (config.pool_bytes, config.slab_bytes, config.arena_bytes) == (256 << 20, 1 << 20, 64 << 10)
-    assert (config.ring_slots, config.lease_ttl_s) == (32, 2.5)
+    assert (config.ring_slots, config.lease_ttl_s, config.idle_spin_s) == (32, 2.5, 0.5e-3)
 
 
 def test_config_from_args_slab_larger_than_pool_clamped_to_pool(clean_env):
@@ -94,7 +96,7 @@ def test_config_from_args_slab_larger_than_pool_clamped_to_pool(clean_env):
 @pytest.mark.parametrize("argv", [
     ["--pool-size", "lots"], ["--slab-size", "4XB"], ["--arena-size", "-1"], ["--pool-size", "0"],
     ["--name", "bad/name"], ["--max-clients", "0"], ["--ring-slots", "1"], ["--arena-size", "1KiB"],
-    ["--lease-ttl", "0"],
+    ["--lease-ttl", "0"], ["--idle-spin-ms", "-1"], ["--idle-spin-ms", "1001"],
 ])
 def test_config_from_args_bad_flag_value_raises_config_error(clean_env, argv):
     # 1. A value argparse accepts but the config cannot: a ConfigError, not a traceback.
@@ -105,7 +107,7 @@ def test_config_from_args_bad_flag_value_raises_config_error(clean_env, argv):
 @pytest.mark.parametrize("var,value", [
     ("PEGAFLOW_POOL_SIZE", "lots"), ("PEGAFLOW_NAME", "a.b"), ("PEGAFLOW_BACKEND", "gpu"),
     ("PEGAFLOW_COPY_BACKEND", "dma"), ("PEGAFLOW_MAX_CLIENTS", "many"), ("PEGAFLOW_LEASE_TTL_S", "soon"),
-    ("PEGAFLOW_LOG_LEVEL", "LOUD"),
+    ("PEGAFLOW_LOG_LEVEL", "LOUD"), ("PEGAFLOW_IDLE_SPIN_MS", "long"), ("PEGAFLOW_IDLE_SPIN_MS", "-2"),
 ])
 def test_config_from_args_bad_env_value_raises_config_error(clean_env, var, value):
     # 1. Env defaults bypass argparse's type and choices checks: the config must catch them,
@@ -125,6 +127,7 @@ def test_config_from_args_bad_env_value_raises_config_error(clean_env, var, valu
     ({"num_slots": 0}, "--max-clients"), ({"num_slots": 4097}, "--max-clients"),
     ({"ring_slots": 1}, "--ring-slots"), ({"arena_bytes": 4095}, "--arena-size"),
     ({"lease_ttl_s": 0.0}, "--lease-ttl"), ({"log_level": "LOUD"}, "log"),
+    ({"idle_spin_s": -1e-3}, "--idle-spin-ms"), ({"idle_spin_s": 1.5}, "--idle-spin-ms"),
 ])
 def test_engine_config_out_of_range_field_raises_config_error(fields, message):
     # 1. Each bad field is refused at construction, naming the flag to fix.
@@ -135,7 +138,7 @@ def test_engine_config_out_of_range_field_raises_config_error(fields, message):
 @pytest.mark.parametrize("fields", [
     {"num_slots": 1}, {"num_slots": 4096}, {"ring_slots": 2}, {"arena_bytes": 4096},
     {"backend": "cuda"}, {"backend": "host"}, {"copy_backend": "kernel"}, {"copy_backend": "copy-engine"},
-    {"name": "A" * 64},
+    {"name": "A" * 64}, {"idle_spin_s": 0.0}, {"idle_spin_s": 1.0},
 ])
 def test_engine_config_boundary_values_accepted(fields):
     # 1. The limits themselves are valid.

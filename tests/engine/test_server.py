@@ -85,6 +85,31 @@ def wait_until_asleep(engine, timeout_s: float = 5.0) -> None:
     control.close()
 
 
+def is_asleep(engine) -> bool:
+    control = shm.attach_segment(shm.ipc_name(engine.name, "control"), readonly=True)
+    header = control.array(CONTROL_HEADER, 1)
+    asleep = bool(header["engine_sleeping"][0])
+    del header
+    control.close()
+    return asleep
+
+
+def test_server_idle_spin_flag_keeps_polling_that_long_after_work(engine_factory):
+    # 1. An engine told to poll for a second after its last work, answering a ping.
+    engine = engine_factory(extra=("--idle-spin-ms", "1000"))
+    client = engine.connect()
+    try:
+        client.ping()
+        # 2. A fifth of that later it still polls; it sleeps once the second is over.
+        time.sleep(0.2)
+        assert not is_asleep(engine)
+        wait_until_asleep(engine)
+        # 3. Asleep, it still answers: the doorbell wakes it.
+        assert client.ping() == 0
+    finally:
+        client.close()
+
+
 def wait_until_stopped(pid: int, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
