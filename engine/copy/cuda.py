@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.copy.base import AUTO, COPY_ENGINE, KERNEL, PATHS, CopyBackend, CopyDone, CopyOp, Direction
+from engine.copy.checks import Region, check_op
 from engine.copy.cuda_device import MAPPINGS, Device, dma_write_once, prefault
 from engine.copy.kernels import StagingRing, is_aligned
 from engine.copy.probe import measure_paths
@@ -61,14 +62,6 @@ logger = logging.getLogger(__name__)
 CLOSE_WAIT_S = 2.0  # after the server's own drain
 PROBE_DRAIN_S = 0.1  # copies in flight before auto's measurement (a REGISTER waits for it)
 _COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
-
-
-@dataclass(slots=True)
-class _Region:
-    device: int
-    handle: bytes
-    base: int    # client address of the region's first byte
-    extent: int  # bytes from ``base`` to the end of the allocation
 
 
 @dataclass(slots=True)
@@ -104,7 +97,7 @@ class CudaBackend(CopyBackend):
         self._pool: tuple[int, int] | None = None  # (host address, size)
         self._device(device)
         self._staging = StagingRing(staging_words)
-        self._regions: dict[tuple[int, int], _Region] = {}
+        self._regions: dict[tuple[int, int], Region] = {}
         self._event_handles: dict[int, list[bytes]] = {}
         self._events: dict[tuple[int, int], list] = {}  # (slot, device) -> opened events
         self._inflight: list[_Inflight] = []
@@ -151,7 +144,7 @@ class CudaBackend(CopyBackend):
         handle = region["handle"].tobytes()
         address = MAPPINGS.acquire(dev.device, handle)
         self._drop_region((slot, region_id))
-        self._regions[(slot, region_id)] = _Region(dev.device, handle, address + base_offset,
+        self._regions[(slot, region_id)] = Region(dev.device, handle, address + base_offset,
                                                    alloc_bytes - base_offset)
         self._open_events(slot, dev.device)
         if self.copy_backend == AUTO:
@@ -276,7 +269,7 @@ class CudaBackend(CopyBackend):
             raise
         self._inflight.append(inflight)
 
-    def _issue(self, dev: Device, op: CopyOp, regions: list[_Region], path: str,
+    def _issue(self, dev: Device, op: CopyOp, regions: list[Region], path: str,
                f: _Inflight) -> None:
         events = self._open_events(op.slot, dev.device)
         driver.use_device(dev.device)
@@ -351,49 +344,12 @@ class CudaBackend(CopyBackend):
             self._staging.free(f.staging)
             f.staging = None
 
-    def _validate(self, op: CopyOp) -> list[_Region]:
+    def _validate(self, op: CopyOp) -> list[Region]:
         """Every region known, every page inside its allocation and the pool."""
-        if self._pool is None:
-            raise CommandError(Status.INTERNAL, "no pool attached")
-        if len(op.block_ids) != len(op.entry_offsets) or not op.layers:
-            raise CommandError(Status.BAD_PAYLOAD, "block ids, entry offsets and layers disagree")
-        regions = [self._regions.get((op.slot, layer.region_id)) for layer in op.layers]
-        if None in regions:
-            raise CommandError(Status.UNKNOWN_REGION, f"slot {op.slot}: unknown region")
-        if len({r.device for r in regions}) != 1:
-            raise CommandError(Status.BAD_ARGUMENT, "one op spans several devices")
-        self._check_events(op)
-        if len(op.block_ids):
-            self._check_bounds(op, regions)
-        return regions
+        return check_op(op, self._regions, self._pool[1] if self._pool else None,
+                        len(self._event_handles.get(op.slot, ())))
 
-    def _check_bounds(self, op: CopyOp, regions: list[_Region]) -> None:
-        b_lo, b_hi = int(op.block_ids.min()), int(op.block_ids.max())
-        for layer, region in zip(op.layers, regions):
-            ends = (b_lo * layer.block_stride_bytes, b_hi * layer.block_stride_bytes)
-            if layer.offset_bytes + min(ends) < 0 or \
-                    layer.offset_bytes + max(ends) + op.page_bytes > region.extent:
-                raise CommandError(Status.BLOCK_OUT_OF_RANGE,
-                                   f"layer {layer.layer}: blocks {b_lo}..{b_hi} leave the region")
-        e_lo, e_hi = int(op.entry_offsets.min()), int(op.entry_offsets.max())
-        l_hi = max(layer.layer for layer in op.layers)
-        if e_lo < 0 or min(layer.layer for layer in op.layers) < 0 or \
-                e_hi + (l_hi + 1) * op.page_bytes > self._pool[1]:
-            raise CommandError(Status.BLOCK_OUT_OF_RANGE, "pool entries leave the pool")
-
-    def _check_events(self, op: CopyOp) -> None:
-        if op.wait_event is None and op.record_events is None:
-            return
-        count = len(self._event_handles.get(op.slot, ()))
-        last_wait = (op.wait_event or 0) + (len(op.layers) - 1 if op.wait_per_layer else 0)
-        if op.wait_event is not None and not 0 <= op.wait_event <= last_wait < count:
-            raise CommandError(Status.BAD_ARGUMENT, f"wait event {op.wait_event} of {count}")
-        if op.record_events is not None and \
-                not 0 <= op.record_events <= count - len(op.layers):
-            raise CommandError(Status.BAD_ARGUMENT,
-                               f"events {op.record_events}+{len(op.layers)} of {count}")
-
-    def _path(self, dev: Device, op: CopyOp, regions: list[_Region]) -> str:
+    def _path(self, dev: Device, op: CopyOp, regions: list[Region]) -> str:
         path = self.copy_backend
         if path == AUTO and op.record_events is not None:
             path = KERNEL  # issued in one launch per layer: the client's wait starts sooner
@@ -406,7 +362,7 @@ class CudaBackend(CopyBackend):
         return path
 
     @staticmethod
-    def _is_aligned(dev: Device, op: CopyOp, regions: list[_Region]) -> bool:
+    def _is_aligned(dev: Device, op: CopyOp, regions: list[Region]) -> bool:
         values = [op.page_bytes, dev.pool_base, int(np.bitwise_or.reduce(op.entry_offsets))]
         for layer, region in zip(op.layers, regions):
             values += [region.base + layer.offset_bytes, layer.block_stride_bytes]
