@@ -337,7 +337,8 @@ class CudaBackend(CopyBackend):
     def _release(self, f: _Inflight) -> None:
         dev = self._devices[f.device]
         if dev.save_chain:  # a finished op's events may be recycled: leave the chain
-            dev.save_chain = [e for e in dev.save_chain if all(e is not g for g in f.events)]
+            recycled = {id(event) for event in f.events}
+            dev.save_chain = [e for e in dev.save_chain if id(e) not in recycled]
         dev.idle_events.extend(f.events)
         f.events = []
         if f.staging is not None:
