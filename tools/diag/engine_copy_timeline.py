@@ -3,7 +3,8 @@ chunk completion and answer) and the bench's KV owner doing 10k-token SAVE and L
 arguments are copy paths, ``+cAxBx...`` sets the SAVE chunk sizes, ``+slack`` tightens the
 engine's timer slack.
 
-Ran on the H200 at commits 382d6b7 (copy-engine, auto, chunk schemes) and ee0e623 (auto).
+Ran on the H200 at commits 85d79e1 (copy-engine, auto), 382d6b7 (``+slack``, chunk
+schemes) and ee0e623 (auto).
 python tools/diag/engine_copy_timeline.py auto copy-engine+c64x561
 """
 import json, multiprocessing as mp, os, signal, sys, time
