@@ -1,6 +1,9 @@
 """The CUDA copy backend: client GPU memory <-> the pinned pool, on the driver API only.
 
-Protocol (every call from the dispatcher thread; none but attach_pool waits for a copy)::
+Protocol (every call from the dispatcher thread; ``submit`` and ``poll`` never wait for a
+copy; ``attach_pool`` waits for its one pass over the pool, ``unregister_client`` for the
+slot's copies, and ``register_region`` under ``auto`` up to ``PROBE_DRAIN_S`` for a quiet
+moment to measure in)::
 
     attach_pool(segment)       pre-touch the /dev/shm pool in threads, cuMemHostRegister it,
                                write every page once by DMA (contents unchanged)
@@ -14,11 +17,11 @@ Ordering.  A SAVE layer stream first waits for ``client_event[op.wait_event]``, 
 reads only bytes the client finished writing; a LOAD records ``client_event[b + k]``
 after layer k's copy, which the client's compute stream waits on.  Loads and saves
 have their own stream per layer, so a load never queues behind a save.  Inside one
-LOAD, layer k starts after layer k - depth ends, so it delivers its layers in order;
-every SAVE of a device joins one chain with the same rule, so however many saves are
-queued, at most depth layer copies run at once.  The depth is ``layers_in_flight`` for
-the kernel (it bounds the SMs taken from vLLM's compute) and ``dma_layers_in_flight``
-for the copy engine (no SMs; a deeper queue hides the gaps between layer copies).
+LOAD, layer k starts after layer k - ``layers_in_flight`` ends, so it delivers its layers
+in order.  Every SAVE of a device joins its path's chain with the same rule, so however
+many saves are queued, at most depth layer copies of a path run at once: the kernel's
+depth is ``layers_in_flight`` (it bounds the SMs taken from vLLM's compute), the copy
+engine's ``dma_layers_in_flight`` (no SMs; saves are not waited on layer by layer).
 
 Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
 (``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
@@ -122,13 +125,20 @@ class CudaBackend(CopyBackend):
         touched = time.perf_counter()
         self._device(self._default_device)
         driver.host_register(address, size)
+        try:
+            for dev in self._devices.values():
+                driver.use_device(dev.device)
+                dev.pool_base = driver.host_device_pointer(address)
+            registered = time.perf_counter()
+            dma_write_once(self._device(self._default_device).pool_base, size)
+        except CudaError:  # the pool is left as it was found: unpinned, not attached
+            try:
+                self._device(self._default_device)
+                driver.host_unregister(address)
+            except CudaError:
+                logger.exception("unpinning the pool after a failed attach")
+            raise
         self._pool = (address, size)
-        for dev in self._devices.values():
-            driver.use_device(dev.device)
-            dev.pool_base = driver.host_device_pointer(address)
-        registered = time.perf_counter()
-        default = self._device(self._default_device)
-        dma_write_once(default.pool_base, size)
         logger.info("pool %s: %.2f GiB touched in %.2f s (%d threads), registered in %.2f s, "
                     "written once by DMA in %.2f s", pool_segment.name, size / 2**30,
                     touched - started, self.touch_threads, registered - touched,
@@ -273,9 +283,10 @@ class CudaBackend(CopyBackend):
                f: _Inflight) -> None:
         events = self._open_events(op.slot, dev.device)
         driver.use_device(dev.device)
-        depth = self.layers_in_flight if path == KERNEL else self.dma_layers_in_flight
         to_pool = op.direction == Direction.SAVE
-        before = dev.save_chain if to_pool else []  # saves queue behind earlier saves
+        depth = self.dma_layers_in_flight if to_pool and path == COPY_ENGINE else \
+            self.layers_in_flight
+        before = dev.save_chains[path] if to_pool else []  # behind this path's earlier saves
         for k, (layer, region) in enumerate(zip(op.layers, regions)):
             stream = dev.stream(layer.layer, op.direction)
             f.streams.append(stream)
@@ -296,9 +307,8 @@ class CudaBackend(CopyBackend):
         last = f.streams[-1]
         for event in f.events[max(0, len(f.events) - depth):-1]:
             driver.wait(last, event)
-        if to_pool:  # long enough for the deepest path's next SAVE
-            dev.save_chain = (before + f.events)[-max(self.layers_in_flight,
-                                                      self.dma_layers_in_flight):]
+        if to_pool:
+            dev.save_chains[path] = (before + f.events)[-depth:]
         f.done = dev.event()
         f.events.append(f.done)
         driver.record(f.done, last)
@@ -336,9 +346,10 @@ class CudaBackend(CopyBackend):
 
     def _release(self, f: _Inflight) -> None:
         dev = self._devices[f.device]
-        if dev.save_chain:  # a finished op's events may be recycled: leave the chain
-            recycled = {id(event) for event in f.events}
-            dev.save_chain = [e for e in dev.save_chain if id(e) not in recycled]
+        recycled = {id(event) for event in f.events}  # they may be reused: leave the chains
+        for path, chain in dev.save_chains.items():
+            if chain:
+                dev.save_chains[path] = [e for e in chain if id(e) not in recycled]
         dev.idle_events.extend(f.events)
         f.events = []
         if f.staging is not None:

@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from engine.copy.base import Direction
+from engine.copy.base import COPY_ENGINE, KERNEL, Direction
 from engine.copy.kernels import CopyKernel
 from pegaflow.cuda import driver
+from pegaflow.errors import CudaError
 
 _TOUCH_STRIDE = 4096
 _DMA_CHUNK = 64 << 20
@@ -50,7 +51,8 @@ class Device:
         self.kernel = CopyKernel(device, num_ctas)
         self.streams: dict[tuple[int, Direction], object] = {}
         self.idle_events: list = []
-        self.save_chain: list = []  # events of the latest SAVE layer copies, oldest first
+        # Per path, the events of the latest SAVE layer copies, oldest first.
+        self.save_chains: dict[str, list] = {KERNEL: [], COPY_ENGINE: []}
         self.paths: dict[tuple[int, Direction], str] = {}
         self.unmeasured: set[int] = set()  # page sizes whose measurement waits for a quiet moment
         self.pool_base = 0
@@ -93,7 +95,9 @@ def dma_write_once(pool_base: int, size: int) -> None:
     The copy engine's first write to a host page is slower than the later ones (on the
     H200 test machine, 64 KiB pages: 50.7 GB/s into pages never written by DMA, 53.2 once
     written; reads are not affected), and once per page is enough: this moves that cost
-    from the first SAVEs to the engine's start (~0.05 s per GiB).
+    from the first SAVEs to the engine's start (0.02 s per GiB there; faulting the pool in
+    and pinning it take ten times longer).  Written from one GPU: whether a page written
+    by one GPU is also faster for another was not measured.
     """
     chunk = min(_DMA_CHUNK, size)
     buffers, streams = [], []
@@ -106,9 +110,18 @@ def dma_write_once(pool_base: int, size: int) -> None:
             buffer, stream = buffers[i % 2], streams[i % 2]
             driver.memcpy_async(buffer, pool_base + start, num_bytes, stream)
             driver.memcpy_async(pool_base + start, buffer, num_bytes, stream)
-    finally:
-        for stream in streams:
-            driver.synchronize_stream(stream)
-            driver.destroy_stream(stream)
-        for buffer in buffers:
-            driver.device_free(buffer)
+    finally:  # every resource released even if one release fails; the first error raised
+        _release_all([(driver.synchronize_stream, s) for s in streams]
+                     + [(driver.destroy_stream, s) for s in streams]
+                     + [(driver.device_free, b) for b in buffers])
+
+
+def _release_all(steps) -> None:
+    first = None
+    for release, what in steps:
+        try:
+            release(what)
+        except CudaError as exc:
+            first = first or exc
+    if first is not None:
+        raise first

@@ -86,3 +86,14 @@ def test_check_op_pool_bound_counts_every_layer_of_the_last_entry():
     late = _op(block_ids=(0,), entries=(0,))
     late.entry_offsets = np.array([POOL - NUM_LAYERS * PAGE + PAGE], np.int64)
     assert _refused(late) == Status.BLOCK_OUT_OF_RANGE
+
+
+def test_check_op_negative_layer_index_or_offset_refused():
+    # 1. A layer numbered below 0 would address pool bytes before its entry.
+    below = _op()
+    below.layers[0] = LayerPlacement(-1, 0, 0, PAGE)
+    assert _refused(below) == Status.BLOCK_OUT_OF_RANGE
+    # 2. A layer placed before its region's first byte.
+    before = _op(block_ids=(0, 1))
+    before.layers[0] = LayerPlacement(0, 0, -PAGE, PAGE)
+    assert _refused(before) == Status.BLOCK_OUT_OF_RANGE

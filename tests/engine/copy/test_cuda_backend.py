@@ -24,6 +24,7 @@ pytest.importorskip("cuda.bindings")
 pytest.importorskip("posix_ipc")
 
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
+from engine.copy import cuda_device  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
 from pegaflow import shm  # noqa: E402
 from pegaflow.cuda.ipc import EventPool, export_allocation, region_record  # noqa: E402
@@ -277,8 +278,11 @@ def test_cuda_backend_all_layers_load_events_each_layer_in_order(setup, rng, pat
 
 
 @pytest.mark.gpu
-def test_cuda_backend_attach_pool_leaves_its_bytes_unchanged(pool):
-    """Attaching writes every pool page once by DMA: the bytes it writes are those it read."""
+def test_cuda_backend_attach_pool_leaves_its_bytes_unchanged(pool, monkeypatch):
+    """Attaching writes every pool page once by DMA: the bytes it writes are those it read,
+    through many chunks on both streams and a short last one."""
+    monkeypatch.setattr(cuda_device, "_DMA_CHUNK", 40 << 10)
+    assert pool.size % (40 << 10) and pool.size // (40 << 10) > 2
     before = np.random.default_rng(3).integers(0, 256, pool.size, dtype=np.uint8)
     pool.array(np.uint8, pool.size)[:] = before
     backend = CudaBackend(copy_backend="copy-engine")
