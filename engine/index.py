@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.eviction import LruPolicy
 from engine.pool import PagePool
+from engine.pool_table import PoolTable
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class IndexCounters:
 class BlockIndex:
     pool: PagePool
     lease_ttl_s: float
+    table: PoolTable | None = None  # the pool's slot table, kept in step with the entries
     entries: dict[Key, Entry] = field(default_factory=dict)
     leases: dict[int, Lease] = field(default_factory=dict)
     policy: LruPolicy = field(default_factory=LruPolicy)
@@ -149,6 +151,8 @@ class BlockIndex:
             now, mask = time.monotonic(), (1 << num_layers) - 1
             for key, offset in zip(missing, offsets):
                 entries[key] = self.writing[key] = Entry(offset, entry_bytes, mask, slot, now)
+            if self.table is not None:
+                self.table.writing(offsets, entry_bytes, missing[:len(offsets)])
             found = [entries.get(key) for key in keys]
         return [e if e is not None and e.entry_bytes == entry_bytes else None for e in found]
 
@@ -164,6 +168,8 @@ class BlockIndex:
         entry = self.entries.pop(key)
         self.writing.pop(key, None)
         self.policy.remove(key)
+        if self.table is not None:
+            self.table.free(entry.offset, entry.entry_bytes)
         self.pool.free(entry.offset)
 
     def drop_stale_writes(self, older_than: float) -> int:
@@ -176,7 +182,7 @@ class BlockIndex:
 
     def mark_layers_done(self, keys: list[Key], mask: int) -> int:
         """Those layers of ``keys`` are in the pool; returns how many entries became READY."""
-        entries, policy, num_ready = self.entries, self.policy, 0
+        entries, policy, ready = self.entries, self.policy, []
         for key in keys:
             entry = entries[key]
             was_ready = entry.done_mask == entry.all_layers_mask
@@ -185,10 +191,14 @@ class BlockIndex:
             if not was_ready and entry.done_mask == entry.all_layers_mask:
                 policy.insert(key)
                 self.writing.pop(key, None)
-                num_ready += 1
+                ready.append(entry)
             elif entry.owner_slot == ORPHAN and not entry.pending_mask:
                 self._drop(key)
-        return num_ready
+        if ready and self.table is not None:
+            sizes = {entry.entry_bytes for entry in ready}  # one, for one client's save
+            for size in sizes:
+                self.table.ready([e.offset for e in ready if e.entry_bytes == size], size)
+        return len(ready)
 
     def abandon_layers(self, key: Key, mask: int) -> None:
         """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""

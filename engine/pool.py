@@ -10,9 +10,12 @@ eviction policy's business, not the pool's.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from pegaflow.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -23,16 +26,19 @@ class _Slab:
 
 
 class PagePool:
-    def __init__(self, pool_bytes: int, slab_bytes: int):
+    def __init__(self, pool_bytes: int, slab_bytes: int, max_per_slab: int | None = None):
+        """``max_per_slab``: the most entries a slab may hold (the pool table's records)."""
         if slab_bytes > pool_bytes:
             raise ConfigError(f"slab of {slab_bytes} bytes exceeds the {pool_bytes}-byte pool")
         self.slab_bytes = slab_bytes
+        self.max_per_slab = max_per_slab
         self.num_slabs = pool_bytes // slab_bytes
         self._free_slabs = list(range(self.num_slabs - 1, -1, -1))
         self._slabs: dict[int, _Slab] = {}
         self._partial: dict[int, set[int]] = {}  # entry_bytes -> slabs with a free slot
         self.bytes_used = 0
         self.num_entries = 0
+        self._capped: set[int] = set()  # entry sizes told about max_per_slab
 
     @property
     def bytes_total(self) -> int:
@@ -58,7 +64,7 @@ class PagePool:
                 if not self._free_slabs:
                     break
                 slab_id = self._free_slabs.pop()
-                per_slab = self.slab_bytes // entry_bytes
+                per_slab = self._per_slab(entry_bytes)
                 self._slabs[slab_id] = _Slab(entry_bytes, list(range(per_slab - 1, -1, -1)))
                 partial.add(slab_id)
             slab_id = next(iter(partial))
@@ -73,6 +79,17 @@ class PagePool:
         self.bytes_used += len(offsets) * entry_bytes
         self.num_entries += len(offsets)
         return offsets
+
+    def _per_slab(self, entry_bytes: int) -> int:
+        per_slab = self.slab_bytes // entry_bytes
+        if self.max_per_slab is not None and per_slab > self.max_per_slab:
+            if entry_bytes not in self._capped:
+                self._capped.add(entry_bytes)
+                logger.warning("%d-byte blocks: a %d-byte slab holds %d of them (its pool "
+                               "table's records), not %d", entry_bytes, self.slab_bytes,
+                               self.max_per_slab, per_slab)
+            return self.max_per_slab
+        return per_slab
 
     def free(self, offset: int) -> None:
         slab_id, within = divmod(offset, self.slab_bytes)

@@ -18,6 +18,7 @@ import numpy as np
 import posix_ipc
 
 from engine.config import MAX_SLOTS, EngineConfig
+from engine.pool_table import table_bytes
 from pegaflow import shm
 from pegaflow.shm import is_pid_alive
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ShmError
@@ -63,7 +64,7 @@ def check_room(num_bytes: int, pool_bytes: int, shm_dir: str = "/dev/shm",
 
 
 def _what_names(num_slots: int) -> tuple[list[str], list[str]]:
-    segments = ["control", "stats", "pool"] + [f"ring.{i}" for i in range(num_slots)]
+    segments = ["control", "stats", "pool", "pool.table"] + [f"ring.{i}" for i in range(num_slots)]
     semaphores = ["lock", "doorbell"] + [f"cq.{i}" for i in range(num_slots)]
     return segments, semaphores
 
@@ -155,10 +156,12 @@ class EngineSegments:
     def _create_rest(self) -> None:
         cfg = self.config
         ring_bytes = ring_segment_bytes(cfg.ring_slots, cfg.arena_bytes)
-        check_room(cfg.usable_pool_bytes + STATS.itemsize + cfg.num_slots * ring_bytes,
+        table_size = table_bytes(cfg.usable_pool_bytes, cfg.slab_bytes)
+        check_room(cfg.usable_pool_bytes + table_size + STATS.itemsize + cfg.num_slots * ring_bytes,
                    cfg.usable_pool_bytes)
         self.stats = self._segment("stats", STATS.itemsize)
         self.pool = self._segment("pool", cfg.usable_pool_bytes)
+        self.pool_table = self._segment("pool.table", table_size)
         self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
                                       cfg.arena_bytes) for i in range(cfg.num_slots)]
         for view in self.rings:

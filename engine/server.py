@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import posix_ipc
 
 from engine.clients import ClientState
@@ -27,6 +28,7 @@ from engine.copy.base import CopyBackend
 from engine.dispatcher import NO_PAYLOAD, Dispatcher
 from engine.index import BlockIndex
 from engine.pool import PagePool
+from engine.pool_table import PoolTable
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
 from pegaflow.shm import is_pid_alive
@@ -50,14 +52,16 @@ class EngineServer:
         self.config = config
         self.segments = EngineSegments(config)
         try:  # a failed start leaves nothing behind in /dev/shm
-            pool = PagePool(config.usable_pool_bytes, config.slab_bytes)
+            table = PoolTable(self.segments.pool_table.array(np.uint8, self.segments.pool_table.size),
+                              config.usable_pool_bytes, config.slab_bytes)
+            pool = PagePool(config.usable_pool_bytes, config.slab_bytes, table.records_per_slab)
             self.backend = backend or make_backend(config.backend, config.copy_backend)
             self.backend.attach_pool(self.segments.pool)
         except BaseException:
             self.segments.unlink_all()
             raise
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1))
-        self.index = BlockIndex(pool, config.lease_ttl_s)
+        self.index = BlockIndex(pool, config.lease_ttl_s, table)
         self.stats.set("pool_bytes_total", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}

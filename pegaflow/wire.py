@@ -5,6 +5,7 @@ Segments (all created by the engine, see ``pegaflow.shm``)::
     control   CONTROL_HEADER | SLOT x num_slots          clients claim a slot here
     ring.<i>  RING_HEADER | SUBMISSION x n | COMPLETION x n | payload arena
     stats     STATS                                       written by the engine only
+    pool.table POOL_TABLE_HEADER | POOL_RECORD x n        what each pool entry holds
 
 A client writes SUBMISSIONs (and their variable-length payload: HASH records, int32
 block ids, REGION/LAYER records) and the engine answers each with exactly one
@@ -197,6 +198,37 @@ STATS = _dtype(
 STATS_COUNTER_NAMES = tuple(_STATS_COUNTERS)
 
 
+class EntryState(IntEnum):
+    """A pool table record's state: FREE records describe nothing."""
+
+    FREE = 0
+    WRITING = 1  # reserved for a key, not every layer copied yet
+    READY = 2    # every layer of the key's block is in the pool at ``offset``
+
+
+POOL_TABLE_VERSION = 1
+
+# The pool's slot table, beside the pool: one record per place an entry can take, so that
+# what the pool holds (and where) can be read without the engine's memory.  Record
+# ``slab * records_per_slab + i`` describes entry ``i`` of slab ``slab``.
+POOL_TABLE_HEADER = _dtype([
+    ("magic", "<u8", 0),
+    ("version", "<u4", 8),
+    ("pool_bytes", "<u8", 16),
+    ("slab_bytes", "<u8", 24),
+    ("records_per_slab", "<u8", 32),
+    ("num_records", "<u8", 40),
+], 64)
+
+POOL_RECORD = _dtype([
+    ("offset", "<u8", 0),        # byte offset of the entry in the pool segment
+    ("entry_bytes", "<u8", 8),   # every layer of one block: num_layers * page_bytes
+    ("namespace", "<u8", 16),
+    ("state", "u1", 24),         # EntryState
+    ("key", "S33", 25),          # the block hash as the index keys it: digest, then length
+], 64)
+
+
 def _fingerprint() -> int:
     text = repr([
         WIRE_VERSION,
@@ -218,6 +250,8 @@ assert COMPLETION.itemsize == 48
 assert HASH.itemsize == 40
 assert REGION.itemsize == 232
 assert LAYER.itemsize == 24
+assert POOL_TABLE_HEADER.itemsize == 64
+assert POOL_RECORD.itemsize == 64
 assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS)
 
 

@@ -1,0 +1,84 @@
+"""The pool's slot table: what every pool entry holds, kept in shared memory beside the pool.
+
+The index lives in the engine's memory; this table records the same facts in the
+``pool.table`` segment (``wire.POOL_TABLE_HEADER`` and ``wire.POOL_RECORD``): for each
+place an entry can take: its offset, size, key and state (FREE, WRITING, READY).  A
+process that maps the pool and the table can find every READY block without the engine
+(tests do; an engine restarted over a kept pool could re-adopt them).
+
+Record ``slab * records_per_slab + i`` describes entry ``i`` of slab ``slab`` (entry ``i``
+starts ``i * entry_bytes`` into its slab), so a slab holds at most ``records_per_slab``
+entries: one per 4 KiB of slab, and at most ``MAX_RECORDS`` in all (entries of 32 KiB or
+more fill a 64 GiB pool; a slab of smaller entries holds ``records_per_slab`` of them).
+The index updates the table as it changes, a chunk of entries at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pegaflow.wire import MAGIC, POOL_RECORD, POOL_TABLE_HEADER, POOL_TABLE_VERSION, EntryState
+
+MAX_RECORDS = 1 << 21      # 128 MiB of records at most
+MIN_ENTRY_BYTES = 4096     # a record per 4 KiB of slab at most: the table stays under 1/64 of the pool
+
+
+def records_per_slab(pool_bytes: int, slab_bytes: int) -> int:
+    num_slabs = max(1, pool_bytes // slab_bytes)
+    return max(1, min(slab_bytes // MIN_ENTRY_BYTES, MAX_RECORDS // num_slabs))
+
+
+def table_bytes(pool_bytes: int, slab_bytes: int) -> int:
+    num_slabs = pool_bytes // slab_bytes
+    return POOL_TABLE_HEADER.itemsize + num_slabs * records_per_slab(pool_bytes, slab_bytes) * \
+        POOL_RECORD.itemsize
+
+
+class PoolTable:
+    """The records of one pool, over a buffer of ``table_bytes`` (a shared-memory segment's,
+    or a private one)."""
+
+    def __init__(self, buffer, pool_bytes: int, slab_bytes: int):
+        self.slab_bytes = slab_bytes
+        self.records_per_slab = records_per_slab(pool_bytes, slab_bytes)
+        num_records = (pool_bytes // slab_bytes) * self.records_per_slab
+        self.header = np.frombuffer(buffer, POOL_TABLE_HEADER, 1)
+        self.records = np.frombuffer(buffer, POOL_RECORD, num_records, POOL_TABLE_HEADER.itemsize)
+        self.records[:] = np.zeros(1, POOL_RECORD)
+        self.header[0] = np.array((MAGIC, POOL_TABLE_VERSION, pool_bytes, slab_bytes,
+                                   self.records_per_slab, num_records), POOL_TABLE_HEADER)[()]
+
+    @classmethod
+    def private(cls, pool_bytes: int, slab_bytes: int) -> "PoolTable":
+        return cls(bytearray(table_bytes(pool_bytes, slab_bytes)), pool_bytes, slab_bytes)
+
+    def _where(self, offsets, entry_bytes: int) -> np.ndarray:
+        offsets = np.asarray(offsets, np.int64)
+        slab, within = np.divmod(offsets, self.slab_bytes)
+        return slab * self.records_per_slab + within // entry_bytes
+
+    def writing(self, offsets: list[int], entry_bytes: int, keys: list[tuple[int, bytes]]) -> None:
+        """These entries were just reserved for ``keys`` (the index's (namespace, hash))."""
+        if not offsets:
+            return
+        records = self.records
+        at = self._where(offsets, entry_bytes)
+        records["offset"][at] = offsets
+        records["entry_bytes"][at] = entry_bytes
+        records["namespace"][at] = [namespace for namespace, _ in keys]
+        records["key"][at] = [key for _, key in keys]
+        records["state"][at] = EntryState.WRITING
+
+    def ready(self, offsets: list[int], entry_bytes: int) -> None:
+        if offsets:
+            self.records["state"][self._where(offsets, entry_bytes)] = EntryState.READY
+
+    def free(self, offset: int, entry_bytes: int) -> None:
+        self.records["state"][self._where([offset], entry_bytes)] = EntryState.FREE
+
+
+def read_ready(records: np.ndarray) -> dict[tuple[int, bytes], tuple[int, int]]:
+    """(namespace, key) -> (offset, entry_bytes) of every READY record of a table."""
+    ready = records[records["state"] == EntryState.READY]
+    return {(int(r["namespace"]), bytes(r["key"])): (int(r["offset"]), int(r["entry_bytes"]))
+            for r in ready}

@@ -1,0 +1,129 @@
+"""engine/pool_table.py: the pool's slot table says what every pool entry holds, in step
+with the index, so the pool's contents can be found without the engine's memory."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from engine.index import BlockIndex
+from engine.pool import PagePool
+from engine.pool_table import PoolTable, read_ready, records_per_slab, table_bytes
+from pegaflow import shm
+from pegaflow.wire import MAGIC, POOL_RECORD, POOL_TABLE_HEADER, EntryState, encode_hashes, hash_keys
+from tests.engine.conftest import KVClient, random_hashes
+
+SLAB = 1 << 20
+NUM_LAYERS = 4
+ENTRY = NUM_LAYERS * 4096  # 64 entries per slab
+ALL = (1 << NUM_LAYERS) - 1
+
+
+def _index(num_slabs: int = 4) -> BlockIndex:
+    pool_bytes = num_slabs * SLAB
+    table = PoolTable.private(pool_bytes, SLAB)
+    return BlockIndex(PagePool(pool_bytes, SLAB, table.records_per_slab), 60.0, table)
+
+
+def _keys(rng, count: int, namespace: int = 7) -> list[tuple[int, bytes]]:
+    return [(namespace, k) for k in hash_keys(encode_hashes(random_hashes(rng, count)))]
+
+
+def _ready_in_index(index: BlockIndex) -> dict:
+    return {k: (e.offset, e.entry_bytes) for k, e in index.entries.items() if e.is_ready}
+
+
+def test_pool_table_records_follow_an_entry_from_reserve_to_ready_to_free():
+    rng = np.random.default_rng(0)
+    index = _index()
+    keys = _keys(rng, 3)
+    # 1. Reserved: WRITING, with its key, namespace, offset and size.
+    entries = index.reserve_many(keys, ENTRY, NUM_LAYERS, slot=0)
+    records = index.table.records
+    at = [e.offset // SLAB * index.table.records_per_slab + e.offset % SLAB // ENTRY for e in entries]
+    assert (records["state"][at] == EntryState.WRITING).all()
+    assert [bytes(k) for k in records["key"][at]] == [k for _, k in keys]
+    assert list(records["namespace"][at]) == [7, 7, 7]
+    assert list(records["offset"][at]) == [e.offset for e in entries]
+    assert (records["entry_bytes"][at] == ENTRY).all()
+    # 2. Some layers copied: still WRITING; every layer: READY.
+    index.mark_layers_done(keys, 0b0011)
+    assert read_ready(records) == {}
+    index.mark_layers_done(keys, ALL)
+    assert read_ready(records) == _ready_in_index(index)
+    assert len(read_ready(records)) == 3
+    # 3. Dropped (a failed save abandons a WRITING one; eviction drops READY ones): FREE.
+    index._drop(keys[0])
+    assert read_ready(records) == _ready_in_index(index) and len(read_ready(records)) == 2
+
+
+def test_pool_table_matches_the_index_through_saves_evictions_and_stale_writes():
+    # 1. Far more blocks than the pool holds, saved in chunks; some chunks never complete.
+    rng = np.random.default_rng(1)
+    index = _index(num_slabs=2)  # 128 entries
+    for step in range(40):
+        keys = _keys(rng, int(rng.integers(1, 30)), namespace=int(rng.integers(0, 3)))
+        entries = index.reserve_many(keys, ENTRY, NUM_LAYERS, slot=0)
+        kept = [k for k, e in zip(keys, entries) if e is not None]
+        if step % 5 == 4:
+            index.mark_layers_done(kept, 0b0001)   # left half written
+        else:
+            index.mark_layers_done(kept, ALL)
+        if step % 10 == 9:
+            index.drop_stale_writes(older_than=float("inf"))
+        # 2. After every step the table's READY records are exactly the index's READY entries,
+        #    and no two records claim one pool place.
+        assert read_ready(index.table.records) == _ready_in_index(index)
+    assert index.counters.evictions > 0
+    live = index.table.records[index.table.records["state"] != EntryState.FREE]
+    assert len(set(live["offset"].tolist())) == len(live) == len(index.entries)
+
+
+def test_pool_table_caps_a_slab_of_small_entries_at_its_records(caplog):
+    # 1. A pool whose table has 256 records per slab, and 1 KiB entries (1024 would fit).
+    assert records_per_slab(4 * SLAB, SLAB) == 256
+    table = PoolTable.private(4 * SLAB, SLAB)
+    pool = PagePool(4 * SLAB, SLAB, table.records_per_slab)
+    # 2. A slab takes 256 of them (and says so once); every offset has its own record.
+    with caplog.at_level(logging.WARNING, logger="engine.pool"):
+        offsets = pool.alloc_many(1024, 300)
+    assert len(offsets) == 300 and len({o // SLAB for o in offsets}) == 2
+    assert sum(o // SLAB == offsets[0] // SLAB for o in offsets) == 256
+    assert "holds 256 of them" in caplog.text
+
+
+def test_pool_table_header_and_size():
+    table = PoolTable.private(64 * SLAB, SLAB)
+    header = table.header[0]
+    assert (int(header["magic"]), int(header["pool_bytes"]), int(header["slab_bytes"])) == \
+        (MAGIC, 64 * SLAB, SLAB)
+    assert int(header["num_records"]) == 64 * 256 == len(table.records)
+    assert table_bytes(64 * SLAB, SLAB) == POOL_TABLE_HEADER.itemsize + 64 * 256 * POOL_RECORD.itemsize
+    assert table_bytes(64 << 30, 64 << 20) <= (64 << 30) // 64  # under 1/64 of the pool
+
+
+def test_engine_pool_table_finds_saved_blocks_without_the_engine(engine, kv_client, rng):
+    # 1. A real engine stores 5 blocks of random bytes.
+    client = kv_client(engine)
+    ids, hashes = [3, 9, 17, 40, 63], random_hashes(rng, 5)
+    saved = client.fill(rng, ids)
+    assert client.save(11, ids, hashes).is_ok
+    # 2. This process maps the pool and its table, as a restarted engine could.
+    table_segment = shm.attach_segment(shm.ipc_name(engine.name, "pool.table"), readonly=True)
+    pool_segment = shm.attach_segment(shm.ipc_name(engine.name, "pool"), readonly=True)
+    try:
+        header = table_segment.array(POOL_TABLE_HEADER, 1)[0]
+        records = table_segment.array(POOL_RECORD, int(header["num_records"]), POOL_TABLE_HEADER.itemsize)
+        found = read_ready(records)
+        # 3. Every saved block is READY there, and its bytes are the saved ones, layer by layer.
+        pool = pool_segment.array(np.uint8, pool_segment.size)
+        for i, key in enumerate(hash_keys(encode_hashes(hashes))):
+            offset, entry_bytes = found[(11, key)]
+            assert entry_bytes == KVClient.ENTRY_BYTES
+            entry = pool[offset:offset + entry_bytes].reshape(KVClient.NUM_LAYERS, KVClient.PAGE_BYTES)
+            assert np.array_equal(entry, saved[:, i])
+        del header, records, pool, entry
+    finally:
+        table_segment.close()
+        pool_segment.close()
