@@ -59,6 +59,11 @@ class PendingCopy:
     num_deduped: int = 0
     num_dropped: int = 0
     error: str | None = None
+    # perf_counter() marks while DEBUG is logged (0.0 otherwise): received, first chunk
+    # handed to the backend, every chunk handed over.
+    received_at: float = 0.0
+    first_issued_at: float = 0.0
+    sealed_at: float = 0.0
 
 
 def chunk_bounds(num_items: int):
@@ -126,11 +131,12 @@ class Transfers:
         return index
 
     def save(self, client, rec, payload):
+        received = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         per_layer = rec.layer == ALL_LAYERS  # then one event per layer, in layer order
         wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
-                              len(placements) * client.page_bytes, chain=keys)
+                              len(placements) * client.page_bytes, chain=keys, received_at=received)
         ids = block_ids.tolist()
         with self._answered_on_fault(pending):
             for start, end in chunk_bounds(len(keys)):
@@ -183,8 +189,7 @@ class Transfers:
             raise
 
     def _start_load(self, client, rec, payload):
-        is_timed = logger.isEnabledFor(logging.DEBUG)
-        started = time.perf_counter() if is_timed else 0.0
+        received = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         record_events = self._check_event(client, rec, len(placements))
         wait_event = None
@@ -195,19 +200,15 @@ class Transfers:
         offsets = self._stored_offsets(keys, client.entry_bytes)
         lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
         pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,
-                              len(placements) * client.page_bytes, lease_id=lease_id)
+                              len(placements) * client.page_bytes, lease_id=lease_id,
+                              received_at=received)
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         self.index.pin(keys)
-        planned = time.perf_counter() if is_timed else 0.0
         if keys:
             with self._answered_on_fault(pending):
                 self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
                                                    client.page_bytes, block_ids, offsets,
                                                    wait_event=wait_event, record_events=record_events))
-        if is_timed:
-            logger.debug("slot %d: LOAD of %d blocks x %d layers: planned in %.2f ms, issued in "
-                         "%.2f ms", client.slot, len(keys), len(placements),
-                         (planned - started) * 1e3, (time.perf_counter() - planned) * 1e3)
         if record_events is not None:
             for done in self.backend.poll():  # a refusal at submit must not be answered OK
                 self.on_copy_finished(done)  # any client's: its DETACH may be waiting on it
@@ -251,11 +252,15 @@ class Transfers:
             return
         self.pending[op.token] = (pending, keys)
         pending.num_ops += 1
+        if pending.received_at and not pending.first_issued_at:
+            pending.first_issued_at = time.perf_counter()
         pending.client.num_inflight += 1
 
     def _seal(self, pending: PendingCopy):
         """All chunks are submitted: answer now if none is in flight, else when the last ends."""
         pending.is_sealed = True
+        if pending.received_at:
+            pending.sealed_at = time.perf_counter()
         self.stats.set("inflight_copies", len(self.pending))
         if pending.num_ops:
             return None, None
@@ -291,6 +296,24 @@ class Transfers:
         # After the answer (nothing else runs before it is done): the eviction order only.
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
             self.index.touch_chain(pending.chain)
+        if pending.received_at:
+            self._log_timing(pending)
+
+    @staticmethod
+    def _log_timing(pending: PendingCopy) -> None:
+        """Where a SAVE's or LOAD's time went, from its receipt (DEBUG)."""
+        done = time.perf_counter()
+
+        def since(mark: float) -> float:
+            return (mark - pending.received_at) * 1e3 if mark else float("nan")
+
+        num_bytes = pending.num_blocks * pending.bytes_per_block
+        logger.debug("slot %d: %s of %d blocks (%.1f MB): first copy handed to the backend "
+                     "after %.2f ms, all after %.2f ms, done after %.2f ms (%.1f GB/s)%s",
+                     pending.client.slot, pending.opcode.name, pending.num_blocks, num_bytes / 1e6,
+                     since(pending.first_issued_at), since(pending.sealed_at), since(done),
+                     num_bytes / max(done - pending.received_at, 1e-9) / 1e9,
+                     f"; {pending.error}" if pending.error else "")
 
     def _finish_chunk(self, pending: PendingCopy, keys: list[Key], error: str | None) -> None:
         """Index bookkeeping once a chunk's copy is over (or never started)."""

@@ -7,6 +7,7 @@ reads its counters through the stats segment, exactly as vLLM's connector and
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -649,3 +650,17 @@ def test_dispatcher_full_pool_evicts_a_saved_chain_from_its_tail(engine_factory,
     #    (a lookup stops at the first miss: without its head the chain would be lost whole).
     assert kv.save(NAMESPACE, [16], make_hashes(1)).value == 1
     assert kv.num_hits(NAMESPACE, chain) == 15
+
+
+def test_dispatcher_debug_log_says_where_a_saves_time_went(caplog):
+    # 1. DEBUG logging on; a SAVE of two blocks whose copy ends when released.
+    from engine.copy.base import CopyDone
+    h = _held_dispatcher()
+    with caplog.at_level(logging.DEBUG, logger="engine.transfers"):
+        h.send(1, Opcode.SAVE, _save_payload([1, 2], [b"t" * 32, b"u" * 32]), 2)
+        assert "SAVE of" not in caplog.text  # not done yet
+        h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+    # 2. One line at its end: blocks, bytes, and each mark since it was received.
+    [line] = [r.getMessage() for r in caplog.records if "SAVE of" in r.getMessage()]
+    assert line.startswith("slot 0: SAVE of 2 blocks (0.0 MB): first copy handed to the backend after ")
+    assert "all after " in line and "done after " in line and "nan" not in line
