@@ -41,6 +41,7 @@ class EngineConfig:
     arena_bytes: int = 8 << 20
     lease_ttl_s: float = 120.0
     idle_spin_s: float = 2e-3
+    keep_pool: bool = False
     housekeeping_s: float = 1.0
 
     def __post_init__(self) -> None:
@@ -89,6 +90,17 @@ def _env_number(name: str, default, kind):
         raise ConfigError(f"PEGAFLOW_{name}={raw!r}: expected a number") from exc
 
 
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(f"PEGAFLOW_{name}")
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"PEGAFLOW_{name}={raw!r}: expected 1 or 0")
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = EngineConfig()
     p = argparse.ArgumentParser(
@@ -117,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after its last work the engine polls this long before sleeping: a "
                         "command arriving later first wakes it (0.1-2 ms on a VM), one arriving "
                         "sooner costs a busy core meanwhile (default %(default)g)")
+    p.add_argument("--keep-pool", action=argparse.BooleanOptionalAction,
+                   default=_env_flag("KEEP_POOL", d.keep_pool),
+                   help="leave the pool and its table in /dev/shm when the engine stops (or "
+                        "dies), and take in the blocks a kept pool of the same size holds at "
+                        "start: the cache outlives an engine restart; the pool's memory stays "
+                        "in use while no engine runs (env PEGAFLOW_KEEP_POOL; default off)")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level), type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default %(default)s")
     return p
@@ -131,4 +149,4 @@ def config_from_args(argv: list[str] | None = None) -> EngineConfig:
         backend=args.backend, copy_backend=args.copy_backend, log_level=args.log_level.upper(),
         num_slots=args.max_clients, ring_slots=args.ring_slots,
         arena_bytes=parse_size(args.arena_size), lease_ttl_s=args.lease_ttl,
-        idle_spin_s=args.idle_spin_ms / 1e3)
+        idle_spin_s=args.idle_spin_ms / 1e3, keep_pool=args.keep_pool)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.eviction import LruPolicy
 from engine.pool import PagePool
-from engine.pool_table import PoolTable
+from engine.pool_table import PoolTable, read_ready
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +152,25 @@ class BlockIndex:
             for key, offset in zip(missing, offsets):
                 entries[key] = self.writing[key] = Entry(offset, entry_bytes, mask, slot, now)
             if self.table is not None:
-                self.table.writing(offsets, entry_bytes, missing[:len(offsets)])
+                self.table.writing(offsets, entry_bytes, missing[:len(offsets)], num_layers)
             found = [entries.get(key) for key in keys]
         return [e if e is not None and e.entry_bytes == entry_bytes else None for e in found]
+
+    def adopt_table(self) -> int:
+        """Take in the READY entries a kept pool table lists (into an empty index); every
+        other record, and any the pool cannot place, is cleared.  Returns how many."""
+        assert not self.entries and self.table is not None
+        ready = list(read_ready(self.table.records).items())
+        taken = self.pool.adopt([(offset, size) for _, (offset, size, _) in ready])
+        now, kept = time.monotonic(), []
+        for (key, (offset, size, num_layers)), ok in zip(ready, taken):
+            if ok and 0 < num_layers:
+                mask = (1 << num_layers) - 1
+                self.entries[key] = Entry(offset, size, mask, ORPHAN, now, done_mask=mask)
+                self.policy.insert(key)
+                kept.append(key)
+        self.table.clear_except([(self.entries[k].offset, self.entries[k].entry_bytes) for k in kept])
+        return len(kept)
 
     def _evict_one(self) -> bool:
         victim = self.policy.pick(lambda key: self.entries[key].refs == 0)

@@ -80,6 +80,35 @@ class PagePool:
         self.num_entries += len(offsets)
         return offsets
 
+    def adopt(self, entries: list[tuple[int, int]]) -> list[bool]:
+        """Mark ``(offset, entry_bytes)`` entries in use, as a kept pool holds them (only into
+        a pool that has allocated nothing yet); returns which were taken.  An entry is refused
+        where it could not have been allocated: off an entry boundary, past its slab's
+        entries, a second size in one slab, or twice."""
+        assert self.num_entries == 0, "adopt into an empty pool only"
+        taken, used = [], {}  # slab id -> (entry_bytes, set of indices)
+        for offset, entry_bytes in entries:
+            slab_id, within = divmod(offset, self.slab_bytes)
+            index, rest = divmod(within, entry_bytes) if entry_bytes > 0 else (0, 1)
+            size, indices = used.setdefault(slab_id, (entry_bytes, set()))
+            ok = (0 <= slab_id < self.num_slabs and rest == 0 and size == entry_bytes
+                  and entry_bytes <= self.slab_bytes and index < self._per_slab(entry_bytes)
+                  and index not in indices)
+            if ok:
+                indices.add(index)
+            taken.append(ok)
+        for slab_id, (entry_bytes, indices) in used.items():
+            if not indices:
+                continue
+            free = [i for i in range(self._per_slab(entry_bytes) - 1, -1, -1) if i not in indices]
+            self._slabs[slab_id] = _Slab(entry_bytes, free, len(indices))
+            if free:
+                self._partial.setdefault(entry_bytes, set()).add(slab_id)
+            self.bytes_used += len(indices) * entry_bytes
+            self.num_entries += len(indices)
+        self._free_slabs = [i for i in self._free_slabs if i not in self._slabs]
+        return taken
+
     def _per_slab(self, entry_bytes: int) -> int:
         per_slab = self.slab_bytes // entry_bytes
         if self.max_per_slab is not None and per_slab > self.max_per_slab:

@@ -36,17 +36,33 @@ def table_bytes(pool_bytes: int, slab_bytes: int) -> int:
 
 class PoolTable:
     """The records of one pool, over a buffer of ``table_bytes`` (a shared-memory segment's,
-    or a private one)."""
+    or a private one).  A new table starts empty; ``keep=True`` keeps the records of a table
+    written for the same pool geometry (``mismatch`` says whether it was)."""
 
-    def __init__(self, buffer, pool_bytes: int, slab_bytes: int):
+    def __init__(self, buffer, pool_bytes: int, slab_bytes: int, keep: bool = False):
         self.slab_bytes = slab_bytes
         self.records_per_slab = records_per_slab(pool_bytes, slab_bytes)
         num_records = (pool_bytes // slab_bytes) * self.records_per_slab
         self.header = np.frombuffer(buffer, POOL_TABLE_HEADER, 1)
         self.records = np.frombuffer(buffer, POOL_RECORD, num_records, POOL_TABLE_HEADER.itemsize)
+        expected = np.array((MAGIC, POOL_TABLE_VERSION, pool_bytes, slab_bytes,
+                             self.records_per_slab, num_records), POOL_TABLE_HEADER)[()]
+        if keep and self.header[0] == expected:
+            return
         self.records[:] = np.zeros(1, POOL_RECORD)
-        self.header[0] = np.array((MAGIC, POOL_TABLE_VERSION, pool_bytes, slab_bytes,
-                                   self.records_per_slab, num_records), POOL_TABLE_HEADER)[()]
+        self.header[0] = expected
+
+    @staticmethod
+    def mismatch(buffer, pool_bytes: int, slab_bytes: int) -> str | None:
+        """Why a kept table does not describe a pool of this geometry (None if it does)."""
+        header = np.frombuffer(buffer, POOL_TABLE_HEADER, 1)[0]
+        if int(header["magic"]) != MAGIC or int(header["version"]) != POOL_TABLE_VERSION:
+            return "its table is not one this version writes"
+        kept = (int(header["pool_bytes"]), int(header["slab_bytes"]))
+        if kept != (pool_bytes, slab_bytes):
+            return (f"it was a {kept[0]}-byte pool of {kept[1]}-byte slabs, this one is "
+                    f"{pool_bytes} bytes of {slab_bytes}-byte slabs")
+        return None
 
     @classmethod
     def private(cls, pool_bytes: int, slab_bytes: int) -> "PoolTable":
@@ -57,7 +73,8 @@ class PoolTable:
         slab, within = np.divmod(offsets, self.slab_bytes)
         return slab * self.records_per_slab + within // entry_bytes
 
-    def writing(self, offsets: list[int], entry_bytes: int, keys: list[tuple[int, bytes]]) -> None:
+    def writing(self, offsets: list[int], entry_bytes: int, keys: list[tuple[int, bytes]],
+                num_layers: int) -> None:
         """These entries were just reserved for ``keys`` (the index's (namespace, hash))."""
         if not offsets:
             return
@@ -65,6 +82,7 @@ class PoolTable:
         at = self._where(offsets, entry_bytes)
         records["offset"][at] = offsets
         records["entry_bytes"][at] = entry_bytes
+        records["num_layers"][at] = num_layers
         records["namespace"][at] = [namespace for namespace, _ in keys]
         records["key"][at] = [key for _, key in keys]
         records["state"][at] = EntryState.WRITING
@@ -77,8 +95,16 @@ class PoolTable:
         self.records["state"][self._where([offset], entry_bytes)] = EntryState.FREE
 
 
-def read_ready(records: np.ndarray) -> dict[tuple[int, bytes], tuple[int, int]]:
-    """(namespace, key) -> (offset, entry_bytes) of every READY record of a table."""
+    def clear_except(self, entries: list[tuple[int, int]]) -> None:
+        """Every record FREE but those of these ``(offset, entry_bytes)`` entries."""
+        keep = np.zeros(len(self.records), bool)
+        for size in {size for _, size in entries}:
+            keep[self._where([o for o, s in entries if s == size], size)] = True
+        self.records["state"][~keep] = EntryState.FREE
+
+
+def read_ready(records: np.ndarray) -> dict[tuple[int, bytes], tuple[int, int, int]]:
+    """(namespace, key) -> (offset, entry_bytes, num_layers) of every READY record."""
     ready = records[records["state"] == EntryState.READY]
-    return {(int(r["namespace"]), bytes(r["key"])): (int(r["offset"]), int(r["entry_bytes"]))
-            for r in ready}
+    return {(int(r["namespace"]), bytes(r["key"])):
+            (int(r["offset"]), int(r["entry_bytes"]), int(r["num_layers"])) for r in ready}

@@ -18,7 +18,7 @@ import numpy as np
 import posix_ipc
 
 from engine.config import MAX_SLOTS, EngineConfig
-from engine.pool_table import table_bytes
+from engine.pool_table import PoolTable, table_bytes
 from pegaflow import shm
 from pegaflow.shm import is_pid_alive
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ShmError
@@ -63,8 +63,12 @@ def check_room(num_bytes: int, pool_bytes: int, shm_dir: str = "/dev/shm",
                        f"({_gib(available)}): lower --pool-size")
 
 
-def _what_names(num_slots: int) -> tuple[list[str], list[str]]:
-    segments = ["control", "stats", "pool", "pool.table"] + [f"ring.{i}" for i in range(num_slots)]
+KEPT = ("pool", "pool.table")  # what --keep-pool leaves for the next engine
+
+
+def _what_names(num_slots: int, keep_pool: bool = False) -> tuple[list[str], list[str]]:
+    segments = ["control", "stats"] + ([] if keep_pool else list(KEPT)) + \
+        [f"ring.{i}" for i in range(num_slots)]
     semaphores = ["lock", "doorbell"] + [f"cq.{i}" for i in range(num_slots)]
     return segments, semaphores
 
@@ -108,6 +112,7 @@ class EngineSegments:
         self._segments: list[shm.Segment] = []
         self._semaphores: list[str] = []
         self.pool: shm.Segment | None = None
+        self.is_pool_kept = False  # the pool and its table are an earlier engine's, kept
         self._name_lock = _claim_name(config.name)
         self.control = self._create_control()
         try:
@@ -147,7 +152,8 @@ class EngineSegments:
                        self.config.name, pid)
         # every name the dead engine may have created (it may have had more slots than we do)
         old_slots = min(int(header["num_slots"]), MAX_SLOTS) if int(header["magic"]) == MAGIC else 0
-        segments, semaphores = _what_names(max(old_slots, self.config.num_slots))
+        segments, semaphores = _what_names(max(old_slots, self.config.num_slots),
+                                           self.config.keep_pool)
         for what in segments:
             shm.unlink_segment(shm.ipc_name(self.config.name, what))
         for what in semaphores:
@@ -157,11 +163,17 @@ class EngineSegments:
         cfg = self.config
         ring_bytes = ring_segment_bytes(cfg.ring_slots, cfg.arena_bytes)
         table_size = table_bytes(cfg.usable_pool_bytes, cfg.slab_bytes)
-        check_room(cfg.usable_pool_bytes + table_size + STATS.itemsize + cfg.num_slots * ring_bytes,
-                   cfg.usable_pool_bytes)
+        kept = self._kept_pool(cfg.usable_pool_bytes, table_size)
+        check_room((0 if kept else cfg.usable_pool_bytes + table_size) + STATS.itemsize
+                   + cfg.num_slots * ring_bytes, cfg.usable_pool_bytes)
         self.stats = self._segment("stats", STATS.itemsize)
-        self.pool = self._segment("pool", cfg.usable_pool_bytes)
-        self.pool_table = self._segment("pool.table", table_size)
+        if kept:
+            self.pool, self.pool_table = kept
+            self._segments += kept
+            self.is_pool_kept = True
+        else:
+            self.pool = self._segment("pool", cfg.usable_pool_bytes)
+            self.pool_table = self._segment("pool.table", table_size)
         self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
                                       cfg.arena_bytes) for i in range(cfg.num_slots)]
         for view in self.rings:
@@ -177,6 +189,39 @@ class EngineSegments:
                           time.time_ns(), cfg.ring_slots, 0, cfg.arena_bytes, 0)
         flag_at = CONTROL_HEADER.fields["engine_sleeping"][1]
         self.engine_sleeping = memoryview(self.control.array(np.uint8, 4, flag_at)).cast("I")
+
+    def _kept_pool(self, pool_bytes: int, table_size: int) -> tuple | None:
+        """The pool and table an earlier engine of this name left (with --keep-pool), if we
+        keep pools and they fit this pool's geometry; any other leftover of them is removed
+        (we hold the name: nothing else can be using them)."""
+        names = [shm.ipc_name(self.config.name, what) for what in KEPT]
+        found = []
+        for name in names:
+            try:
+                found.append(shm.attach_segment(name))
+            except EngineNotRunningError:
+                pass
+        why = None
+        if not found:
+            return None
+        if not self.config.keep_pool:
+            why = "this engine does not keep pools (--keep-pool)"
+        elif len(found) < len(names):
+            why = "the pool or its table is missing"
+        elif (found[0].size, found[1].size) != (pool_bytes, table_size):
+            why = f"it is {found[0].size} bytes with a {found[1].size}-byte table, not {pool_bytes}"
+        else:
+            why = PoolTable.mismatch(found[1].array(np.uint8, table_size), pool_bytes,
+                                     self.config.slab_bytes)
+        if why is None:
+            return found[0], found[1]
+        logger.warning("removing the pool an earlier engine named %r kept: %s",
+                       self.config.name, why)
+        for segment in found:
+            segment.close()
+        for name in names:
+            shm.unlink_segment(name)
+        return None
 
     def _segment(self, what: str, size: int) -> shm.Segment:
         segment = shm.create_segment(shm.ipc_name(self.config.name, what), size)
@@ -200,13 +245,20 @@ class EngineSegments:
         self.header["is_stopping"] = 1
 
     def unlink_all(self, release_pool: bool = True) -> None:
-        """Unlink every segment and semaphore this engine created (its name becomes free).
-        With ``release_pool`` (no copy may still touch it), the pool's memory is given back
-        first: an engine started under the name as soon as it is free must find the room."""
-        if release_pool and self.pool is not None:
+        """Unlink every segment and semaphore this engine created (its name becomes free),
+        but the pool and its table with --keep-pool.  With ``release_pool`` (no copy may
+        still touch it), a pool not kept gives its memory back first: an engine started
+        under the name as soon as it is free must find the room."""
+        kept = {shm.ipc_name(self.config.name, what) for what in KEPT} if self.config.keep_pool \
+            else set()
+        if kept and self.pool is not None:
+            logger.info("keeping the pool and its table for the next engine named %r (--keep-pool)",
+                        self.config.name)
+        if release_pool and self.pool is not None and not kept:
             self.pool.discard()
         for segment in self._segments:
-            shm.unlink_segment(segment.name)
+            if segment.name not in kept:
+                shm.unlink_segment(segment.name)
         for name in self._semaphores:
             shm.unlink_semaphore(name)
         self._segments.clear()

@@ -53,7 +53,8 @@ class EngineServer:
         self.segments = EngineSegments(config)
         try:  # a failed start leaves nothing behind in /dev/shm
             table = PoolTable(self.segments.pool_table.array(np.uint8, self.segments.pool_table.size),
-                              config.usable_pool_bytes, config.slab_bytes)
+                              config.usable_pool_bytes, config.slab_bytes,
+                              keep=self.segments.is_pool_kept)
             pool = PagePool(config.usable_pool_bytes, config.slab_bytes, table.records_per_slab)
             self.backend = backend or make_backend(config.backend, config.copy_backend)
             self.backend.attach_pool(self.segments.pool)
@@ -62,6 +63,10 @@ class EngineServer:
             raise
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1))
         self.index = BlockIndex(pool, config.lease_ttl_s, table)
+        if self.segments.is_pool_kept:
+            num_blocks = self.index.adopt_table()
+            logger.info("took in %d blocks (%.2f GiB) from the pool an earlier engine kept",
+                        num_blocks, pool.bytes_used / 2**30)
         self.stats.set("pool_bytes_total", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}

@@ -226,6 +226,7 @@ POOL_RECORD = _dtype([
     ("namespace", "<u8", 16),
     ("state", "u1", 24),         # EntryState
     ("key", "S33", 25),          # the block hash as the index keys it: digest, then length
+    ("num_layers", "<u2", 58),   # layers of the block (all of them are in the pool when READY)
 ], 64)
 
 

@@ -8,7 +8,8 @@ from engine.config import EngineConfig, config_from_args, parse_size
 from pegaflow.errors import ConfigError
 
 _ENV_VARS = ["PEGAFLOW_NAME", "PEGAFLOW_POOL_SIZE", "PEGAFLOW_SLAB_SIZE", "PEGAFLOW_BACKEND",
-             "PEGAFLOW_COPY_BACKEND", "PEGAFLOW_MAX_CLIENTS", "PEGAFLOW_LEASE_TTL_S", "PEGAFLOW_LOG_LEVEL"]
+             "PEGAFLOW_COPY_BACKEND", "PEGAFLOW_MAX_CLIENTS", "PEGAFLOW_LEASE_TTL_S", "PEGAFLOW_LOG_LEVEL",
+             "PEGAFLOW_IDLE_SPIN_MS", "PEGAFLOW_KEEP_POOL"]
 
 
 @pytest.fixture
@@ -62,11 +63,14 @@ def test_config_from_args_env_used_when_flag_absent(clean_env):
     clean_env.setenv("PEGAFLOW_LEASE_TTL_S", "30")
     clean_env.setenv("PEGAFLOW_LOG_LEVEL", "DEBUG")
     clean_env.setenv("PEGAFLOW_IDLE_SPIN_MS", "10")
+    clean_env.setenv("PEGAFLOW_KEEP_POOL", "1")
     config = config_from_args([])
     # 2. Each reaches the config.
     assert config == EngineConfig(name="from_env", pool_bytes=1 << 30, slab_bytes=16 << 20, backend="host",
                                   copy_backend="kernel", num_slots=12, lease_ttl_s=30.0, log_level="DEBUG",
-                                  idle_spin_s=10e-3)
+                                  idle_spin_s=10e-3, keep_pool=True)
+    # 3. The flag's negative form beats the env.
+    assert config_from_args(["--no-keep-pool"]).keep_pool is False
 
 
 def test_config_from_args_flag_beats_env(clean_env):
@@ -108,6 +112,7 @@ def test_config_from_args_bad_flag_value_raises_config_error(clean_env, argv):
     ("PEGAFLOW_POOL_SIZE", "lots"), ("PEGAFLOW_NAME", "a.b"), ("PEGAFLOW_BACKEND", "gpu"),
     ("PEGAFLOW_COPY_BACKEND", "dma"), ("PEGAFLOW_MAX_CLIENTS", "many"), ("PEGAFLOW_LEASE_TTL_S", "soon"),
     ("PEGAFLOW_LOG_LEVEL", "LOUD"), ("PEGAFLOW_IDLE_SPIN_MS", "long"), ("PEGAFLOW_IDLE_SPIN_MS", "-2"),
+    ("PEGAFLOW_KEEP_POOL", "maybe"),
 ])
 def test_config_from_args_bad_env_value_raises_config_error(clean_env, var, value):
     # 1. Env defaults bypass argparse's type and choices checks: the config must catch them,

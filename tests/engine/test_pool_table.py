@@ -31,7 +31,8 @@ def _keys(rng, count: int, namespace: int = 7) -> list[tuple[int, bytes]]:
 
 
 def _ready_in_index(index: BlockIndex) -> dict:
-    return {k: (e.offset, e.entry_bytes) for k, e in index.entries.items() if e.is_ready}
+    return {k: (e.offset, e.entry_bytes, e.all_layers_mask.bit_length())
+            for k, e in index.entries.items() if e.is_ready}
 
 
 def test_pool_table_records_follow_an_entry_from_reserve_to_ready_to_free():
@@ -119,11 +120,45 @@ def test_engine_pool_table_finds_saved_blocks_without_the_engine(engine, kv_clie
         # 3. Every saved block is READY there, and its bytes are the saved ones, layer by layer.
         pool = pool_segment.array(np.uint8, pool_segment.size)
         for i, key in enumerate(hash_keys(encode_hashes(hashes))):
-            offset, entry_bytes = found[(11, key)]
-            assert entry_bytes == KVClient.ENTRY_BYTES
+            offset, entry_bytes, num_layers = found[(11, key)]
+            assert (entry_bytes, num_layers) == (KVClient.ENTRY_BYTES, KVClient.NUM_LAYERS)
             entry = pool[offset:offset + entry_bytes].reshape(KVClient.NUM_LAYERS, KVClient.PAGE_BYTES)
             assert np.array_equal(entry, saved[:, i])
         del header, records, pool, entry
     finally:
         table_segment.close()
         pool_segment.close()
+
+
+def test_pool_table_kept_ready_entries_are_taken_in_and_nothing_else():
+    # 1. An index stores 40 blocks and leaves 10 more half written.
+    rng = np.random.default_rng(2)
+    first = _index(num_slabs=2)
+    ready, half = _keys(rng, 40), _keys(rng, 10)
+    first.reserve_many(ready + half, ENTRY, NUM_LAYERS, slot=0)
+    first.mark_layers_done(ready, ALL)
+    first.mark_layers_done(half, 0b0001)
+    buffer = first.table.records.base  # the table's memory, as a kept segment would hold it
+    # 2. A new index over the same table takes in exactly the READY blocks, where they were.
+    table = PoolTable(buffer, 2 * SLAB, SLAB, keep=True)
+    second = BlockIndex(PagePool(2 * SLAB, SLAB, table.records_per_slab), 60.0, table)
+    assert second.adopt_table() == 40
+    assert {k: (e.offset, e.entry_bytes) for k, e in second.entries.items()} == \
+        {k: (first.entries[k].offset, ENTRY) for k in ready}
+    assert all(second.entries[k].is_ready for k in ready)
+    assert read_ready(table.records) == _ready_in_index(second)
+    assert (table.records["state"] == EntryState.WRITING).sum() == 0
+    # 3. The pool hands out only the other places: the remaining 88 entries, none reused.
+    fresh = second.pool.alloc_many(ENTRY, 200)
+    assert len(fresh) == 2 * SLAB // ENTRY - 40
+    assert not set(fresh) & {e.offset for e in second.entries.values()}
+
+
+def test_pool_table_of_another_geometry_starts_empty():
+    first = _index(num_slabs=2)
+    first.reserve_many(_keys(np.random.default_rng(3), 5), ENTRY, NUM_LAYERS, slot=0)
+    buffer = first.table.records.base
+    assert PoolTable.mismatch(buffer, 2 * SLAB, SLAB) is None
+    assert "slabs" in PoolTable.mismatch(buffer, 2 * SLAB, SLAB // 2)
+    table = PoolTable(buffer, 2 * SLAB, SLAB // 2, keep=True)  # as many records, read anew
+    assert (table.records["state"] == EntryState.FREE).all()
