@@ -164,8 +164,9 @@ class EngineSegments:
         ring_bytes = ring_segment_bytes(cfg.ring_slots, cfg.arena_bytes)
         table_size = table_bytes(cfg.usable_pool_bytes, cfg.slab_bytes)
         kept = self._kept_pool(cfg.usable_pool_bytes, table_size)
+        # A kept pool's memory is in use already: neither /dev/shm nor the host must hold it again.
         check_room((0 if kept else cfg.usable_pool_bytes + table_size) + STATS.itemsize
-                   + cfg.num_slots * ring_bytes, cfg.usable_pool_bytes)
+                   + cfg.num_slots * ring_bytes, 0 if kept else cfg.usable_pool_bytes)
         self.stats = self._segment("stats", STATS.itemsize)
         if kept:
             self.pool, self.pool_table = kept

@@ -111,3 +111,31 @@ def test_unlink_all_gives_the_pool_memory_back_only_when_no_copy_can_touch_it(re
     segs.unlink_all(release_pool=release_pool)
     assert (view == (0 if release_pool else 0xAB)).all()
     assert not [e for e in os.listdir("/dev/shm") if f".{name}." in e]
+
+
+def test_segments_kept_pool_is_not_counted_against_room_again(monkeypatch):
+    # 1. Segments of an engine that keeps its pool, released at its stop: pool and table stay.
+    from engine.config import EngineConfig
+    from engine.pool_table import PoolTable
+    from tests.conftest import shm_leftovers, unique_engine_name
+    name = unique_engine_name("room")
+    config = EngineConfig(name=name, pool_bytes=8 << 20, slab_bytes=1 << 20, keep_pool=True,
+                          num_slots=2, arena_bytes=64 << 10, ring_slots=8)
+    first = segments.EngineSegments(config)
+    PoolTable(first.pool_table.array(np.uint8, first.pool_table.size), config.usable_pool_bytes,
+              config.slab_bytes)  # the table's header, as the server writes it
+    first.unlink_all()
+    assert len(shm_leftovers(name)) == 2
+    # 2. The next engine takes them over; its room check asks only for what it creates.
+    asked = []
+    monkeypatch.setattr(segments, "check_room", lambda need, pool: asked.append((need, pool)))
+    second = segments.EngineSegments(config)
+    try:
+        assert second.is_pool_kept and second.pool.size == 8 << 20
+        [(need, pool)] = asked
+        assert pool == 0 and need < 1 << 20
+    finally:
+        second.unlink_all()
+        for what in segments.KEPT:
+            shm.unlink_segment(shm.ipc_name(name, what))
+    assert shm_leftovers(name) == []
