@@ -160,11 +160,12 @@ class BlockIndex:
         """Take in the READY entries a kept pool table lists (into an empty index); every
         other record, and any the pool cannot place, is cleared.  Returns how many."""
         assert not self.entries and self.table is not None
-        ready = list(read_ready(self.table.records).items())
+        ready = [(key, place) for key, place in read_ready(self.table.records).items()
+                 if place[2] > 0]  # a block of no layers: a record no engine writes
         taken = self.pool.adopt([(offset, size) for _, (offset, size, _) in ready])
         now, kept = time.monotonic(), []
         for (key, (offset, size, num_layers)), ok in zip(ready, taken):
-            if ok and 0 < num_layers:
+            if ok:
                 mask = (1 << num_layers) - 1
                 self.entries[key] = Entry(offset, size, mask, ORPHAN, now, done_mask=mask)
                 self.policy.insert(key)
