@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.eviction import LruPolicy
 from engine.pool import PagePool
-from engine.pool_table import PoolTable, read_ready
+from engine.pool_table import PoolTable
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class BlockIndex:
         """Take in the READY entries a kept pool table lists (into an empty index); every
         other record, and any the pool cannot place, is cleared.  Returns how many."""
         assert not self.entries and self.table is not None
-        ready = [(key, place) for key, place in read_ready(self.table.records).items()
+        ready = [(key, place) for key, place in self.table.ready_places().items()
                  if place[2] > 0]  # a block of no layers: a record no engine writes
         taken = self.pool.adopt([(offset, size) for _, (offset, size, _) in ready])
         now, kept = time.monotonic(), []

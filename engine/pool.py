@@ -89,21 +89,21 @@ class PagePool:
         taken, used = [], {}  # slab id -> (entry_bytes, set of indices)
         for offset, entry_bytes in entries:
             slab_id, within = divmod(offset, self.slab_bytes)
-            index, rest = divmod(within, entry_bytes) if entry_bytes > 0 else (0, 1)
-            size, indices = used.setdefault(slab_id, (entry_bytes, set()))
+            index, rest = divmod(within, entry_bytes) if 0 < entry_bytes <= self.slab_bytes \
+                else (0, 1)
+            size, indices = used.get(slab_id, (entry_bytes, set()))
             ok = (0 <= slab_id < self.num_slabs and rest == 0 and size == entry_bytes
-                  and entry_bytes <= self.slab_bytes and index < self._per_slab(entry_bytes)
-                  and index not in indices)
+                  and index < self._per_slab(entry_bytes) and index not in indices)
             if ok:
                 indices.add(index)
+                used[slab_id] = (size, indices)
             taken.append(ok)
         for slab_id, (entry_bytes, indices) in used.items():
-            if not indices:
-                continue
             free = [i for i in range(self._per_slab(entry_bytes) - 1, -1, -1) if i not in indices]
             self._slabs[slab_id] = _Slab(entry_bytes, free, len(indices))
+            partial = self._partial.setdefault(entry_bytes, set())  # free() expects the size
             if free:
-                self._partial.setdefault(entry_bytes, set()).add(slab_id)
+                partial.add(slab_id)
             self.bytes_used += len(indices) * entry_bytes
             self.num_entries += len(indices)
         self._free_slabs = [i for i in self._free_slabs if i not in self._slabs]

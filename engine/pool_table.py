@@ -95,6 +95,20 @@ class PoolTable:
         self.records["state"][self._where([offset], entry_bytes)] = EntryState.FREE
 
 
+    def ready_places(self) -> dict[tuple[int, bytes], tuple[int, int, int]]:
+        """``read_ready`` of this table, less any record that is not where its offset and
+        size put it (a record no engine wrote)."""
+        records = self.records
+        where = np.flatnonzero(records["state"] == EntryState.READY)
+        ready = records[where]
+        sizes = ready["entry_bytes"].astype(np.int64)
+        ok = sizes > 0
+        expected = np.full(len(where), -1, np.int64)
+        offsets = ready["offset"].astype(np.int64)
+        slab, within = np.divmod(offsets, self.slab_bytes)
+        expected[ok] = slab[ok] * self.records_per_slab + within[ok] // sizes[ok]
+        return read_ready(ready[expected == where])
+
     def clear_except(self, entries: list[tuple[int, int]]) -> None:
         """Every record FREE but those of these ``(offset, entry_bytes)`` entries."""
         keep = np.zeros(len(self.records), bool)

@@ -113,6 +113,7 @@ class EngineSegments:
         self._semaphores: list[str] = []
         self.pool: shm.Segment | None = None
         self.is_pool_kept = False  # the pool and its table are an earlier engine's, kept
+        self.has_started = False   # set by the server once it serves: only then is a new pool kept
         self._name_lock = _claim_name(config.name)
         self.control = self._create_control()
         try:
@@ -164,15 +165,15 @@ class EngineSegments:
         ring_bytes = ring_segment_bytes(cfg.ring_slots, cfg.arena_bytes)
         table_size = table_bytes(cfg.usable_pool_bytes, cfg.slab_bytes)
         kept = self._kept_pool(cfg.usable_pool_bytes, table_size)
-        # A kept pool's memory is in use already: neither /dev/shm nor the host must hold it again.
-        check_room((0 if kept else cfg.usable_pool_bytes + table_size) + STATS.itemsize
-                   + cfg.num_slots * ring_bytes, 0 if kept else cfg.usable_pool_bytes)
-        self.stats = self._segment("stats", STATS.itemsize)
         if kept:
             self.pool, self.pool_table = kept
             self._segments += kept
             self.is_pool_kept = True
-        else:
+        # A kept pool's memory is in use already: neither /dev/shm nor the host must hold it again.
+        check_room((0 if kept else cfg.usable_pool_bytes + table_size) + STATS.itemsize
+                   + cfg.num_slots * ring_bytes, 0 if kept else cfg.usable_pool_bytes)
+        self.stats = self._segment("stats", STATS.itemsize)
+        if not kept:
             self.pool = self._segment("pool", cfg.usable_pool_bytes)
             self.pool_table = self._segment("pool.table", table_size)
         self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
@@ -250,8 +251,10 @@ class EngineSegments:
         but the pool and its table with --keep-pool.  With ``release_pool`` (no copy may
         still touch it), a pool not kept gives its memory back first: an engine started
         under the name as soon as it is free must find the room."""
-        kept = {shm.ipc_name(self.config.name, what) for what in KEPT} if self.config.keep_pool \
-            else set()
+        # With --keep-pool, a kept pool always stays (it still holds its blocks), a new one
+        # only if the engine started (a failed start leaves nothing behind).
+        keep = self.config.keep_pool and (self.is_pool_kept or self.has_started)
+        kept = {shm.ipc_name(self.config.name, what) for what in KEPT} if keep else set()
         if kept and self.pool is not None:
             logger.info("keeping the pool and its table for the next engine named %r (--keep-pool)",
                         self.config.name)

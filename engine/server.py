@@ -58,15 +58,16 @@ class EngineServer:
             pool = PagePool(config.usable_pool_bytes, config.slab_bytes, table.records_per_slab)
             self.backend = backend or make_backend(config.backend, config.copy_backend)
             self.backend.attach_pool(self.segments.pool)
+            self.index = BlockIndex(pool, config.lease_ttl_s, table)
+            if self.segments.is_pool_kept:
+                num_blocks = self.index.adopt_table()
+                logger.info("took in %d blocks (%.2f GiB) from the pool an earlier engine kept",
+                            num_blocks, pool.bytes_used / 2**30)
         except BaseException:
             self.segments.unlink_all()
             raise
+        self.segments.has_started = True  # from here on, --keep-pool keeps even a new pool
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1))
-        self.index = BlockIndex(pool, config.lease_ttl_s, table)
-        if self.segments.is_pool_kept:
-            num_blocks = self.index.adopt_table()
-            logger.info("took in %d blocks (%.2f GiB) from the pool an earlier engine kept",
-                        num_blocks, pool.bytes_used / 2**30)
         self.stats.set("pool_bytes_total", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}

@@ -154,8 +154,11 @@ class Transfers:
         for block_id, key, entry in zip(ids, keys, entries):
             if entry is None:
                 pending.num_dropped += 1
-            elif not mask & ~(entry.done_mask | entry.pending_mask):
-                pending.num_deduped += 1  # stored, or on its way from another save
+            elif not mask & ~(entry.done_mask | entry.pending_mask) or mask & entry.pending_mask:
+                # Stored, or on its way from another save.  A save that shares a layer with
+                # one still in flight leaves the block to it: copying that layer twice, the
+                # other copy (of a client that may since have revoked it) could land last.
+                pending.num_deduped += 1
             else:
                 entry.pending_mask |= mask
                 chosen_ids.append(block_id)

@@ -377,9 +377,9 @@ def _held_dispatcher(refuse: bool = False):
         client.region_blocks, client.page_bytes, client.num_events = {0: 16}, 4096, 4
 
         def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0,
-                 event_index=NO_EVENT, flags=0, arg=0):
+                 event_index=NO_EVENT, flags=0, arg=0, layer=ALL_LAYERS):
             view.arena[:payload.nbytes] = payload.view(np.uint8)
-            rec = make(0, request_id, opcode, flags, ALL_LAYERS, 0, num_items, event_index, 7, 0,
+            rec = make(0, request_id, opcode, flags, layer, 0, num_items, event_index, 7, 0,
                        payload.nbytes, WIRE_VERSION, arg)
             dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
 
@@ -664,3 +664,20 @@ def test_dispatcher_debug_log_says_where_a_saves_time_went(caplog):
     [line] = [r.getMessage() for r in caplog.records if "SAVE of" in r.getMessage()]
     assert line.startswith("slot 0: SAVE of 2 blocks (0.0 MB): first copy handed to the backend after ")
     assert "all after " in line and "done after " in line and "nan" not in line
+
+
+def test_dispatcher_save_sharing_a_layer_in_flight_leaves_the_block_to_it():
+    # 1. Two clients of a two-layer geometry; the first saves layer 0 of a block (held).
+    from engine.copy.base import LayerPlacement
+    h = _held_dispatcher()
+    second = h.add_client(1)
+    for c in (h.client, second.client):
+        c.layers = {0: LayerPlacement(0, 0, 0, 4096), 1: LayerPlacement(1, 0, 16 * 4096, 4096)}
+    block = [b"k" * 32]
+    h.send(1, Opcode.SAVE, _save_payload([3], block), 1, layer=0)
+    [first_op] = h.backend.held
+    # 2. The second saves every layer of it: layer 0 is in flight, so it copies nothing.
+    second.send(2, Opcode.SAVE, _save_payload([5], block), 1)
+    assert h.backend.held == [first_op]
+    answer = second.completions.try_get()
+    assert (answer.request_id, answer.status, answer.value2) == (2, Status.OK, 1)  # deduplicated

@@ -162,3 +162,41 @@ def test_pool_table_of_another_geometry_starts_empty():
     assert "slabs" in PoolTable.mismatch(buffer, 2 * SLAB, SLAB // 2)
     table = PoolTable(buffer, 2 * SLAB, SLAB // 2, keep=True)  # as many records, read anew
     assert (table.records["state"] == EntryState.FREE).all()
+
+
+def test_pool_table_full_slab_taken_in_then_evicted_from():
+    # 1. A kept pool whose one slab is full of blocks of one size; the other slab is free.
+    rng = np.random.default_rng(4)
+    first = _index(num_slabs=2)
+    full = _keys(rng, SLAB // ENTRY)
+    first.reserve_many(full, ENTRY, NUM_LAYERS, slot=0)
+    first.mark_layers_done(full, ALL)
+    table = PoolTable(first.table.records.base, 2 * SLAB, SLAB, keep=True)
+    second = BlockIndex(PagePool(2 * SLAB, SLAB, table.records_per_slab), 60.0, table)
+    assert second.adopt_table() == SLAB // ENTRY
+    # 2. Blocks of another size fill the free slab, then evict the kept ones: no error, and
+    #    the freed slab serves the new size.
+    other = _keys(rng, SLAB // (2 * ENTRY) + 16, namespace=9)  # a slab and a half of them
+    placed = [e for e in second.reserve_many(other, 2 * ENTRY, 2 * NUM_LAYERS, slot=0) if e]
+    assert len(placed) == len(other) and second.counters.evictions == SLAB // ENTRY
+    assert read_ready(table.records) == _ready_in_index(second)
+
+
+def test_pool_table_records_out_of_place_or_empty_are_not_taken_in():
+    rng = np.random.default_rng(5)
+    first = _index(num_slabs=2)
+    keys = _keys(rng, 6)
+    entries = first.reserve_many(keys, ENTRY, NUM_LAYERS, slot=0)
+    first.mark_layers_done(keys, ALL)
+    records = first.table.records
+    at = [e.offset // SLAB * first.table.records_per_slab + e.offset % SLAB // ENTRY for e in entries]
+    records["offset"][at[0]] += ENTRY      # says it is somewhere else than its place
+    records["num_layers"][at[1]] = 0       # a block of no layers
+    records["entry_bytes"][at[2]] = 0      # no size
+    table = PoolTable(records.base, 2 * SLAB, SLAB, keep=True)
+    second = BlockIndex(PagePool(2 * SLAB, SLAB, table.records_per_slab), 60.0, table)
+    # 1. Only the three sound records are taken in; the pool holds exactly those.
+    assert second.adopt_table() == 3
+    assert set(second.entries) == set(keys[3:])
+    assert second.pool.num_entries == 3
+    assert read_ready(table.records) == _ready_in_index(second)

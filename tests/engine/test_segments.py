@@ -124,6 +124,7 @@ def test_segments_kept_pool_is_not_counted_against_room_again(monkeypatch):
     first = segments.EngineSegments(config)
     PoolTable(first.pool_table.array(np.uint8, first.pool_table.size), config.usable_pool_bytes,
               config.slab_bytes)  # the table's header, as the server writes it
+    first.has_started = True  # as the server marks it once it serves
     first.unlink_all()
     assert len(shm_leftovers(name)) == 2
     # 2. The next engine takes them over; its room check asks only for what it creates.
@@ -138,4 +139,16 @@ def test_segments_kept_pool_is_not_counted_against_room_again(monkeypatch):
         second.unlink_all()
         for what in segments.KEPT:
             shm.unlink_segment(shm.ipc_name(name, what))
+    assert shm_leftovers(name) == []
+
+
+def test_segments_keep_pool_start_that_fails_leaves_nothing():
+    # 1. Segments of a keeping engine that never started serving (its start failed later).
+    from engine.config import EngineConfig
+    from tests.conftest import shm_leftovers, unique_engine_name
+    name = unique_engine_name("fail")
+    config = EngineConfig(name=name, pool_bytes=8 << 20, slab_bytes=1 << 20, keep_pool=True,
+                          num_slots=2, arena_bytes=64 << 10, ring_slots=8)
+    segments.EngineSegments(config).unlink_all()
+    # 2. Its new pool is not kept: nothing of it is left.
     assert shm_leftovers(name) == []
