@@ -250,7 +250,7 @@ def run_engine(conn, args, rows: list[dict]) -> dict:
     verified, name = {}, f"bench{os.getpid()}"
     pool_mib = (args.runs + 1) * HEADLINE_TOKENS * TOKEN_BYTES * NUM_LAYERS // 2**20 + 512
     for seed, path in enumerate(args.paths, start=100):
-        extra = ("--copy-backend", path, "--slab-size", "64MiB", "--log-level", "INFO")
+        extra = ("--copy-backend", path, "--slab-size", "64MiB", "--log-level", args.engine_log_level)
         with EngineProcess(name, *extra, backend="cuda", pool_size=f"{pool_mib}MiB",
                            start_timeout_s=TIMEOUT_S):
             conn.send((name, HEADLINE_TOKENS, HEADLINE_BLOCK, args.runs + 1, seed))
@@ -295,6 +295,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweep-runs", type=int, default=3, help="timed repeats in the sweep")
     p.add_argument("--no-engine", action="store_true", help="skip the engine-process runs")
     p.add_argument("--pool-mib", type=int, default=4608, help="pool size (fits 32k tokens)")
+    p.add_argument("--engine-log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"],
+                   help="the engines' log level (on stderr); DEBUG adds each SAVE's and LOAD's "
+                        "timeline from its receipt")
     p.add_argument("--tune", action="store_true",
                    help="also time the kernel with other CTA counts and layers in flight")
     args = p.parse_args(argv)
