@@ -95,8 +95,18 @@ class BlockIndex:
         recently used, so eviction takes a chain from its tail (a lookup stops at the
         first miss: a chain without its head is lost whole)."""
         touch = self.policy.touch
-        for key in reversed(keys):
+        if self.table is None:
+            for key in reversed(keys):
+                touch(key)
+            return
+        get, offsets, sizes = self.entries.get, [], []
+        for key in reversed(keys):  # the same order in the table, for a kept pool's next engine
             touch(key)
+            entry = get(key)
+            if entry is not None:
+                offsets.append(entry.offset)
+                sizes.append(entry.entry_bytes)
+        self.table.touched(offsets, sizes)
 
     def release(self, lease_id: int) -> bool:
         lease = self.leases.pop(lease_id, None)

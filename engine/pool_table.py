@@ -19,8 +19,8 @@ import numpy as np
 
 from pegaflow.wire import MAGIC, POOL_RECORD, POOL_TABLE_HEADER, POOL_TABLE_VERSION, EntryState
 
-MAX_RECORDS = 1 << 21      # 128 MiB of records at most
-MIN_ENTRY_BYTES = 4096     # a record per 4 KiB of slab at most: the table stays under 1/64 of the pool
+MAX_RECORDS = 1 << 21      # 144 MiB of records at most
+MIN_ENTRY_BYTES = 4096     # a record per 4 KiB of slab at most: the table stays under 1/56 of the pool
 
 
 def records_per_slab(pool_bytes: int, slab_bytes: int) -> int:
@@ -48,9 +48,11 @@ class PoolTable:
         expected = np.array((MAGIC, POOL_TABLE_VERSION, pool_bytes, slab_bytes,
                              self.records_per_slab, num_records), POOL_TABLE_HEADER)[()]
         if keep and self.header[0] == expected:
+            self._touches = int(self.records["last_used"].max(initial=0)) + 1
             return
         self.records[:] = np.zeros(1, POOL_RECORD)
         self.header[0] = expected
+        self._touches = 1
 
     @staticmethod
     def mismatch(buffer, pool_bytes: int, slab_bytes: int) -> str | None:
@@ -68,10 +70,19 @@ class PoolTable:
     def private(cls, pool_bytes: int, slab_bytes: int) -> "PoolTable":
         return cls(bytearray(table_bytes(pool_bytes, slab_bytes)), pool_bytes, slab_bytes)
 
-    def _where(self, offsets, entry_bytes: int) -> np.ndarray:
+    def _where(self, offsets, entry_bytes) -> np.ndarray:
+        """Record positions of entries at ``offsets`` of ``entry_bytes`` (one size, or one each)."""
         offsets = np.asarray(offsets, np.int64)
         slab, within = np.divmod(offsets, self.slab_bytes)
-        return slab * self.records_per_slab + within // entry_bytes
+        return slab * self.records_per_slab + within // np.asarray(entry_bytes, np.int64)
+
+    def touched(self, offsets: list[int], sizes: list[int]) -> None:
+        """These entries were used, in this order (the last most recently): the order a
+        kept pool's blocks enter the eviction order again."""
+        if offsets:
+            at = self._where(offsets, sizes)
+            self.records["last_used"][at] = np.arange(self._touches, self._touches + len(at))
+            self._touches += len(at)
 
     def writing(self, offsets: list[int], entry_bytes: int, keys: list[tuple[int, bytes]],
                 num_layers: int) -> None:
@@ -118,7 +129,9 @@ class PoolTable:
 
 
 def read_ready(records: np.ndarray) -> dict[tuple[int, bytes], tuple[int, int, int]]:
-    """(namespace, key) -> (offset, entry_bytes, num_layers) of every READY record."""
+    """(namespace, key) -> (offset, entry_bytes, num_layers) of every READY record, least
+    recently used first."""
     ready = records[records["state"] == EntryState.READY]
+    ready = ready[np.argsort(ready["last_used"], kind="stable")]
     return {(int(r["namespace"]), bytes(r["key"])):
             (int(r["offset"]), int(r["entry_bytes"]), int(r["num_layers"])) for r in ready}

@@ -227,7 +227,8 @@ POOL_RECORD = _dtype([
     ("state", "u1", 24),         # EntryState
     ("key", "S33", 25),          # the block hash as the index keys it: digest, then length
     ("num_layers", "<u2", 58),   # layers of the block (all of them are in the pool when READY)
-], 64)
+    ("last_used", "<u8", 64),    # the table's touch count when it was last used (lookups, saves)
+], 72)
 
 
 def _fingerprint() -> int:
@@ -252,7 +253,7 @@ assert HASH.itemsize == 40
 assert REGION.itemsize == 232
 assert LAYER.itemsize == 24
 assert POOL_TABLE_HEADER.itemsize == 64
-assert POOL_RECORD.itemsize == 64
+assert POOL_RECORD.itemsize == 72
 assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS)
 
 
