@@ -61,8 +61,8 @@ class EngineServer:
             self.index = BlockIndex(pool, config.lease_ttl_s, table)
             if self.segments.is_pool_kept:
                 num_blocks = self.index.adopt_table()
-                logger.info("took in %d blocks (%.2f GiB) from the pool an earlier engine kept",
-                            num_blocks, pool.bytes_used / 2**30)
+                logger.info("took in %d blocks (%.1f MiB) from the pool an earlier engine kept",
+                            num_blocks, pool.bytes_used / 2**20)
         except BaseException:
             self.segments.unlink_all()
             raise
@@ -250,4 +250,5 @@ class EngineServer:
             client.flush()
         self.backend.close()
         self.segments.unlink_all(release_pool=self.backend.num_inflight() == 0)
-        logger.info("engine %r stopped; its shared memory is unlinked", self.config.name)
+        logger.info("engine %r stopped; its shared memory is unlinked%s", self.config.name,
+                    " (but the pool and its table, kept)" if self.config.keep_pool else "")
