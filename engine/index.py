@@ -95,7 +95,7 @@ class BlockIndex:
         recently used, so eviction takes a chain from its tail (a lookup stops at the
         first miss: a chain without its head is lost whole)."""
         touch = self.policy.touch
-        if self.table is None:
+        if self.table is None or not self.table.track_use:
             for key in reversed(keys):
                 touch(key)
             return

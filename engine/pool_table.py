@@ -39,8 +39,11 @@ class PoolTable:
     or a private one).  A new table starts empty; ``keep=True`` keeps the records of a table
     written for the same pool geometry (``mismatch`` says whether it was)."""
 
-    def __init__(self, buffer, pool_bytes: int, slab_bytes: int, keep: bool = False):
+    def __init__(self, buffer, pool_bytes: int, slab_bytes: int, keep: bool = False,
+                 track_use: bool = True):
+        """``track_use``: record uses (``touched``), which only a kept pool's next engine reads."""
         self.slab_bytes = slab_bytes
+        self.track_use = track_use
         self.records_per_slab = records_per_slab(pool_bytes, slab_bytes)
         num_records = (pool_bytes // slab_bytes) * self.records_per_slab
         self.header = np.frombuffer(buffer, POOL_TABLE_HEADER, 1)

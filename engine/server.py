@@ -54,7 +54,7 @@ class EngineServer:
         try:  # a failed start leaves nothing behind in /dev/shm
             table = PoolTable(self.segments.pool_table.array(np.uint8, self.segments.pool_table.size),
                               config.usable_pool_bytes, config.slab_bytes,
-                              keep=self.segments.is_pool_kept)
+                              keep=self.segments.is_pool_kept, track_use=config.keep_pool)
             pool = PagePool(config.usable_pool_bytes, config.slab_bytes, table.records_per_slab)
             self.backend = backend or make_backend(config.backend, config.copy_backend)
             self.backend.attach_pool(self.segments.pool)
