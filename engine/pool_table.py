@@ -2,9 +2,10 @@
 
 The index lives in the engine's memory; this table records the same facts in the
 ``pool.table`` segment (``wire.POOL_TABLE_HEADER`` and ``wire.POOL_RECORD``): for each
-place an entry can take: its offset, size, key and state (FREE, WRITING, READY).  A
-process that maps the pool and the table can find every READY block without the engine
-(tests do; an engine restarted over a kept pool could re-adopt them).
+place an entry can take, its offset, size, key, layers, state (FREE, WRITING, READY) and,
+with --keep-pool, when it was last used.  A process that maps the pool and the table can
+find every READY block without the engine (a test does), and an engine started over a
+kept pool takes them in (``BlockIndex.adopt_table``).
 
 Record ``slab * records_per_slab + i`` describes entry ``i`` of slab ``slab`` (entry ``i``
 starts ``i * entry_bytes`` into its slab), so a slab holds at most ``records_per_slab``
