@@ -18,7 +18,8 @@ import time
 from pegaflow import shm
 from pegaflow.errors import EngineDeadError, EngineNotRunningError, ShmError
 from pegaflow.shm import is_pid_alive
-from pegaflow.wire import CONTROL_HEADER, STATS, STATS_COUNTER_NAMES, Opcode, Status
+from pegaflow.wire import (CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER, STATS,
+                           STATS_COUNTER_NAMES, EntryState, Opcode, Status)
 
 _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
           ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
@@ -67,6 +68,25 @@ def _read_live(name: str) -> dict:
             f"shared memory of a crash (these counters are its last); starting an engine named "
             f"{name!r} removes it")
     return snapshot
+
+
+def kept_pool_blocks(name: str) -> int | None:
+    """READY blocks in the pool an engine named ``name`` kept (--keep-pool), or None if it
+    left no pool table."""
+    try:
+        table = shm.attach_segment(shm.ipc_name(name, "pool.table"), readonly=True)
+    except EngineNotRunningError:
+        return None
+    try:
+        header = table.array(POOL_TABLE_HEADER, 1)[0]
+        if int(header["magic"]) != MAGIC:
+            return None
+        records = table.array(POOL_RECORD, int(header["num_records"]), POOL_TABLE_HEADER.itemsize)
+        count = int((records["state"] == EntryState.READY).sum())
+        del header, records
+        return count
+    finally:
+        table.close()
 
 
 def _gib(num_bytes: int) -> str:
@@ -133,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pegaflow-stat: {exc}", file=sys.stderr)
         return 1
     except EngineNotRunningError:
+        kept = kept_pool_blocks(args.name)
         print(f"pegaflow-stat: no engine named {args.name!r} is running on this host "
-              f"(start one with `make run-engine` or `python -m engine --name {args.name}`)",
+              f"(start one with `make run-engine` or `python -m engine --name {args.name}`)"
+              + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
+                 f"engine started with --keep-pool and the same pool geometry takes in"),
               file=sys.stderr)
         return 1
     except ShmError as exc:

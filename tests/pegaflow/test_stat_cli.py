@@ -89,3 +89,22 @@ def _exited_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def test_stat_cli_stopped_engine_that_kept_its_pool_says_how_many_blocks(engine_factory, rng):
+    # 1. An engine that keeps its pool stores 3 blocks and stops.
+    from tests.engine.conftest import KVClient, random_hashes
+    engine = engine_factory(extra=("--keep-pool",))
+    client = KVClient(engine.name)
+    try:
+        client.fill(rng, [1, 2, 3])
+        assert client.save(4, [1, 2, 3], random_hashes(rng, 3)).is_ok
+    finally:
+        client.close()
+    assert engine.stop() == 0
+    # 2. No engine runs; the message says what the kept pool holds.
+    once = _stat("--once", "--name", engine.name)
+    assert once.returncode == 1 and "no engine named" in once.stderr
+    assert "the pool it kept holds 3 blocks" in once.stderr
+    # 3. (teardown) an engine without --keep-pool removes the kept pool.
+    engine_factory(engine.name)
