@@ -11,6 +11,8 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
     LOAD(ns, ids, hashes)      pool -> client pages; answered when copied, or when issued if
                                the client's events fence it (``event_index``); with
                                AFTER_CLIENT, copied only after the client's last pool event
+    DROP(ns, hashes)           forget those blocks (a client stored them from bad data):
+                               now, or when the lease, load or copy using one ends
     PING, UNREGISTER, DETACH
 
 A bad command (unknown opcode, wrong version, payload past the arena, block id out of
@@ -55,7 +57,7 @@ class Dispatcher:
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
             Opcode.REGISTER_EVENTS: self._register_events, Opcode.LOOKUP: self._lookup,
             Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save,
-            Opcode.LOAD: self.transfers.load,
+            Opcode.LOAD: self.transfers.load, Opcode.DROP: self._drop,
         }
 
     @property
@@ -178,6 +180,15 @@ class Dispatcher:
         self.stats.add("lookup_blocks", num_items)
         self.stats.add("lookup_hit_blocks", num_hits)
         return Status.OK, (num_hits, lease_id, 0)
+
+    def _drop(self, client, rec, payload):
+        if len(payload) != rec.num_items * HASH.itemsize:
+            raise CommandError(Status.BAD_PAYLOAD, "DROP wants num_items hash records")
+        num_found = self.index.drop(command_keys(rec, payload.view(HASH)))
+        if num_found:
+            logger.info("slot %d (pid %d): dropped %d stored blocks it computed from bad data",
+                        client.slot, client.pid, num_found)
+        return Status.OK, (num_found, 0, 0)
 
     def _release(self, client, rec, payload):
         if not self.index.release(rec.arg):

@@ -35,10 +35,11 @@ class Entry:
     done_mask: int = 0
     pending_mask: int = 0
     refs: int = 0
+    is_doomed: bool = False  # a DROP came while it was in use: never served, dropped when free
 
     @property
     def is_ready(self) -> bool:
-        return self.done_mask == self.all_layers_mask
+        return self.done_mask == self.all_layers_mask and not self.is_doomed
 
 
 @dataclass(slots=True)
@@ -124,6 +125,24 @@ class BlockIndex:
             entry = self.entries[key]
             entry.refs -= 1
             assert entry.refs >= 0, f"refcount of {key!r} went negative"
+            if entry.is_doomed and entry.refs == 0 and entry.pending_mask == 0:
+                self._drop(key)
+
+    def drop(self, keys: list[Key]) -> int:
+        """Forget ``keys`` (a client found it stored blocks computed from bad data): each
+        is dropped now, or, while a lease, a load or a copy still uses it, never served
+        again and dropped when that ends.  Returns how many were stored."""
+        entries, num_found = self.entries, 0
+        for key in keys:
+            entry = entries.get(key)
+            if entry is None or entry.is_doomed:
+                continue
+            num_found += 1
+            if entry.refs == 0 and entry.pending_mask == 0:
+                self._drop(key)
+            else:
+                entry.is_doomed = True
+        return num_found
 
     def expire_leases(self, now: float) -> int:
         expired = [lease_id for lease_id, lease in self.leases.items() if lease.expires_at <= now]
@@ -215,6 +234,10 @@ class BlockIndex:
             was_ready = entry.done_mask == entry.all_layers_mask
             entry.pending_mask &= ~mask
             entry.done_mask |= mask
+            if entry.is_doomed:  # dropped by a client meanwhile: never served
+                if not entry.pending_mask and not entry.refs:
+                    self._drop(key)
+                continue
             if not was_ready and entry.done_mask == entry.all_layers_mask:
                 policy.insert(key)
                 self.writing.pop(key, None)
@@ -231,6 +254,6 @@ class BlockIndex:
         """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""
         entry = self.entries[key]
         entry.pending_mask &= ~mask
-        if not entry.is_ready and entry.pending_mask == 0 and (
-                entry.done_mask == 0 or entry.owner_slot == ORPHAN):
+        if entry.pending_mask == 0 and (entry.is_doomed and not entry.refs or not entry.is_ready and (
+                entry.done_mask == 0 or entry.owner_slot == ORPHAN)):
             self._drop(key)

@@ -21,7 +21,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -40,6 +40,7 @@ class Opcode(IntEnum):
     SAVE = 8
     LOAD = 9
     PING = 10
+    DROP = 11
 
 
 class Status(IntEnum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import numpy as np
 
@@ -28,18 +28,26 @@ from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import LayoutError, PegaflowError
 from pegaflow.host_memory import layer_records
-from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
+from pegaflow.wire import BLOCK_ID, HASH, NO_EVENT, encode_hashes
 
 logger = logging.getLogger(__name__)
 
 LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine is alive
 
 
+# Steps whose saves a rank drops again when the scheduler reports a failed load: the step
+# that read the bad pages and the one asynchronous scheduling planned before it knew, with
+# one step of margin.
+RECENT_SAVE_STEPS = 3
+
+
 class WorkerSide:
-    def __init__(self, config: ConnectorConfig, namespace: int, rank: int, num_blocks: int):
+    def __init__(self, config: ConnectorConfig, namespace: int, rank: int, num_blocks: int,
+                 num_ranks: int = 1):
         self.config = config
         self.namespace = namespace
         self.rank = rank
+        self.num_ranks = num_ranks  # tensor x pipeline parallel ranks of this vLLM
         self.num_blocks = num_blocks
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
                                f"pegaflow worker rank {rank}", self._register)
@@ -62,6 +70,8 @@ class WorkerSide:
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
+        # The hash records this rank saved in each of the last steps (oldest first).
+        self._recent_saves: deque[list[np.ndarray]] = deque(maxlen=RECENT_SAVE_STEPS)
         self.trace = StepTrace()
 
     # -- memory ---------------------------------------------------------------------------
@@ -120,7 +130,32 @@ class WorkerSide:
         self._saved_layers = set()
         self._is_save_sent = False
         self._taint.acknowledge(meta.rewound_block_ids)
+        if meta.rewound_block_ids and self.num_ranks > 1:
+            self._drop_recent_saves()
+        self._recent_saves.append([])
         self._held |= meta.held_req_ids
+
+    def _drop_recent_saves(self) -> None:
+        """A load failed on some rank in a recent step.  That rank keeps the saves that read
+        its bad pages to itself (``Taint``); but through tensor (or pipeline) parallelism
+        every rank's forward of those steps computed from them, so what this rank saved
+        then may be wrong too.  The engine forgets all of it (before this step's saves,
+        which recompute the rewound blocks); a lookup needs every rank's blocks, so none of
+        it was served meanwhile."""
+        records = [r for step in self._recent_saves for r in step]
+        self._recent_saves.clear()
+        client = self.link.client()
+        if not records or client is None:
+            return  # with the link down, the engine may be gone: a new one holds none of it
+        # Joined as bytes: numpy's concatenate of records packs away HASH's padding.
+        hashes = np.concatenate([r.view(np.uint8).reshape(-1) for r in records]).view(HASH)
+        logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the %d "
+                       "blocks this rank saved in the last %d steps (computed from its pages)",
+                       self.rank, len(hashes), RECENT_SAVE_STEPS)
+        try:
+            client.drop_nowait(self.namespace, hashes)
+        except PegaflowError as exc:
+            self.link.fail(exc)
 
     def start_load_kv(self) -> None:
         self._step_loads, self._loads_waited, self._loads_client = [], False, None
@@ -312,6 +347,8 @@ class WorkerSide:
         self._save_cmds[request_id] = req_ids
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
+        if self._recent_saves:
+            self._recent_saves[-1].append(records)
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""

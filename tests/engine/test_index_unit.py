@@ -308,3 +308,20 @@ def test_index_touch_chain_after_a_save_keeps_the_head_longest(index):
     index.touch_chain([key(i) for i in range(CAPACITY)])
     store(index, 100)
     assert key(0) in index.entries and key(CAPACITY - 1) not in index.entries
+
+
+def test_index_drop_of_a_block_being_written_goes_when_its_copy_ends(index):
+    # 1. A block whose copy is in flight, and a stored one; both dropped.
+    begin(index, 1, pending=ALL_LAYERS)
+    begin(index, 2, pending=ALL_LAYERS)
+    index.mark_layers_done([key(2)], ALL_LAYERS)
+    assert index.drop([key(1), key(2)]) == 2
+    # 2. The stored one is gone at once; the other stays until its copy ends, never READY.
+    assert key(2) not in index.entries and index.entries[key(1)].is_doomed
+    assert index.mark_layers_done([key(1)], ALL_LAYERS) == 0
+    assert key(1) not in index.entries and index.pool.num_entries == 0
+    # 3. A copy that fails instead frees it too.
+    begin(index, 3, pending=ALL_LAYERS)
+    index.drop([key(3)])
+    index.abandon_layers(key(3), ALL_LAYERS)
+    assert key(3) not in index.entries and index.pool.num_entries == 0

@@ -253,3 +253,61 @@ def test_worker_load_never_sent_gives_its_lease_back():
     worker.start_load_kv()
     assert client.released == [71]
     assert worker.get_block_ids_with_load_errors() == {5}
+
+
+class DroppingClient(SavingClient):
+    """Saves succeed; DROPs are recorded (hashes as the engine would key them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropped = []
+
+    def drop_nowait(self, namespace, records):
+        from pegaflow.wire import hash_keys
+        self.dropped.append((namespace, hash_keys(records)))
+
+
+def _rank_steps(num_ranks: int):
+    from pegaflow.connector.metadata import PegaConnectorMetadata, SaveSpec
+    worker = WorkerSide(ConnectorConfig(), namespace=5, rank=1, num_blocks=16, num_ranks=num_ranks)
+    worker.memory = SimpleNamespace(has_events=False)
+    worker.save_layers = {"layer"}
+    client = DroppingClient()
+    worker.link._client = client
+
+    def step(saves, rewound=()):
+        meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set(),
+                                     rewound_block_ids=set(rewound))
+        meta.saves.extend(SaveSpec(r, ids, tuple(bytes([i]) * 32 for i in ids)) for r, ids in saves)
+        worker.bind(meta)
+        worker.start_load_kv()
+        worker.save_kv_layer("layer")
+        worker.wait_for_save()
+        worker.get_finished(set())
+
+    return step, client
+
+
+def test_worker_of_a_parallel_rank_drops_its_recent_saves_when_a_load_failed_elsewhere():
+    # 1. A rank of a 2-rank vLLM whose own loads never fail saves in four steps.
+    step, client = _rank_steps(num_ranks=2)
+    for i, ids in enumerate([(1,), (2,), (3, 4), (5,)]):
+        step([(f"r{i}", ids)])
+    assert client.dropped == []
+    # 2. The scheduler reports a failed load (another rank's): before this step's saves, the
+    #    engine is told to forget what this rank saved in the last three steps.
+    step([("r9", (6,))], rewound={40})
+    [(namespace, keys)] = client.dropped
+    assert namespace == 5
+    assert sorted(k[0] for k in keys) == [2, 3, 4, 5]  # the first byte of each hash: its block
+    assert client.saved[-1] == [6]  # this step's save still goes out, after the DROP
+    # 3. The window starts over: a later report drops only what came after.
+    step([], rewound={41})
+    assert [sorted(k[0] for k in keys) for _, keys in client.dropped[1:]] == [[6]]
+
+
+def test_worker_of_a_single_rank_leaves_failed_loads_to_its_taint():
+    step, client = _rank_steps(num_ranks=1)
+    step([("a", (1, 2))])
+    step([("b", (3,))], rewound={1})
+    assert client.dropped == []

@@ -1,0 +1,59 @@
+"""DROP: a client has the engine forget blocks it stored from data it found bad since; a
+block in use (leased, loading, being written) is never served again and goes when freed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.engine.conftest import random_hashes
+
+
+def _stored(kv, rng, ids, namespace: int = 3):
+    hashes = random_hashes(rng, len(ids))
+    kv.fill(rng, ids)
+    assert kv.save(namespace, ids, hashes).is_ok
+    return hashes
+
+
+def test_drop_forgets_stored_blocks_and_leaves_others(engine, kv_client, rng):
+    kv = kv_client(engine)
+    kept, dropped = _stored(kv, rng, [1, 2]), _stored(kv, rng, [3, 4])
+    # 1. DROP two stored blocks and one never stored: two were held.
+    done = kv.client.wait(kv.client.submit_drop(3, dropped + random_hashes(rng, 1)))
+    assert done.is_ok and done.value == 2
+    # 2. They miss; the others still hit; a LOAD of a dropped one fails and changes nothing.
+    assert kv.num_hits(3, dropped) == 0 and kv.num_hits(3, kept) == 2
+    before = kv.pages[:, [9]].copy()
+    assert not kv.load(3, [9], dropped[:1]).is_ok
+    assert np.array_equal(kv.pages[:, [9]], before)
+    # 3. Their pool space is free again: the pool's gauge counts only the kept ones.
+    engine.wait_stats(lambda s: s["pool_blocks_used"] == 2)
+
+
+def test_drop_of_a_leased_block_hides_it_now_and_frees_it_at_release(engine, kv_client, rng):
+    kv = kv_client(engine)
+    hashes = _stored(kv, rng, [5, 6])
+    # 1. A lease pins both; then they are dropped.
+    lease = kv.client.lookup(3, hashes)
+    assert lease.num_hit_blocks == 2
+    assert kv.client.wait(kv.client.submit_drop(3, hashes)).value == 2
+    # 2. Never served again, though still pinned...
+    assert kv.num_hits(3, hashes) == 0
+    engine.wait_stats(lambda s: s["pool_blocks_used"] == 2)
+    # 3. ...and gone once the lease ends; saving them again stores them afresh.
+    assert kv.release(lease.lease_id).is_ok
+    engine.wait_stats(lambda s: s["pool_blocks_used"] == 0)
+    kv.fill(rng, [5, 6])
+    assert kv.save(3, [5, 6], hashes).is_ok and kv.num_hits(3, hashes) == 2
+
+
+def test_drop_of_other_namespace_or_bad_payload(engine, kv_client, rng):
+    kv = kv_client(engine)
+    hashes = _stored(kv, rng, [7])
+    # 1. Another namespace holds nothing of them.
+    assert kv.client.wait(kv.client.submit_drop(4, hashes)).value == 0
+    assert kv.num_hits(3, hashes) == 1
+    # 2. A payload that is not num_items hash records is refused, changing nothing.
+    request_id = kv.submit_raw(opcode=11, num_items=2, namespace=3)
+    assert int(kv.take_raw(request_id)["status"]) != 0
+    assert kv.num_hits(3, hashes) == 1
