@@ -142,6 +142,8 @@ class BlockIndex:
                 self._drop(key)
             else:
                 entry.is_doomed = True
+                if self.table is not None:  # a kept pool's next engine must not take it in
+                    self.table.free(entry.offset, entry.entry_bytes)
         return num_found
 
     def expire_leases(self, now: float) -> int:

@@ -221,3 +221,17 @@ def test_pool_table_kept_blocks_keep_their_eviction_order():
     second.touch_chain(b[:1])
     assert list(second.policy._order)[-1] == b[0]
     assert read_ready(table.records).popitem()[0] == b[0]
+
+
+def test_pool_table_a_dropped_block_still_in_use_is_not_listed():
+    # 1. A stored block is leased, then dropped: still in the pool, never served.
+    index = _index()
+    keys = _keys(np.random.default_rng(7), 2)
+    index.reserve_many(keys, ENTRY, NUM_LAYERS, slot=0)
+    index.mark_layers_done(keys, ALL)
+    _, lease = index.lookup(0, keys)
+    assert index.drop(keys[:1]) == 1
+    # 2. The table already lists only the other one (a kept pool would not bring it back).
+    assert list(read_ready(index.table.records)) == keys[1:]
+    index.release(lease)
+    assert list(read_ready(index.table.records)) == keys[1:] and keys[0] not in index.entries
