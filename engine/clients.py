@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
 from engine.copy.base import LayerPlacement
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
+
+
+_client_ids = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -25,6 +29,7 @@ class ClientState:
     num_events: int = 0
     num_inflight: int = 0
     backlog: deque = field(default_factory=deque)  # COMPLETION fields after seq
+    uid: int = field(default_factory=lambda: next(_client_ids))  # unique in this engine's life
 
     @property
     def num_layers(self) -> int:

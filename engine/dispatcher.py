@@ -11,8 +11,9 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
     LOAD(ns, ids, hashes)      pool -> client pages; answered when copied, or when issued if
                                the client's events fence it (``event_index``); with
                                AFTER_CLIENT, copied only after the client's last pool event
-    DROP(ns, hashes)           forget those blocks (a client stored them from bad data):
-                               now, or when the lease, load or copy using one ends
+    DROP(ns, hashes, since)    forget those blocks this client stored with SAVEs from request
+                               ``since`` on (computed from bad data): now, or when the
+                               lease, load or copy using one ends
     PING, UNREGISTER, DETACH
 
 A bad command (unknown opcode, wrong version, payload past the arena, block id out of
@@ -184,7 +185,7 @@ class Dispatcher:
     def _drop(self, client, rec, payload):
         if len(payload) != rec.num_items * HASH.itemsize:
             raise CommandError(Status.BAD_PAYLOAD, "DROP wants num_items hash records")
-        num_found = self.index.drop(command_keys(rec, payload.view(HASH)))
+        num_found = self.index.drop(command_keys(rec, payload.view(HASH)), client.uid, rec.arg)
         if num_found:
             logger.info("slot %d (pid %d): dropped %d stored blocks it computed from bad data",
                         client.slot, client.pid, num_found)

@@ -36,6 +36,7 @@ class Entry:
     pending_mask: int = 0
     refs: int = 0
     is_doomed: bool = False  # a DROP came while it was in use: never served, dropped when free
+    writer: tuple[int, int] = (0, 0)  # (client uid, SAVE request id) that reserved it
 
     @property
     def is_ready(self) -> bool:
@@ -128,14 +129,17 @@ class BlockIndex:
             if entry.is_doomed and entry.refs == 0 and entry.pending_mask == 0:
                 self._drop(key)
 
-    def drop(self, keys: list[Key]) -> int:
-        """Forget ``keys`` (a client found it stored blocks computed from bad data): each
-        is dropped now, or, while a lease, a load or a copy still uses it, never served
-        again and dropped when that ends.  Returns how many were stored."""
+    def drop(self, keys: list[Key], writer: int, since_request: int) -> int:
+        """Forget those of ``keys`` that client ``writer`` stored with SAVEs from request
+        ``since_request`` on (it found them computed from bad data; blocks it only
+        deduplicated are someone else's and stay): each is dropped now, or, while a lease,
+        a load or a copy still uses it, never served again and dropped when that ends.
+        Returns how many."""
         entries, num_found = self.entries, 0
         for key in keys:
             entry = entries.get(key)
-            if entry is None or entry.is_doomed:
+            if entry is None or entry.is_doomed or entry.writer[0] != writer or \
+                    entry.writer[1] < since_request:
                 continue
             num_found += 1
             if entry.refs == 0 and entry.pending_mask == 0:
@@ -169,7 +173,7 @@ class BlockIndex:
         return self.reserve_many([key], entry_bytes, num_layers, slot)[0]
 
     def reserve_many(self, keys: list[Key], entry_bytes: int, num_layers: int,
-                     slot: int) -> list[Entry | None]:
+                     slot: int, writer: tuple[int, int] = (0, 0)) -> list[Entry | None]:
         """``reserve`` for many keys at once (the SAVE hot path): one entry per key, None
         where the pool is full or the stored entry has another size."""
         entries = self.entries
@@ -181,7 +185,8 @@ class BlockIndex:
                 offsets += self.pool.alloc_many(entry_bytes, len(missing) - len(offsets))
             now, mask = time.monotonic(), (1 << num_layers) - 1
             for key, offset in zip(missing, offsets):
-                entries[key] = self.writing[key] = Entry(offset, entry_bytes, mask, slot, now)
+                entries[key] = self.writing[key] = Entry(offset, entry_bytes, mask, slot, now,
+                                                         writer=writer)
             if self.table is not None:
                 self.table.writing(offsets, entry_bytes, missing[:len(offsets)], num_layers)
             found = [entries.get(key) for key in keys]

@@ -150,7 +150,8 @@ class Transfers:
                     wait_event: int | None, per_layer: bool) -> None:
         client, mask = pending.client, pending.layer_mask
         chosen_ids, chosen_keys, offsets = [], [], []
-        entries = self.index.reserve_many(keys, client.entry_bytes, client.num_layers, client.slot)
+        entries = self.index.reserve_many(keys, client.entry_bytes, client.num_layers, client.slot,
+                                          (client.uid, pending.request_id))
         for block_id, key, entry in zip(ids, keys, entries):
             if entry is None:
                 pending.num_dropped += 1

@@ -300,16 +300,17 @@ class EngineClient:
         return self.submit(Opcode.SAVE, payload=[ids, _records(hashes)], num_items=len(ids),
                            namespace=namespace, layer=layer, event_index=event_index)
 
-    def submit_drop(self, namespace: int, hashes) -> int:
-        """Ask the engine to forget these blocks (stored from data found bad since); the
-        answer's ``value`` is how many it held."""
+    def submit_drop(self, namespace: int, hashes, since_request: int = 0) -> int:
+        """Ask the engine to forget those of these blocks that our SAVEs from request
+        ``since_request`` on stored (their data was found bad since); the answer's
+        ``value`` is how many it held."""
         records = _records(hashes)
         return self.submit(Opcode.DROP, payload=[records], num_items=len(records),
-                           namespace=namespace)
+                           namespace=namespace, arg=since_request)
 
-    def drop_nowait(self, namespace: int, hashes) -> None:
+    def drop_nowait(self, namespace: int, hashes, since_request: int = 0) -> None:
         """``submit_drop``, fire and forget: its answer is dropped on arrival."""
-        self._unwanted.add(self.submit_drop(namespace, hashes))
+        self._unwanted.add(self.submit_drop(namespace, hashes, since_request))
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,

@@ -73,7 +73,7 @@ class PegaKVConnector(KVConnectorBase_V1):
             tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
             self._worker = WorkerSide(self.pega_config, rank_namespace(base, tp_rank, pp_rank),
                                       pp_rank * tp_size + tp_rank, kv_cache_config.num_blocks,
-                                      num_ranks=tp_size * pp_size)
+                                      num_ranks=tp_size * pp_size, pipeline_stages=pp_size)
         logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s",
                     role.name.lower(), self.pega_config.engine_name, self.pega_config.load_mode,
                     "on" if self.pega_config.enable_save else "off")

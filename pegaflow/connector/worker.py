@@ -37,13 +37,13 @@ LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine
 
 # Steps whose saves a rank drops again when the scheduler reports a failed load: the step
 # that read the bad pages and the one asynchronous scheduling planned before it knew, with
-# one step of margin.
+# one step of margin; a pipeline keeps one more batch in flight per stage.
 RECENT_SAVE_STEPS = 3
 
 
 class WorkerSide:
     def __init__(self, config: ConnectorConfig, namespace: int, rank: int, num_blocks: int,
-                 num_ranks: int = 1):
+                 num_ranks: int = 1, pipeline_stages: int = 1):
         self.config = config
         self.namespace = namespace
         self.rank = rank
@@ -70,8 +70,9 @@ class WorkerSide:
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
-        # The hash records this rank saved in each of the last steps (oldest first).
-        self._recent_saves: deque[list[np.ndarray]] = deque(maxlen=RECENT_SAVE_STEPS)
+        # (SAVE request id, hash records) this rank sent in each of the last steps, oldest first.
+        self._recent_saves: deque[list[tuple[int, np.ndarray]]] = deque(
+            maxlen=max(RECENT_SAVE_STEPS, pipeline_stages + 2))
         self.trace = StepTrace()
 
     # -- memory ---------------------------------------------------------------------------
@@ -142,18 +143,19 @@ class WorkerSide:
         then may be wrong too.  The engine forgets all of it (before this step's saves,
         which recompute the rewound blocks); a lookup needs every rank's blocks, so none of
         it was served meanwhile."""
-        records = [r for step in self._recent_saves for r in step]
+        sent = [save for step in self._recent_saves for save in step]
+        num_steps = len(self._recent_saves)
         self._recent_saves.clear()
         client = self.link.client()
-        if not records or client is None:
-            return  # with the link down, the engine may be gone: a new one holds none of it
+        if not sent or client is None:
+            return  # saves of another connection: the engine takes DROPs of their writer only
         # Joined as bytes: numpy's concatenate of records packs away HASH's padding.
-        hashes = np.concatenate([r.view(np.uint8).reshape(-1) for r in records]).view(HASH)
-        logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the %d "
-                       "blocks this rank saved in the last %d steps (computed from its pages)",
-                       self.rank, len(hashes), RECENT_SAVE_STEPS)
-        try:
-            client.drop_nowait(self.namespace, hashes)
+        hashes = np.concatenate([r.view(np.uint8).reshape(-1) for _, r in sent]).view(HASH)
+        logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the "
+                       "blocks this rank stored in the last %d steps (%d sent; computed from "
+                       "its pages)", self.rank, num_steps, len(hashes))
+        try:  # the engine drops only what these SAVEs stored, not what they deduplicated
+            client.drop_nowait(self.namespace, hashes, min(request_id for request_id, _ in sent))
         except PegaflowError as exc:
             self.link.fail(exc)
 
@@ -348,7 +350,7 @@ class WorkerSide:
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
         if self._recent_saves:
-            self._recent_saves[-1].append(records)
+            self._recent_saves[-1].append((request_id, records))
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""

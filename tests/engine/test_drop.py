@@ -57,3 +57,24 @@ def test_drop_of_other_namespace_or_bad_payload(engine, kv_client, rng):
     request_id = kv.submit_raw(opcode=11, num_items=2, namespace=3)
     assert int(kv.take_raw(request_id)["status"]) != 0
     assert kv.num_hits(3, hashes) == 1
+
+
+def test_drop_leaves_blocks_another_client_stored_or_saved_before_since(engine, kv_client, rng):
+    first, second = kv_client(engine), kv_client(engine)
+    theirs = _stored(first, rng, [1, 2])
+    # 1. The second client saves the same blocks (deduplicated: the first client's stay),
+    #    then a block of its own.
+    second.fill(rng, [1, 2])
+    assert second.save(3, [1, 2], theirs).value2 == 2  # both deduplicated
+    own = random_hashes(rng, 1)
+    second.fill(rng, [5])
+    request_id = second.client.submit_save(3, [5], own)
+    assert second.client.wait(request_id).is_ok
+    # 2. Its DROP of everything it sent takes only its own block.
+    done = second.client.wait(second.client.submit_drop(3, theirs + own))
+    assert done.value == 1
+    assert second.num_hits(3, theirs) == 2 and second.num_hits(3, own) == 0
+    # 3. A DROP from a request after the SAVE that stored a block leaves it.
+    kept = _stored(first, rng, [6])
+    assert first.client.wait(first.client.submit_drop(3, kept, since_request=1 << 40)).value == 0
+    assert first.num_hits(3, kept) == 1

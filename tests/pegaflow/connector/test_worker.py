@@ -256,15 +256,22 @@ def test_worker_load_never_sent_gives_its_lease_back():
 
 
 class DroppingClient(SavingClient):
-    """Saves succeed; DROPs are recorded (hashes as the engine would key them)."""
+    """Saves get request ids 100, 101, ...; SAVEs and DROPs are logged in the order sent
+    (DROP hashes as the engine would key them)."""
 
     def __init__(self):
         super().__init__()
-        self.dropped = []
+        self.dropped, self.sent = [], []
 
-    def drop_nowait(self, namespace, records):
+    def submit_save(self, namespace, ids, records, event_index):
+        super().submit_save(namespace, ids, records, event_index)
+        self.sent.append(("save", sorted(int(i) for i in ids)))
+        return 99 + len(self.saved)
+
+    def drop_nowait(self, namespace, records, since_request):
         from pegaflow.wire import hash_keys
-        self.dropped.append((namespace, hash_keys(records)))
+        self.dropped.append((namespace, hash_keys(records), since_request))
+        self.sent.append(("drop", sorted(k[0] for k in hash_keys(records))))
 
 
 def _rank_steps(num_ranks: int):
@@ -294,16 +301,17 @@ def test_worker_of_a_parallel_rank_drops_its_recent_saves_when_a_load_failed_els
     for i, ids in enumerate([(1,), (2,), (3, 4), (5,)]):
         step([(f"r{i}", ids)])
     assert client.dropped == []
-    # 2. The scheduler reports a failed load (another rank's): before this step's saves, the
-    #    engine is told to forget what this rank saved in the last three steps.
+    # 2. The scheduler reports a failed load (another rank's): before this step's save, the
+    #    engine is told to forget what this rank's SAVEs of the last three steps stored
+    #    (SAVEs 101-103; the first byte of each hash is its block here).
     step([("r9", (6,))], rewound={40})
-    [(namespace, keys)] = client.dropped
-    assert namespace == 5
-    assert sorted(k[0] for k in keys) == [2, 3, 4, 5]  # the first byte of each hash: its block
-    assert client.saved[-1] == [6]  # this step's save still goes out, after the DROP
+    [(namespace, keys, since)] = client.dropped
+    assert (namespace, sorted(k[0] for k in keys), since) == (5, [2, 3, 4, 5], 101)
+    assert client.sent[-2:] == [("drop", [2, 3, 4, 5]), ("save", [6])]
     # 3. The window starts over: a later report drops only what came after.
     step([], rewound={41})
-    assert [sorted(k[0] for k in keys) for _, keys in client.dropped[1:]] == [[6]]
+    assert [(sorted(k[0] for k in keys), since) for _, keys, since in client.dropped[1:]] == \
+        [([6], 104)]
 
 
 def test_worker_of_a_single_rank_leaves_failed_loads_to_its_taint():
@@ -311,3 +319,12 @@ def test_worker_of_a_single_rank_leaves_failed_loads_to_its_taint():
     step([("a", (1, 2))])
     step([("b", (3,))], rewound={1})
     assert client.dropped == []
+
+
+def test_worker_window_covers_a_deep_pipeline():
+    from pegaflow.connector.metadata import PegaConnectorMetadata
+    worker = WorkerSide(ConnectorConfig(), namespace=5, rank=0, num_blocks=16, num_ranks=8,
+                        pipeline_stages=8)
+    for _ in range(12):
+        worker.bind(PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set()))
+    assert len(worker._recent_saves) == 10  # a batch per stage in flight, and two more
