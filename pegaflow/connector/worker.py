@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
 import numpy as np
 
@@ -24,21 +24,16 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+from pegaflow.connector.recent_saves import RecentSaves
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import LayoutError, PegaflowError
 from pegaflow.host_memory import layer_records
-from pegaflow.wire import BLOCK_ID, HASH, NO_EVENT, encode_hashes
+from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
 
 logger = logging.getLogger(__name__)
 
 LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine is alive
-
-
-# Steps whose saves a rank drops again when the scheduler reports a failed load: the step
-# that read the bad pages and the one asynchronous scheduling planned before it knew, with
-# one step of margin; a pipeline keeps one more batch in flight per stage.
-RECENT_SAVE_STEPS = 3
 
 
 class WorkerSide:
@@ -70,9 +65,7 @@ class WorkerSide:
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
-        # (SAVE request id, hash records) this rank sent in each of the last steps, oldest first.
-        self._recent_saves: deque[list[tuple[int, np.ndarray]]] = deque(
-            maxlen=max(RECENT_SAVE_STEPS, pipeline_stages + 2))
+        self._recent_saves = RecentSaves(pipeline_stages)  # dropped if another rank's load fails
         self.trace = StepTrace()
 
     # -- memory ---------------------------------------------------------------------------
@@ -133,29 +126,25 @@ class WorkerSide:
         self._taint.acknowledge(meta.rewound_block_ids)
         if meta.rewound_block_ids and self.num_ranks > 1:
             self._drop_recent_saves()
-        self._recent_saves.append([])
+        self._recent_saves.new_step()
         self._held |= meta.held_req_ids
 
     def _drop_recent_saves(self) -> None:
-        """A load failed on some rank in a recent step.  That rank keeps the saves that read
-        its bad pages to itself (``Taint``); but through tensor (or pipeline) parallelism
-        every rank's forward of those steps computed from them, so what this rank saved
-        then may be wrong too.  The engine forgets all of it (before this step's saves,
-        which recompute the rewound blocks); a lookup needs every rank's blocks, so none of
-        it was served meanwhile."""
-        sent = [save for step in self._recent_saves for save in step]
+        """A load failed on some rank in a recent step (``recent_saves``): the engine forgets
+        what this rank's SAVEs of those steps stored, before this step's saves recompute
+        the rewound blocks.  A lookup needs every rank's blocks, so such a block was served
+        meanwhile only if the failing rank held it already."""
         num_steps = len(self._recent_saves)
-        self._recent_saves.clear()
+        taken = self._recent_saves.take()
         client = self.link.client()
-        if not sent or client is None:
+        if taken is None or client is None:
             return  # saves of another connection: the engine takes DROPs of their writer only
-        # Joined as bytes: numpy's concatenate of records packs away HASH's padding.
-        hashes = np.concatenate([r.view(np.uint8).reshape(-1) for _, r in sent]).view(HASH)
+        hashes, since_request = taken
         logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the "
                        "blocks this rank stored in the last %d steps (%d sent; computed from "
                        "its pages)", self.rank, num_steps, len(hashes))
         try:  # the engine drops only what these SAVEs stored, not what they deduplicated
-            client.drop_nowait(self.namespace, hashes, min(request_id for request_id, _ in sent))
+            client.drop_nowait(self.namespace, hashes, since_request)
         except PegaflowError as exc:
             self.link.fail(exc)
 
@@ -349,8 +338,7 @@ class WorkerSide:
         self._save_cmds[request_id] = req_ids
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
-        if self._recent_saves:
-            self._recent_saves[-1].append((request_id, records))
+        self._recent_saves.sent(request_id, records)
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""
