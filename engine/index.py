@@ -61,7 +61,7 @@ class IndexCounters:
 class BlockIndex:
     pool: PagePool
     lease_ttl_s: float
-    table: PoolTable | None = None  # the pool's slot table, kept in step with the entries
+    table: PoolTable | None = None  # the pool's slot table (--keep-pool), in step with the entries
     entries: dict[Key, Entry] = field(default_factory=dict)
     leases: dict[int, Lease] = field(default_factory=dict)
     policy: LruPolicy = field(default_factory=LruPolicy)
@@ -97,7 +97,7 @@ class BlockIndex:
         recently used, so eviction takes a chain from its tail (a lookup stops at the
         first miss: a chain without its head is lost whole)."""
         touch = self.policy.touch
-        if self.table is None or not self.table.track_use:
+        if self.table is None:
             for key in reversed(keys):
                 touch(key)
             return
@@ -251,10 +251,8 @@ class BlockIndex:
                 ready.append(entry)
             elif entry.owner_slot == ORPHAN and not entry.pending_mask:
                 self._drop(key)
-        if ready and self.table is not None:
-            sizes = {entry.entry_bytes for entry in ready}  # one, for one client's save
-            for size in sizes:
-                self.table.ready([e.offset for e in ready if e.entry_bytes == size], size)
+        if ready and self.table is not None:  # one block size: reserve_many gives no other
+            self.table.ready([e.offset for e in ready], ready[0].entry_bytes)
         return len(ready)
 
     def abandon_layers(self, key: Key, mask: int) -> None:

@@ -40,21 +40,20 @@ class PoolTable:
     or a private one).  A new table starts empty; ``keep=True`` keeps the records of a table
     written for the same pool geometry (``mismatch`` says whether it was)."""
 
-    def __init__(self, buffer, pool_bytes: int, slab_bytes: int, keep: bool = False,
-                 track_use: bool = True):
-        """``track_use``: record uses (``touched``), which only a kept pool's next engine reads."""
+    def __init__(self, buffer, pool_bytes: int, slab_bytes: int, keep: bool = False):
         self.slab_bytes = slab_bytes
-        self.track_use = track_use
         self.records_per_slab = records_per_slab(pool_bytes, slab_bytes)
         num_records = (pool_bytes // slab_bytes) * self.records_per_slab
         self.header = np.frombuffer(buffer, POOL_TABLE_HEADER, 1)
         self.records = np.frombuffer(buffer, POOL_RECORD, num_records, POOL_TABLE_HEADER.itemsize)
         expected = np.array((MAGIC, POOL_TABLE_VERSION, pool_bytes, slab_bytes,
                              self.records_per_slab, num_records), POOL_TABLE_HEADER)[()]
+        self._state = self.records["state"]  # a view: one entry's state is set without fancy indexing
         if keep and self.header[0] == expected:
             self._touches = int(self.records["last_used"].max(initial=0)) + 1
             return
-        self.records[:] = np.zeros(1, POOL_RECORD)
+        if int(self.header[0]["magic"]):  # a fresh segment or buffer is all zeros already
+            self.records[:] = np.zeros(1, POOL_RECORD)
         self.header[0] = expected
         self._touches = 1
 
@@ -107,7 +106,9 @@ class PoolTable:
             self.records["state"][self._where(offsets, entry_bytes)] = EntryState.READY
 
     def free(self, offset: int, entry_bytes: int) -> None:
-        self.records["state"][self._where([offset], entry_bytes)] = EntryState.FREE
+        """One entry, on every eviction: plain integer arithmetic."""
+        slab, within = divmod(offset, self.slab_bytes)
+        self._state[slab * self.records_per_slab + within // entry_bytes] = EntryState.FREE
 
 
     def ready_places(self) -> dict[tuple[int, bytes], tuple[int, int, int]]:

@@ -113,6 +113,7 @@ class EngineSegments:
         self._semaphores: list[str] = []
         self.pool: shm.Segment | None = None
         self.is_pool_kept = False  # the pool and its table are an earlier engine's, kept
+        self.pool_table: shm.Segment | None = None  # with --keep-pool only
         self.has_started = False   # set by the server once it serves: only then is a new pool kept
         self._name_lock = _claim_name(config.name)
         self.control = self._create_control()
@@ -163,7 +164,8 @@ class EngineSegments:
     def _create_rest(self) -> None:
         cfg = self.config
         ring_bytes = ring_segment_bytes(cfg.ring_slots, cfg.arena_bytes)
-        table_size = table_bytes(cfg.usable_pool_bytes, cfg.slab_bytes)
+        # The pool's slot table is for a pool kept for the next engine (--keep-pool) only.
+        table_size = table_bytes(cfg.usable_pool_bytes, cfg.slab_bytes) if cfg.keep_pool else 0
         kept = self._kept_pool(cfg.usable_pool_bytes, table_size)
         if kept:
             self.pool, self.pool_table = kept
@@ -175,7 +177,7 @@ class EngineSegments:
         self.stats = self._segment("stats", STATS.itemsize)
         if not kept:
             self.pool = self._segment("pool", cfg.usable_pool_bytes)
-            self.pool_table = self._segment("pool.table", table_size)
+            self.pool_table = self._segment("pool.table", table_size) if table_size else None
         self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
                                       cfg.arena_bytes) for i in range(cfg.num_slots)]
         for view in self.rings:

@@ -52,10 +52,13 @@ class EngineServer:
         self.config = config
         self.segments = EngineSegments(config)
         try:  # a failed start leaves nothing behind in /dev/shm
-            table = PoolTable(self.segments.pool_table.array(np.uint8, self.segments.pool_table.size),
-                              config.usable_pool_bytes, config.slab_bytes,
-                              keep=self.segments.is_pool_kept, track_use=config.keep_pool)
-            pool = PagePool(config.usable_pool_bytes, config.slab_bytes, table.records_per_slab)
+            table = None  # only a kept pool needs its table (and a slab's entries capped by it)
+            if config.keep_pool:
+                segment = self.segments.pool_table
+                table = PoolTable(segment.array(np.uint8, segment.size), config.usable_pool_bytes,
+                                  config.slab_bytes, keep=self.segments.is_pool_kept)
+            pool = PagePool(config.usable_pool_bytes, config.slab_bytes,
+                            table.records_per_slab if table else None)
             self.backend = backend or make_backend(config.backend, config.copy_backend)
             self.backend.attach_pool(self.segments.pool)
             self.index = BlockIndex(pool, config.lease_ttl_s, table)

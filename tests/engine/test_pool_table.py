@@ -104,8 +104,9 @@ def test_pool_table_header_and_size():
     assert table_bytes(64 << 30, 64 << 20) <= (64 << 30) // 56  # under 1/56 of the pool
 
 
-def test_engine_pool_table_finds_saved_blocks_without_the_engine(engine, kv_client, rng):
-    # 1. A real engine stores 5 blocks of random bytes.
+def test_engine_pool_table_finds_saved_blocks_without_the_engine(engine_factory, kv_client, rng):
+    # 1. A real engine (keeping its pool, so it keeps a table) stores 5 blocks of random bytes.
+    engine = engine_factory(extra=("--keep-pool",))
     client = kv_client(engine)
     ids, hashes = [3, 9, 17, 40, 63], random_hashes(rng, 5)
     saved = client.fill(rng, ids)
@@ -128,6 +129,9 @@ def test_engine_pool_table_finds_saved_blocks_without_the_engine(engine, kv_clie
     finally:
         table_segment.close()
         pool_segment.close()
+    # 4. (teardown) an engine that does not keep pools removes the kept one.
+    assert engine.stop() == 0
+    engine_factory(engine.name)
 
 
 def test_pool_table_kept_ready_entries_are_taken_in_and_nothing_else():
