@@ -33,6 +33,7 @@ class EngineLink:
         self.on_connect = on_connect
         self.num_failures = 0
         self.is_down = False
+        self._is_refused = False  # the outage is a refusal of our setup
         self._client: EngineClient | None = None
         self._next_try = 0.0
 
@@ -52,10 +53,7 @@ class EngineLink:
         except PegaflowError as exc:
             if client is not None:
                 client.close(timeout_s=DETACH_TIMEOUT_S)  # e.g. REGISTER refused: free the slot
-            if isinstance(exc, CommandError) and exc.status in REFUSALS:
-                self._mark_refused(exc)
-            else:
-                self._mark_down(exc)
+            self._mark_down(exc, is_refused=isinstance(exc, CommandError) and exc.status in REFUSALS)
             return None
         if self.is_down or self.num_failures:
             logger.warning("%s: engine %r is reachable again; cache in use", self.who, self.engine_name)
@@ -79,26 +77,26 @@ class EngineLink:
             self._client = None
         self._next_try = time.monotonic() + self.reconnect_interval_s
 
-    def _mark_down(self, exc: Exception) -> None:
+    def _mark_down(self, exc: Exception, is_refused: bool = False) -> None:
+        """Logged once per kind of outage.  A refusal (the engine is there and answered, but
+        refused what we registered) is an ERROR and is tried again rarely: an engine
+        restarted with another config accepts."""
         self.num_failures += 1
-        if not self.is_down:
-            logger.warning("%s: engine %r unreachable (%s: %s); serving without the cache "
-                           "(lookups miss, saves are dropped, loads recompute) and retrying every %.0fs",
-                           self.who, self.engine_name, type(exc).__name__, exc, self.reconnect_interval_s)
-        self.is_down = True
-
-    def _mark_refused(self, exc: CommandError) -> None:
-        """The engine is there and answered, but refused what we registered: say so once,
-        loudly, and try again rarely (an engine restarted with another config accepts)."""
-        self.num_failures += 1
-        if not self.is_down:
-            logger.error("%s: engine %r refused this process (%s); the engine's log says why "
-                         "(e.g. a KV block larger than its --slab-size, or GPU memory offered to "
-                         "a --backend host engine); serving without the cache, trying again "
-                         "every %.0fs", self.who, self.engine_name, exc,
-                         max(self.reconnect_interval_s, REFUSED_RETRY_S))
-        self.is_down = True
-        self._next_try = time.monotonic() + max(self.reconnect_interval_s, REFUSED_RETRY_S)
+        if not self.is_down or is_refused != self._is_refused:
+            if is_refused:
+                logger.error("%s: engine %r refused this process (%s); the engine's log says why "
+                             "(e.g. a KV block larger than its --slab-size, or GPU memory offered "
+                             "to a --backend host engine); serving without the cache, trying again "
+                             "every %.0fs", self.who, self.engine_name, exc,
+                             max(self.reconnect_interval_s, REFUSED_RETRY_S))
+            else:
+                logger.warning("%s: engine %r unreachable (%s: %s); serving without the cache "
+                               "(lookups miss, saves are dropped, loads recompute) and retrying "
+                               "every %.0fs", self.who, self.engine_name, type(exc).__name__, exc,
+                               self.reconnect_interval_s)
+        self.is_down, self._is_refused = True, is_refused
+        if is_refused:
+            self._next_try = time.monotonic() + max(self.reconnect_interval_s, REFUSED_RETRY_S)
 
     def close(self) -> None:
         if self._client is not None:

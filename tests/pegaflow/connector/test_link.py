@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from pegaflow.connector.link import REFUSED_RETRY_S, EngineLink
 from pegaflow.wire import Opcode
@@ -23,7 +24,8 @@ def test_link_refused_setup_is_logged_once_as_an_error_and_retried_rarely(engine
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "refused" in errors[0].getMessage()
     assert "REGISTER" in errors[0].getMessage() and "unreachable" not in caplog.text
-    # 3. A retry interval of 10 ms is stretched: no new attempt right away.
+    # 3. A retry interval of 10 ms is stretched: no new attempt well past it.
+    time.sleep(0.05)
     assert REFUSED_RETRY_S >= 60 and link.client() is None and len(attempts) == 1
     # 4. The engine says why, at WARNING, in its own log.
     engine.wait_stats(lambda s: s["errors"] >= 1)
@@ -44,4 +46,23 @@ def test_link_engine_stopping_during_setup_is_down_not_refused(engine, caplog):
     link = EngineLink(engine.name, 0.01, "test worker", on_connect=stopping)
     assert link.client() is None
     assert "unreachable" in caplog.text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    link.close()
+
+
+def test_link_refusal_after_an_outage_is_still_reported(engine, caplog):
+    # 1. The engine is first unreachable (a passing outage: one warning)...
+    from pegaflow.errors import CommandError, EngineNotRunningError
+    from pegaflow.wire import Status
+    answers = [EngineNotRunningError("not yet"), CommandError(Status.BAD_ARGUMENT, "REGISTER: no")]
+
+    def setup(client):
+        raise answers.pop(0)
+
+    caplog.set_level(logging.WARNING, logger="pegaflow.connector.link")
+    link = EngineLink(engine.name, 0.01, "test worker", on_connect=setup)
+    assert link.client() is None and "unreachable" in caplog.text
+    # 2. ...then it answers with a refusal: that is still said, as an ERROR.
+    time.sleep(0.02)
+    assert link.client() is None
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][0].count("refused") == 1
     link.close()
