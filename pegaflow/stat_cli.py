@@ -18,7 +18,8 @@ import time
 from pegaflow import shm
 from pegaflow.errors import EngineDeadError, EngineNotRunningError, ShmError
 from pegaflow.shm import is_pid_alive
-from pegaflow.wire import (CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER, STATS,
+from pegaflow.wire import (CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER,
+                           POOL_TABLE_VERSION, STATS,
                            STATS_COUNTER_NAMES, EntryState, Opcode, Status)
 
 _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
@@ -75,11 +76,13 @@ def kept_pool_blocks(name: str) -> int | None:
     left no pool table."""
     try:
         table = shm.attach_segment(shm.ipc_name(name, "pool.table"), readonly=True)
-    except EngineNotRunningError:
+    except (EngineNotRunningError, ShmError):  # none, or not ours to read: nothing to say
         return None
     try:
         header = table.array(POOL_TABLE_HEADER, 1)[0]
-        if int(header["magic"]) != MAGIC:
+        if int(header["magic"]) != MAGIC or int(header["version"]) != POOL_TABLE_VERSION:
+            return None  # not a table this version writes (the next engine removes it)
+        if POOL_TABLE_HEADER.itemsize + int(header["num_records"]) * POOL_RECORD.itemsize > table.size:
             return None
         records = table.array(POOL_RECORD, int(header["num_records"]), POOL_TABLE_HEADER.itemsize)
         count = int((records["state"] == EntryState.READY).sum())
