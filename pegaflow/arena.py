@@ -51,7 +51,9 @@ class PayloadArena:
         return start % self.num_bytes
 
     def alloc(self, num_bytes: int, timeout_s: float) -> int:
-        offset = poll_until(lambda: self.try_alloc(num_bytes), timeout_s)
+        offset = self.try_alloc(num_bytes)  # the usual case, without building a retry
+        if offset is None:
+            offset = poll_until(lambda: self.try_alloc(num_bytes), timeout_s)
         if offset is None:
             raise RingFullError(f"payload arena full for {timeout_s:.3f}s")
         return offset
