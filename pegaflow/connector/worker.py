@@ -65,7 +65,8 @@ class WorkerSide:
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
-        self._recent_saves = RecentSaves(pipeline_stages)  # dropped if another rank's load fails
+        # Dropped again if another rank's load fails; a single rank has no other rank.
+        self._recent_saves = RecentSaves(pipeline_stages) if num_ranks > 1 else None
         self.trace = StepTrace()
 
     # -- memory ---------------------------------------------------------------------------
@@ -124,9 +125,10 @@ class WorkerSide:
         self._saved_layers = set()
         self._is_save_sent = False
         self._taint.acknowledge(meta.rewound_block_ids)
-        if meta.rewound_block_ids and self.num_ranks > 1:
-            self._drop_recent_saves()
-        self._recent_saves.new_step()
+        if self._recent_saves is not None:
+            if meta.rewound_block_ids:
+                self._drop_recent_saves()
+            self._recent_saves.new_step()
         self._held |= meta.held_req_ids
 
     def _drop_recent_saves(self) -> None:
@@ -136,9 +138,9 @@ class WorkerSide:
         meanwhile only if the failing rank held it already."""
         num_steps = len(self._recent_saves)
         taken = self._recent_saves.take()
-        client = self.link.client()
+        client = self.link.current()  # never a new connection: the engine takes DROPs of the writer only
         if taken is None or client is None:
-            return  # saves of another connection: the engine takes DROPs of their writer only
+            return
         hashes, since_request = taken
         logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the "
                        "blocks this rank stored in the last %d steps (%d sent; computed from "
@@ -338,7 +340,8 @@ class WorkerSide:
         self._save_cmds[request_id] = req_ids
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
-        self._recent_saves.sent(request_id, records)
+        if self._recent_saves is not None:
+            self._recent_saves.sent(request_id, records)
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""

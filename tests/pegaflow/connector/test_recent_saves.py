@@ -24,6 +24,8 @@ def test_recent_saves_keeps_the_last_steps_and_joins_their_records_whole():
 def test_recent_saves_window_grows_with_pipeline_stages_and_ignores_saves_before_a_step():
     saves = RecentSaves(pipeline_stages=6)
     saves.sent(1, encode_hashes([b"x" * 32]))  # before any step: nothing to attach it to
+    saves.new_step()
+    assert saves.take() is None
     for _ in range(20):
         saves.new_step()
     assert len(saves) == 8 > RECENT_SAVE_STEPS and saves.take() is None
