@@ -153,7 +153,7 @@ class Transfers:
         entries = self.index.reserve_many(keys, client.entry_bytes, client.num_layers, client.slot,
                                           (client.uid, pending.request_id))
         for block_id, key, entry in zip(ids, keys, entries):
-            if entry is None:
+            if entry is None or entry.is_doomed:  # pool full, or a dropped block still in use
                 pending.num_dropped += 1
             elif not mask & ~(entry.done_mask | entry.pending_mask) or mask & entry.pending_mask:
                 # Stored, or on its way from another save.  A save that shares a layer with

@@ -40,7 +40,11 @@ def test_drop_of_a_leased_block_hides_it_now_and_frees_it_at_release(engine, kv_
     # 2. Never served again, though still pinned...
     assert kv.num_hits(3, hashes) == 0
     engine.wait_stats(lambda s: s["pool_blocks_used"] == 2)
-    # 3. ...and gone once the lease ends; saving them again stores them afresh.
+    # 3. A save of them meanwhile stores nothing, and says so (dropped, not deduplicated)...
+    kv.fill(rng, [5, 6])
+    answer = kv.save(3, [5, 6], hashes)
+    assert (answer.value2, answer.value3) == (0, 2)
+    # 4. ...and they are gone once the lease ends; saving them again stores them afresh.
     assert kv.release(lease.lease_id).is_ok
     engine.wait_stats(lambda s: s["pool_blocks_used"] == 0)
     kv.fill(rng, [5, 6])
