@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -58,7 +59,10 @@ def test_stat_cli_serves_metrics_over_http(engine):
                              "--serve-metrics", "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
+        watchdog = threading.Timer(30, proc.kill)  # a child that never prints fails, not hangs
+        watchdog.start()
         line = proc.stdout.readline()
+        watchdog.cancel()
         assert "/metrics" in line, proc.stderr.read() if proc.poll() is not None else line
         url = line.split(" at ", 1)[1].strip()
         # 2. A scrape returns the engine's metrics.

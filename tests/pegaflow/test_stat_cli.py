@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,10 @@ def test_stat_cli_live_view_into_a_closed_pipe_exits_quietly(engine):
     proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stat_cli", "--name", engine.name,
                              "--interval", "0.05"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    watchdog = threading.Timer(30, proc.kill)  # a child that never prints fails, not hangs
+    watchdog.start()
     assert proc.stdout.readline()
+    watchdog.cancel()
     proc.stdout.close()
     # 2. Its next line meets the closed pipe: exit 0, no traceback.
     _, stderr = proc.communicate(timeout=30)

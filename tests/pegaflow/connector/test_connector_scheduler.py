@@ -58,6 +58,15 @@ def _assert_loaded_bytes(vllm: VllmInstance, load) -> None:
                 f"block {block_id} layer {layer} differs from what was saved"
 
 
+
+def _wait_matched(connector, request, timeout_s: float = 10.0):
+    """Ask again until the lookup's answer is in (vLLM would ask again next step)."""
+    deadline = time.monotonic() + timeout_s
+    while (hit := connector.get_num_new_matched_tokens(request, 0))[0] is None:
+        assert time.monotonic() < deadline, "the lookup's answer never came"
+        time.sleep(0.001)
+    return hit
+
 def test_connector_first_request_saves_full_blocks(engine):
     # 1. One vLLM computes a 87-token prompt and two output tokens.
     _warm(engine.name, PROMPT)
@@ -156,8 +165,7 @@ def test_connector_abort_after_lookup_releases_lease(engine):
     try:
         second.add(make_request("abort-me", PROMPT))
         request = second.requests["abort-me"]
-        while second.scheduler.connector.get_num_new_matched_tokens(request, 0)[0] is None:
-            time.sleep(0.001)  # the answer is on its way: vLLM would ask again next step
+        _wait_matched(second.scheduler.connector, request)
         assert read_stats(engine.name)["leases_active"] == 1
         from vllm.v1.request import RequestStatus
         second.scheduler.finish_requests(["abort-me"], RequestStatus.FINISHED_ABORTED)
@@ -194,8 +202,7 @@ def test_connector_engine_killed_gives_load_errors_and_misses(engine):
         request = make_request("r", PROMPT)
         second.add(request)
         connector = second.scheduler.connector
-        while connector.get_num_new_matched_tokens(request, 0)[0] is None:
-            time.sleep(0.001)
+        _wait_matched(connector, request)
         engine.proc.send_signal(signal.SIGKILL)
         engine.proc.wait(10)
         # 3. The planned blocks are reported as load errors (vLLM recomputes them)...
@@ -270,8 +277,7 @@ def test_connector_failed_load_never_poisons_the_pool():
             request = make_request("x", PROMPT)
             second.add(request)
             connector = second.scheduler.connector
-            while connector.get_num_new_matched_tokens(request, 0)[0] is None:
-                time.sleep(0.001)
+            _wait_matched(connector, request)
             time.sleep(2.5)
             filler_client = EngineClient.connect(tiny.name)
             filler = HostKVBuffer(NUM_LAYERS * 64 * PAGE_ELEMS * 2, "filler")
