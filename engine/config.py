@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from engine.copy.base import PATHS as COPY_PATHS
+from pegaflow.connector.config import as_bool
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
 
@@ -94,11 +95,7 @@ def _env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(f"PEGAFLOW_{name}")
     if raw is None:
         return default
-    if raw.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.strip().lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"PEGAFLOW_{name}={raw!r}: expected 1 or 0")
+    return bool(raw.strip()) and as_bool(f"PEGAFLOW_{name}", raw)  # set but empty: off
 
 
 def build_parser() -> argparse.ArgumentParser:

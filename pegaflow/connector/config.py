@@ -33,7 +33,8 @@ _ENV = {
 LOAD_MODES = ("layerwise", "async")
 
 
-def _as_bool(key: str, value: Any) -> bool:
+def as_bool(key: str, value: Any) -> bool:
+    """``value`` as a flag: a bool, or 1/0, true/false, yes/no, on/off in any case."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -84,7 +85,7 @@ class ConnectorConfig:
                 continue
             default = spec.default
             try:
-                values[name] = (_as_bool(name, raw) if isinstance(default, bool)
+                values[name] = (as_bool(name, raw) if isinstance(default, bool)
                                 else type(default)(raw))
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"{name}={raw!r}: {exc}") from exc
