@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
 sys.path.insert(0, str(ROOT))
 
 
@@ -153,8 +154,11 @@ def _spawn(args, phase: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, __file__, "--phase", phase, "--phase-out", out] + _passthrough(args)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr)  # stdout carries only our JSON
-    return json.loads(Path(out).read_text())
+    try:  # stdout carries only our JSON; a phase that hangs fails the bench
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S)
+        return json.loads(Path(out).read_text())
+    finally:
+        Path(out).unlink(missing_ok=True)
 
 
 def _passthrough(args) -> list[str]:
