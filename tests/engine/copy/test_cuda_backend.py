@@ -283,12 +283,24 @@ def test_cuda_backend_attach_pool_leaves_its_bytes_unchanged(pool, monkeypatch):
     through many chunks on both streams and a short last one."""
     monkeypatch.setattr(cuda_device, "_DMA_CHUNK", 40 << 10)
     assert pool.size % (40 << 10) and pool.size // (40 << 10) > 2
+    copies, memcpy_async = [], cuda_device.driver.memcpy_async
+
+    def recorded(dst, src, num_bytes, stream):
+        copies.append((dst, num_bytes))
+        memcpy_async(dst, src, num_bytes, stream)
+
+    monkeypatch.setattr(cuda_device.driver, "memcpy_async", recorded)
     before = np.random.default_rng(3).integers(0, 256, pool.size, dtype=np.uint8)
     pool.array(np.uint8, pool.size)[:] = before
     backend = CudaBackend(copy_backend="copy-engine")
     try:
         backend.attach_pool(pool)
         assert np.array_equal(pool.array(np.uint8, pool.size), before)
+        # Every pool byte was written by DMA exactly once (writes are the copies into it).
+        base = backend._devices[0].pool_base
+        writes = sorted((dst, n) for dst, n in copies if base <= dst < base + pool.size)
+        assert [dst for dst, _ in writes] == list(np.cumsum([base] + [n for _, n in writes[:-1]]))
+        assert sum(n for _, n in writes) == pool.size
     finally:
         backend.close()
 
