@@ -36,6 +36,7 @@ class EngineConfig:
     slab_bytes: int = 64 << 20
     backend: str = "auto"
     copy_backend: str = "auto"
+    device_staging_bytes: int = 256 << 20
     log_level: str = "INFO"
     num_slots: int = 64
     ring_slots: int = 1024
@@ -55,6 +56,8 @@ class EngineConfig:
             raise ConfigError(f"--slab-size {self.slab_bytes} exceeds --pool-size {self.pool_bytes}")
         if self.backend not in ("auto", "cuda", "host"):
             raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
+        if self.device_staging_bytes < 0:
+            raise ConfigError(f"--device-staging {self.device_staging_bytes}: must not be negative")
         if self.copy_backend not in COPY_PATHS:
             raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose {', '.join(COPY_PATHS)}")
         if not 1 <= self.num_slots <= MAX_SLOTS:
@@ -114,7 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: cuda when a GPU is present, else host (default %(default)s)")
     p.add_argument("--copy-backend", choices=COPY_PATHS,
                    default=_env("COPY_BACKEND", d.copy_backend),
-                   help="cuda copy path; auto picks by page size (default %(default)s)")
+                   help="cuda copy path: kernel (SMs read and write the pool over PCIe), "
+                        "copy-engine (one DMA per page), staged (pages packed in device "
+                        "memory, one DMA per run of pool entries); auto stages what it can "
+                        "and picks between the others by a measurement per page size "
+                        "(default %(default)s)")
+    p.add_argument("--device-staging", default=_env("DEVICE_STAGING", "256MiB"),
+                   help="GPU memory the staged path takes on each GPU the engine serves "
+                        "(two slots each way); 0 turns it off (env PEGAFLOW_DEVICE_STAGING; "
+                        "default %(default)s)")
     p.add_argument("--max-clients", type=int, default=_env_number("MAX_CLIENTS", d.num_slots, int),
                    help="client slots (one per vLLM scheduler or worker; default %(default)s)")
     p.add_argument("--ring-slots", type=int, default=d.ring_slots, help="commands per ring (default %(default)s)")
@@ -143,7 +154,8 @@ def config_from_args(argv: list[str] | None = None) -> EngineConfig:
     return EngineConfig(
         name=args.name, pool_bytes=pool_bytes,
         slab_bytes=min(parse_size(args.slab_size), pool_bytes),
-        backend=args.backend, copy_backend=args.copy_backend, log_level=args.log_level.upper(),
+        backend=args.backend, copy_backend=args.copy_backend,
+        device_staging_bytes=parse_size(args.device_staging), log_level=args.log_level.upper(),
         num_slots=args.max_clients, ring_slots=args.ring_slots,
         arena_bytes=parse_size(args.arena_size), lease_ttl_s=args.lease_ttl,
         idle_spin_s=args.idle_spin_ms / 1e3, keep_pool=args.keep_pool)

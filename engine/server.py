@@ -59,7 +59,8 @@ class EngineServer:
                                   config.slab_bytes, keep=self.segments.is_pool_kept)
             pool = PagePool(config.usable_pool_bytes, config.slab_bytes,
                             table.records_per_slab if table else None)
-            self.backend = backend or make_backend(config.backend, config.copy_backend)
+            self.backend = backend or make_backend(config.backend, config.copy_backend,
+                                                      config.device_staging_bytes)
             self.backend.attach_pool(self.segments.pool)
             self.index = BlockIndex(pool, config.lease_ttl_s, table)
             if self.segments.is_pool_kept:

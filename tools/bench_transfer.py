@@ -47,7 +47,7 @@ TOKEN_BYTES = KV_HEADS * 2 * HEAD * DTYPE_BYTES  # K and V of one token in one l
 CAPACITY_TOKENS = 40960
 CEILING_BYTES = 4 << 30
 HEADLINE_TOKENS, HEADLINE_BLOCK = 10_000, 16
-PATHS = ("kernel", "copy-engine", "auto")
+PATHS = ("kernel", "copy-engine", "staged", "auto")
 TIMEOUT_S = 120.0
 
 

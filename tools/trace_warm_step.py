@@ -1,7 +1,7 @@
 """Where a warm step's time goes: one in-process vLLM with pegaflow, cold then warm, with
 the worker's step timeline (``pegaflow.connector.trace``) and the engine's LOAD timing on.
 
-    python tools/trace_warm_step.py [--load-mode layerwise|async] [--copy-backend auto|kernel|copy-engine]
+    python tools/trace_warm_step.py [--load-mode layerwise|async] [--copy-backend auto|kernel|copy-engine|staged]
                                     [--no-async-scheduling]
 
 Prints, per request, the wall time and vLLM's scheduled -> first token (with both
@@ -30,7 +30,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--load-mode", default="layerwise", choices=["layerwise", "async"])
-    p.add_argument("--copy-backend", default="auto", choices=["auto", "kernel", "copy-engine"])
+    p.add_argument("--copy-backend", default="auto", choices=["auto", "kernel", "copy-engine", "staged"])
     p.add_argument("--num-prompts", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=10000)
     p.add_argument("--no-async-scheduling", action="store_true")

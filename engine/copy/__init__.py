@@ -24,12 +24,16 @@ def detect_cuda() -> bool:
     return err == driver.CUresult.CUDA_SUCCESS and count > 0
 
 
-def make_backend(kind: str, copy_backend: str = "auto") -> CopyBackend:
-    """``kind``: auto | cuda | host; auto means cuda when a GPU is present."""
+def make_backend(kind: str, copy_backend: str = "auto",
+                 device_staging_bytes: int | None = None) -> CopyBackend:
+    """``kind``: auto | cuda | host; auto means cuda when a GPU is present.
+    ``device_staging_bytes``: the cuda backend's staged path (None: its default)."""
     if kind == "auto":
         kind = "cuda" if detect_cuda() else "host"
     if kind == "cuda":
         from engine.copy.cuda import CudaBackend
-        return CudaBackend(copy_backend=copy_backend)
+        if device_staging_bytes is None:
+            return CudaBackend(copy_backend=copy_backend)
+        return CudaBackend(copy_backend=copy_backend, device_staging_bytes=device_staging_bytes)
     from engine.copy.host import HostBackend
     return HostBackend()

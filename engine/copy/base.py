@@ -25,8 +25,9 @@ import numpy as np
 
 KERNEL = "kernel"            # a gather/scatter kernel per layer (SMs)
 COPY_ENGINE = "copy-engine"  # cuMemcpyBatchAsync per layer (DMA, no SMs)
-AUTO = "auto"                # chosen per page size and direction by a measurement
-PATHS = (AUTO, KERNEL, COPY_ENGINE)
+STAGED = "staged"            # packed in device memory, then one DMA per run of entries
+AUTO = "auto"                # staged where it can be, else chosen per page size by a measurement
+PATHS = (AUTO, KERNEL, COPY_ENGINE, STAGED)
 
 
 class Direction(enum.IntEnum):

@@ -26,8 +26,14 @@ engine's ``dma_layers_in_flight`` (no SMs; saves are not waited on layer by laye
 Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
 (``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
 Both take an op's pages in pool address order (on the H200, the copy engine wrote 64 KiB
-pages to host memory at 53.7 GB/s in address order, 48.5 in random order).
-``auto``: at the first registration of a page size, both paths copy up to 64 MiB of
+pages to host memory at 53.7 GB/s in address order, 48.5 in random order).  ``staged``
+(``staged.py``): the kernel packs the pages into pool layout in a device slot, then one
+DMA per run of consecutive pool entries, on the device's staging streams (its own pair per
+direction, not the layer streams: nothing waits on a staged op layer by layer); an op it
+cannot take (one layer, a fenced load, an entry larger than a slot) goes by the copy
+engine, or under ``auto`` as below.  ``auto``: staged wherever it can be; for other ops,
+at the first registration
+of a page size, the kernel and the copy engine copy up to 64 MiB of
 pool pages each way (read into device scratch, the same bytes written back).  Loads
 wait on the critical path: the copy engine is chosen where it reaches 97 % of the
 kernel's rate.  Saves overlap vLLM's compute, whose SMs the kernel would take (on the
@@ -51,7 +57,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.copy.base import AUTO, COPY_ENGINE, KERNEL, PATHS, CopyBackend, CopyDone, CopyOp, Direction
+from engine.copy import staged
+from engine.copy.base import (AUTO, COPY_ENGINE, KERNEL, PATHS, STAGED, CopyBackend, CopyDone,
+                              CopyOp, Direction)
 from engine.copy.checks import Region, check_op
 from engine.copy.cuda_device import MAPPINGS, Device, dma_write_once, prefault
 from engine.copy.kernels import StagingRing, is_aligned
@@ -63,6 +71,7 @@ from pegaflow.wire import RegionKind, Status
 logger = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 2.0  # after the server's own drain
+DEVICE_STAGING_BYTES = 256 << 20  # per device: two 64 MiB slots each way (staged.py)
 PROBE_DRAIN_S = 0.1  # copies in flight before auto's measurement (a REGISTER waits for it)
 _COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
@@ -83,18 +92,22 @@ class CudaBackend(CopyBackend):
 
     def __init__(self, copy_backend: str = AUTO, num_ctas: int = 16, layers_in_flight: int = 2,
                  dma_layers_in_flight: int = 4, staging_words: int = 1 << 20, device: int = 0,
-                 touch_threads: int | None = None) -> None:
+                 touch_threads: int | None = None,
+                 device_staging_bytes: int = DEVICE_STAGING_BYTES) -> None:
         if copy_backend not in PATHS:
             raise ConfigError(f"copy backend {copy_backend!r}: use one of {', '.join(PATHS)}")
         if num_ctas < 1 or layers_in_flight < 1 or dma_layers_in_flight < 1:
             raise ConfigError("num_ctas, layers_in_flight and dma_layers_in_flight must be at "
                               "least 1")
+        if device_staging_bytes < 0:
+            raise ConfigError(f"device staging of {device_staging_bytes} bytes: must be >= 0")
         driver.init()
         self.copy_backend = copy_backend
         self.num_ctas = num_ctas
         self.layers_in_flight = layers_in_flight
         self.dma_layers_in_flight = dma_layers_in_flight
         self.touch_threads = touch_threads or min(16, os.cpu_count() or 1)
+        self.device_staging_bytes = device_staging_bytes
         self._devices: dict[int, Device] = {}
         self._default_device = device
         self._pool: tuple[int, int] | None = None  # (host address, size)
@@ -111,6 +124,12 @@ class CudaBackend(CopyBackend):
         dev = self._devices.get(device)
         if dev is None:
             dev = self._devices[device] = Device(device, self.num_ctas)
+            if self.device_staging_bytes and self.copy_backend in (AUTO, STAGED):
+                try:
+                    dev.staging = staged.DeviceStaging(self.device_staging_bytes)
+                except CudaError as exc:
+                    logger.warning("device %d: no device staging (%s); copies take the other "
+                                   "paths", device, exc)
             if self._pool is not None:
                 dev.pool_base = driver.host_device_pointer(self._pool[0])
         driver.use_device(device)
@@ -268,8 +287,14 @@ class CudaBackend(CopyBackend):
         dev = self._device(regions[0].device)
         op = op.in_pool_order()
         path = self._path(dev, op, regions)
-        staging = self._stage(op) if path == KERNEL else None
-        if path == KERNEL and staging is None:
+        staging = None
+        if path == KERNEL:
+            staging = self._stage(op)
+        elif path == STAGED:
+            per_slot = dev.staging.slot_bytes // staged.run_bytes(op)
+            staging = self._stage(op, np.arange(min(per_slot, len(op.block_ids)), dtype=np.int64)
+                                  * staged.run_bytes(op))
+        if path in (KERNEL, STAGED) and staging is None:
             path = COPY_ENGINE  # staging ring full: DMA needs none
         inflight = _Inflight(op.token, op.slot, dev.device, staging)
         try:
@@ -283,6 +308,11 @@ class CudaBackend(CopyBackend):
                f: _Inflight) -> None:
         events = self._open_events(op.slot, dev.device)
         driver.use_device(dev.device)
+        if path == STAGED:
+            ids = self._staging.address(f.staging[0])
+            staged.issue(dev.staging, dev.kernel, op, regions, dev.pool_base, ids,
+                         ids + 8 * len(op.block_ids), events, dev.event, f)
+            return
         to_pool = op.direction == Direction.SAVE
         depth = self.dma_layers_in_flight if to_pool and path == COPY_ENGINE else \
             self.layers_in_flight
@@ -326,13 +356,16 @@ class CudaBackend(CopyBackend):
         dst, src = (pool, client) if to_pool else (client, pool)
         driver.memcpy_batch_async(dst, src, op.page_bytes, stream)
 
-    def _stage(self, op: CopyOp) -> list | None:
+    def _stage(self, op: CopyOp, offsets: np.ndarray | None = None) -> list | None:
+        """A slice of the staging ring holding the op's block ids, then ``offsets`` (by
+        default its entry offsets), for the kernel to read; None if the ring is full."""
         n = len(op.block_ids)
-        entry = self._staging.try_alloc(2 * n)
+        offsets = op.entry_offsets if offsets is None else offsets
+        entry = self._staging.try_alloc(n + len(offsets))
         if entry is not None:
             start = entry[0]
             self._staging.words[start:start + n] = op.block_ids
-            self._staging.words[start + n:start + 2 * n] = op.entry_offsets
+            self._staging.words[start + n:start + n + len(offsets)] = offsets
         return entry
 
     def _drain(self, f: _Inflight) -> None:
@@ -350,6 +383,8 @@ class CudaBackend(CopyBackend):
         for path, chain in dev.save_chains.items():
             if chain:
                 dev.save_chains[path] = [e for e in chain if id(e) not in recycled]
+        if dev.staging is not None:
+            dev.staging.forget(recycled)
         dev.idle_events.extend(f.events)
         f.events = []
         if f.staging is not None:
@@ -363,6 +398,11 @@ class CudaBackend(CopyBackend):
 
     def _path(self, dev: Device, op: CopyOp, regions: list[Region]) -> str:
         path = self.copy_backend
+        if path in (AUTO, STAGED) and dev.staging is not None and \
+                staged.can_stage(op, dev.staging.slot_bytes) and self._is_aligned(dev, op, regions):
+            return STAGED
+        if path == STAGED:
+            return COPY_ENGINE  # the op cannot be staged: DMA page by page
         if path == AUTO and op.record_events is not None:
             path = KERNEL  # issued in one launch per layer: the client's wait starts sooner
         if path == AUTO:

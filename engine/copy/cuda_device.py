@@ -56,6 +56,7 @@ class Device:
         self.paths: dict[tuple[int, Direction], str] = {}
         self.unmeasured: set[int] = set()  # page sizes whose measurement waits for a quiet moment
         self.pool_base = 0
+        self.staging = None  # a staged.DeviceStaging, when the staged path is on
 
     def stream(self, layer: int, direction: Direction):
         stream = self.streams.get((layer, direction))
@@ -72,6 +73,9 @@ class Device:
             driver.destroy_stream(stream)
         for event in self.idle_events:
             driver.destroy_event(event)
+        if self.staging is not None:
+            self.staging.close()
+            self.staging = None
         self.kernel.close()
 
 

@@ -6,6 +6,10 @@ pinned, mapped pool, reading or writing host memory directly over PCIe::
     client page k = client_base + block_ids[k] * client_stride
     pool page k   = pool_base + entry_offsets[k]          (pool_base includes l * page_bytes)
 
+or, for the staged path (``staged.py``), the pages of ``num_layers`` layers between client
+memory and a device staging slot, layer j's addresses stepping by ``j * client_layer_stride``
+and ``j * pool_layer_stride``.
+
 ``block_ids`` and ``entry_offsets`` are int64 arrays in a mapped pinned staging ring that
 every layer of the op shares; each CTA loads the ids of up to 512 of its pages into
 shared memory with one PCIe round trip.  The grid is persistent and small so decode
@@ -40,8 +44,12 @@ struct CopyArgs {
   long long client_stride;
   unsigned long long pool_base;
   long long page_bytes;
+  long long client_layer_stride;
+  long long pool_layer_stride;
   int num_pages;
+  int num_layers;
   int to_pool;
+  int unused;
 };
 
 #define THREADS 512
@@ -68,15 +76,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) pegaflow_copy_pages(const 
   __shared__ long long s_client[THREADS];
   __shared__ long long s_pool[THREADS];
   const long long num_words = a.page_bytes >> 4;
-  const int grid = gridDim.x;
-  for (int first = blockIdx.x; first < a.num_pages; first += grid * THREADS) {
-    const int p = first + threadIdx.x * grid;
-    if (p < a.num_pages) {
-      s_client[threadIdx.x] = a.block_ids[p] * a.client_stride;
-      s_pool[threadIdx.x] = a.entry_offsets[p];
+  const long long grid = gridDim.x;
+  const long long total = (long long)a.num_pages * a.num_layers;  // layer-major (layer, page)
+  for (long long first = blockIdx.x; first < total; first += grid * THREADS) {
+    const long long p = first + threadIdx.x * grid;
+    if (p < total) {
+      const long long layer = p / a.num_pages;
+      const long long page = p - layer * a.num_pages;
+      s_client[threadIdx.x] = a.block_ids[page] * a.client_stride + layer * a.client_layer_stride;
+      s_pool[threadIdx.x] = a.entry_offsets[page] + layer * a.pool_layer_stride;
     }
     __syncthreads();
-    const int count = min(THREADS, (a.num_pages - first + grid - 1) / grid);
+    const int count = (int)min((long long)THREADS, (total - first + grid - 1) / grid);
     for (int k = 0; k < count; ++k) {
       char* client = (char*)(a.client_base + s_client[k]);
       char* pool = (char*)(a.pool_base + s_pool[k]);
@@ -97,12 +108,16 @@ class _CopyArgs(ctypes.Structure):
         ("client_stride", ctypes.c_int64),
         ("pool_base", ctypes.c_uint64),
         ("page_bytes", ctypes.c_int64),
+        ("client_layer_stride", ctypes.c_int64),
+        ("pool_layer_stride", ctypes.c_int64),
         ("num_pages", ctypes.c_int32),
+        ("num_layers", ctypes.c_int32),
         ("to_pool", ctypes.c_int32),
+        ("unused", ctypes.c_int32),
     ]
 
 
-assert ctypes.sizeof(_CopyArgs) == 56
+assert ctypes.sizeof(_CopyArgs) == 80
 
 
 def is_aligned(*values: int) -> bool:
@@ -126,13 +141,19 @@ class CopyKernel:
                     len(cubin))
 
     def launch(self, stream, ids_ptr: int, offsets_ptr: int, num_pages: int, client_base: int,
-               client_stride: int, pool_base: int, page_bytes: int, to_pool: bool) -> None:
-        """Enqueue one layer's copy; the driver copies the parameter block at launch."""
+               client_stride: int, pool_base: int, page_bytes: int, to_pool: bool,
+               num_layers: int = 1, client_layer_stride: int = 0,
+               pool_layer_stride: int = 0) -> None:
+        """Enqueue one layer's copy, or ``num_layers`` layers' whose client and pool
+        addresses step by the given strides; the driver copies the parameter block at
+        launch."""
         a = self._args
         a.block_ids, a.entry_offsets, a.num_pages = ids_ptr, offsets_ptr, num_pages
         a.client_base, a.client_stride = client_base, client_stride
         a.pool_base, a.page_bytes, a.to_pool = pool_base, page_bytes, int(to_pool)
-        grid = max(1, min(self.num_ctas, num_pages))
+        a.num_layers, a.client_layer_stride = num_layers, client_layer_stride
+        a.pool_layer_stride = pool_layer_stride
+        grid = max(1, min(self.num_ctas, num_pages * num_layers))
         driver.launch(self._function, grid, THREADS, stream, ctypes.addressof(self._params))
 
     def close(self) -> None:

@@ -237,8 +237,7 @@ class _BatchCopy:
         args += [p, p] if self.takes_fail_index else [p]
         return ctypes.CFUNCTYPE(ctypes.c_int, *args)(int(pfn))
 
-    def __call__(self, dsts: np.ndarray, srcs: np.ndarray, size: int, stream) -> None:
-        sizes = np.full(len(dsts), size, dtype=np.uint64)
+    def __call__(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream) -> None:
         args = [dsts.ctypes.data, srcs.ctypes.data, sizes.ctypes.data, len(dsts),
                 self.attrs.getPtr(), ctypes.addressof(self.attr_index), 1]
         if self.takes_fail_index:
@@ -251,8 +250,9 @@ class _BatchCopy:
 _batch_copy: _BatchCopy | None = None
 
 
-def memcpy_batch_async(dsts: np.ndarray, srcs: np.ndarray, size: int, stream) -> None:
-    """Copy ``size`` bytes from each ``srcs[i]`` to ``dsts[i]`` (address arrays) on ``stream``.
+def memcpy_batch_async(dsts: np.ndarray, srcs: np.ndarray, size, stream) -> None:
+    """Copy ``size`` bytes (one int for all, or an array) from each ``srcs[i]`` to
+    ``dsts[i]`` (address arrays) on ``stream``.
 
     One ``cuMemcpyBatchAsync`` (sources read in stream order; it needs a non-default
     stream).  The arrays are read during the call only.
@@ -262,11 +262,12 @@ def memcpy_batch_async(dsts: np.ndarray, srcs: np.ndarray, size: int, stream) ->
         _batch_copy = _BatchCopy()
     dsts = np.ascontiguousarray(dsts, dtype=np.uint64)
     srcs = np.ascontiguousarray(srcs, dtype=np.uint64)
+    sizes = np.broadcast_to(np.asarray(size, dtype=np.uint64), dsts.shape)
     if _batch_copy.fn is not None:
-        _batch_copy(dsts, srcs, size, stream)
+        _batch_copy(dsts, srcs, np.ascontiguousarray(sizes), stream)
         return
-    for dst, src in zip(dsts.tolist(), srcs.tolist()):
-        check(driver.cuMemcpyAsync(dst, src, size, stream), "cuMemcpyAsync")
+    for dst, src, num_bytes in zip(dsts.tolist(), srcs.tolist(), sizes.tolist()):
+        check(driver.cuMemcpyAsync(dst, src, num_bytes, stream), "cuMemcpyAsync")
 
 
 def memcpy_async(dst: int, src: int, size: int, stream) -> None:

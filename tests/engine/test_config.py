@@ -64,11 +64,12 @@ def test_config_from_args_env_used_when_flag_absent(clean_env):
     clean_env.setenv("PEGAFLOW_LOG_LEVEL", "DEBUG")
     clean_env.setenv("PEGAFLOW_IDLE_SPIN_MS", "10")
     clean_env.setenv("PEGAFLOW_KEEP_POOL", "1")
+    clean_env.setenv("PEGAFLOW_DEVICE_STAGING", "64MiB")
     config = config_from_args([])
     # 2. Each reaches the config.
     assert config == EngineConfig(name="from_env", pool_bytes=1 << 30, slab_bytes=16 << 20, backend="host",
                                   copy_backend="kernel", num_slots=12, lease_ttl_s=30.0, log_level="DEBUG",
-                                  idle_spin_s=10e-3, keep_pool=True)
+                                  idle_spin_s=10e-3, keep_pool=True, device_staging_bytes=64 << 20)
     # 3. The flag's negative form beats the env.
     assert config_from_args(["--no-keep-pool"]).keep_pool is False
 
@@ -86,7 +87,9 @@ def test_config_from_args_flag_beats_env(clean_env):
 def test_config_from_args_sizes_and_numbers_parsed(clean_env):
     # 1. Size flags take units; ring slots and TTL are numbers.
     config = config_from_args(["--pool-size", "256MiB", "--slab-size", "1MiB", "--arena-size", "64KiB",
-                               "--ring-slots", "32", "--lease-ttl", "2.5", "--idle-spin-ms", "0.5"])
+                               "--ring-slots", "32", "--lease-ttl", "2.5", "--idle-spin-ms", "0.5",
+                               "--device-staging", "0"])
+    assert config.device_staging_bytes == 0
     assert (config.pool_bytes, config.slab_bytes, config.arena_bytes) == (256 << 20, 1 << 20, 64 << 10)
     assert (config.ring_slots, config.lease_ttl_s, config.idle_spin_s) == (32, 2.5, 0.5e-3)
 
@@ -133,6 +136,7 @@ def test_config_from_args_bad_env_value_raises_config_error(clean_env, var, valu
     ({"ring_slots": 1}, "--ring-slots"), ({"arena_bytes": 4095}, "--arena-size"),
     ({"lease_ttl_s": 0.0}, "--lease-ttl"), ({"log_level": "LOUD"}, "log"),
     ({"idle_spin_s": -1e-3}, "--idle-spin-ms"), ({"idle_spin_s": 1.5}, "--idle-spin-ms"),
+    ({"device_staging_bytes": -1}, "--device-staging"),
 ])
 def test_engine_config_out_of_range_field_raises_config_error(fields, message):
     # 1. Each bad field is refused at construction, naming the flag to fix.
@@ -143,6 +147,7 @@ def test_engine_config_out_of_range_field_raises_config_error(fields, message):
 @pytest.mark.parametrize("fields", [
     {"num_slots": 1}, {"num_slots": 4096}, {"ring_slots": 2}, {"arena_bytes": 4096},
     {"backend": "cuda"}, {"backend": "host"}, {"copy_backend": "kernel"}, {"copy_backend": "copy-engine"},
+    {"copy_backend": "staged"}, {"device_staging_bytes": 0},
     {"name": "A" * 64}, {"idle_spin_s": 0.0}, {"idle_spin_s": 1.0},
 ])
 def test_engine_config_boundary_values_accepted(fields):

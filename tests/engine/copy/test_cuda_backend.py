@@ -177,7 +177,7 @@ def _wait(backend: CudaBackend, *tokens: int) -> dict[int, str | None]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pad_bytes", [0, PAD_BYTES], ids=["at-base", "offset"])
-@pytest.mark.parametrize("path", ["kernel", "copy-engine", "auto"])
+@pytest.mark.parametrize("path", ["kernel", "copy-engine", "staged", "auto"])
 def test_cuda_backend_round_trip_random_blocks_byte_exact(setup, rng, path, pad_bytes):
     owner, backend, entries = setup(path, pad_bytes)
     if pad_bytes:  # the KV tensor is not at its allocation's base
@@ -205,7 +205,7 @@ def test_cuda_backend_round_trip_random_blocks_byte_exact(setup, rng, path, pad_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "copy-engine"])
+@pytest.mark.parametrize("path", ["kernel", "copy-engine", "staged"])
 def test_cuda_backend_saves_queued_together_each_land_byte_exact(setup, rng, path):
     # Several SAVE ops at once join one chain of layer copies (each op's first layers wait
     # on the previous op's last ones): every op still stores exactly its blocks.
@@ -234,6 +234,29 @@ def test_cuda_backend_save_waits_for_client_event_saves_new_bytes(setup, rng, pa
     backend.submit(save)
     assert _wait(backend, save.token) == {save.token: None}
     assert (entries[entry_ids, 2] == NEW_BYTE).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_layer", [False, True], ids=["one-event", "event-per-layer"])
+def test_cuda_backend_staged_save_waits_for_client_event_saves_new_bytes(setup, rng, per_layer):
+    owner, backend, entries = setup("staged")
+    before = owner.call("read")
+    block_ids = rng.choice(NUM_BLOCKS, NUM_COPIED, replace=False)
+    entry_ids = rng.choice(NUM_ENTRIES, NUM_COPIED, replace=False)
+    # 1. The client writes layer 2 late (behind ~0.2 s of GPU work) and records the event
+    #    the save waits on for that layer (5 for the whole op, or 3 + 2 with one per layer;
+    #    the other layers' events were recorded long ago).
+    owner.call("late_write_then_record", 2, 5)
+    save = _op(Direction.SAVE, block_ids, entry_ids, wait_event=3 if per_layer else 5,
+               wait_per_layer=per_layer)
+    backend.submit(save)
+    # 2. Saved at once, staged through device memory: layer 2 holds the new bytes, the
+    #    other layers the blocks' own.
+    assert _wait(backend, save.token) == {save.token: None}
+    assert (entries[entry_ids, 2] == NEW_BYTE).all()
+    others = [0, 1, 3]
+    assert np.array_equal(entries[entry_ids][:, others],
+                          before[others][:, block_ids].transpose(1, 0, 2))
 
 
 def _stored_entries_and_poisoned_blocks(owner, entries, rng):
@@ -316,7 +339,7 @@ def test_cuda_backend_out_of_range_block_reports_error_not_raise(setup):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "copy-engine"])
+@pytest.mark.parametrize("path", ["kernel", "copy-engine", "staged"])
 def test_engine_process_cuda_backend_round_trip_byte_exact(engine_factory, rng, path):
     # 1. A real engine with the CUDA backend; this process is its torch client.
     engine = engine_factory(pool_size="64MiB", slab_size="1MiB",

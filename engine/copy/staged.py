@@ -1,0 +1,195 @@
+"""The staged copy path: pool entries packed in device memory, then one DMA per run.
+
+The copy engine moves 64 KiB pages scattered over a client's KV cache at ~53 GB/s on the
+H200 and each page is its own descriptor (20 000 for a 10k-token prefix of an 8B model,
+whose issue alone takes 10-20 ms of the dispatcher's time).  Here the pages take a detour
+through a device slot laid out like the pool (entry by entry, layer by layer inside an
+entry): the gather kernel packs them at device-memory speed, and a run of consecutive pool
+entries crosses PCIe as one copy, as fast as one large pinned copy (54.6-54.9 GB/s against
+55.3 for 1.5 GiB at once, 53.4 scattered: ``tools/diag/dma_staged_runs.py``)::
+
+    SAVE, per sub-chunk of up to ``entries_per_slot`` entries:
+      gather stream   [wait: the slot's last use]  gather kernel -> slot     record packed
+      copy stream     wait packed                  slot -> pool, per run     record slot free
+    LOAD, the mirror:
+      copy stream     [wait: the slot's last use]  pool -> slot, per run     record landed
+      gather stream   wait landed                  scatter kernel -> client  record slot free
+
+A device has one set of slots and one stream pair per direction, so loads never queue
+behind saves, and the stream order of a direction keeps its ops in turn.  The first
+sub-chunk of a SAVE waits for the client's events (per layer before that layer's
+gather); a LOAD's scatter waits for its client event.  What is not staged: a LOAD whose
+client waits layer by layer on our events (every layer would land with the last
+sub-chunk), an op over one layer or over layers that are not consecutive in the pool
+entry, and an entry larger than a slot.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from engine.copy.base import CopyOp, Direction
+from engine.copy.checks import Region
+from pegaflow.cuda import driver
+from pegaflow.errors import CudaError
+
+logger = logging.getLogger(__name__)
+
+SLOTS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
+
+
+class _Side:
+    """One direction's slots and streams on one device."""
+
+    def __init__(self, base: int, slot_bytes: int) -> None:
+        self.slots = [base + i * slot_bytes for i in range(SLOTS_PER_DIRECTION)]
+        self.slot_bytes = slot_bytes
+        self.gather_stream = driver.create_stream(low_priority=True)
+        self.copy_stream = driver.create_stream(low_priority=True)
+        self.free_events: list = [None] * SLOTS_PER_DIRECTION  # each slot's last use ends
+        self.cursor = 0
+
+    def next_slot(self) -> int:
+        index = self.cursor
+        self.cursor = (self.cursor + 1) % len(self.slots)
+        return index
+
+    def close(self) -> None:
+        for stream in (self.gather_stream, self.copy_stream):
+            driver.destroy_stream(stream)
+
+
+class DeviceStaging:
+    """``total_bytes`` of device memory on the current device, half per direction."""
+
+    def __init__(self, total_bytes: int) -> None:
+        slot_bytes = total_bytes // (2 * SLOTS_PER_DIRECTION) // 256 * 256
+        if slot_bytes <= 0:
+            raise CudaError(f"device staging of {total_bytes} bytes leaves no slot")
+        self.slot_bytes = slot_bytes
+        self._memory = driver.device_alloc(2 * SLOTS_PER_DIRECTION * slot_bytes)
+        half = SLOTS_PER_DIRECTION * slot_bytes
+        self.sides = {Direction.SAVE: _Side(self._memory, slot_bytes),
+                      Direction.LOAD: _Side(self._memory + half, slot_bytes)}
+
+    def forget(self, recycled: set[int]) -> None:
+        """Events of a finished op go back to the pool: a slot whose last use was one of
+        them is free (the op ended after every one of its uses)."""
+        for side in self.sides.values():
+            side.free_events = [None if e is not None and id(e) in recycled else e
+                                for e in side.free_events]
+
+    def close(self) -> None:
+        for side in self.sides.values():
+            side.close()
+        driver.device_free(self._memory)
+
+
+def run_bytes(op: CopyOp) -> int:
+    """Bytes of one entry the op moves: its layers' pages, back to back in the entry."""
+    return len(op.layers) * op.page_bytes
+
+
+def can_stage(op: CopyOp, slot_bytes: int) -> bool:
+    """Whether ``op`` takes the staged path: more than one layer, consecutive in the entry,
+    an entry's run fitting a slot, and no client waiting layer by layer on our events."""
+    if op.record_events is not None or len(op.layers) < 2 or run_bytes(op) > slot_bytes:
+        return False
+    first = op.layers[0].layer
+    return all(p.layer == first + k for k, p in enumerate(op.layers))
+
+
+def entry_runs(offsets: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, counts)``: ``offsets`` cut where the next entry does not follow at
+    ``step`` bytes, each piece one copy."""
+    breaks = np.flatnonzero(np.diff(offsets) != step) + 1
+    starts = np.concatenate(([0], breaks))
+    return starts, np.diff(np.concatenate((starts, [len(offsets)])))
+
+
+def uniform_layers(op: CopyOp, regions: list[Region]) -> int | None:
+    """The client-address step from one layer to the next if it is the same for all of
+    the op's layers and their block strides agree (one launch covers them), else None."""
+    bases = [r.base + p.offset_bytes for p, r in zip(op.layers, regions)]
+    step = bases[1] - bases[0]
+    if any(b - a != step for a, b in zip(bases, bases[1:])):
+        return None
+    if any(p.block_stride_bytes != op.layers[0].block_stride_bytes for p in op.layers):
+        return None
+    return step
+
+
+def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], pool_base: int,
+          ids_address: int, local_offsets_address: int, client_events: list, new_event,
+          inflight) -> None:
+    """Enqueue ``op`` staged.  ``ids_address``: the op's block ids (int64, readable by the
+    kernel); ``local_offsets_address``: ``k * run_bytes(op)`` for k < entries per slot.
+    ``new_event()`` gives an engine event; every one used goes to ``inflight.events``, and
+    ``inflight.done`` is recorded after the last copy."""
+    side = staging.sides[op.direction]
+    save = op.direction == Direction.SAVE
+    step = run_bytes(op)
+    per_slot = staging.slot_bytes // step
+    first_layer = op.layers[0].layer
+    layer_step = uniform_layers(op, regions)
+    gather, copy = side.gather_stream, side.copy_stream
+    inflight.streams += [gather, copy]
+    starts, counts = entry_runs(op.entry_offsets, step)
+    run_of = np.repeat(np.arange(len(starts)), counts)
+    pool_runs = op.entry_offsets[starts] + pool_base + first_layer * op.page_bytes
+
+    def recorded(stream):
+        event = new_event()
+        inflight.events.append(event)
+        driver.record(event, stream)
+        return event
+
+    def move(start: int, count: int, slot: int) -> None:
+        runs = np.unique(run_of[start:start + count])
+        lo = np.maximum(starts[runs], start)
+        hi = np.minimum(starts[runs] + counts[runs], start + count)
+        pool = pool_runs[runs] + (lo - starts[runs]) * step
+        local = slot + (lo - start) * step
+        dst, src = (pool, local) if save else (local, pool)
+        if len(runs) == 1:
+            driver.memcpy_async(int(dst[0]), int(src[0]), int(hi[0] - lo[0]) * step, copy)
+        else:
+            driver.memcpy_batch_async(dst, src, (hi - lo) * step, copy)
+
+    def pack(start: int, count: int, slot: int, first: bool) -> None:
+        ids = ids_address + 8 * start
+        if layer_step is not None and not (save and first and op.wait_per_layer):
+            if first and op.wait_event is not None:
+                last = op.wait_event + (len(op.layers) - 1 if op.wait_per_layer else 0)
+                driver.wait(gather, client_events[last])
+            base = regions[0].base + op.layers[0].offset_bytes
+            kernel.launch(gather, ids, local_offsets_address, count, base,
+                          op.layers[0].block_stride_bytes, slot, op.page_bytes, save,
+                          len(op.layers), layer_step, op.page_bytes)
+            return
+        for k, (layer, region) in enumerate(zip(op.layers, regions)):
+            if first and op.wait_event is not None and (k == 0 or op.wait_per_layer):
+                driver.wait(gather, client_events[op.wait_event + (k if op.wait_per_layer else 0)])
+            kernel.launch(gather, ids, local_offsets_address, count,
+                          region.base + layer.offset_bytes, layer.block_stride_bytes,
+                          slot + k * op.page_bytes, op.page_bytes, save)
+
+    for j, start in enumerate(range(0, len(op.block_ids), per_slot)):
+        count = min(per_slot, len(op.block_ids) - start)
+        index = side.next_slot()
+        slot = side.slots[index]
+        if side.free_events[index] is not None:
+            driver.wait(gather if save else copy, side.free_events[index])
+        if save:
+            pack(start, count, slot, j == 0)
+            driver.wait(copy, recorded(gather))
+            move(start, count, slot)
+            side.free_events[index] = recorded(copy)
+        else:
+            move(start, count, slot)
+            driver.wait(gather, recorded(copy))
+            pack(start, count, slot, j == 0)
+            side.free_events[index] = recorded(gather)
+    inflight.done = side.free_events[index]
