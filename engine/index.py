@@ -15,6 +15,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.eviction import LruPolicy
 from engine.pool import PagePool
 from engine.pool_table import PoolTable
@@ -49,6 +51,8 @@ class Lease:
     slot: int
     keys: list[Key]
     expires_at: float
+    entries: list[Entry] = field(default_factory=list)  # of ``keys``, pinned while it lives
+    doomings: int = 0  # the index's count of doomed entries when it was made
 
 
 @dataclass(slots=True)
@@ -67,6 +71,7 @@ class BlockIndex:
     policy: LruPolicy = field(default_factory=LruPolicy)
     counters: IndexCounters = field(default_factory=IndexCounters)
     writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
+    doomings: int = 0  # entries ever doomed while in use (a lease made before may hold one)
     # Lease ids start at random: a lease id a client kept across an engine restart (or
     # got from another engine) names no lease here instead of someone else's.
     _lease_ids: itertools.count = field(default_factory=lambda: itertools.count(1 + secrets.randbits(62)))
@@ -77,20 +82,43 @@ class BlockIndex:
 
     def lookup(self, slot: int, keys: list[Key]) -> tuple[int, int]:
         """Pin the READY prefix of ``keys`` under a new lease: (num hits, lease id or 0)."""
-        num_hits = 0
+        get, hits = self.entries.get, []
         for key in keys:
-            if self.get_ready(key) is None:
+            entry = get(key)
+            if entry is None or not entry.is_ready:
                 break
-            num_hits += 1
-        if num_hits == 0:
+            hits.append(entry)
+        if not hits:
             return 0, 0
-        hit_keys = keys[:num_hits]
-        for key in hit_keys:
-            self.entries[key].refs += 1
+        hit_keys = keys[:len(hits)]
+        for entry in hits:
+            entry.refs += 1
         self.touch_chain(hit_keys)
         lease_id = next(self._lease_ids)
-        self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s)
-        return num_hits, lease_id
+        self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s,
+                                      hits, self.doomings)
+        return len(hits), lease_id
+
+    def take_lease(self, lease_id: int, keys: list[Key], entry_bytes: int) -> np.ndarray | None:
+        """The pool offsets of ``keys`` from lease ``lease_id`` if they are a run of its keys,
+        all still READY and of ``entry_bytes`` (else None, and the lease stays): the lease
+        ends and its pins on ``keys`` pass to the caller (``unpin(keys)`` when done), its
+        other keys are unpinned.  A LOAD of what a LOOKUP just leased skips finding and
+        pinning every block again."""
+        lease = self.leases.get(lease_id)
+        if lease is None or not keys or lease.doomings != self.doomings:
+            return None
+        start = 0 if lease.keys[:1] == keys[:1] else _position(lease.keys, keys[0])
+        end = start + len(keys)
+        if start < 0 or lease.keys[start:end] != keys:
+            return None
+        taken = lease.entries[start:end]
+        if any(entry.entry_bytes != entry_bytes for entry in taken):
+            return None
+        del self.leases[lease_id]
+        self.unpin(lease.keys[:start])
+        self.unpin(lease.keys[end:])
+        return np.fromiter((entry.offset for entry in taken), np.int64, len(taken))
 
     def touch_chain(self, keys: list[Key]) -> None:
         """``keys`` (a prefix chain, head first) were just used: the head becomes the most
@@ -146,6 +174,7 @@ class BlockIndex:
                 self._drop(key)
             else:
                 entry.is_doomed = True
+                self.doomings += 1
                 if self.table is not None:  # a kept pool's next engine must not take it in
                     self.table.free(entry.offset, entry.entry_bytes)
         return num_found
@@ -262,3 +291,11 @@ class BlockIndex:
         if entry.pending_mask == 0 and (entry.is_doomed and not entry.refs or not entry.is_ready and (
                 entry.done_mask == 0 or entry.owner_slot == ORPHAN)):
             self._drop(key)
+
+
+def _position(keys: list[Key], key: Key) -> int:
+    """Where ``key`` first appears in ``keys``, or -1."""
+    try:
+        return keys.index(key)
+    except ValueError:
+        return -1

@@ -681,3 +681,35 @@ def test_dispatcher_save_sharing_a_layer_in_flight_leaves_the_block_to_it():
     assert h.backend.held == [first_op]
     answer = second.completions.try_get()
     assert (answer.request_id, answer.status, answer.value2) == (2, Status.OK, 1)  # deduplicated
+
+
+@pytest.mark.parametrize("loaded", [[0, 1, 2], [1, 2], [0, 2]], ids=["whole", "run", "not-a-run"])
+def test_dispatcher_load_takes_over_its_lookups_lease(loaded):
+    # 1. Three blocks stored and leased by a lookup.
+    from engine.copy.base import CopyDone
+    from pegaflow.client import _completion
+    h = _held_dispatcher()
+    hashes = [bytes([i + 1]) * 32 for i in range(3)]
+    h.send(1, Opcode.SAVE, _save_payload([1, 2, 3], hashes), 3)
+    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+    h.send(2, Opcode.LOOKUP, encode_hashes(hashes).view(np.uint8), 3)
+    answers = [_completion(h.completions.try_get()) for _ in range(2)]
+    lease_id = answers[1].value2
+    assert answers[1].value == 3 and lease_id in h.dispatcher.index.leases
+    entries = list(h.dispatcher.index.entries.values())  # in the order saved
+    # 2. A LOAD that names the lease: while its copy runs, each loaded block is pinned once
+    #    (a run of the lease's blocks: the lease's pins, the lease gone, the others free;
+    #    otherwise its own pins beside the lease's, the lease kept until the load ends).
+    h.send(3, Opcode.LOAD, _save_payload([5, 6, 7][:len(loaded)], [hashes[i] for i in loaded]),
+           len(loaded), flags=CommandFlag.RELEASE_LEASE, arg=lease_id)
+    is_run = loaded != [0, 2]
+    expected = [int(i in loaded) + (0 if is_run else 1) for i in range(3)]
+    assert [e.refs for e in entries] == expected
+    assert (lease_id in h.dispatcher.index.leases) is not is_run
+    offsets = h.backend.ops[h.backend.held[-1]].entry_offsets.tolist()
+    assert offsets == [entries[i].offset for i in loaded]
+    # 3. The copy ends: answered OK, nothing pinned, no lease left.
+    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+    done = _completion(h.completions.try_get())
+    assert (done.request_id, done.status, done.value) == (3, Status.OK, len(loaded))
+    assert [e.refs for e in entries] == [0, 0, 0] and not h.dispatcher.index.leases

@@ -336,3 +336,59 @@ def test_index_drop_takes_only_what_that_client_wrote_since_that_request(index):
     #    block 3 is another client's, which client 5's save only deduplicated).
     assert index.drop([key(1), key(2), key(3)], writer=5, since_request=11) == 1
     assert set(index.entries) == {key(1), key(3)}
+
+
+# -- a LOAD taking over its lookup's lease ------------------------------------------------------------
+
+
+def _leased(index: BlockIndex, n: int = CAPACITY) -> int:
+    for i in range(n):
+        store(index, i)
+    num_hits, lease_id = index.lookup(SLOT, [key(i) for i in range(n)])
+    assert num_hits == n and all(refs(index, i) == 1 for i in range(n))
+    return lease_id
+
+
+def test_index_take_lease_whole_passes_its_pins_and_offsets(index):
+    lease_id = _leased(index)
+    keys = [key(i) for i in range(CAPACITY)]
+    offsets = index.take_lease(lease_id, keys, ENTRY_BYTES)
+    # The offsets of exactly those entries; the lease is gone (no RELEASE or expiry can
+    # touch it), its pins now the caller's: one ref each until the caller unpins.
+    assert offsets.tolist() == [index.entries[k].offset for k in keys]
+    assert lease_id not in index.leases and not index.release(lease_id)
+    assert [refs(index, i) for i in range(CAPACITY)] == [1] * CAPACITY
+    index.unpin(keys)
+    assert [refs(index, i) for i in range(CAPACITY)] == [0] * CAPACITY
+
+
+def test_index_take_lease_run_inside_it_unpins_the_rest(index):
+    lease_id = _leased(index)
+    offsets = index.take_lease(lease_id, [key(1), key(2)], ENTRY_BYTES)
+    assert offsets.tolist() == [index.entries[key(i)].offset for i in (1, 2)]
+    assert [refs(index, i) for i in range(CAPACITY)] == [0, 1, 1, 0]
+
+
+@pytest.mark.parametrize("keys,entry_bytes", [
+    ([1, 3], ENTRY_BYTES),            # not a run of its keys
+    ([2, 1], ENTRY_BYTES),            # out of order
+    ([3, 4], ENTRY_BYTES),            # runs past its end
+    ([9], ENTRY_BYTES),               # not in it
+    ([], ENTRY_BYTES),                # nothing
+    ([0, 1], ENTRY_BYTES // 2),       # another geometry
+], ids=["gap", "order", "past-end", "absent", "empty", "geometry"])
+def test_index_take_lease_refuses_what_it_does_not_hold_and_keeps_it(index, keys, entry_bytes):
+    lease_id = _leased(index)
+    assert index.take_lease(lease_id, [key(i) for i in keys], entry_bytes) is None
+    assert lease_id in index.leases and [refs(index, i) for i in range(CAPACITY)] == [1] * CAPACITY
+    assert index.take_lease(lease_id + 1, [key(0)], ENTRY_BYTES) is None  # no such lease
+
+
+def test_index_take_lease_refused_once_a_drop_doomed_a_block(index):
+    # 1. Blocks leased, then one dropped while the lease holds it: doomed, not served again.
+    lease_id = _leased(index)
+    index.entries[key(2)].writer = (5, 1)
+    assert index.drop([key(2)], 5, 0) == 1 and index.entries[key(2)].is_doomed
+    # 2. The lease no longer vouches for its blocks: the LOAD must look them up (and miss).
+    assert index.take_lease(lease_id, [key(i) for i in range(CAPACITY)], ENTRY_BYTES) is None
+    assert index.get_ready(key(2)) is None

@@ -1,4 +1,5 @@
-"""An engine (in a child process) with every driver call of its copy path timed, and the
+"""An engine (in a child process) with every driver call of its copy path timed (copies,
+launches, waits, records; "batches" counts the copy calls), and the
 bench's KV owner doing 10k-token SAVE and LOAD rounds: per command, when its first copy
 call started, how long the batch calls took (sum, longest), the Python time between them,
 when the last one returned and when the command was answered.
@@ -34,10 +35,21 @@ def engine_main(name: str, path: str, q, outfile: str) -> None:
         return call
 
     driver.memcpy_batch_async = timed(driver.memcpy_batch_async, "batch")
+    driver.memcpy_async = timed(driver.memcpy_async, "copy")
+    driver.launch = timed(driver.launch, "launch")
     driver.wait = timed(driver.wait, "wait")
     driver.record = timed(driver.record, "record")
     for meth in ("save", "load"):
         setattr(transfers.Transfers, meth, timed(getattr(transfers.Transfers, meth), meth))
+    from engine.copy import cuda, staged
+    from engine.index import BlockIndex
+    steps = [(transfers.Transfers, "_blocks"), (transfers.Transfers, "_stored_offsets"),
+             (BlockIndex, "pin"), (transfers.Transfers, "_submit"), (cuda.CudaBackend, "submit"),
+             (cuda.CudaBackend, "_validate"), (cuda.CudaBackend, "_path"),
+             (cuda.CudaBackend, "_stage"), (cuda.CudaBackend, "_issue"), (staged, "issue"),
+             (staged, "uniform_layers"), (staged, "entry_runs")]
+    for owner, name in steps:
+        setattr(owner, name, timed(getattr(owner, name), "step:" + name))
     answer = clients.ClientState.answer
 
     def answered(self, rid, opcode, *a, **k):
@@ -72,6 +84,9 @@ def main() -> None:
         r = conn.recv()
         p.terminate()
         p.join(60)
+        if "error" in r:
+            print(path, "client error:", r["error"])
+            continue
         with open(f) as fh:
             rec = json.load(fh)
         print(path, "client save ms", [round(x * 1e3, 2) for x in r["save_s"]],
@@ -82,10 +97,12 @@ def main() -> None:
                 cur = dict(kind=what, t0=t0, ret=t0, calls=[])
             elif cur is not None and what == cur["kind"]:
                 cur["ret"] = t1
-            elif cur is not None and what in ("batch", "wait", "record"):
+            elif cur is not None and what.startswith("step:"):
+                cur.setdefault("steps", []).append((what[5:], t0, t1))
+            elif cur is not None and what in ("batch", "wait", "record", "copy", "launch"):
                 cur["calls"].append((what, t0, t1, n))
             elif cur is not None and what == "answer" and n in (SAVE, LOAD) and "answer" not in cur:
-                batches = [c for c in cur["calls"] if c[0] == "batch"]
+                batches = [c for c in cur["calls"] if c[0] in ("batch", "copy")]
                 if batches:
                     ms = lambda t: (t - cur["t0"]) * 1e3  # noqa: E731
                     busy = sum(c[2] - c[1] for c in cur["calls"]) * 1e3
@@ -98,6 +115,9 @@ def main() -> None:
                           f"{ms(cur['calls'][-1][2]):.2f}, handler returned at "
                           f"{ms(cur['ret']):.2f}, answered at {ms(t0):.2f}")
                 cur["answer"] = True
+                if cur["kind"] == "load" or "steps" in cur and len(cur["steps"]) < 40:
+                    print("    " + ", ".join(f"{n} {(a - cur['t0']) * 1e3:.2f}+{(b - a) * 1e3:.2f}"
+                                            for n, a, b in cur.get("steps", [])[:14]))
     conn.send(None)
     proc.join(30)
 
