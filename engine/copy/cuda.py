@@ -31,10 +31,11 @@ pages to host memory at 53.7 GB/s in address order, 48.5 in random order).  ``st
 DMA per run of consecutive pool entries, on the device's staging streams (its own pair per
 direction, not the layer streams: nothing waits on a staged op layer by layer); an op it
 cannot take (one layer, a fenced load, an entry larger than a slot) goes by the copy
-engine, or under ``auto`` as below.  ``auto``: staged wherever it can be; for other ops,
-at the first registration
-of a page size, the kernel and the copy engine copy up to 64 MiB of
-pool pages each way (read into device scratch, the same bytes written back).  Loads
+engine, or under ``auto`` as below.  ``auto``: staged wherever it can be, for pages up to
+256 KiB (1 MiB pages cross PCIe as well one by one, and a slot holds only two of their
+entries); for other ops, at the first registration of a page size, the kernel and the
+copy engine copy up to 64 MiB of pool pages each way (read into device scratch, the same
+bytes written back).  Loads
 wait on the critical path: the copy engine is chosen where it reaches 97 % of the
 kernel's rate.  Saves overlap vLLM's compute, whose SMs the kernel would take (on the
 H200, a 10k-token prefill saved by the kernel took 1.5x as long): the copy engine is
@@ -398,8 +399,9 @@ class CudaBackend(CopyBackend):
 
     def _path(self, dev: Device, op: CopyOp, regions: list[Region]) -> str:
         path = self.copy_backend
-        if path in (AUTO, STAGED) and dev.staging is not None and \
-                staged.can_stage(op, dev.staging.slot_bytes) and self._is_aligned(dev, op, regions):
+        if (path == STAGED or path == AUTO and op.page_bytes <= staged.AUTO_MAX_PAGE_BYTES) and \
+                dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes) and \
+                self._is_aligned(dev, op, regions):
             return STAGED
         if path == STAGED:
             return COPY_ENGINE  # the op cannot be staged: DMA page by page

@@ -5,6 +5,7 @@ layers, pages ordered entry by entry inside the group (G = 32: the host side is 
 strictly in address order), on 1 or 4 streams, with and without the overlap-with-compute
 flag.  The 4 GiB single-copy ceiling into the same buffer is measured in the same run.
 
+Ran on the H200 at commit 7618c01.
 python tools/diag/dma_layer_groups.py
 """
 import ctypes

@@ -6,6 +6,7 @@ packs the entries' pages in pool layout into a device slot (one launch per layer
 one copy moves the slot to the pool (loads: the reverse), the two on their own streams
 with a ring of slots.  Rates and issue times; the 4 GiB-class ceiling in the same run.
 
+Ran on the H200 at commit 7618c01.
 python tools/diag/dma_staged_runs.py
 """
 import ctypes

@@ -10,6 +10,7 @@ cuMemcpyBatchAsync per layer, in the shapes the engine could issue it:
 
 The 4 GiB single-copy ceiling into the same buffer is measured in the same run.
 
+Ran on the H200 at commit 7618c01.
 python tools/diag/dma_stream_shapes.py
 """
 import ctypes

@@ -4,6 +4,8 @@ bench's KV owner doing 10k-token SAVE and LOAD rounds: per command, when its fir
 call started, how long the batch calls took (sum, longest), the Python time between them,
 when the last one returned and when the command was answered.
 
+Ran on the H200 at commit 7618c01 (auto, copy-engine; copies were batch calls only then)
+and c9ce610 (staged).
 python tools/diag/engine_issue_calls.py auto
 """
 import json
@@ -41,15 +43,6 @@ def engine_main(name: str, path: str, q, outfile: str) -> None:
     driver.record = timed(driver.record, "record")
     for meth in ("save", "load"):
         setattr(transfers.Transfers, meth, timed(getattr(transfers.Transfers, meth), meth))
-    from engine.copy import cuda, staged
-    from engine.index import BlockIndex
-    steps = [(transfers.Transfers, "_blocks"), (transfers.Transfers, "_stored_offsets"),
-             (BlockIndex, "pin"), (transfers.Transfers, "_submit"), (cuda.CudaBackend, "submit"),
-             (cuda.CudaBackend, "_validate"), (cuda.CudaBackend, "_path"),
-             (cuda.CudaBackend, "_stage"), (cuda.CudaBackend, "_issue"), (staged, "issue"),
-             (staged, "uniform_layers"), (staged, "entry_runs")]
-    for owner, name in steps:
-        setattr(owner, name, timed(getattr(owner, name), "step:" + name))
     answer = clients.ClientState.answer
 
     def answered(self, rid, opcode, *a, **k):
@@ -97,8 +90,6 @@ def main() -> None:
                 cur = dict(kind=what, t0=t0, ret=t0, calls=[])
             elif cur is not None and what == cur["kind"]:
                 cur["ret"] = t1
-            elif cur is not None and what.startswith("step:"):
-                cur.setdefault("steps", []).append((what[5:], t0, t1))
             elif cur is not None and what in ("batch", "wait", "record", "copy", "launch"):
                 cur["calls"].append((what, t0, t1, n))
             elif cur is not None and what == "answer" and n in (SAVE, LOAD) and "answer" not in cur:
@@ -115,9 +106,6 @@ def main() -> None:
                           f"{ms(cur['calls'][-1][2]):.2f}, handler returned at "
                           f"{ms(cur['ret']):.2f}, answered at {ms(t0):.2f}")
                 cur["answer"] = True
-                if cur["kind"] == "load" or "steps" in cur and len(cur["steps"]) < 40:
-                    print("    " + ", ".join(f"{n} {(a - cur['t0']) * 1e3:.2f}+{(b - a) * 1e3:.2f}"
-                                            for n, a, b in cur.get("steps", [])[:14]))
     conn.send(None)
     proc.join(30)
 

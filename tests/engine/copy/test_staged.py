@@ -230,3 +230,26 @@ def test_slot_reuse_waits_for_its_last_use_and_forget_frees_it(gpu):
     assert all(e is not None for e in side.free_events)
     staging.forget({id(e) for e in inflight.events})
     assert side.free_events == [None, None]
+
+
+@pytest.mark.parametrize("copy_backend,page_bytes,fenced,expected", [
+    ("auto", 64 << 10, False, "staged"),
+    ("auto", 256 << 10, False, "staged"),
+    ("auto", 1 << 20, False, "copy-engine"),   # big pages: page by page (probe's choice)
+    ("auto", 64 << 10, True, "kernel"),        # a fenced load: the kernel, layer by layer
+    ("staged", 1 << 20, False, "staged"),      # asked for: staged whatever the page size
+    ("staged", 64 << 10, True, "copy-engine"),  # asked for but impossible: the copy engine
+])
+def test_cuda_backend_path_stages_what_it_should(copy_backend, page_bytes, fenced, expected):
+    from engine.copy.cuda import CudaBackend
+    backend = CudaBackend.__new__(CudaBackend)  # no GPU: only the choice is exercised
+    backend.copy_backend = copy_backend
+    staging = staged.DeviceStaging.__new__(staged.DeviceStaging)
+    staging.slot_bytes = 64 << 20
+    dev = type("Dev", (), {"staging": staging, "pool_base": 1 << 40,
+                           "paths": {(page_bytes, Direction.LOAD): "copy-engine"}})()
+    op = CopyOp(1, Direction.LOAD, 0, [LayerPlacement(i, 0, i * (page_bytes << 8), page_bytes)
+                                       for i in range(NUM_LAYERS)], page_bytes,
+                np.array([3]), np.array([0]), record_events=0 if fenced else None)
+    regions = [Region(0, b"", 1 << 30, 1 << 40)] * NUM_LAYERS
+    assert backend._path(dev, op, regions) == expected
