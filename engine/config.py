@@ -58,6 +58,8 @@ class EngineConfig:
             raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
         if self.device_staging_bytes < 0:
             raise ConfigError(f"--device-staging {self.device_staging_bytes}: must not be negative")
+        if self.copy_backend == "staged" and not self.device_staging_bytes:
+            raise ConfigError("--copy-backend staged needs --device-staging above 0")
         if self.copy_backend not in COPY_PATHS:
             raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose {', '.join(COPY_PATHS)}")
         if not 1 <= self.num_slots <= MAX_SLOTS:

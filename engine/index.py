@@ -52,7 +52,6 @@ class Lease:
     keys: list[Key]
     expires_at: float
     entries: list[Entry] = field(default_factory=list)  # of ``keys``, pinned while it lives
-    doomings: int = 0  # the index's count of doomed entries when it was made
 
 
 @dataclass(slots=True)
@@ -71,7 +70,6 @@ class BlockIndex:
     policy: LruPolicy = field(default_factory=LruPolicy)
     counters: IndexCounters = field(default_factory=IndexCounters)
     writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
-    doomings: int = 0  # entries ever doomed while in use (a lease made before may hold one)
     # Lease ids start at random: a lease id a client kept across an engine restart (or
     # got from another engine) names no lease here instead of someone else's.
     _lease_ids: itertools.count = field(default_factory=lambda: itertools.count(1 + secrets.randbits(62)))
@@ -96,7 +94,7 @@ class BlockIndex:
         self.touch_chain(hit_keys)
         lease_id = next(self._lease_ids)
         self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s,
-                                      hits, self.doomings)
+                                      hits)
         return len(hits), lease_id
 
     def take_lease(self, lease_id: int, keys: list[Key], entry_bytes: int) -> np.ndarray | None:
@@ -106,15 +104,15 @@ class BlockIndex:
         other keys are unpinned.  A LOAD of what a LOOKUP just leased skips finding and
         pinning every block again."""
         lease = self.leases.get(lease_id)
-        if lease is None or not keys or lease.doomings != self.doomings:
+        if lease is None or not keys:
             return None
         start = 0 if lease.keys[:1] == keys[:1] else _position(lease.keys, keys[0])
         end = start + len(keys)
         if start < 0 or lease.keys[start:end] != keys:
             return None
         taken = lease.entries[start:end]
-        if any(entry.entry_bytes != entry_bytes for entry in taken):
-            return None
+        if any(entry.entry_bytes != entry_bytes or not entry.is_ready for entry in taken):
+            return None  # another geometry, or dropped since (DROP dooms a leased entry)
         del self.leases[lease_id]
         self.unpin(lease.keys[:start])
         self.unpin(lease.keys[end:])
@@ -174,7 +172,6 @@ class BlockIndex:
                 self._drop(key)
             else:
                 entry.is_doomed = True
-                self.doomings += 1
                 if self.table is not None:  # a kept pool's next engine must not take it in
                     self.table.free(entry.offset, entry.entry_bytes)
         return num_found

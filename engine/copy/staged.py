@@ -52,7 +52,11 @@ class _Side:
         self.slots = [base + i * slot_bytes for i in range(SLOTS_PER_DIRECTION)]
         self.slot_bytes = slot_bytes
         self.gather_stream = driver.create_stream(low_priority=True)
-        self.copy_stream = driver.create_stream(low_priority=True)
+        try:
+            self.copy_stream = driver.create_stream(low_priority=True)
+        except CudaError:
+            driver.destroy_stream(self.gather_stream)
+            raise
         self.free_events: list = [None] * SLOTS_PER_DIRECTION  # each slot's last use ends
         self.cursor = 0
 
@@ -76,8 +80,14 @@ class DeviceStaging:
         self.slot_bytes = slot_bytes
         self._memory = driver.device_alloc(2 * SLOTS_PER_DIRECTION * slot_bytes)
         half = SLOTS_PER_DIRECTION * slot_bytes
-        self.sides = {Direction.SAVE: _Side(self._memory, slot_bytes),
-                      Direction.LOAD: _Side(self._memory + half, slot_bytes)}
+        self.sides = {}
+        try:
+            for direction, base in ((Direction.SAVE, self._memory),
+                                    (Direction.LOAD, self._memory + half)):
+                self.sides[direction] = _Side(base, slot_bytes)
+        except CudaError:
+            self.close()
+            raise
 
     def forget(self, recycled: set[int]) -> None:
         """Events of a finished op go back to the pool: a slot whose last use was one of
@@ -166,9 +176,8 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
     def pack(start: int, count: int, slot: int, first: bool) -> None:
         ids = ids_address + 8 * start
         if layer_step is not None and not (save and first and op.wait_per_layer):
-            if first and op.wait_event is not None:
-                last = op.wait_event + (len(op.layers) - 1 if op.wait_per_layer else 0)
-                driver.wait(gather, client_events[last])
+            if first and op.wait_event is not None:  # one event for the op (a LOAD's, or a SAVE's)
+                driver.wait(gather, client_events[op.wait_event])
             base = regions[0].base + op.layers[0].offset_bytes
             kernel.launch(gather, ids, local_offsets_address, count, base,
                           op.layers[0].block_stride_bytes, slot, op.page_bytes, save,

@@ -137,6 +137,7 @@ def test_config_from_args_bad_env_value_raises_config_error(clean_env, var, valu
     ({"lease_ttl_s": 0.0}, "--lease-ttl"), ({"log_level": "LOUD"}, "log"),
     ({"idle_spin_s": -1e-3}, "--idle-spin-ms"), ({"idle_spin_s": 1.5}, "--idle-spin-ms"),
     ({"device_staging_bytes": -1}, "--device-staging"),
+    ({"copy_backend": "staged", "device_staging_bytes": 0}, "--device-staging"),
 ])
 def test_engine_config_out_of_range_field_raises_config_error(fields, message):
     # 1. Each bad field is refused at construction, naming the flag to fix.

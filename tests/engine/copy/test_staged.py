@@ -1,12 +1,16 @@
-"""The staged path's planning and address arithmetic, on a CPU stand-in for the GPU.
+"""The staged path's planning, ordering and address arithmetic, on a CPU stand-in for the GPU.
 
-The stand-in driver and kernel execute every copy at once on one byte array (addresses
-are offsets into it), so a SAVE and a LOAD through ``staged.issue`` are checked byte for
-byte; stream order is the GPU tests' part (tests/engine/copy/test_cuda_backend.py).
+The stand-in driver and kernel queue every copy, launch, event record and event wait on
+its stream, as CUDA does; ``FakeGpu.run`` then executes the queues in a random order that
+honours only stream order and event waits (a wait holds its stream until the record it
+saw when issued is done), on one byte array (addresses are offsets into it).  So a SAVE
+or LOAD through ``staged.issue`` is checked byte for byte, and a missing wait shows as
+bytes read too early under some of the seeds.
 """
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,17 +25,21 @@ NUM_LAYERS, NUM_BLOCKS, NUM_ENTRIES = 4, 16, 24
 LAYER_BYTES = NUM_BLOCKS * PAGE
 ENTRY = NUM_LAYERS * PAGE
 CLIENT, POOL, WORDS, HEAP = 0, 1 << 14, 1 << 15, 1 << 16
-POISON = 0xAB
+POISON, NEW_BYTE = 0xAB, 0x5A
+SEEDS = range(8)
 
 
 class FakeGpu:
-    """Memory, driver calls and the copy kernel, executed in call order."""
+    """Memory, streams, events and the copy kernel; work runs in ``run``."""
 
     def __init__(self) -> None:
         self.mem = np.zeros(1 << 18, np.uint8)
         self.heap = HEAP
-        self.calls: list[tuple] = []
+        self.calls: list[tuple] = []  # as issued
         self.num_streams = 0
+        self.queues: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self.recorded: dict[object, int] = {}  # event -> records issued
+        self.reached: dict[object, int] = {}   # event -> records executed
 
     # driver
     def device_alloc(self, size: int) -> int:
@@ -51,32 +59,57 @@ class FakeGpu:
 
     def wait(self, stream, event) -> None:
         self.calls.append(("wait", stream, event))
+        self.queues[stream].append(("wait", event, self.recorded.get(event, 0)))
 
     def record(self, event, stream) -> None:
         self.calls.append(("record", event, stream))
+        self.recorded[event] = self.recorded.get(event, 0) + 1
+        self.queues[stream].append(("record", event, self.recorded[event]))
+
+    def enqueue(self, stream, work) -> None:
+        self.queues[stream].append(("work", work, 0))
 
     def memcpy_async(self, dst: int, src: int, size: int, stream) -> None:
         self.calls.append(("copy", stream, 1))
-        self.mem[dst:dst + size] = self.mem[src:src + size]
+        self.enqueue(stream, lambda: self._move(dst, src, size))
 
     def memcpy_batch_async(self, dsts, srcs, sizes, stream) -> None:
         self.calls.append(("copy", stream, len(dsts)))
-        for dst, src, size in zip(dsts.tolist(), srcs.tolist(), np.asarray(sizes).tolist()):
-            self.mem[dst:dst + size] = self.mem[src:src + size]
+        moves = list(zip(dsts.tolist(), srcs.tolist(), np.broadcast_to(sizes, dsts.shape).tolist()))
+        self.enqueue(stream, lambda: [self._move(*m) for m in moves])
+
+    def _move(self, dst: int, src: int, size: int) -> None:
+        self.mem[dst:dst + size] = self.mem[src:src + size].copy()
 
     # the kernel (kernels.SOURCE's arithmetic)
     def launch(self, stream, ids_ptr, offsets_ptr, num_pages, client_base, client_stride,
                pool_base, page_bytes, to_pool, num_layers=1, client_layer_stride=0,
                pool_layer_stride=0) -> None:
         self.calls.append(("launch", stream, num_layers))
-        ids = self.mem[ids_ptr:ids_ptr + 8 * num_pages].view(np.int64)
-        offsets = self.mem[offsets_ptr:offsets_ptr + 8 * num_pages].view(np.int64)
-        for layer in range(num_layers):
-            for block, offset in zip(ids.tolist(), offsets.tolist()):
-                c = client_base + block * client_stride + layer * client_layer_stride
-                p = pool_base + offset + layer * pool_layer_stride
-                src, dst = (c, p) if to_pool else (p, c)
-                self.mem[dst:dst + page_bytes] = self.mem[src:src + page_bytes]
+
+        def kernel():  # reads its id lists when it runs, as the GPU does
+            ids = self.mem[ids_ptr:ids_ptr + 8 * num_pages].view(np.int64)
+            offsets = self.mem[offsets_ptr:offsets_ptr + 8 * num_pages].view(np.int64)
+            for layer in range(num_layers):
+                for block, offset in zip(ids.tolist(), offsets.tolist()):
+                    c = client_base + block * client_stride + layer * client_layer_stride
+                    p = pool_base + offset + layer * pool_layer_stride
+                    src, dst = (c, p) if to_pool else (p, c)
+                    self._move(dst, src, page_bytes)
+        self.enqueue(stream, kernel)
+
+    def run(self, seed: int) -> None:
+        """Execute every queue, picking at random among streams whose next step may run."""
+        rng = np.random.default_rng(seed)
+        while any(self.queues.values()):
+            ready = [s for s, q in self.queues.items()
+                     if q and (q[0][0] != "wait" or self.reached.get(q[0][1], 0) >= q[0][2])]
+            assert ready, "deadlock: every stream waits on an event never recorded"
+            kind, what, version = self.queues[ready[rng.integers(len(ready))]].popleft()
+            if kind == "work":
+                what()
+            elif kind == "record":
+                self.reached[what] = max(self.reached.get(what, 0), version)
 
 
 @dataclass
@@ -99,8 +132,9 @@ def _op(direction, block_ids, entry_ids, layers=range(NUM_LAYERS), **kw) -> Copy
                   np.asarray(entry_ids, np.int64) * ENTRY, **kw)
 
 
-def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=()) -> Inflight:
-    """``staged.issue`` as the backend calls it: ids and local offsets in memory first."""
+def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=(), seed: int = 0) -> Inflight:
+    """``staged.issue`` as the backend calls it (ids and local offsets in memory first),
+    then the GPU runs it all under ``seed``'s order."""
     n, step = len(op.block_ids), staged.run_bytes(op)
     per_slot = staging.slot_bytes // step
     words = np.concatenate([op.block_ids, np.arange(min(per_slot, n)) * step]).astype(np.int64)
@@ -110,6 +144,7 @@ def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=()) -> Inflig
     inflight = Inflight()
     staged.issue(staging, gpu, op, regions, POOL, WORDS, WORDS + 8 * n, list(events),
                  lambda: f"ev{next(counter)}", inflight)
+    gpu.run(seed)
     return inflight
 
 
@@ -148,9 +183,10 @@ def test_uniform_layers_needs_one_step_and_one_block_stride():
     assert staged.uniform_layers(op, one) is None
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("uniform", [True, False], ids=["one-launch", "per-layer"])
 @pytest.mark.parametrize("slot_entries", [1, 3, 8])
-def test_save_then_load_through_slots_byte_exact(gpu, uniform, slot_entries):
+def test_save_then_load_through_slots_byte_exact(gpu, uniform, slot_entries, seed):
     rng = np.random.default_rng(slot_entries)
     gpu.mem[CLIENT:CLIENT + NUM_LAYERS * LAYER_BYTES] = rng.integers(0, 256, NUM_LAYERS * LAYER_BYTES)
     before = _client(gpu).copy()
@@ -166,7 +202,7 @@ def test_save_then_load_through_slots_byte_exact(gpu, uniform, slot_entries):
     # 1. SAVE 7 blocks into entries with runs of 3, 1, 2, 1 consecutive entries.
     src = rng.choice(NUM_BLOCKS, 7, replace=False)
     entries = np.array([2, 3, 4, 9, 12, 13, 20])
-    _issue(gpu, staging, _op(Direction.SAVE, src, entries), regions)
+    _issue(gpu, staging, _op(Direction.SAVE, src, entries), regions, seed=seed)
     pool = _pool(gpu)
     assert np.array_equal(pool[entries], before[:, src].transpose(1, 0, 2))
     assert (np.delete(pool, entries, axis=0) == POISON).all()
@@ -175,7 +211,7 @@ def test_save_then_load_through_slots_byte_exact(gpu, uniform, slot_entries):
     _client(gpu)[:, dst] = POISON
     if not uniform:
         gpu.mem[other:other + LAYER_BYTES].reshape(NUM_BLOCKS, PAGE)[dst] = POISON
-    _issue(gpu, staging, _op(Direction.LOAD, dst, entries), regions)
+    _issue(gpu, staging, _op(Direction.LOAD, dst, entries), regions, seed=seed)
     after = _client(gpu)
     if not uniform:
         after = after.copy()
@@ -238,7 +274,7 @@ def test_slot_reuse_waits_for_its_last_use_and_forget_frees_it(gpu):
     ("auto", 1 << 20, False, "copy-engine"),   # big pages: page by page (probe's choice)
     ("auto", 64 << 10, True, "kernel"),        # a fenced load: the kernel, layer by layer
     ("staged", 1 << 20, False, "staged"),      # asked for: staged whatever the page size
-    ("staged", 64 << 10, True, "copy-engine"),  # asked for but impossible: the copy engine
+    ("staged", 64 << 10, True, "kernel"),      # asked for but impossible: as under auto
 ])
 def test_cuda_backend_path_stages_what_it_should(copy_backend, page_bytes, fenced, expected):
     from engine.copy.cuda import CudaBackend
@@ -253,3 +289,64 @@ def test_cuda_backend_path_stages_what_it_should(copy_backend, page_bytes, fence
                 np.array([3]), np.array([0]), record_events=0 if fenced else None)
     regions = [Region(0, b"", 1 << 30, 1 << 40)] * NUM_LAYERS
     assert backend._path(dev, op, regions) == expected
+
+
+def _client_late(gpu: FakeGpu, event: str, write) -> None:
+    """The client's stream: ``write`` (GPU work still running), then ``event`` recorded."""
+    gpu.enqueue("client", write)
+    gpu.record(event, "client")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("per_layer", [False, True], ids=["one-event", "event-per-layer"])
+def test_save_reads_client_pages_only_after_their_event(gpu, seed, per_layer):
+    # 1. The client is still writing layer 2 of every block when the SAVE is issued; its
+    #    event (one for the op, or layer 2's) is recorded after that write.
+    gpu.mem[CLIENT:CLIENT + NUM_LAYERS * LAYER_BYTES] = 7
+    events = [f"client{i}" for i in range(8)]
+    waited = events[3 + 2] if per_layer else events[5]
+    _client_late(gpu, waited, lambda: _client(gpu).__setitem__(2, NEW_BYTE))
+    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
+    src, entries = np.array([1, 4, 9, 12, 15]), np.array([0, 1, 2, 5, 6])
+    op = _op(Direction.SAVE, src, entries, wait_event=3 if per_layer else 5,
+             wait_per_layer=per_layer)
+    _issue(gpu, staging, op, events=events, seed=seed)
+    # 2. Whatever the order the GPU ran things in, the pool holds the new layer 2.
+    assert (_pool(gpu)[entries, 2] == NEW_BYTE).all()
+    assert (_pool(gpu)[entries][:, [0, 1, 3]] == 7).all()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_load_writes_client_pages_only_after_its_event(gpu, seed):
+    # 1. The client still uses the destination blocks (it poisons them) until its event.
+    gpu.mem[POOL:POOL + NUM_ENTRIES * ENTRY] = np.arange(NUM_ENTRIES * ENTRY) % 251
+    dst, entries = np.array([2, 3, 8, 10, 11]), np.array([4, 5, 6, 9, 20])
+    def still_in_use():
+        _client(gpu)[:, dst] = POISON
+
+    _client_late(gpu, "client1", still_in_use)
+    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
+    _issue(gpu, staging, _op(Direction.LOAD, dst, entries, wait_event=1),
+           events=[f"client{i}" for i in range(4)], seed=seed)
+    # 2. The loaded bytes land after the client's last use, never under it.
+    assert np.array_equal(_client(gpu)[:, dst], _pool(gpu)[entries].transpose(1, 0, 2))
+
+
+def test_device_staging_failing_half_way_gives_everything_back(gpu, monkeypatch):
+    # The third stream cannot be made: the two made and the memory are released, the
+    # error reaches the caller (which then runs without staging).
+    from pegaflow.errors import CudaError
+    made, destroyed = [], []
+    create = gpu.create_stream
+
+    def create_stream(low_priority=True):
+        if len(made) == 2:
+            raise CudaError("out of streams")
+        made.append(create(low_priority))
+        return made[-1]
+
+    monkeypatch.setattr(gpu, "create_stream", create_stream)
+    monkeypatch.setattr(gpu, "destroy_stream", destroyed.append)
+    with pytest.raises(CudaError):
+        staged.DeviceStaging(4 * ENTRY)
+    assert sorted(destroyed) == sorted(made) and [c[0] for c in gpu.calls] == ["free"]
