@@ -81,7 +81,7 @@ def test_restart_after_a_crash_removes_the_rings_of_more_slots_than_its_own(engi
     restarted = engine_factory(crashed.name, max_clients=4)
     left = [e for e in os.listdir("/dev/shm") if f".{crashed.name}." in e and ("ring." in e or "cq." in e)]
     assert sorted(e.rsplit(".", 1)[1] for e in left) == ["0", "0", "1", "1", "2", "2", "3", "3"]
-    assert restarted.connect().ping() >= 0
+    assert restarted.connect().ping() == 0
     # 3. (teardown) nothing of either engine is left in /dev/shm.
 
 
@@ -94,7 +94,7 @@ def test_clean_stop_removes_the_name_lock_and_the_name_can_be_taken_again(engine
     assert not os.path.exists(lock)
     # 2. Another engine takes the name at once.
     again = engine_factory(engine.name)
-    assert again.connect().ping() >= 0
+    assert again.connect().ping() == 0
 
 
 @pytest.mark.parametrize("release_pool", [True, False])
