@@ -26,8 +26,6 @@ entry, and an entry larger than a slot.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from engine.copy.base import CopyOp, Direction
@@ -35,12 +33,10 @@ from engine.copy.checks import Region
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
 
-logger = logging.getLogger(__name__)
-
 SLOTS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
 # ``auto`` stages pages up to this size.  On the H200 (bench_transfer, 8d13e3f), staged
 # against the copy engine page by page: 64 KiB pages 53.7 / 54.2 vs 53.4 / 51.9 GB/s at 10k
-# tokens (load / save), 256 KiB pages ahead or level at every length; 1 MiB pages level
+# tokens (load / save), 256 KiB pages ahead or within 0.4 at every length; 1 MiB pages level
 # from 8k tokens and behind below (1k tokens: 44.4 / 45.4 vs 48.4 / 49.4).
 AUTO_MAX_PAGE_BYTES = 256 << 10
 
