@@ -172,20 +172,24 @@ class Dispatcher:
 
     # -- blocks ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _hash_keys(rec, payload) -> list:
+        """The keys of a LOOKUP's or DROP's payload: ``num_items`` hash records."""
+        if len(payload) != rec.num_items * HASH.itemsize:
+            raise CommandError(Status.BAD_PAYLOAD,
+                               f"{Opcode(rec.opcode).name} wants num_items hash records")
+        return command_keys(rec, payload.view(HASH))
+
     def _lookup(self, client, rec, payload):
         num_items = rec.num_items
-        if len(payload) != num_items * HASH.itemsize:
-            raise CommandError(Status.BAD_PAYLOAD, "LOOKUP wants num_items hash records")
-        num_hits, lease_id = self.index.lookup(client.slot, command_keys(rec, payload.view(HASH)))
+        num_hits, lease_id = self.index.lookup(client.slot, self._hash_keys(rec, payload))
         self.stats.add("lookups")
         self.stats.add("lookup_blocks", num_items)
         self.stats.add("lookup_hit_blocks", num_hits)
         return Status.OK, (num_hits, lease_id, 0)
 
     def _drop(self, client, rec, payload):
-        if len(payload) != rec.num_items * HASH.itemsize:
-            raise CommandError(Status.BAD_PAYLOAD, "DROP wants num_items hash records")
-        num_found = self.index.drop(command_keys(rec, payload.view(HASH)), client.uid, rec.arg)
+        num_found = self.index.drop(self._hash_keys(rec, payload), client.uid, rec.arg)
         if num_found:
             logger.info("slot %d (pid %d): dropped %d stored blocks it computed from bad data",
                         client.slot, client.pid, num_found)

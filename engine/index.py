@@ -51,7 +51,7 @@ class Lease:
     slot: int
     keys: list[Key]
     expires_at: float
-    entries: list[Entry] = field(default_factory=list)  # of ``keys``, pinned while it lives
+    entries: list[Entry]  # of ``keys``, pinned while it lives
 
 
 @dataclass(slots=True)
@@ -91,7 +91,7 @@ class BlockIndex:
         hit_keys = keys[:len(hits)]
         for entry in hits:
             entry.refs += 1
-        self.touch_chain(hit_keys)
+        self.touch_chain(hit_keys, hits)
         lease_id = next(self._lease_ids)
         self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s,
                                       hits)
@@ -106,7 +106,7 @@ class BlockIndex:
         lease = self.leases.get(lease_id)
         if lease is None or not keys:
             return None
-        start = 0 if lease.keys[:1] == keys[:1] else _position(lease.keys, keys[0])
+        start = _position(lease.keys, keys[0])
         end = start + len(keys)
         if start < 0 or lease.keys[start:end] != keys:
             return None
@@ -118,23 +118,21 @@ class BlockIndex:
         self.unpin(lease.keys[end:])
         return np.fromiter((entry.offset for entry in taken), np.int64, len(taken))
 
-    def touch_chain(self, keys: list[Key]) -> None:
+    def touch_chain(self, keys: list[Key], entries: list[Entry] | None = None) -> None:
         """``keys`` (a prefix chain, head first) were just used: the head becomes the most
         recently used, so eviction takes a chain from its tail (a lookup stops at the
-        first miss: a chain without its head is lost whole)."""
+        first miss: a chain without its head is lost whole).  ``entries``: theirs, where
+        the caller has them already."""
         touch = self.policy.touch
-        if self.table is None:
-            for key in reversed(keys):
-                touch(key)
-            return
-        get, offsets, sizes = self.entries.get, [], []
-        for key in reversed(keys):  # the same order in the table, for a kept pool's next engine
+        for key in reversed(keys):
             touch(key)
-            entry = get(key)
-            if entry is not None:
-                offsets.append(entry.offset)
-                sizes.append(entry.entry_bytes)
-        self.table.touched(offsets, sizes)
+        if self.table is None:
+            return
+        if entries is None:
+            entries = [e for e in map(self.entries.get, keys) if e is not None]
+        # the same order in the table, for a kept pool's next engine
+        self.table.touched([e.offset for e in reversed(entries)],
+                           [e.entry_bytes for e in reversed(entries)])
 
     def release(self, lease_id: int) -> bool:
         lease = self.leases.pop(lease_id, None)
@@ -152,7 +150,7 @@ class BlockIndex:
             entry = self.entries[key]
             entry.refs -= 1
             assert entry.refs >= 0, f"refcount of {key!r} went negative"
-            if entry.is_doomed and entry.refs == 0 and entry.pending_mask == 0:
+            if entry.is_doomed and _is_unused(entry):
                 self._drop(key)
 
     def drop(self, keys: list[Key], writer: int, since_request: int) -> int:
@@ -168,7 +166,7 @@ class BlockIndex:
                     entry.writer[1] < since_request:
                 continue
             num_found += 1
-            if entry.refs == 0 and entry.pending_mask == 0:
+            if _is_unused(entry):
                 self._drop(key)
             else:
                 entry.is_doomed = True
@@ -231,8 +229,11 @@ class BlockIndex:
                 mask = (1 << num_layers) - 1
                 self.entries[key] = Entry(offset, size, mask, ORPHAN, now, done_mask=mask)
                 self.policy.insert(key)
-                kept.append(key)
-        self.table.clear_except([(self.entries[k].offset, self.entries[k].entry_bytes) for k in kept])
+                kept.append((offset, size))
+        if len(kept) < len(ready):
+            logger.warning("kept pool: %d of its %d READY records do not fit this pool's slabs: "
+                           "not taken in", len(ready) - len(kept), len(ready))
+        self.table.clear_except(kept)
         return len(kept)
 
     def _evict_one(self) -> bool:
@@ -268,7 +269,7 @@ class BlockIndex:
             entry.pending_mask &= ~mask
             entry.done_mask |= mask
             if entry.is_doomed:  # dropped by a client meanwhile: never served
-                if not entry.pending_mask and not entry.refs:
+                if _is_unused(entry):
                     self._drop(key)
                 continue
             if not was_ready and entry.done_mask == entry.all_layers_mask:
@@ -285,9 +286,16 @@ class BlockIndex:
         """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""
         entry = self.entries[key]
         entry.pending_mask &= ~mask
-        if entry.pending_mask == 0 and (entry.is_doomed and not entry.refs or not entry.is_ready and (
-                entry.done_mask == 0 or entry.owner_slot == ORPHAN)):
+        if not _is_unused(entry):  # a block being written is not served: only doomed ones have refs
+            return
+        if entry.is_doomed or not entry.is_ready and (entry.done_mask == 0 or
+                                                      entry.owner_slot == ORPHAN):
             self._drop(key)
+
+
+def _is_unused(entry: Entry) -> bool:
+    """Neither pinned (lease, load) nor being written: it may leave the index."""
+    return entry.refs == 0 and entry.pending_mask == 0
 
 
 def _position(keys: list[Key], key: Key) -> int:

@@ -120,9 +120,7 @@ class PoolTable:
         sizes = ready["entry_bytes"].astype(np.int64)
         ok = sizes > 0
         expected = np.full(len(where), -1, np.int64)
-        offsets = ready["offset"].astype(np.int64)
-        slab, within = np.divmod(offsets, self.slab_bytes)
-        expected[ok] = slab[ok] * self.records_per_slab + within[ok] // sizes[ok]
+        expected[ok] = self._where(ready["offset"][ok].astype(np.int64), sizes[ok])
         return read_ready(ready[expected == where])
 
     def clear_except(self, entries: list[tuple[int, int]]) -> None:

@@ -205,7 +205,6 @@ class EngineSegments:
                 found.append(shm.attach_segment(name))
             except EngineNotRunningError:
                 pass
-        why = None
         if not found:
             return None
         if not self.config.keep_pool:

@@ -254,5 +254,4 @@ class EngineServer:
             client.flush()
         self.backend.close()
         self.segments.unlink_all(release_pool=self.backend.num_inflight() == 0)
-        logger.info("engine %r stopped; its shared memory is unlinked%s", self.config.name,
-                    " (but the pool and its table, kept)" if self.config.keep_pool else "")
+        logger.info("engine %r stopped; its shared memory is unlinked", self.config.name)

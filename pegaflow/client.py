@@ -146,12 +146,12 @@ class EngineClient:
         ring_slots, arena_bytes = int(header["ring_slots"]), int(header["arena_bytes"])
         self._ring_segment = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
         view = RingSegmentView(self._ring_segment, ring_slots, arena_bytes)
-        self._own_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, f"cq.{self.slot}")),
-                                  view.client_sleeping)
-        self._bells.append(self._own_bell)
-        self._own_bell.drain()
+        own_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, f"cq.{self.slot}")),
+                            view.client_sleeping)
+        self._bells.append(own_bell)
+        own_bell.drain()
         self._producer = RingProducer(view.submissions, engine_bell)
-        self._consumer = RingConsumer(view.completions, self._own_bell)
+        self._consumer = RingConsumer(view.completions, own_bell)
         self._arena = PayloadArena(view.arena, self._producer)
         self._view = view
         self.is_closed = False

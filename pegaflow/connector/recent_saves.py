@@ -43,6 +43,5 @@ class RecentSaves:
         self._steps.clear()
         if not sent:
             return None
-        # Joined as bytes: numpy's concatenate of records packs away HASH's padding.
-        hashes = np.concatenate([r.view(np.uint8).reshape(-1) for _, r in sent]).view(HASH)
+        hashes = np.concatenate([r for _, r in sent], dtype=HASH)  # dtype=: keeps HASH's padding
         return hashes, min(request_id for request_id, _ in sent)

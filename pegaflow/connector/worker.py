@@ -42,7 +42,6 @@ class WorkerSide:
         self.config = config
         self.namespace = namespace
         self.rank = rank
-        self.num_ranks = num_ranks  # tensor x pipeline parallel ranks of this vLLM
         self.num_blocks = num_blocks
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
                                f"pegaflow worker rank {rank}", self._register)
@@ -170,10 +169,9 @@ class WorkerSide:
             slot = None
             if self.memory.has_events and not spec.is_async and index < self.config.num_load_slots:
                 slot = index
-            lease = spec.lease_ids[self.rank] if self.rank < len(spec.lease_ids) else 0
             try:
                 request_id = client.submit_load(
-                    self.namespace, spec.block_ids, list(spec.hashes), lease_id=lease,
+                    self.namespace, spec.block_ids, list(spec.hashes), lease_id=self._lease_of(spec),
                     event_index=NO_EVENT if slot is None else self._load_event_base(slot),
                     after_client=self.memory.has_events)
             except PegaflowError as exc:
@@ -200,10 +198,14 @@ class WorkerSide:
             return False
         return True
 
+    def _lease_of(self, spec: LoadSpec) -> int:
+        """This rank's lease of ``spec``'s blocks (0: none)."""
+        return spec.lease_ids[self.rank] if self.rank < len(spec.lease_ids) else 0
+
     def _release_lease(self, client: EngineClient, spec: LoadSpec) -> None:
         """Give back this rank's lease of a load never sent (else it pins its blocks until
         it expires); the scheduler took it on its own link."""
-        lease = spec.lease_ids[self.rank] if self.rank < len(spec.lease_ids) else 0
+        lease = self._lease_of(spec)
         if not lease:
             return
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pegaflow.wire import Opcode, Status
+
 from tests.engine.conftest import random_hashes
 
 
@@ -58,8 +60,8 @@ def test_drop_of_other_namespace_or_bad_payload(engine, kv_client, rng):
     assert kv.client.wait(kv.client.submit_drop(4, hashes)).value == 0
     assert kv.num_hits(3, hashes) == 1
     # 2. A payload that is not num_items hash records is refused, changing nothing.
-    request_id = kv.submit_raw(opcode=11, num_items=2, namespace=3)
-    assert int(kv.take_raw(request_id)["status"]) != 0
+    request_id = kv.submit_raw(opcode=Opcode.DROP, num_items=2, namespace=3)
+    assert int(kv.take_raw(request_id)["status"]) == Status.BAD_PAYLOAD
     assert kv.num_hits(3, hashes) == 1
 
 
