@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from engine.copy.base import PATHS as COPY_PATHS
+from engine.copy.base import DEVICE_STAGING_BYTES, PATHS as COPY_PATHS
 from pegaflow.connector.config import as_bool
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
@@ -36,7 +36,7 @@ class EngineConfig:
     slab_bytes: int = 64 << 20
     backend: str = "auto"
     copy_backend: str = "auto"
-    device_staging_bytes: int = 256 << 20
+    device_staging_bytes: int = DEVICE_STAGING_BYTES
     log_level: str = "INFO"
     num_slots: int = 64
     ring_slots: int = 1024
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "memory, one DMA per run of pool entries); auto stages what it can "
                         "and picks between the others by a measurement per page size "
                         "(default %(default)s)")
-    p.add_argument("--device-staging", default=_env("DEVICE_STAGING", "256MiB"),
+    p.add_argument("--device-staging", default=_env("DEVICE_STAGING", f"{DEVICE_STAGING_BYTES >> 20}MiB"),
                    help="GPU memory the staged path takes on each GPU the engine serves "
                         "(two slots each way); 0 turns it off (env PEGAFLOW_DEVICE_STAGING; "
                         "default %(default)s)")

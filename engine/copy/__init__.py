@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.copy.base import CopyBackend
+from engine.copy.base import DEVICE_STAGING_BYTES, CopyBackend
 
 logger = logging.getLogger(__name__)
 
@@ -25,15 +25,13 @@ def detect_cuda() -> bool:
 
 
 def make_backend(kind: str, copy_backend: str = "auto",
-                 device_staging_bytes: int | None = None) -> CopyBackend:
+                 device_staging_bytes: int = DEVICE_STAGING_BYTES) -> CopyBackend:
     """``kind``: auto | cuda | host; auto means cuda when a GPU is present.
-    ``device_staging_bytes``: the cuda backend's staged path (None: its default)."""
+    ``device_staging_bytes``: GPU memory of the cuda backend's staged path."""
     if kind == "auto":
         kind = "cuda" if detect_cuda() else "host"
     if kind == "cuda":
         from engine.copy.cuda import CudaBackend
-        if device_staging_bytes is None:
-            return CudaBackend(copy_backend=copy_backend)
         return CudaBackend(copy_backend=copy_backend, device_staging_bytes=device_staging_bytes)
     from engine.copy.host import HostBackend
     return HostBackend()

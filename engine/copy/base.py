@@ -28,6 +28,7 @@ COPY_ENGINE = "copy-engine"  # cuMemcpyBatchAsync per layer (DMA, no SMs)
 STAGED = "staged"            # packed in device memory, then one DMA per run of entries
 AUTO = "auto"                # staged where it can be, else chosen per page size by a measurement
 PATHS = (AUTO, KERNEL, COPY_ENGINE, STAGED)
+DEVICE_STAGING_BYTES = 256 << 20  # per GPU, the staged path's slots: two of 64 MiB each way
 
 
 class Direction(enum.IntEnum):

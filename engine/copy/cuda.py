@@ -66,8 +66,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.copy import staged
-from engine.copy.base import (AUTO, COPY_ENGINE, KERNEL, PATHS, STAGED, CopyBackend, CopyDone,
-                              CopyOp, Direction)
+from engine.copy.base import (AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, PATHS, STAGED,
+                              CopyBackend, CopyDone, CopyOp, Direction)
 from engine.copy.checks import Region, check_op
 from engine.copy.cuda_device import MAPPINGS, Device, dma_write_once, prefault
 from engine.copy.kernels import StagingRing, is_aligned
@@ -79,7 +79,6 @@ from pegaflow.wire import RegionKind, Status
 logger = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 2.0  # after the server's own drain
-DEVICE_STAGING_BYTES = 256 << 20  # per device: two 64 MiB slots each way (staged.py)
 PROBE_DRAIN_S = 0.1  # copies in flight before auto's measurement (a REGISTER waits for it)
 _COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
@@ -301,9 +300,7 @@ class CudaBackend(CopyBackend):
         if path == KERNEL:
             staging = self._stage(op)
         elif path == STAGED:
-            per_slot = dev.staging.slot_bytes // staged.run_bytes(op)
-            staging = self._stage(op, np.arange(min(per_slot, len(op.block_ids)), dtype=np.int64)
-                                  * staged.run_bytes(op))
+            staging = self._stage(op, staged.local_offsets(op, dev.staging.slot_bytes))
         if path in (KERNEL, STAGED) and staging is None:
             path = COPY_ENGINE  # staging ring full: DMA needs none
         inflight = _Inflight(op.token, op.slot, dev.device, staging)
@@ -319,9 +316,8 @@ class CudaBackend(CopyBackend):
         events = self._open_events(op.slot, dev.device)
         driver.use_device(dev.device)
         if path == STAGED:
-            ids = self._staging.address(f.staging[0])
-            staged.issue(dev.staging, dev.kernel, op, regions, dev.pool_base, ids,
-                         ids + 8 * len(op.block_ids), events, dev.event, f)
+            staged.issue(dev.staging, dev.kernel, op, regions, dev.pool_base,
+                         self._staging.address(f.staging[0]), events, dev.event, f)
             return
         to_pool = op.direction == Direction.SAVE
         depth = self.dma_layers_in_flight if to_pool and path == COPY_ENGINE else \

@@ -115,12 +115,12 @@ def dma_write_once(pool_base: int, size: int) -> None:
             driver.memcpy_async(buffer, pool_base + start, num_bytes, stream)
             driver.memcpy_async(pool_base + start, buffer, num_bytes, stream)
     finally:  # every resource released even if one release fails; the first error raised
-        _release_all([(driver.synchronize_stream, s) for s in streams]
+        release_all([(driver.synchronize_stream, s) for s in streams]
                      + [(driver.destroy_stream, s) for s in streams]
                      + [(driver.device_free, b) for b in buffers])
 
 
-def _release_all(steps) -> None:
+def release_all(steps) -> None:
     first = None
     for release, what in steps:
         try:

@@ -30,6 +30,7 @@ import numpy as np
 
 from engine.copy.base import CopyOp, Direction
 from engine.copy.checks import Region
+from engine.copy.cuda_device import release_all
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
 
@@ -46,7 +47,6 @@ class _Side:
 
     def __init__(self, base: int, slot_bytes: int) -> None:
         self.slots = [base + i * slot_bytes for i in range(SLOTS_PER_DIRECTION)]
-        self.slot_bytes = slot_bytes
         self.gather_stream = driver.create_stream(low_priority=True)
         try:
             self.copy_stream = driver.create_stream(low_priority=True)
@@ -61,9 +61,8 @@ class _Side:
         self.cursor = (self.cursor + 1) % len(self.slots)
         return index
 
-    def close(self) -> None:
-        for stream in (self.gather_stream, self.copy_stream):
-            driver.destroy_stream(stream)
+    def streams(self) -> tuple:
+        return self.gather_stream, self.copy_stream
 
 
 class DeviceStaging:
@@ -93,9 +92,9 @@ class DeviceStaging:
                                 for e in side.free_events]
 
     def close(self) -> None:
-        for side in self.sides.values():
-            side.close()
-        driver.device_free(self._memory)
+        """Streams and memory given back, each even if another fails (the first error raised)."""
+        release_all([(driver.destroy_stream, s) for side in self.sides.values() for s in side.streams()]
+                    + [(driver.device_free, self._memory)])
 
 
 def run_bytes(op: CopyOp) -> int:
@@ -120,6 +119,13 @@ def entry_runs(offsets: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.diff(np.concatenate((starts, [len(offsets)])))
 
 
+def local_offsets(op: CopyOp, slot_bytes: int) -> np.ndarray:
+    """Where entry k of a sub-chunk lies in its slot, for the kernel (k below the entries a
+    slot holds, or the op's own count if smaller)."""
+    step = run_bytes(op)
+    return np.arange(min(slot_bytes // step, len(op.block_ids)), dtype=np.int64) * step
+
+
 def uniform_layers(op: CopyOp, regions: list[Region]) -> int | None:
     """The client-address step from one layer to the next if it is the same for all of
     the op's layers and their block strides agree (one launch covers them), else None."""
@@ -133,12 +139,12 @@ def uniform_layers(op: CopyOp, regions: list[Region]) -> int | None:
 
 
 def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], pool_base: int,
-          ids_address: int, local_offsets_address: int, client_events: list, new_event,
-          inflight) -> None:
+          ids_address: int, client_events: list, new_event, inflight) -> None:
     """Enqueue ``op`` staged.  ``ids_address``: the op's block ids (int64, readable by the
-    kernel); ``local_offsets_address``: ``k * run_bytes(op)`` for k < entries per slot.
-    ``new_event()`` gives an engine event; every one used goes to ``inflight.events``, and
-    ``inflight.done`` is recorded after the last copy."""
+    kernel), followed by its ``local_offsets``.  ``new_event()`` gives an engine event;
+    every one used goes to ``inflight.events``, and ``inflight.done`` is recorded after
+    the last copy."""
+    local_offsets_address = ids_address + 8 * len(op.block_ids)
     side = staging.sides[op.direction]
     save = op.direction == Direction.SAVE
     step = run_bytes(op)
@@ -158,21 +164,21 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
         return event
 
     def move(start: int, count: int, slot: int) -> None:
-        runs = np.unique(run_of[start:start + count])
+        runs = slice(run_of[start], run_of[start + count - 1] + 1)  # run_of: 0, 0, 1, 2, 2, ...
         lo = np.maximum(starts[runs], start)
         hi = np.minimum(starts[runs] + counts[runs], start + count)
         pool = pool_runs[runs] + (lo - starts[runs]) * step
         local = slot + (lo - start) * step
         dst, src = (pool, local) if save else (local, pool)
-        if len(runs) == 1:
+        if len(lo) == 1:
             driver.memcpy_async(int(dst[0]), int(src[0]), int(hi[0] - lo[0]) * step, copy)
         else:
             driver.memcpy_batch_async(dst, src, (hi - lo) * step, copy)
 
     def pack(start: int, count: int, slot: int, first: bool) -> None:
         ids = ids_address + 8 * start
-        if layer_step is not None and not (save and first and op.wait_per_layer):
-            if first and op.wait_event is not None:  # one event for the op (a LOAD's, or a SAVE's)
+        if layer_step is not None and not (first and op.wait_per_layer):
+            if first and op.wait_event is not None:  # one event for the whole op
                 driver.wait(gather, client_events[op.wait_event])
             base = regions[0].base + op.layers[0].offset_bytes
             kernel.launch(gather, ids, local_offsets_address, count, base,

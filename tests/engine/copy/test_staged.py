@@ -135,14 +135,12 @@ def _op(direction, block_ids, entry_ids, layers=range(NUM_LAYERS), **kw) -> Copy
 def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=(), seed: int = 0) -> Inflight:
     """``staged.issue`` as the backend calls it (ids and local offsets in memory first),
     then the GPU runs it all under ``seed``'s order."""
-    n, step = len(op.block_ids), staged.run_bytes(op)
-    per_slot = staging.slot_bytes // step
-    words = np.concatenate([op.block_ids, np.arange(min(per_slot, n)) * step]).astype(np.int64)
-    gpu.mem[WORDS:WORDS + 8 * len(words)] = words.view(np.uint8)
+    words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.slot_bytes)])
+    gpu.mem[WORDS:WORDS + 8 * len(words)] = words.astype(np.int64).view(np.uint8)
     regions = regions or [Region(0, b"", CLIENT, NUM_LAYERS * LAYER_BYTES)] * len(op.layers)
     counter = iter(range(1 << 20))
     inflight = Inflight()
-    staged.issue(staging, gpu, op, regions, POOL, WORDS, WORDS + 8 * n, list(events),
+    staged.issue(staging, gpu, op, regions, POOL, WORDS, list(events),
                  lambda: f"ev{next(counter)}", inflight)
     gpu.run(seed)
     return inflight
@@ -263,27 +261,37 @@ def test_slot_reuse_waits_for_its_last_use_and_forget_frees_it(gpu):
     waits = [c for c in gpu.calls if c[0] == "wait" and c[1] == side.copy_stream]
     first_free = [c for c in gpu.calls if c[0] == "record" and c[2] == side.gather_stream][0][1]
     assert waits == [("wait", side.copy_stream, first_free)]
-    assert all(e is not None for e in side.free_events)
+    # a LOAD is done with its last scatter, on the gather stream
+    last = [c for c in gpu.calls if c[0] == "record" and c[2] == side.gather_stream][-1][1]
+    assert inflight.done == last
+    # forget frees only the finished op's slots: another op's last uses stay waited on
+    other = _issue(gpu, staging, _op(Direction.LOAD, [4], [11]))
+    kept = [e for e in side.free_events if e in other.events]
+    assert len(kept) == 1 and all(e is not None for e in side.free_events)
     staging.forget({id(e) for e in inflight.events})
+    assert [e for e in side.free_events if e is not None] == kept
+    staging.forget({id(e) for e in other.events})
     assert side.free_events == [None, None]
 
 
-@pytest.mark.parametrize("copy_backend,page_bytes,fenced,expected", [
-    ("auto", 64 << 10, False, "staged"),
-    ("auto", 256 << 10, False, "staged"),
-    ("auto", 1 << 20, False, "copy-engine"),   # big pages: page by page (probe's choice)
-    ("auto", 64 << 10, True, "kernel"),        # a fenced load: the kernel, layer by layer
-    ("staged", 1 << 20, False, "staged"),      # asked for: staged whatever the page size
-    ("staged", 64 << 10, True, "kernel"),      # asked for but impossible: as under auto
+@pytest.mark.parametrize("copy_backend,page_bytes,fenced,misaligned,expected", [
+    ("auto", 64 << 10, False, False, "staged"),
+    ("auto", 256 << 10, False, False, "staged"),
+    ("auto", 1 << 20, False, False, "kernel"),        # big pages: page by page, the probe's choice
+    ("auto", 64 << 10, True, False, "kernel"),        # a fenced load: the kernel, layer by layer
+    ("staged", 1 << 20, False, False, "staged"),      # asked for: staged whatever the page size
+    ("staged", 64 << 10, True, False, "kernel"),      # asked for but impossible: as under auto
+    ("staged", 64 << 10, False, True, "copy-engine"),  # misaligned for the kernel: page by page
 ])
-def test_cuda_backend_path_stages_what_it_should(copy_backend, page_bytes, fenced, expected):
+def test_cuda_backend_path_stages_what_it_should(copy_backend, page_bytes, fenced, misaligned,
+                                                 expected):
     from engine.copy.cuda import CudaBackend
     backend = CudaBackend.__new__(CudaBackend)  # no GPU: only the choice is exercised
     backend.copy_backend = copy_backend
     staging = staged.DeviceStaging.__new__(staged.DeviceStaging)
     staging.slot_bytes = 64 << 20
-    dev = type("Dev", (), {"staging": staging, "pool_base": 1 << 40,
-                           "paths": {(page_bytes, Direction.LOAD): "copy-engine"}})()
+    dev = type("Dev", (), {"staging": staging, "pool_base": (1 << 40) + 8 * misaligned,
+                           "paths": {(page_bytes, Direction.LOAD): "kernel"}})()
     op = CopyOp(1, Direction.LOAD, 0, [LayerPlacement(i, 0, i * (page_bytes << 8), page_bytes)
                                        for i in range(NUM_LAYERS)], page_bytes,
                 np.array([3]), np.array([0]), record_events=0 if fenced else None)
