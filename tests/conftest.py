@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -41,6 +42,17 @@ _names = itertools.count()
 def unique_engine_name(tag: str = "") -> str:
     """A name no other test (or other pytest run on this host) uses."""
     return f"t{os.getpid()}_{tag}{next(_names)}"
+
+
+def readline_within(proc: subprocess.Popen, timeout_s: float = 30.0) -> str:
+    """``proc``'s next line of stdout; ``proc`` is killed if none comes within
+    ``timeout_s`` (a child that never prints fails the test instead of hanging it)."""
+    watchdog = threading.Timer(timeout_s, proc.kill)
+    watchdog.start()
+    try:
+        return proc.stdout.readline()
+    finally:
+        watchdog.cancel()
 
 
 def shm_leftovers(name: str) -> list[str]:

@@ -44,6 +44,14 @@ class KVClient:
         self.pages[:, ids] = rng.integers(0, 256, self.pages[:, ids].shape, dtype=np.uint8)
         return self.pages[:, ids].copy()
 
+    def store(self, rng: np.random.Generator, namespace: int, block_ids) -> tuple[list[bytes], np.ndarray]:
+        """Random bytes into ``block_ids`` saved under new random hashes (asserted OK):
+        (the hashes, the bytes)."""
+        hashes = random_hashes(rng, len(block_ids))
+        saved = self.fill(rng, block_ids)
+        assert self.save(namespace, block_ids, hashes).is_ok
+        return hashes, saved
+
     def save(self, namespace: int, block_ids, hashes: list[bytes], layer: int = ALL_LAYERS) -> Completion:
         return self.client.wait(self.client.submit_save(namespace, block_ids, hashes, layer=layer))
 

@@ -11,10 +11,7 @@ from tests.engine.conftest import random_hashes
 
 
 def _stored(kv, rng, ids, namespace: int = 3):
-    hashes = random_hashes(rng, len(ids))
-    kv.fill(rng, ids)
-    assert kv.save(namespace, ids, hashes).is_ok
-    return hashes
+    return kv.store(rng, namespace, ids)[0]
 
 
 def test_drop_forgets_stored_blocks_and_leaves_others(engine, kv_client, rng):

@@ -318,6 +318,7 @@ def test_index_drop_of_a_block_being_written_goes_when_its_copy_ends(index):
     assert index.drop([key(1), key(2)], writer=0, since_request=0) == 2
     # 2. The stored one is gone at once; the other stays until its copy ends, never READY.
     assert key(2) not in index.entries and index.entries[key(1)].is_doomed
+    assert index.drop([key(1)], writer=0, since_request=0) == 0  # doomed already: not again
     assert index.mark_layers_done([key(1)], ALL_LAYERS) == 0
     assert key(1) not in index.entries and index.pool.num_entries == 0
     # 3. A copy that fails instead frees it too.

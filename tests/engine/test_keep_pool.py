@@ -10,21 +10,12 @@ import signal
 import numpy as np
 
 from tests.conftest import shm_leftovers, unique_engine_name
-from tests.engine.conftest import random_hashes
 
 KEEP = ("--keep-pool",)
 
 
-def _kept_names(name: str) -> list[str]:
-    return sorted(e for e in shm_leftovers(name))
-
-
 def _save(kv_client, engine, rng, namespace: int = 5):
-    client = kv_client(engine)
-    ids, hashes = [2, 7, 11, 30], random_hashes(rng, 4)
-    saved = client.fill(rng, ids)
-    assert client.save(namespace, ids, hashes).is_ok
-    return hashes, saved
+    return kv_client(engine).store(rng, namespace, [2, 7, 11, 30])
 
 
 def _load_back(kv_client, engine, hashes, namespace: int = 5) -> np.ndarray:
@@ -44,7 +35,7 @@ def test_keep_pool_blocks_outlive_a_clean_stop(engine_factory, kv_client, rng):
     hashes, saved = _save(kv_client, first, rng)
     assert first.stop() == 0
     # 2. Only the pool and its table are left.
-    assert _kept_names(name) == [f"pegaflow.{os.getuid()}.{name}.{what}" for what in ("pool", "pool.table")]
+    assert shm_leftovers(name) == [f"pegaflow.{os.getuid()}.{name}.{what}" for what in ("pool", "pool.table")]
     # 3. The next engine of that name takes them in: the blocks hit and load byte for byte.
     second = engine_factory(name, extra=KEEP)
     assert "took in 4 blocks" in second.stderr_text()

@@ -107,10 +107,8 @@ def test_pool_table_header_and_size():
 def test_engine_pool_table_finds_saved_blocks_without_the_engine(engine_factory, kv_client, rng):
     # 1. A real engine (keeping its pool, so it keeps a table) stores 5 blocks of random bytes.
     engine = engine_factory(extra=("--keep-pool",))
-    client = kv_client(engine)
-    ids, hashes = [3, 9, 17, 40, 63], random_hashes(rng, 5)
-    saved = client.fill(rng, ids)
-    assert client.save(11, ids, hashes).is_ok
+    ids = [3, 9, 17, 40, 63]
+    hashes, saved = kv_client(engine).store(rng, 11, ids)
     # 2. This process maps the pool and its table, as a restarted engine could.
     table_segment = shm.attach_segment(shm.ipc_name(engine.name, "pool.table"), readonly=True)
     pool_segment = shm.attach_segment(shm.ipc_name(engine.name, "pool"), readonly=True)

@@ -26,6 +26,7 @@ from pegaflow import shm
 from pegaflow.client import EngineClient
 from pegaflow.errors import EngineGoneError, EngineNotRunningError, NoFreeSlotError, WireVersionError
 from pegaflow.wire import CONTROL_HEADER, RING_HEADER, SLOT, Opcode, SlotState, Status, encode_hashes
+from tests.conftest import readline_within
 
 NAMESPACE = 0x5E7
 SIGTERM_EXIT_S = 5.0
@@ -356,7 +357,7 @@ def test_server_killed_client_slot_leases_and_memory_are_reclaimed(engine, kv_cl
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     buffer_name = None
     try:
-        report = json.loads(child.stdout.readline() or "{}")
+        report = json.loads(readline_within(child) or "{}")
         assert report.get("hits") == 4 and report["lease"] and report["saved_ok"], child.stderr.read()
         buffer_name = report["buffer"]
         # 2. While it lives: its slot is ACTIVE, its lease and half-written blocks count,

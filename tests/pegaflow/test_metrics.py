@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pegaflow.metrics import EngineCollector
+from tests.conftest import readline_within
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,10 +59,7 @@ def test_stat_cli_serves_metrics_over_http(engine):
                              "--serve-metrics", "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        watchdog = threading.Timer(30, proc.kill)  # a child that never prints fails, not hangs
-        watchdog.start()
-        line = proc.stdout.readline()
-        watchdog.cancel()
+        line = readline_within(proc)
         assert "/metrics" in line, proc.stderr.read() if proc.poll() is not None else line
         url = line.split(" at ", 1)[1].strip()
         # 2. A scrape returns the engine's metrics.

@@ -1,12 +1,8 @@
 """tools/bench_connector_step.py runs the real worker and scheduler sides' hooks."""
 
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 pytest.importorskip("vllm")  # the connector's metadata is vLLM's  # noqa: E402
 from tools.bench_connector_step import _Noop, _pegaflow, _step_us  # noqa: E402
@@ -30,13 +26,13 @@ def test_bench_connector_step_drives_the_real_hooks_through_decode_steps():
     worker, scheduler, names = _pegaflow(4)
     calls = Counter()
     _counted(calls, worker, scheduler)
-    assert _step_us(worker, scheduler, names, 50) > 0
-    assert calls["bind"] == calls["build_connector_meta"] == calls["wait_for_save"] == 50
-    assert calls["wait_for_layer_load"] == calls["save_kv_layer"] == 50 * len(names)
+    _step_us(worker, scheduler, names, 50)
+    per_layer = {"wait_for_layer_load", "save_kv_layer"}
+    assert calls == Counter({h: 50 * (len(names) if h in per_layer else 1) for h in HOOKS})
     assert worker._meta is not None and worker._loads_waited and worker._save_cmds == {}
     assert scheduler.requests["r"].num_saved_blocks == 78
     # 2. The baseline runs the same calls on hooks that do nothing.
     noop, noop_calls = _Noop(), Counter()
     _counted(noop_calls, noop)
-    assert _step_us(noop, noop, names, 50) > 0
+    _step_us(noop, noop, names, 50)
     assert noop_calls == calls

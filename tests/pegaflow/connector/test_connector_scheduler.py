@@ -58,7 +58,6 @@ def _assert_loaded_bytes(vllm: VllmInstance, load) -> None:
                 f"block {block_id} layer {layer} differs from what was saved"
 
 
-
 def _wait_matched(connector, request, timeout_s: float = 10.0):
     """Ask again until the lookup's answer is in (vLLM would ask again next step)."""
     deadline = time.monotonic() + timeout_s
@@ -66,6 +65,7 @@ def _wait_matched(connector, request, timeout_s: float = 10.0):
         assert time.monotonic() < deadline, "the lookup's answer never came"
         time.sleep(0.001)
     return hit
+
 
 def test_connector_first_request_saves_full_blocks(engine):
     # 1. One vLLM computes a 87-token prompt and two output tokens.
@@ -252,10 +252,7 @@ def test_connector_slow_engine_lookup_asks_again_then_misses_and_frees_lease(eng
             engine.proc.send_signal(signal.SIGCONT)
         # 5. The late answer's lease is given back at the next lookup; a new request hits.
         other = make_request("after-slow", PROMPT)
-        deadline = time.monotonic() + 5
-        while (hit := connector.get_num_new_matched_tokens(other, 0))[0] is None:
-            assert time.monotonic() < deadline
-        assert hit == (5 * BLOCK, False)
+        assert _wait_matched(connector, other, 5) == (5 * BLOCK, False)
         connector.request_finished(other, [])
         time.sleep(0.05)
         assert _leases_drain_to_zero(engine.name)
