@@ -138,9 +138,14 @@ class WorkerSide:
         num_steps = len(self._recent_saves)
         taken = self._recent_saves.take()
         client = self.link.current()  # never a new connection: the engine takes DROPs of the writer only
-        if taken is None or client is None:
+        if taken is None:
             return
         hashes, since_request = taken
+        if client is None:
+            logger.warning("pegaflow worker rank %d: a load failed on some rank, but the link "
+                           "that stored this rank's last %d saves (%d blocks) is gone: they "
+                           "cannot be dropped", self.rank, num_steps, len(hashes))
+            return
         logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the "
                        "blocks this rank stored in the last %d steps (%d sent; computed from "
                        "its pages)", self.rank, num_steps, len(hashes))
