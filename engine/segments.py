@@ -190,7 +190,7 @@ class EngineSegments:
         self._slot_states = memoryview(self.slots.view(np.uint8).reshape(-1)).cast("I")[::SLOT.itemsize // 4]
         self.header = self.control.array(CONTROL_HEADER, 1)
         self.header[0] = (MAGIC, WIRE_VERSION, cfg.num_slots, FINGERPRINT, os.getpid(), self.epoch,
-                          time.time_ns(), cfg.ring_slots, 0, cfg.arena_bytes, 0)
+                          time.time_ns(), cfg.ring_slots, 0, cfg.arena_bytes, 0, 0)
         flag_at = CONTROL_HEADER.fields["engine_sleeping"][1]
         self.engine_sleeping = memoryview(self.control.array(np.uint8, 4, flag_at)).cast("I")
 
@@ -243,6 +243,10 @@ class EngineSegments:
         header = view.header[0]
         view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
                           int(header["generation"]) + 1, 0, 0, 0)
+
+    def mark_serving(self) -> None:
+        """Clients may attach from now on (until now their claims would wait)."""
+        self.header["is_serving"] = 1
 
     def mark_stopping(self) -> None:
         self.header["is_stopping"] = 1

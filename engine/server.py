@@ -88,6 +88,7 @@ class EngineServer:
                     "block it stores is one slab), %d client slots", config.name, self.backend.name,
                     config.usable_pool_bytes / 2**30, pool.num_slabs, config.slab_bytes / 2**20,
                     config.num_slots)
+        self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
     def request_stop(self) -> None:
         self.is_stopping = True

@@ -133,7 +133,8 @@ class Transfers:
     def save(self, client, rec, payload):
         received = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
-        per_layer = rec.layer == ALL_LAYERS  # then one event per layer, in layer order
+        # All layers: one event per layer, in layer order, unless ONE_EVENT fences them all.
+        per_layer = rec.layer == ALL_LAYERS and not rec.flags & CommandFlag.ONE_EVENT
         wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
                               len(placements) * client.page_bytes, chain=keys, received_at=received)

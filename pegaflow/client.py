@@ -20,7 +20,8 @@ import numpy as np
 
 from pegaflow import shm
 from pegaflow.shm import is_pid_alive
-from pegaflow.errors import CommandError, EngineGoneError, EngineTimeoutError, PegaflowError
+from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
+                             PegaflowError)
 from pegaflow.arena import PayloadArena
 from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait_slot_active
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
@@ -81,6 +82,36 @@ def _records(hashes) -> np.ndarray:
     return hashes if isinstance(hashes, np.ndarray) else encode_hashes(hashes)
 
 
+class _HeaderWords:
+    """The control header's epoch and stopping words, read without building a record (a
+    liveness check runs on every use of a link)."""
+
+    def __init__(self, control: shm.Segment):
+        raw = control.array(np.uint8, CONTROL_HEADER.itemsize)
+        self.epoch = memoryview(raw[CONTROL_HEADER.fields["epoch"][1]:][:8]).cast("Q")
+        self.is_stopping = memoryview(raw[CONTROL_HEADER.fields["is_stopping"][1]:][:4]).cast("I")
+
+
+def serving_engine_epoch(engine_name: str) -> int:
+    """The epoch of the engine serving under ``engine_name`` (0: none is, or it is still
+    starting, stopping, dead, or of another wire version).  Attaches nothing but the
+    control segment, and only for the call."""
+    try:
+        control = shm.attach_segment(shm.ipc_name(engine_name, "control"))
+    except PegaflowError:
+        return 0
+    try:
+        header = read_control_header(control)
+    except PegaflowError:
+        return 0
+    finally:
+        control.close()
+    if not int(header["is_serving"]) or int(header["is_stopping"]) or \
+            not is_pid_alive(int(header["engine_pid"])):
+        return 0
+    return int(header["epoch"])
+
+
 class EngineClient:
     """One attached client; not thread-safe (use one per thread that talks to the engine)."""
 
@@ -100,6 +131,7 @@ class EngineClient:
         self._view: RingSegmentView | None = None
         self._num_slots = 0
         self._bells: list[Doorbell] = []  # opened during the attach, closed by whoever ends it
+        self._words: _HeaderWords | None = None
         self.is_closed = True
 
     @classmethod
@@ -134,6 +166,10 @@ class EngineClient:
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
         if int(header["is_stopping"]) or not is_pid_alive(self.engine_pid):
             raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) is not running")
+        if not int(header["is_serving"]):  # a claim would wait until its pool is ready
+            raise EngineNotRunningError(f"engine {self.engine_name!r} (pid {self.engine_pid}) "
+                                        f"is still starting")
+        self._words = _HeaderWords(self._control)
         flag_at = CONTROL_HEADER.fields["engine_sleeping"][1]
         engine_sleeping = memoryview(self._control.array(np.uint8, 4, flag_at)).cast("I")
         engine_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, "doorbell")),
@@ -256,6 +292,20 @@ class EngineClient:
         """Submit and wait; a non-OK status raises CommandError."""
         return _checked(opcode, self.wait(self.submit(opcode, timeout_s=timeout_s, **fields), timeout_s))
 
+    def is_engine_up(self) -> bool:
+        """A fast check (a signal-0 syscall, two words of shared memory) that the engine we
+        attached to still runs and was not replaced; ``check_engine`` is the thorough one."""
+        if self.is_closed:
+            return False
+        try:
+            os.kill(self.engine_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        words = self._words
+        return words.epoch[0] == self.epoch and not words.is_stopping[0]
+
     def check_engine(self) -> None:
         """Raise EngineGoneError if the engine we attached to has exited or was replaced."""
         if not is_pid_alive(self.engine_pid):
@@ -295,10 +345,15 @@ class EngineClient:
         self._unwanted.add(self.release(lease_id))
 
     def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
-                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT) -> int:
+                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
+                    one_event: bool = False) -> int:
+        """``one_event``: every layer's copy waits for ``event_index`` alone (else, for all
+        layers, layer k waits for ``event_index + k``)."""
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
+        flags = CommandFlag.ONE_EVENT if one_event else CommandFlag.NONE
         return self.submit(Opcode.SAVE, payload=[ids, _records(hashes)], num_items=len(ids),
-                           namespace=namespace, layer=layer, event_index=event_index)
+                           namespace=namespace, layer=layer, event_index=event_index,
+                           flags=int(flags))
 
     def submit_drop(self, namespace: int, hashes, since_request: int = 0) -> int:
         """Ask the engine to forget those of these blocks that our SAVEs from request
@@ -353,6 +408,7 @@ class EngineClient:
             # live.  Not after a read answer: the slot may already be someone else's.
             self._view.client_closed[0] = 1
         self._view = None
+        self._words = None
         for bell in self._bells:
             bell.sem.close()
         for segment in (self._ring_segment, self._control):

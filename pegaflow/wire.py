@@ -21,7 +21,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 4
+WIRE_VERSION = 5
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -77,6 +77,9 @@ class CommandFlag(IntFlag):
     AFTER_CLIENT = 2   # LOAD: copy only once the client's stream reaches where it last recorded
     #                    the last event of its pool (vLLM's kernels still queued there may
     #                    write blocks it has just given to this load)
+    ONE_EVENT = 4      # SAVE of every layer: each layer's copy waits for ``event_index`` alone
+    #                    (recorded once after a forward whose per-layer hooks did not run,
+    #                    e.g. a full CUDA graph replay)
 
 
 def _dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
@@ -100,6 +103,7 @@ CONTROL_HEADER = _dtype([
     ("is_stopping", "<u4", 52),
     ("arena_bytes", "<u8", 56),
     ("engine_sleeping", "<u4", 64),  # set while the engine sleeps on its doorbell
+    ("is_serving", "<u4", 68),       # set once the engine accepts clients (its pool is ready)
 ], 128)
 
 SLOT = _dtype([

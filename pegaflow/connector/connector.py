@@ -50,6 +50,20 @@ def _tensor_info(name: str, tensor) -> TensorInfo:
                       tensor.element_size())
 
 
+def runs_layer_hooks(forward_context) -> bool:
+    """Whether vLLM calls ``wait_for_layer_load`` / ``save_kv_layer`` in this step's
+    forward.  Not when it replays a full CUDA graph: the V1 model runner says so in the
+    forward context; the V2 one starts loads without attention metadata before the
+    replay (vLLM's hooks skip themselves without it, too).  None: a caller that drives
+    the hooks itself (tests)."""
+    if forward_context is None:
+        return True
+    if getattr(forward_context, "attn_metadata", None) is None:
+        return False
+    mode = getattr(forward_context, "cudagraph_runtime_mode", None)
+    return getattr(mode, "name", None) != "FULL"
+
+
 class PegaKVConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -86,7 +100,9 @@ class PegaKVConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        return True  # wait_for_layer_load / save_kv_layer run per layer
+        # Full CUDA graphs (vLLM's decode batches) run no per-layer hook: the worker then
+        # fences loads before the forward and saves after it (runs_layer_hooks).
+        return False
 
     # -- scheduler side -------------------------------------------------------------------
 
@@ -130,7 +146,7 @@ class PegaKVConnector(KVConnectorBase_V1):
         self._worker.bind(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
-        self._worker.start_load_kv()
+        self._worker.start_load_kv(runs_layer_hooks(forward_context))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._worker.wait_for_layer_load(layer_name)

@@ -1,8 +1,14 @@
 """A connection to the engine that survives the engine going away and coming back.
 
-While the engine is unreachable, ``client()`` answers None (callers then miss, drop the
-save, or report a load error), one warning is logged, and a reconnect is tried every
-``reconnect_interval_s``.  ``on_connect`` re-registers what a fresh engine must know.
+Every ``client()`` call first checks (a syscall and two words of shared memory) that the
+engine it is attached to still runs: an engine that died or was replaced while this
+process was idle is noticed before a command goes to its dead rings.  While the engine
+is unreachable, ``client()`` answers None (callers then miss, drop the save, or report a
+load error), one warning is logged, and a reconnect is tried every
+``reconnect_interval_s`` -- at once, though, when a new engine is seen serving under the
+name (the control segment is looked at every ``PROBE_INTERVAL_S``), so an instance that
+outlives an engine restart saves and is served again right away.  ``on_connect``
+re-registers what a fresh engine must know.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from pegaflow.client import EngineClient
+from pegaflow.client import EngineClient, serving_engine_epoch
 from pegaflow.errors import CommandError, EngineGoneError, PegaflowError
 from pegaflow.wire import Status
 
@@ -20,6 +26,7 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 1.0
 DETACH_TIMEOUT_S = 0.2
 REFUSED_RETRY_S = 60.0  # the engine refused our setup: its config must change first
+PROBE_INTERVAL_S = 0.05  # while down: how often to look for a new engine serving the name
 # Answers that say our setup does not fit this engine (others, e.g. SHUTTING_DOWN, pass).
 REFUSALS = frozenset({Status.BAD_ARGUMENT, Status.BAD_PAYLOAD, Status.UNKNOWN_REGION})
 
@@ -36,13 +43,20 @@ class EngineLink:
         self._is_refused = False  # the outage is a refusal of our setup
         self._client: EngineClient | None = None
         self._next_try = 0.0
+        self._next_probe = 0.0
+        self._failed_epoch = 0  # the engine we lost: a probe finding it again is no news
 
     def client(self) -> EngineClient | None:
-        """The live client, connecting if it is time to try; None while the engine is down."""
-        if self._client is not None:
-            return self._client
+        """The live client, connecting if it is time to try (or a new engine serves); None
+        while the engine is down."""
+        client = self._client
+        if client is not None:
+            if client.is_engine_up():
+                return client
+            self.fail(EngineGoneError(f"engine {self.engine_name!r} (pid {client.engine_pid}) "
+                                      f"exited or was replaced"))
         now = time.monotonic()
-        if now < self._next_try:
+        if now < self._next_try and not self._is_new_engine_serving(now):
             return None
         self._next_try = now + self.reconnect_interval_s
         client = None
@@ -52,6 +66,7 @@ class EngineLink:
                 self.on_connect(client)
         except PegaflowError as exc:
             if client is not None:
+                self._failed_epoch = client.epoch  # it refused us: only another engine is news
                 client.close(timeout_s=DETACH_TIMEOUT_S)  # e.g. REGISTER refused: free the slot
             self._mark_down(exc, is_refused=isinstance(exc, CommandError) and exc.status in REFUSALS)
             return None
@@ -61,6 +76,18 @@ class EngineLink:
         self._client = client
         return client
 
+    def _is_new_engine_serving(self, now: float) -> bool:
+        """Whether an engine other than the last one we lost or tried serves the name
+        (looked for at most every PROBE_INTERVAL_S)."""
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_INTERVAL_S
+        epoch = serving_engine_epoch(self.engine_name)
+        if epoch == 0 or epoch == self._failed_epoch:
+            return False
+        self._failed_epoch = epoch  # tried once now; if that fails, the interval rules again
+        return True
+
     def current(self) -> EngineClient | None:
         """The live client, without trying to connect."""
         return self._client
@@ -69,6 +96,7 @@ class EngineLink:
         """An operation failed: drop the connection and retry later."""
         self._mark_down(exc)
         if self._client is not None:
+            self._failed_epoch = self._client.epoch
             # Whoever uses this link forgets its saves now and lets their blocks be reused:
             # the engine must store nothing it copies for us from here on.
             self._client.revoke()

@@ -9,6 +9,10 @@ complete asynchronously: requests vLLM keeps for us are reported finished once t
 saves are done, and ``handle_preemptions`` waits for the saves of preempted requests
 before their blocks can be reused.  Any engine failure becomes a load error (vLLM
 recomputes) or a dropped save, never an exception into vLLM.
+
+A step vLLM replays as a full CUDA graph (decode batches by default) runs no per-layer
+hook: ``start_load_kv`` is told so and fences every layer of the step's loads before
+the forward, and the step's SAVE waits for one event recorded after the forward.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
 logger = logging.getLogger(__name__)
 
 LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine is alive
+SAVE_EVENT = 0  # a step's SAVE waits for events SAVE_EVENT + k (layer k), or SAVE_EVENT alone
 
 
 class WorkerSide:
@@ -154,7 +159,10 @@ class WorkerSide:
         except PegaflowError as exc:
             self.link.fail(exc)
 
-    def start_load_kv(self) -> None:
+    def start_load_kv(self, runs_layer_hooks: bool = True) -> None:
+        """Submit this step's loads.  ``runs_layer_hooks`` False: vLLM will not call
+        ``wait_for_layer_load`` in this forward (a full CUDA graph replay), so vLLM's
+        stream waits for every layer of the loads here, before the forward."""
         self._step_loads, self._loads_waited, self._loads_client = [], False, None
         meta = self._meta
         if meta is None or not meta.loads:
@@ -191,6 +199,9 @@ class WorkerSide:
         if trace.is_on and self.memory.has_events:
             trace.gpu_mark("loads_submitted", self.memory.current_stream())
         trace.mark("loads_submitted")
+        if not runs_layer_hooks:
+            self._wait_step_loads()
+            self._fence_layers(range(self._num_virtual))
 
     def _record_start_fence(self) -> bool:
         """Blocks vLLM gives to this step's loads may have belonged to requests whose last
@@ -227,9 +238,13 @@ class WorkerSide:
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._loads_waited:
             self._wait_step_loads()
+        self._fence_layers(self.virtual.get(layer_name, ()))
+
+    def _fence_layers(self, layers) -> None:
+        """vLLM's stream waits, on the GPU, until these engine layers of the step's fenced
+        loads have landed."""
         if not self._step_loads or not self.memory.has_events:
             return
-        layers = self.virtual.get(layer_name, ())
         events = [self._load_event_base(slot) + v for _, _, slot in self._step_loads
                   if slot is not None for v in layers]
         if not events:
@@ -324,7 +339,9 @@ class WorkerSide:
         self._is_save_sent = True
         if not self._loads_waited:
             self._wait_step_loads()  # a failed load leaves garbage that must not be saved
-        if self._saved_layers != self.save_layers:
+        # No hook ran: a full CUDA graph replay wrote every layer; one event after it fences all.
+        one_event = not self._saved_layers
+        if not one_event and self._saved_layers != self.save_layers:
             missing = len(self.save_layers) - len(self._saved_layers)
             logger.warning("pegaflow: %d layers were not written this step; its saves are dropped", missing)
             return
@@ -332,14 +349,15 @@ class WorkerSide:
         if client is None:
             return
         saves = self._taint.clean(meta.saves)
-        if not saves:
+        if not saves or (one_event and not self._record_forward_done()):
             return
         ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
         records = encode_hashes([h for s in saves for h in s.hashes])
         req_ids = tuple(s.req_id for s in saves)
-        event = 0 if self.memory.has_events else NO_EVENT
+        event = SAVE_EVENT if self.memory.has_events else NO_EVENT
         try:
-            request_id = client.submit_save(self.namespace, ids, records, event_index=event)
+            request_id = client.submit_save(self.namespace, ids, records, event_index=event,
+                                            one_event=one_event and self.memory.has_events)
         except PegaflowError as exc:
             self.link.fail(exc)
             self._forget_saves()
@@ -349,6 +367,18 @@ class WorkerSide:
             self._pending_saves[req_id] += 1
         if self._recent_saves is not None:
             self._recent_saves.sent(request_id, records)
+
+    def _record_forward_done(self) -> bool:
+        """Record the first save event where vLLM's stream stands after the forward (it is
+        layer 0's in steps whose hooks run): every KV write of the step is before it."""
+        if not self.memory.has_events:
+            return True
+        try:
+            self.memory.events.record([SAVE_EVENT], self.memory.current_stream())
+        except PegaflowError as exc:
+            logger.error("pegaflow: cannot fence this step's saves (%s); they are dropped", exc)
+            return False
+        return True
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""

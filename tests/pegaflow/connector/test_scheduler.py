@@ -19,6 +19,9 @@ class SlowClient:
     def __init__(self):
         self.waited_s, self.num_answered, self._ids = 0.0, 0, iter(range(1, 1000))
 
+    def is_engine_up(self):
+        return True
+
     def take_orphans(self):
         return []
 
@@ -68,6 +71,9 @@ class AnsweringClient:
 
     def __init__(self):
         self.lookups, self.released, self._ids = 0, [], iter(range(1, 1000))
+
+    def is_engine_up(self):
+        return True
 
     def take_orphans(self):
         return []

@@ -11,6 +11,8 @@ from pegaflow.errors import CudaError, EngineGoneError
 class StuckClient:
     """A client of an engine that is alive but never answers; records what is done to it."""
 
+    epoch, engine_pid = 1, 1
+
     def __init__(self):
         self.calls = []
 
@@ -19,6 +21,9 @@ class StuckClient:
 
     def check_engine(self):
         pass
+
+    def is_engine_up(self):
+        return True
 
     def revoke(self):
         self.calls.append("revoke")
@@ -189,7 +194,7 @@ class SavingClient(StuckClient):
     def wait(self, request_id, timeout_s):
         return SimpleNamespace(is_ok=False, status="MISSING_BLOCK")
 
-    def submit_save(self, namespace, ids, records, event_index):
+    def submit_save(self, namespace, ids, records, event_index, one_event=False):
         self.saved.append(sorted(int(i) for i in ids))
         return 41
 
@@ -263,7 +268,7 @@ class DroppingClient(SavingClient):
         super().__init__()
         self.dropped, self.sent = [], []
 
-    def submit_save(self, namespace, ids, records, event_index):
+    def submit_save(self, namespace, ids, records, event_index, one_event=False):
         super().submit_save(namespace, ids, records, event_index)
         self.sent.append(("save", sorted(int(i) for i in ids)))
         return 99 + len(self.saved)
@@ -328,3 +333,93 @@ def test_worker_window_covers_a_deep_pipeline():
     for _ in range(12):
         worker.bind(PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set()))
     assert len(worker._recent_saves) == 10  # a batch per stage in flight, and two more
+
+
+class FullGraphMemory(FencedMemory):
+    """Also records the GPU-side waits vLLM's stream is given, in order with the records."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = []
+
+    def record(self, indices, stream):
+        super().record(indices, stream)
+        self.waits.append(("record", list(indices)))
+
+    def wait(self, indices, stream):
+        self.waits.append(("wait", list(indices)))
+
+
+class FencedSavingClient(AcceptingClient):
+    def __init__(self, memory):
+        super().__init__(memory)
+        self.saves = []
+
+    def submit_save(self, namespace, ids, records, event_index, one_event=False):
+        self.saves.append((len(self.memory.recorded), event_index, one_event))
+        return 50
+
+
+def _full_graph_worker(num_load_slots=2):
+    from pegaflow.connector.metadata import PegaConnectorMetadata, SaveSpec
+    memory = FullGraphMemory()
+    worker = WorkerSide(ConnectorConfig(num_load_slots=num_load_slots), namespace=1, rank=0,
+                        num_blocks=8)
+    worker._num_virtual, worker.memory = 4, memory
+    worker.virtual = {f"l{i}": (i,) for i in range(4)}
+    worker.save_layers = set(worker.virtual)
+    client = FencedSavingClient(memory)
+    worker.link._client = client
+    meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
+    meta.saves.append(SaveSpec("req-s", (2, 3), (b"s" * 32, b"t" * 32)))
+    return worker, client, memory, meta
+
+
+def test_worker_full_graph_step_saves_behind_one_event_after_the_forward():
+    # 1. A decode step replayed as a full CUDA graph: vLLM calls no per-layer hook.
+    worker, client, memory, meta = _full_graph_worker()
+    worker.bind(meta)
+    worker.start_load_kv(runs_layer_hooks=False)
+    # 2. At the step's end one event is recorded where vLLM's stream stands (after the
+    #    whole forward), and the SAVE of every layer waits for that event alone.
+    worker.wait_for_save()
+    assert memory.recorded == [([0], 7)]
+    assert client.saves == [(1, 0, True)]
+
+
+def test_worker_step_with_layer_hooks_saves_layer_by_layer():
+    # A piecewise or eager step: each layer's event is recorded as the layer is written,
+    # and the SAVE waits for event k before copying layer k (no one-event flag).
+    worker, client, memory, meta = _full_graph_worker()
+    worker.bind(meta)
+    worker.start_load_kv(runs_layer_hooks=True)
+    for name in sorted(worker.virtual):
+        worker.save_kv_layer(name)
+    worker.wait_for_save()
+    assert [indices for indices, _ in memory.recorded] == [[0], [1], [2], [3]]
+    assert client.saves == [(4, 0, False)]
+
+
+def test_worker_step_that_wrote_some_layers_only_drops_its_saves():
+    worker, client, memory, meta = _full_graph_worker()
+    worker.bind(meta)
+    worker.start_load_kv()
+    worker.save_kv_layer("l0")
+    worker.wait_for_save()
+    assert client.saves == []
+
+
+def test_worker_full_graph_step_fences_every_layer_of_its_loads_before_the_forward():
+    # 1. A step with a layer-wise load that vLLM replays as a full graph (e.g. every
+    #    request of the batch computes one token): no wait_for_layer_load will come.
+    from pegaflow.connector.metadata import LoadSpec
+    worker, client, memory, meta = _full_graph_worker()
+    meta.loads.append(LoadSpec("req-c", (5, 6), (b"j" * 32, b"k" * 32), (0,), False))
+    worker.bind(meta)
+    worker.start_load_kv(runs_layer_hooks=False)
+    # 2. Before start_load_kv returns, vLLM's stream waits for every layer's event of the
+    #    load's slot (events 4..7: slot 0 after the 4 save events), after the start fence.
+    fence = (1 + 2) * 4
+    assert memory.waits == [("record", [fence]), ("wait", [4, 5, 6, 7])]
+    worker.get_finished(set())
+    assert worker.get_block_ids_with_load_errors() == set()

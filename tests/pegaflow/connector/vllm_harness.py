@@ -82,6 +82,7 @@ class VllmInstance:
         self.worker.register_kv_caches(self.kv_caches)
         self.requests: dict[str, Request] = {}
         self.external_hit_tokens = 0
+        self.served_tokens = 0  # tokens of loads that did not fail (vLLM counts failed ones too)
 
     @staticmethod
     def _vllm_config(engine_name, extra, model, max_batched_tokens, dtype) -> VllmConfig:
@@ -151,6 +152,8 @@ class VllmInstance:
         worker.wait_for_save()
         sending, recving = worker.get_finished(out.finished_req_ids)
         record.load_errors = worker.get_block_ids_with_load_errors()
+        self.served_tokens += BLOCK * sum(b not in record.load_errors
+                                          for load in record.loads for b in load.block_ids)
         worker.clear_connector_metadata()
         req_ids = list(out.num_scheduled_tokens)
         kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,

@@ -1,0 +1,214 @@
+"""Several vLLMs on one engine: what one instance saves is served to every other, at once,
+whether the saver goes idle, exits or outlives an engine restart (--keep-pool).
+
+Each instance is a real vLLM ``Scheduler`` plus a worker side over the host backend
+(``vllm_harness``), all attached to one real engine process at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import pytest
+
+from pegaflow.stat_cli import read_stats
+from tests.pegaflow.connector.vllm_harness import BLOCK, VllmInstance, make_request
+from tools.engine_process import EngineProcess
+
+pytestmark = pytest.mark.vllm
+
+KEEP = ("--keep-pool",)
+
+
+def _prompts(seed: int, count: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 30000) for _ in range(rng.randrange(3, 7) * BLOCK + 5)]
+            for _ in range(count)]
+
+
+def _num_full_tokens(prompt: list[int]) -> int:
+    """Tokens a complete cache serves: every full block but the one holding the last token."""
+    return (len(prompt) - 1) // BLOCK * BLOCK
+
+
+def _compute(vllm: VllmInstance, prompts: list[list[int]], tag: str) -> None:
+    """One request at a time, as a user sending prompts one after another."""
+    for i, prompt in enumerate(prompts):
+        vllm.add(make_request(f"{tag}{i}", prompt))
+        vllm.run_until_done()
+
+
+def _served(vllm: VllmInstance, prompts: list[list[int]], tag: str) -> list[int]:
+    """Tokens of each prompt loaded from the engine without a load error, run one at a
+    time (vLLM's external-hit counter also counts hits whose load then failed)."""
+    served = []
+    for i, prompt in enumerate(prompts):
+        before = vllm.served_tokens
+        vllm.add(make_request(f"{tag}{i}", prompt))
+        vllm.run_until_done()
+        served.append(vllm.served_tokens - before)
+    return served
+
+
+def _engine(name: str, *args: str) -> EngineProcess:
+    return EngineProcess(name, "--lease-ttl", "30", *args)
+
+
+@pytest.fixture
+def name():
+    name = f"fleet{os.getpid()}_{os.urandom(3).hex()}"
+    yield name
+    EngineProcess(name).stop()  # removes whatever a killed or kept engine left
+
+
+def _instances(name: str, count: int, **kwargs) -> list[VllmInstance]:
+    made = []
+    try:
+        for _ in range(count):
+            made.append(VllmInstance(name, **kwargs))
+    except BaseException:
+        for vllm in made:
+            vllm.close()
+        raise
+    return made
+
+
+def test_fleet_blocks_of_an_idle_instance_are_served_to_another(name):
+    # 1. A and B are alive together; A computes three prompts one at a time, then does
+    #    nothing at all (no step, no call into its connector).
+    prompts = _prompts(1)
+    with _engine(name):
+        a, b = _instances(name, 2)
+        try:
+            _compute(a, prompts, "a")
+            # 2. B is served every full block of each, the last one A computed included.
+            assert _served(b, prompts, "b") == [_num_full_tokens(p) for p in prompts]
+        finally:
+            a.close()
+            b.close()
+
+
+def test_fleet_each_of_three_instances_serves_the_others(name):
+    # 1. Three instances alive together, each computes its own prompt and goes idle.
+    prompts = _prompts(2)
+    with _engine(name):
+        fleet = _instances(name, 3)
+        try:
+            for i, vllm in enumerate(fleet):
+                _compute(vllm, [prompts[i]], f"own{i}")
+            # 2. Each is served the other two instances' prompts in full.
+            for i, vllm in enumerate(fleet):
+                others = [p for j, p in enumerate(prompts) if j != i]
+                assert _served(vllm, others, f"other{i}_") == [_num_full_tokens(p) for p in others]
+        finally:
+            for vllm in fleet:
+                vllm.close()
+
+
+def test_fleet_blocks_of_an_instance_that_exited_are_served(name):
+    # 1. A computes two prompts and exits at once (its connector shuts down).
+    prompts = _prompts(3, 2)
+    with _engine(name):
+        (a,) = _instances(name, 1)
+        try:
+            _compute(a, prompts, "a")
+        finally:
+            a.close()
+        # 2. A fresh B is served them in full.
+        (b,) = _instances(name, 1)
+        try:
+            assert _served(b, prompts, "b") == [_num_full_tokens(p) for p in prompts]
+        finally:
+            b.close()
+
+
+def _kill(engine: EngineProcess) -> None:
+    engine.proc.send_signal(signal.SIGKILL)
+    engine.proc.wait(10)
+
+
+def test_fleet_blocks_outlive_an_engine_crash_for_a_fresh_instance(name):
+    # 1. A and B, alive together, each compute prompts on a --keep-pool engine.
+    a_prompts, b_prompts = _prompts(4, 2), _prompts(5, 2)
+    engine = _engine(name, *KEEP)
+    a, b = _instances(name, 2)
+    try:
+        _compute(a, a_prompts, "a")
+        _compute(b, b_prompts, "b")
+        # 2. The engine is SIGKILLed and restarted with --keep-pool; A and B exit.
+        _kill(engine)
+        engine = _engine(name, *KEEP)
+    finally:
+        a.close()
+        b.close()
+    try:
+        # 3. A fresh C is served both instances' blocks in full.
+        (c,) = _instances(name, 1)
+        try:
+            assert _served(c, a_prompts + b_prompts, "c") == \
+                [_num_full_tokens(p) for p in a_prompts + b_prompts]
+        finally:
+            c.close()
+    finally:
+        engine.stop()
+
+
+def test_fleet_instance_alive_across_a_restart_is_served_after_it(name):
+    # 1. A computes prompts; B is attached (idle) on the same --keep-pool engine.
+    prompts = _prompts(6, 2)
+    engine = _engine(name, *KEEP)
+    try:
+        a, b = _instances(name, 2)
+        try:
+            _compute(a, prompts, "a")
+            # 2. The engine dies and a new one takes in the kept pool; B notices nothing yet.
+            _kill(engine)
+            engine = _engine(name, *KEEP)
+            # 3. B's first requests after the restart are served in full, without waiting
+            #    for a reconnect interval (5 s by default) to pass.
+            assert _served(b, prompts, "b") == [_num_full_tokens(p) for p in prompts]
+            # 4. And A, alive across the restart, saves again: B is served a new prompt of A's.
+            fresh = _prompts(7, 1)
+            _compute(a, fresh, "a2")
+            assert _served(b, fresh, "b2") == [_num_full_tokens(fresh[0])]
+        finally:
+            a.close()
+            b.close()
+    finally:
+        engine.stop()
+
+
+def test_fleet_same_prefix_saved_at_once_is_stored_once_and_served_to_both(name):
+    # 1. A and B compute the same prompt at once: B's whole first step (lookup: a miss,
+    #    forward, save) runs after A's lookup missed and before A's forward saves.
+    (prompt,) = _prompts(8, 1)
+    num_blocks = len(prompt) // BLOCK
+    with _engine(name) as engine:
+        a, b = _instances(name, 2)
+        try:
+            a.add(make_request("a", prompt))
+            b.add(make_request("b", prompt))
+            b_started = []
+
+            def b_first_step(meta):
+                # A is scheduled (its lookup may take a few steps); B goes once, before A saves.
+                if a.requests["a"].num_computed_tokens and not b_started:
+                    b_started.append(b.step_until_admitted("b"))
+
+            a.step_until_admitted("a", before_forward=b_first_step)
+            assert b_started
+            a.run_until_done()
+            b.run_until_done()
+            assert a.served_tokens == b.served_tokens == 0
+            # 2. The engine holds one copy of each block: the second save deduplicated all.
+            stats = read_stats(engine.name)
+            assert (stats["blocks_saved"], stats["save_dedup_blocks"]) == (num_blocks, num_blocks)
+            # 3. Both are served it again in full (their own GPU prefix caches reset).
+            for vllm, tag in ((a, "a2"), (b, "b2")):
+                vllm.scheduler.reset_prefix_cache()
+                assert _served(vllm, [prompt], tag) == [_num_full_tokens(prompt)]
+        finally:
+            a.close()
+            b.close()
