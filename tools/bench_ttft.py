@@ -4,7 +4,8 @@ connector saving against no connector, and 8 prompts at once.
 
     python tools/bench_ttft.py --model tools/models/llama-3.1-8b-shape [--json]
 
-Each vLLM runs in its own process, one after another (dummy weights, greedy, eager).
+Each vLLM runs in its own process, one after another (dummy weights, greedy), in vLLM's
+default compilation (CUDA graphs on) unless ``--eager``.
 The pegaflow engine is started here with the cuda backend unless --engine-name names a
 running one.
 """
@@ -35,7 +36,7 @@ def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
 def _llm(args, kind: str):
     from vllm import LLM
     from pegaflow.connector import kv_transfer_config
-    common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+    common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=args.eager,
                   seed=0, max_model_len=args.prompt_tokens + args.decode_tokens + 64,
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
     if args.no_async_scheduling:
@@ -162,7 +163,7 @@ def _spawn(args, phase: str) -> dict:
 
 
 def _passthrough(args) -> list[str]:
-    flags = [flag for flag, on in (("--tpot-only", args.tpot_only),
+    flags = [flag for flag, on in (("--tpot-only", args.tpot_only), ("--eager", args.eager),
                                    ("--no-async-scheduling", args.no_async_scheduling)) if on]
     return ["--model", args.model, "--num-prompts", str(args.num_prompts),
             "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
@@ -238,6 +239,8 @@ def main() -> int:
     p.add_argument("--native-offload-gib", type=float, default=40)
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="turn vLLM's asynchronous scheduling off in every phase")
+    p.add_argument("--eager", action="store_true",
+                   help="enforce_eager in every phase (default: vLLM's default compilation)")
     p.add_argument("--tpot-only", action="store_true",
                    help="only TPOT: saving, the connector idle (no save, no load), no connector")
     p.add_argument("--json", action="store_true")
@@ -273,6 +276,7 @@ def main() -> int:
             engine.stop()
     result = summarize(peg, native, none, _gpu_name())
     result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
+    result["compilation"] = "eager" if args.eager else "vLLM default (CUDA graphs)"
     if args.json:
         print(json.dumps(result))
         return 0

@@ -28,6 +28,7 @@ if not torch.cuda.is_available():
 
 from pegaflow import shm  # noqa: E402
 from pegaflow.stat_cli import read_stats  # noqa: E402
+from tests.e2e.outputs import max_logprob_diff as _max_logprob_diff  # noqa: E402
 from tools.engine_process import EngineProcess  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
@@ -66,18 +67,6 @@ def _b_batches(p: dict) -> list:
 
 def _flatten(result: dict) -> list:
     return [r for batch in result["batches"] for r in batch]
-
-
-def _max_logprob_diff(a: list, b: list) -> float:
-    worst = 0.0
-    assert len(a) == len(b), "a different number of outputs"
-    for x, y in zip(a, b):
-        assert x["tokens"] == y["tokens"], "greedy tokens differ"
-        assert len(x["logprobs"]) == len(y["logprobs"]), "a different number of logprob steps"
-        for sx, sy in zip(x["logprobs"], y["logprobs"]):
-            assert sx.keys() == sy.keys(), "top-5 token sets differ"
-            worst = max(worst, max(abs(sx[k] - sy[k]) for k in sx))
-    return worst
 
 
 @pytest.fixture(scope="module")

@@ -713,3 +713,18 @@ def test_dispatcher_load_takes_over_its_lookups_lease(loaded):
     done = _completion(h.completions.try_get())
     assert (done.request_id, done.status, done.value) == (3, Status.OK, len(loaded))
     assert [e.refs for e in entries] == [0, 0, 0] and not h.dispatcher.index.leases
+
+
+def test_dispatcher_one_event_save_waits_for_that_event_in_every_layer():
+    # 1. A SAVE of every layer waiting on event 0: without the flag, layer k waits for
+    #    event k (the client recorded one per layer as vLLM wrote them)...
+    h = _held_dispatcher()
+    h.send(1, Opcode.SAVE, _save_payload([1], [b"y" * 32]), 1, event_index=0)
+    op = h.backend.ops[h.backend.held[-1]]
+    assert (op.wait_event, op.wait_per_layer) == (0, True)
+    # 2. ...with ONE_EVENT (a full CUDA graph replay ran no per-layer hook, and the client
+    #    recorded one event after the forward) every layer waits for event 0 alone.
+    h.send(2, Opcode.SAVE, _save_payload([2], [b"z" * 32]), 1, event_index=0,
+           flags=CommandFlag.ONE_EVENT)
+    op = h.backend.ops[h.backend.held[-1]]
+    assert (op.wait_event, op.wait_per_layer) == (0, False)
