@@ -126,6 +126,8 @@ class SchedulerSide:
         answers = [pending.answers[i] for i in pending.request_ids]
         leases = tuple(a.value2 for a in answers)
         num_hits = min([pending.num_blocks] + [a.value if a.is_ok else 0 for a in answers])
+        logger.debug("pegaflow: lookup for %s: %d of %d blocks cached", state.request.request_id,
+                     num_hits, pending.num_blocks)
         if num_hits == 0:
             self._release(leases)
             return True

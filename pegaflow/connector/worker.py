@@ -362,6 +362,8 @@ class WorkerSide:
             self.link.fail(exc)
             self._forget_saves()
             return
+        logger.debug("pegaflow: SAVE %d of %d blocks for %s sent (%s)", request_id, len(ids),
+                     req_ids, "one event after the forward" if one_event else "an event per layer")
         self._save_cmds[request_id] = req_ids
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
@@ -420,9 +422,9 @@ class WorkerSide:
             self._collect()
 
     def _save_done(self, request_id: int, done) -> None:
-        if not done.is_ok:
-            logger.debug("pegaflow: a save was answered %s; those blocks stay uncached",
-                         getattr(done.status, "name", done.status))
+        logger.debug("pegaflow: SAVE %d answered %s (%d stored, %d already there, %d dropped)",
+                     request_id, getattr(done.status, "name", done.status), done.value,
+                     done.value2, done.value3)
         for req_id in self._save_cmds.pop(request_id):
             self._pending_saves[req_id] -= 1
             if self._pending_saves[req_id] <= 0:

@@ -43,10 +43,12 @@ COMMAND_TIMEOUT_S = 300.0
 class Session:
     """A ``vllm_session.py`` process: one JSON command in, one JSON answer out."""
 
-    def __init__(self, engine: str = ""):
+    def __init__(self, engine: str = "", log_file: str = ""):
         cmd = [sys.executable, str(ROOT / "tests/e2e/vllm_session.py"), "--model", str(MODEL)]
         if engine:
             cmd += ["--engine-name", engine]
+        if log_file:
+            cmd += ["--log-file", log_file]
         env = dict(os.environ, PYTHONHASHSEED="0",  # vLLM 0.26 seeds block hashes per process
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE,

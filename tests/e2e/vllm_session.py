@@ -38,7 +38,14 @@ def main() -> int:
     p.add_argument("--engine-name", default="")
     p.add_argument("--eager", action="store_true", help="enforce_eager (default: CUDA graphs)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.25)
+    p.add_argument("--log-file", help="pegaflow's own log, at DEBUG, goes here")
     args = p.parse_args()
+    if args.log_file:
+        import logging
+        handler = logging.FileHandler(args.log_file)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+        logging.getLogger("pegaflow").addHandler(handler)
+        logging.getLogger("pegaflow").setLevel(logging.DEBUG)
     out = sys.stdout
     sys.stdout = sys.stderr  # only our answers on the real stdout
     from vllm import LLM, SamplingParams, TokensPrompt
