@@ -33,12 +33,13 @@ from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers, command_keys
 from pegaflow.errors import CommandError
-from pegaflow.wire import HASH, WIRE_VERSION, Opcode, Status
+from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, Opcode, Status
 
 logger = logging.getLogger(__name__)
 
 NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
 _OK, _ATTACH = Status.OK, Opcode.ATTACH  # enum members read off their class cost ~70 ns each
+_ROLES = frozenset(int(r) for r in ClientRole)
 _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
@@ -125,6 +126,9 @@ class Dispatcher:
 
     def _attach(self, client, rec, payload):
         client.pid, client.is_attached = rec.arg, True
+        role = rec.flags if rec.flags in _ROLES else ClientRole.OTHER
+        self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role,
+                                   rec.layer if role == ClientRole.WORKER else 0, rec.namespace)
         return Status.OK, (0, 0, 0)
 
     def _detach(self, client, rec, payload):
@@ -186,6 +190,8 @@ class Dispatcher:
         self.stats.add("lookups")
         self.stats.add("lookup_blocks", num_items)
         self.stats.add("lookup_hit_blocks", num_hits)
+        self.stats.add_client(client.slot, "lookups", 1)
+        self.stats.add_client(client.slot, "lookup_hit_blocks", num_hits)
         return Status.OK, (num_hits, lease_id, 0)
 
     def _drop(self, client, rec, payload):

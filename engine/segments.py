@@ -23,7 +23,7 @@ from pegaflow import shm
 from pegaflow.shm import is_pid_alive
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ShmError
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
-from pegaflow.wire import (CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
+from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
                            WIRE_VERSION, SlotState)
 
 logger = logging.getLogger(__name__)
@@ -172,9 +172,10 @@ class EngineSegments:
             self._segments += kept
             self.is_pool_kept = True
         # A kept pool's memory is in use already: neither /dev/shm nor the host must hold it again.
-        check_room((0 if kept else cfg.usable_pool_bytes + table_size) + STATS.itemsize
+        stats_bytes = STATS.itemsize + cfg.num_slots * CLIENT_STATS.itemsize
+        check_room((0 if kept else cfg.usable_pool_bytes + table_size) + stats_bytes
                    + cfg.num_slots * ring_bytes, 0 if kept else cfg.usable_pool_bytes)
-        self.stats = self._segment("stats", STATS.itemsize)
+        self.stats = self._segment("stats", stats_bytes)
         if not kept:
             self.pool = self._segment("pool", cfg.usable_pool_bytes)
             self.pool_table = self._segment("pool.table", table_size) if table_size else None

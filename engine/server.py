@@ -34,7 +34,7 @@ from engine.stats import StatsWriter
 from pegaflow.shm import is_pid_alive
 from pegaflow.ring import RingConsumer, RingProducer
 from pegaflow.waits import Doorbell, sleep_until
-from pegaflow.wire import STATS, Opcode, SlotState, Status
+from pegaflow.wire import CLIENT_STATS, STATS, Opcode, SlotState, Status
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,8 @@ class EngineServer:
             self.segments.unlink_all()
             raise
         self.segments.has_started = True  # from here on, --keep-pool keeps even a new pool
-        self.stats = StatsWriter(self.segments.stats.array(STATS, 1))
+        self.stats = StatsWriter(self.segments.stats.array(STATS, 1), self.segments.stats.array(
+            CLIENT_STATS, config.num_slots, STATS.itemsize))
         self.stats.set("pool_bytes_total", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}
@@ -209,6 +210,7 @@ class EngineServer:
     def _drop(self, client: ClientState) -> None:
         """Free the slot of a client whose memory, leases and blocks are already released."""
         self.clients.pop(client.slot, None)
+        self.stats.client_gone(client.slot)
         self.segments.free_slot(client.slot)
         self._clients_changed()
 

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from pegaflow.wire import NUM_OPCODE_COUNTERS, NUM_STATUS_COUNTERS, STATS
+from pegaflow.wire import CLIENT_STATS, NUM_OPCODE_COUNTERS, NUM_STATUS_COUNTERS, STATS
 
 _WORD_AT = {name: STATS.fields[name][1] // 8 for name in STATS.names}
 _COMMANDS, _ERRORS = _WORD_AT["commands"], _WORD_AT["errors"]
@@ -25,8 +25,10 @@ _LAST_OPCODE, _LAST_STATUS = NUM_OPCODE_COUNTERS - 1, NUM_STATUS_COUNTERS - 1
 
 
 class StatsWriter:
-    def __init__(self, array: np.ndarray):
+    def __init__(self, array: np.ndarray, clients: np.ndarray | None = None):
         array[:] = np.zeros(1, dtype=STATS)
+        self.clients = np.zeros(0, CLIENT_STATS) if clients is None else clients
+        self.clients[:] = 0
         self._words = memoryview(array.view(np.uint8).reshape(-1)).cast("Q")
         self._at = _WORD_AT
         self.set("engine_pid", os.getpid())
@@ -55,3 +57,21 @@ class StatsWriter:
         if status:
             words[_ERRORS] += 1
             words[_BY_STATUS + (status if status < _LAST_STATUS else _LAST_STATUS)] += 1
+
+    # -- per client (one CLIENT_STATS record per slot) --------------------------------------
+
+    def client_attached(self, slot: int, pid: int, role: int, rank: int, namespace: int) -> None:
+        if slot < len(self.clients):
+            self.clients[slot] = (pid, role, rank, namespace, 0, 0, 0, 0, 0, 1)
+
+    def client_gone(self, slot: int) -> None:
+        if slot < len(self.clients):
+            self.clients[slot] = 0
+
+    def add_client(self, slot: int, name: str, amount: int) -> None:
+        if slot < len(self.clients):
+            self.clients[name][slot] += amount
+
+    def set_client(self, slot: int, name: str, value: int) -> None:
+        if slot < len(self.clients):
+            self.clients[name][slot] = value

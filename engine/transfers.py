@@ -266,6 +266,7 @@ class Transfers:
         if pending.received_at and not pending.first_issued_at:
             pending.first_issued_at = time.perf_counter()
         pending.client.num_inflight += 1
+        self.stats.set_client(pending.client.slot, "inflight_copies", pending.client.num_inflight)
 
     def _seal(self, pending: PendingCopy):
         """All chunks are submitted: answer now if none is in flight, else when the last ends."""
@@ -283,6 +284,7 @@ class Transfers:
         pending, keys = self.pending.pop(done.token)
         pending.num_ops -= 1
         pending.client.num_inflight -= 1
+        self.stats.set_client(pending.client.slot, "inflight_copies", pending.client.num_inflight)
         self.stats.set("inflight_copies", len(self.pending))
         if done.error is not None and pending.error is None:
             pending.error = done.error
@@ -336,6 +338,7 @@ class Transfers:
                 self.stats.add("bytes_loaded", num_bytes)
                 if pending.layer_mask & 1:
                     self.stats.add("blocks_loaded", len(keys))
+                    self.stats.add_client(pending.client.slot, "blocks_loaded", len(keys))
             return
         if error is None and pending.client.revoked:
             error = "the client revoked its copies"  # it may have reused the blocks meanwhile
@@ -349,4 +352,5 @@ class Transfers:
         num_ready = self.index.mark_layers_done(keys, pending.layer_mask)
         pending.num_blocks += len(keys)
         self.stats.add("blocks_saved", num_ready)
+        self.stats.add_client(pending.client.slot, "blocks_saved", num_ready)
         self.stats.add("bytes_saved", num_bytes)

@@ -27,7 +27,7 @@ from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.waits import Doorbell
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, NO_EVENT, WIRE_VERSION,
-                           CommandFlag, Opcode, Status, encode_hashes)
+                           ClientRole, CommandFlag, Opcode, Status, encode_hashes)
 
 logger = logging.getLogger(__name__)
 
@@ -135,10 +135,14 @@ class EngineClient:
         self.is_closed = True
 
     @classmethod
-    def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0) -> "EngineClient":
+    def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0,
+                role: ClientRole = ClientRole.OTHER, rank: int = 0,
+                namespace: int = 0) -> "EngineClient":
+        """Attach; ``role``, ``rank`` and ``namespace`` are shown in the engine's per-client
+        stats (``pegaflow-stat``)."""
         client = cls(engine_name, timeout_s)
         try:
-            client._attach(timeout_s)
+            client._attach(timeout_s, (role, rank, namespace))
         except BaseException:
             try:
                 client._abandon_attach()
@@ -160,7 +164,7 @@ class EngineClient:
             self._control.close()
             self._control = None
 
-    def _attach(self, timeout_s: float) -> None:
+    def _attach(self, timeout_s: float, identity: tuple[int, int, int]) -> None:
         self._control = shm.attach_segment(shm.ipc_name(self.engine_name, "control"))
         header = read_control_header(self._control)
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
@@ -191,7 +195,9 @@ class EngineClient:
         self._arena = PayloadArena(view.arena, self._producer)
         self._view = view
         self.is_closed = False
-        self.call(Opcode.ATTACH, arg=os.getpid(), timeout_s=timeout_s)
+        role, rank, namespace = identity
+        self.call(Opcode.ATTACH, arg=os.getpid(), flags=int(role), layer=rank, namespace=namespace,
+                  timeout_s=timeout_s)
         logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
 
     def _new_request_id(self) -> int:

@@ -15,12 +15,14 @@ import sys
 import time
 
 
+import numpy as np
+
 from pegaflow import shm
 from pegaflow.errors import EngineDeadError, EngineNotRunningError, ShmError
 from pegaflow.shm import is_pid_alive
-from pegaflow.wire import (CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER,
-                           POOL_TABLE_VERSION, STATS,
-                           STATS_COUNTER_NAMES, EntryState, Opcode, Status)
+from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER,
+                           POOL_TABLE_VERSION, STATS, STATS_COUNTER_NAMES, ClientRole, EntryState,
+                           Opcode, Status)
 
 _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
           ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
@@ -31,6 +33,8 @@ def read_stats(name: str) -> dict:
     segment = shm.attach_segment(shm.ipc_name(name, "stats"), readonly=True)
     try:
         record = segment.array(STATS, 1)[0].copy()
+        num_slots = (segment.size - STATS.itemsize) // CLIENT_STATS.itemsize
+        clients = segment.array(CLIENT_STATS, num_slots, STATS.itemsize).copy()
     finally:
         segment.close()
     snapshot = {key: int(record[key]) for key in STATS_COUNTER_NAMES}
@@ -39,6 +43,7 @@ def read_stats(name: str) -> dict:
     snapshot["errors_by_status"] = {st.name.lower(): int(record["errors_by_status"][st])
                                     for st in Status if st != Status.OK}
     snapshot["uptime_s"] = round(max(0, time.time_ns() - snapshot["start_ns"]) / 1e9, 3)
+    snapshot["clients"] = _clients(clients)
     snapshot["name"] = name
     # The stats' engine_pid is written once the pool is ready (pre-touching a large one
     # takes seconds); until then the control segment's header names the engine.
@@ -48,6 +53,19 @@ def read_stats(name: str) -> dict:
         pid = snapshot["engine_pid"] = _control_pid(name)
     snapshot["alive"] = pid == 0 or is_pid_alive(pid)  # 0: not even the header written yet
     return snapshot
+
+
+def _clients(records: np.ndarray) -> list[dict]:
+    """One dict per attached client slot: who it said it is at ATTACH, and what it did."""
+    roles = {int(r): r.name.lower() for r in ClientRole}
+    out = []
+    for slot in np.flatnonzero(records["is_attached"]).tolist():
+        r = records[slot]
+        out.append({"slot": slot, "pid": int(r["pid"]), "role": roles.get(int(r["role"]), "other"),
+                    "rank": int(r["rank"]), "namespace": f"{int(r['namespace']):016x}",
+                    **{key: int(r[key]) for key in ("blocks_saved", "blocks_loaded", "lookups",
+                                                    "lookup_hit_blocks", "inflight_copies")}})
+    return out
 
 
 def _control_pid(name: str) -> int:
@@ -111,6 +129,13 @@ def format_once(s: dict) -> str:
     errors = {k: v for k, v in s["errors_by_status"].items() if v}
     if errors:
         lines.append("errors by status: " + ", ".join(f"{k}={v}" for k, v in errors.items()))
+    if s["clients"]:
+        lines.append(f"{'slot':>4} {'pid':>8} {'role':<9} {'rank':>4} {'namespace':<16} "
+                     f"{'saved':>9} {'loaded':>9} {'lookups':>8} {'hit':>9} {'inflight':>8}")
+    for c in s["clients"]:
+        lines.append(f"{c['slot']:>4} {c['pid']:>8} {c['role']:<9} {c['rank']:>4} {c['namespace']:<16} "
+                     f"{c['blocks_saved']:>9} {c['blocks_loaded']:>9} {c['lookups']:>8} "
+                     f"{c['lookup_hit_blocks']:>9} {c['inflight_copies']:>8}")
     return "\n".join(lines)
 
 

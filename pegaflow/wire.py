@@ -4,7 +4,7 @@ Segments (all created by the engine, see ``pegaflow.shm``)::
 
     control   CONTROL_HEADER | SLOT x num_slots          clients claim a slot here
     ring.<i>  RING_HEADER | SUBMISSION x n | COMPLETION x n | payload arena
-    stats     STATS                                       written by the engine only
+    stats     STATS | CLIENT_STATS x num_slots            written by the engine only
     pool.table POOL_TABLE_HEADER | POOL_RECORD x n        what each pool entry holds
 
 A client writes SUBMISSIONs (and their variable-length payload: HASH records, int32
@@ -69,6 +69,14 @@ class SlotState(IntEnum):
 class RegionKind(IntEnum):
     HOST_SHM = 1
     CUDA_IPC = 2
+
+
+class ClientRole(IntEnum):
+    """What a client says it is at ATTACH (``flags``), for the per-client stats."""
+
+    OTHER = 0
+    SCHEDULER = 1
+    WORKER = 2
 
 
 class CommandFlag(IntFlag):
@@ -202,6 +210,22 @@ STATS = _dtype(
 )
 STATS_COUNTER_NAMES = tuple(_STATS_COUNTERS)
 
+# One record per client slot after STATS; zeroed when the slot is freed.  ``rank``,
+# ``namespace`` and ``role`` are what the client said at ATTACH (a worker: its TP/PP rank
+# index and namespace; a scheduler: its first rank's namespace).
+CLIENT_STATS = _dtype([
+    ("pid", "<u4", 0),
+    ("role", "<u2", 4),
+    ("rank", "<u2", 6),
+    ("namespace", "<u8", 8),
+    ("blocks_saved", "<u8", 16),
+    ("blocks_loaded", "<u8", 24),
+    ("lookups", "<u8", 32),
+    ("lookup_hit_blocks", "<u8", 40),
+    ("inflight_copies", "<u8", 48),
+    ("is_attached", "<u4", 56),
+], 64)
+
 
 class EntryState(IntEnum):
     """A pool table record's state: FREE records describe nothing."""
@@ -240,9 +264,9 @@ def _fingerprint() -> int:
     text = repr([
         WIRE_VERSION,
         *([(m.name, int(m)) for m in kind] for kind in (Opcode, Status, SlotState, RegionKind,
-                                                         CommandFlag)),
+                                                         CommandFlag, ClientRole)),
         *(d.descr for d in (CONTROL_HEADER, SLOT, RING_HEADER, SUBMISSION, COMPLETION,
-                            HASH, REGION, LAYER, EVENT_HANDLE, STATS)),
+                            HASH, REGION, LAYER, EVENT_HANDLE, STATS, CLIENT_STATS)),
     ])
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
@@ -259,6 +283,7 @@ assert REGION.itemsize == 232
 assert LAYER.itemsize == 24
 assert POOL_TABLE_HEADER.itemsize == 64
 assert POOL_RECORD.itemsize == 72
+assert CLIENT_STATS.itemsize == 64
 assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS)
 
 

@@ -83,7 +83,7 @@ def run_phase(args) -> dict:
             cells[f"bs{batch}_ctx{context}"] = _tpots(llm, prompts, batch, args.decode_tokens)
     import torch
     return {"cudagraph_mode": getattr(mode, "name", str(mode)), "tpot_ms": cells,
-            "gpu": torch.cuda.get_device_name(0)}
+            "gpu": torch.cuda.get_device_name(0), "decode_tokens": args.decode_tokens}
 
 
 def _spawn(args, kind: str, seed: int) -> dict:
@@ -217,7 +217,9 @@ def main() -> int:
     runs = _saved_runs(args.from_dir) if args.from_dir else _run_phases(args)
     summaries = {mode: summarize([(k, s, r) for m, k, s, r in runs if m == mode], mode)
                  for mode in dict.fromkeys(m for m, _, _, _ in runs)}
-    result = {"gpu": sorted({r.get("gpu", "?") for _, _, _, r in runs}), "decode_tokens": args.decode_tokens,
+    decode_tokens = {m: sorted({r.get("decode_tokens", args.decode_tokens) for mm, _, _, r in runs
+                                if mm == m}) for m in summaries}
+    result = {"gpu": sorted({r.get("gpu", "?") for _, _, _, r in runs}), "decode_tokens": decode_tokens,
               **headline(summaries), "modes": summaries,
               "phases": [{"mode": m, "kind": k, "seed": s, **r} for m, k, s, r in runs]}
     if args.json:

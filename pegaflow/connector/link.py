@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from pegaflow.client import EngineClient, serving_engine_epoch
 from pegaflow.errors import CommandError, EngineGoneError, PegaflowError
-from pegaflow.wire import Status
+from pegaflow.wire import ClientRole, Status
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +33,10 @@ REFUSALS = frozenset({Status.BAD_ARGUMENT, Status.BAD_PAYLOAD, Status.UNKNOWN_RE
 
 class EngineLink:
     def __init__(self, engine_name: str, reconnect_interval_s: float, who: str,
-                 on_connect: Callable[[EngineClient], None] | None = None):
+                 on_connect: Callable[[EngineClient], None] | None = None,
+                 identity: tuple[ClientRole, int, int] = (ClientRole.OTHER, 0, 0)):
         self.engine_name = engine_name
+        self.identity = identity  # (role, rank, namespace), shown in the engine's per-client stats
         self.reconnect_interval_s = reconnect_interval_s
         self.who = who
         self.on_connect = on_connect
@@ -61,7 +63,9 @@ class EngineLink:
         self._next_try = now + self.reconnect_interval_s
         client = None
         try:
-            client = EngineClient.connect(self.engine_name, timeout_s=CONNECT_TIMEOUT_S)
+            role, rank, namespace = self.identity
+            client = EngineClient.connect(self.engine_name, timeout_s=CONNECT_TIMEOUT_S, role=role,
+                                          rank=rank, namespace=namespace)
             if self.on_connect is not None:
                 self.on_connect(client)
         except PegaflowError as exc:

@@ -19,7 +19,7 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
 from pegaflow.errors import EngineTimeoutError, PegaflowError
-from pegaflow.wire import Opcode, encode_hashes
+from pegaflow.wire import ClientRole, Opcode, encode_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class SchedulerSide:
         self.config = config
         self.namespaces = namespaces  # one per TP rank
         self.block_size = block_size
-        self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler")
+        self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler",
+                               identity=(ClientRole.SCHEDULER, 0, namespaces[0] if namespaces else 0))
         self.requests: dict[str, RequestState] = {}
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done

@@ -33,7 +33,7 @@ from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import LayoutError, PegaflowError
 from pegaflow.host_memory import layer_records
-from pegaflow.wire import BLOCK_ID, NO_EVENT, encode_hashes
+from pegaflow.wire import BLOCK_ID, NO_EVENT, ClientRole, encode_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class WorkerSide:
         self.rank = rank
         self.num_blocks = num_blocks
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
-                               f"pegaflow worker rank {rank}", self._register)
+                               f"pegaflow worker rank {rank}", self._register,
+                               identity=(ClientRole.WORKER, rank, namespace))
         self.memory = None
         self.virtual: dict[str, tuple[int, ...]] = {}   # layer name -> engine layers
         self.save_layers: set[str] = set()               # canonical (not aliased) layer names

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
 import pytest
 
@@ -212,3 +213,45 @@ def test_fleet_same_prefix_saved_at_once_is_stored_once_and_served_to_both(name)
         finally:
             a.close()
             b.close()
+
+
+def test_fleet_stat_shows_which_instance_feeds_which(name):
+    # 1. A computes a prompt, B is served it; both stay attached.
+    import json
+    import subprocess
+    import sys
+    (prompt,) = _prompts(9, 1)
+    num_blocks = len(prompt) // BLOCK
+    def stat_clients() -> list[dict]:
+        out = subprocess.run([sys.executable, "-m", "pegaflow.stat_cli", "--name", name, "--once",
+                              "--json"], capture_output=True, text=True, timeout=30, check=True).stdout
+        return json.loads(out)["clients"]
+
+    with _engine(name):
+        a, b = _instances(name, 2)
+        try:
+            _compute(a, [prompt], "a")
+            assert _served(b, [prompt], "b") == [_num_full_tokens(prompt)]
+            # 2. pegaflow-stat lists the four clients (a scheduler and a worker of each), with
+            #    their pid and role, and who saved, looked up and loaded what.
+            clients = stat_clients()
+            # 3. A exits: its two slots leave the list once the engine has freed them.
+            a.close()
+            deadline = time.monotonic() + 5
+            while len(remaining := stat_clients()) != 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert {c["slot"] for c in remaining} == {c["slot"] for c in clients
+                                                      if c["lookup_hit_blocks"] or c["blocks_loaded"]}
+        finally:
+            a.close()
+            b.close()
+    assert sorted(c["role"] for c in clients) == ["scheduler", "scheduler", "worker", "worker"]
+    assert {c["pid"] for c in clients} == {os.getpid()}  # both instances live in this process
+    workers = sorted((c for c in clients if c["role"] == "worker"), key=lambda c: c["slot"])
+    schedulers = sorted((c for c in clients if c["role"] == "scheduler"), key=lambda c: c["slot"])
+    # A's worker attached first (at registration), then B's; schedulers attach at their first lookup.
+    assert [(w["blocks_saved"], w["blocks_loaded"]) for w in workers] == \
+        [(num_blocks, 0), (0, _num_full_tokens(prompt) // BLOCK)]
+    assert [s["lookup_hit_blocks"] for s in schedulers] == [0, _num_full_tokens(prompt) // BLOCK]
+    assert all(c["inflight_copies"] == 0 for c in clients)
+    assert workers[0]["namespace"] == workers[1]["namespace"] == schedulers[0]["namespace"]
