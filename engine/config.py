@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -70,8 +71,8 @@ class EngineConfig:
             raise ConfigError(f"--arena-size {self.arena_bytes} bytes: must be at least 4KiB")
         if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
-        if self.lease_ttl_s <= 0:
-            raise ConfigError(f"--lease-ttl must be positive, got {self.lease_ttl_s}")
+        if not 0 < self.lease_ttl_s < math.inf:  # nan fails too: it never expires anything
+            raise ConfigError(f"--lease-ttl must be a positive number of seconds, got {self.lease_ttl_s}")
         if not 0 <= self.idle_spin_s <= MAX_IDLE_SPIN_S:
             raise ConfigError(f"--idle-spin-ms {self.idle_spin_s * 1e3:g}: must lie in "
                               f"[0, {MAX_IDLE_SPIN_S * 1e3:g}]")

@@ -1,9 +1,10 @@
 """REGISTER and REGISTER_EVENTS: a client's KV memory and events, checked before use.
 
 A region is refused (BAD_ARGUMENT / BAD_PAYLOAD, nothing changed) unless its id is new,
-every layer's pages lie inside it without overlapping, page sizes agree across the
-client's regions, layer indices are new and below MAX_LAYERS, and one block of all layers
-fits a slab.  Events are registered once per connection.
+its page size is at least MIN_PAGE_BYTES, every layer's pages lie inside it without
+overlapping (checked in Python integers: no 64-bit wrap-around lets a huge stride pass),
+page sizes agree across the client's regions, layer indices are new and below MAX_LAYERS,
+and one block of all layers fits a slab.  Events are registered once per connection.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pegaflow.wire import EVENT_HANDLE, LAYER, REGION, Status
 logger = logging.getLogger(__name__)
 
 MAX_LAYERS = 1024
+# The smallest KV page of a real model is ~1 KiB (16 tokens x 1 head x 32 dims x fp8, K+V);
+# tiny pages would make one slab a free list of millions of entries.
+MIN_PAGE_BYTES = 512
 
 
 def register_region(client: ClientState, rec, payload: np.ndarray, backend: CopyBackend,
@@ -51,14 +55,16 @@ def register_region(client: ClientState, rec, payload: np.ndarray, backend: Copy
 def _check_region(client: ClientState, region: np.void, layers: np.ndarray, pool: PagePool) -> int:
     page, num_blocks = int(region["page_bytes"]), int(region["num_blocks"])
     limit = int(region["alloc_bytes"]) - int(region["base_offset"])
-    if page <= 0 or num_blocks <= 0 or limit <= 0:
-        raise CommandError(Status.BAD_ARGUMENT, "region needs positive page size, blocks and bytes")
+    if num_blocks <= 0 or limit <= 0:
+        raise CommandError(Status.BAD_ARGUMENT, "region needs positive blocks and bytes")
+    if not MIN_PAGE_BYTES <= page <= limit:
+        raise CommandError(Status.BAD_ARGUMENT, f"page size {page} outside [{MIN_PAGE_BYTES}, "
+                                                f"{limit}] (the region's bytes)")
     if client.page_bytes and page != client.page_bytes:
         raise CommandError(Status.BAD_ARGUMENT, f"page size {page} != {client.page_bytes} registered")
-    offsets, strides = layers["offset_bytes"], layers["block_stride_bytes"]
-    last = offsets + (num_blocks - 1) * strides + page
-    if (offsets < 0).any() or (strides < page).any() or (last > limit).any():
-        raise CommandError(Status.BAD_ARGUMENT, "a layer's pages overlap or fall outside the region")
+    for offset, stride in zip(layers["offset_bytes"].tolist(), layers["block_stride_bytes"].tolist()):
+        if offset < 0 or stride < page or offset + (num_blocks - 1) * stride + page > limit:
+            raise CommandError(Status.BAD_ARGUMENT, "a layer's pages overlap or fall outside the region")
     if (layers["layer"] >= MAX_LAYERS).any() or len(np.unique(layers["layer"])) != len(layers):
         raise CommandError(Status.BAD_ARGUMENT, "layer indices repeat or exceed the maximum")
     if any(int(i) in client.layers for i in layers["layer"]):

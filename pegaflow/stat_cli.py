@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -18,8 +19,8 @@ import time
 import numpy as np
 
 from pegaflow import shm
-from pegaflow.errors import EngineDeadError, EngineNotRunningError, ShmError
-from pegaflow.shm import is_pid_alive
+from pegaflow.errors import ConfigError, EngineDeadError, EngineNotRunningError, ShmError
+from pegaflow.shm import check_engine_name, is_pid_alive
 from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER,
                            POOL_TABLE_VERSION, STATS, STATS_COUNTER_NAMES, ClientRole, EntryState,
                            Opcode, Status)
@@ -166,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-metrics", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics of the engine at /metrics until stopped")
     args = parser.parse_args(argv)
+    try:
+        check_engine_name(args.name)
+    except ConfigError as exc:
+        parser.error(str(exc))  # one line and exit 2, as for any other bad flag
+    if not 0 < args.interval < math.inf:
+        parser.error(f"--interval {args.interval:g}: must be a positive number of seconds")
     if args.serve_metrics:
         return serve_metrics(args.name, args.serve_metrics)
     try:
@@ -207,7 +214,10 @@ def serve_metrics(name: str, where: str) -> int:
     try:
         port_number = int(port)
     except ValueError:
-        print(f"pegaflow-stat: --serve-metrics {where!r}: expected [HOST:]PORT", file=sys.stderr)
+        port_number = -1
+    if not 0 <= port_number <= 65535:
+        print(f"pegaflow-stat: --serve-metrics {where!r}: expected [HOST:]PORT, PORT in 0..65535",
+              file=sys.stderr)
         return 2
     registry = CollectorRegistry()
     registry.register(EngineCollector(name))

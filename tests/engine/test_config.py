@@ -177,3 +177,10 @@ def test_config_from_args_log_level_any_case(clean_env):
 def test_engine_config_range_errors_name_the_value_and_the_bounds(fields, message):
     with pytest.raises(ConfigError, match=message):
         EngineConfig(**fields)
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), 0.0, -1.0])
+def test_engine_config_lease_ttl_must_be_finite_and_positive(ttl):
+    # A nan TTL would never expire a lease nor drop a stale half-written block.
+    with pytest.raises(ConfigError, match="lease-ttl"):
+        EngineConfig(lease_ttl_s=ttl)

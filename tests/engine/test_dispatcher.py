@@ -728,3 +728,30 @@ def test_dispatcher_one_event_save_waits_for_that_event_in_every_layer():
            flags=CommandFlag.ONE_EVENT)
     op = h.backend.ops[h.backend.held[-1]]
     assert (op.wait_event, op.wait_per_layer) == (0, False)
+
+
+@pytest.mark.parametrize("page_bytes, stride, what", [
+    (1, None, "1-byte pages (a slab's free list of 64M entries)"),
+    (2**63, 4096, "a page past int64"),
+    (4096, 2**62, "a stride whose last page wraps around int64"),
+])
+def test_dispatcher_register_of_absurd_geometry_answers_bad_argument(engine_factory, page_bytes,
+                                                                     stride, what):
+    # A REGISTER whose page size or layer stride no KV cache has: a typed BAD_ARGUMENT (not
+    # INTERNAL, not a stalled loop), and the engine goes on serving.
+    engine = engine_factory(pool_size="4MiB", slab_size="1MiB")
+    client = engine.connect()
+    num_blocks = 4
+    kv = HostKVBuffer(4096 * num_blocks, "tkv")
+    try:
+        before = engine.stats()["errors_by_status"]
+        region = kv.region_record(num_blocks, 4096, 1)
+        region["page_bytes"] = page_bytes
+        layers = layer_records([0], [0], [stride or page_bytes])
+        with pytest.raises(CommandError) as info:
+            client.register_region(0, region, layers)
+        assert info.value.status == Status.BAD_ARGUMENT, what
+        _assert_still_serving(engine, client, Status.BAD_ARGUMENT, before)
+    finally:
+        client.close()
+        kv.close()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import readline_within
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,3 +111,16 @@ def test_stat_cli_stopped_engine_that_kept_its_pool_says_how_many_blocks(engine_
     assert "the pool it kept holds 3 blocks" in once.stderr
     # 3. (teardown) an engine without --keep-pool removes the kept pool.
     engine_factory(engine.name)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--name", "bad.name", "--once"], "engine name"),
+    (["--interval", "-1"], "--interval"),
+    (["--interval", "0"], "--interval"),  # would spin
+    (["--serve-metrics", "127.0.0.1:99999"], "0..65535"),
+])
+def test_stat_cli_mistake_is_one_line_and_exit_2(argv, says):
+    # A mistake on the command line: one line on stderr naming it, exit 2, no traceback.
+    done = _stat(*argv)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
