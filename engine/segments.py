@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import secrets
+import stat
 import tempfile
 import time
 
@@ -21,7 +22,8 @@ from engine.config import MAX_SLOTS, EngineConfig
 from engine.pool_table import PoolTable, table_bytes
 from pegaflow import shm
 from pegaflow.shm import is_pid_alive
-from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ShmError
+from pegaflow.errors import (EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError,
+                             ShmError)
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
                            WIRE_VERSION, SlotState)
@@ -73,8 +75,28 @@ def _what_names(num_slots: int, keep_pool: bool = False) -> tuple[list[str], lis
     return segments, semaphores
 
 
+def _lock_dir() -> str:
+    """This user's private directory for engine name locks: ``$XDG_RUNTIME_DIR`` (made by
+    the system for the user alone) or ``<tmp>/pegaflow-<uid>``, created 0700 here and
+    refused if another user made it, it is a link, or others may write in it."""
+    uid = os.geteuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = runtime if runtime and os.path.isdir(runtime) else tempfile.gettempdir()
+    path = os.path.join(base, f"pegaflow-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        raise ForeignSegmentError(
+            f"{path} (where engine name locks live) is not a directory of uid {uid} with mode "
+            f"700 (uid {st.st_uid}, mode {st.st_mode & 0o777:o}): remove it and start again")
+    return path
+
+
 def _lock_path(name: str) -> str:
-    return os.path.join(tempfile.gettempdir(), f"pegaflow.{os.getuid()}.{name}.lock")
+    return os.path.join(_lock_dir(), f"{name}.lock")
 
 
 def _claim_name(name: str) -> int:
@@ -84,7 +106,15 @@ def _claim_name(name: str) -> int:
     is not the name's lock, and the claim starts over."""
     path = _lock_path(name)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:  # ELOOP: a link planted where the lock goes
+            raise ForeignSegmentError(f"cannot open the name lock {path}: {exc}") from exc
+        try:
+            shm.check_private(path, os.fstat(fd))
+        except ForeignSegmentError:
+            os.close(fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -135,9 +165,13 @@ class EngineSegments:
         return segment
 
     def _remove_stale(self, control_name: str) -> None:
-        """We hold the name's lock, so whatever carries the name was left by a dead engine."""
+        """We hold the name's lock, so whatever carries the name was left by a dead engine
+        (or planted by another user: never read, removed all the same)."""
         try:
             old = shm.attach_segment(control_name, readonly=True)
+        except ForeignSegmentError as exc:
+            logger.warning("%s", exc)
+            header = np.zeros(1, dtype=CONTROL_HEADER)[0]
         except EngineNotRunningError:  # empty: its creator died before sizing it
             header = np.zeros(1, dtype=CONTROL_HEADER)[0]
         else:
@@ -200,15 +234,19 @@ class EngineSegments:
         keep pools and they fit this pool's geometry; any other leftover of them is removed
         (we hold the name: nothing else can be using them)."""
         names = [shm.ipc_name(self.config.name, what) for what in KEPT]
-        found = []
+        found, foreign = [], None
         for name in names:
             try:
                 found.append(shm.attach_segment(name))
+            except ForeignSegmentError as exc:
+                foreign = str(exc)
             except EngineNotRunningError:
                 pass
-        if not found:
+        if not found and foreign is None:
             return None
-        if not self.config.keep_pool:
+        if foreign is not None:
+            why = foreign
+        elif not self.config.keep_pool:
             why = "this engine does not keep pools (--keep-pool)"
         elif len(found) < len(names):
             why = "the pool or its table is missing"
@@ -228,7 +266,13 @@ class EngineSegments:
         return None
 
     def _segment(self, what: str, size: int) -> shm.Segment:
-        segment = shm.create_segment(shm.ipc_name(self.config.name, what), size)
+        name = shm.ipc_name(self.config.name, what)
+        try:
+            segment = shm.create_segment(name, size)
+        except posix_ipc.ExistentialError:  # we hold the name: a leftover, or planted
+            logger.warning("removing %s, which was there before this engine made it", name)
+            shm.unlink_segment(name)
+            segment = shm.create_segment(name, size)
         self._segments.append(segment)
         return segment
 

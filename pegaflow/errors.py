@@ -30,6 +30,11 @@ class EngineAlreadyRunningError(ShmError):
     """Another live engine already owns that name."""
 
 
+class ForeignSegmentError(ShmError):
+    """A segment, semaphore or lock file under our name is not this user's private one
+    (another owner, or readable or writable by others): never trusted."""
+
+
 class WireVersionError(PegaflowError):
     """The peer speaks another wire version, magic or descriptor layout."""
 

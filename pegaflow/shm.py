@@ -17,7 +17,7 @@ import re
 import numpy as np
 import posix_ipc
 
-from pegaflow.errors import ConfigError, EngineNotRunningError, ShmError
+from pegaflow.errors import ConfigError, EngineNotRunningError, ForeignSegmentError, ShmError
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,17 @@ def create_segment(name: str, size: int) -> Segment:
     return Segment(name, mem, readonly=False, is_owner=True)
 
 
+def check_private(name: str, st: os.stat_result) -> None:
+    """ForeignSegmentError unless ``st`` (of ``name``) is owned by this user and neither
+    readable nor writable by anyone else: names are predictable and /dev/shm is
+    world-writable, so another local user could plant a segment under ours."""
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ForeignSegmentError(
+            f"{name} is owned by uid {st.st_uid} with mode {st.st_mode & 0o777:o}, not this "
+            f"user's (uid {os.geteuid()}) private 600: refusing it (another user may have "
+            f"planted it; remove it)")
+
+
 def attach_segment(name: str, readonly: bool = False) -> Segment:
     try:
         mem = posix_ipc.SharedMemory(name, 0, read_only=readonly)
@@ -96,6 +107,11 @@ def attach_segment(name: str, readonly: bool = False) -> Segment:
         raise EngineNotRunningError(f"shared-memory segment {name} does not exist") from exc
     except posix_ipc.PermissionsError as exc:
         raise ShmError(f"no permission to open {name}: {exc}") from exc
+    try:
+        check_private(name, os.fstat(mem.fd))
+    except ForeignSegmentError:
+        mem.close_fd()
+        raise
     if mem.size == 0:  # its creator has not sized it yet: still starting
         mem.close_fd()
         raise EngineNotRunningError(f"shared-memory segment {name} is not initialised yet")
@@ -117,9 +133,19 @@ def create_semaphore(name: str, initial: int = 0) -> posix_ipc.Semaphore:
 
 def attach_semaphore(name: str) -> posix_ipc.Semaphore:
     try:
-        return posix_ipc.Semaphore(name, 0)
+        sem = posix_ipc.Semaphore(name, 0)
     except posix_ipc.ExistentialError as exc:
         raise EngineNotRunningError(f"semaphore {name} does not exist") from exc
+    try:  # Linux keeps a named semaphore as /dev/shm/sem.<name>
+        st = os.stat(f"/dev/shm/sem.{name.lstrip('/')}", follow_symlinks=False)
+    except FileNotFoundError:
+        return sem  # another platform's layout: nothing to check it by
+    try:
+        check_private(name, st)
+    except ForeignSegmentError:
+        sem.close()
+        raise
+    return sem
 
 
 def unlink_semaphore(name: str) -> bool:

@@ -1,0 +1,104 @@
+"""Another local user's segments under our names are never trusted: names are predictable
+and /dev/shm is world-writable.  Runs as root in CI, where chown stands in for a second
+user; skipped where this process may not chown."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from engine import segments
+from pegaflow import shm
+from pegaflow.client import EngineClient
+from pegaflow.errors import ForeignSegmentError
+from tests.conftest import unique_engine_name
+
+OTHER_UID = 54321
+KEEP = ("--keep-pool",)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a file to another uid")
+
+
+def _dev_shm(name: str) -> str:
+    return "/dev/shm/" + name.lstrip("/")
+
+
+def _give_away(name: str, mode: int | None = None) -> None:
+    path = _dev_shm(name)
+    os.chown(path, OTHER_UID, OTHER_UID)
+    if mode is not None:
+        os.chmod(path, mode)
+
+
+def test_foreign_kept_pool_is_removed_not_taken_in(engine_factory, kv_client, rng):
+    # 1. A keeping engine stores blocks and dies; its pool is then handed to another user
+    #    (as if that user had planted a pool and table that pass every check).
+    name = unique_engine_name("forpool")
+    first = engine_factory(name, extra=KEEP)
+    first.is_clean_exit_expected = False
+    hashes, _ = kv_client(first).store(rng, 5, [2, 7])
+    first.stop(signal.SIGKILL)
+    _give_away(shm.ipc_name(name, "pool"))
+    _give_away(shm.ipc_name(name, "pool.table"))
+    # 2. The next keeping engine refuses it (says why) and starts with an empty pool.
+    second = engine_factory(name, extra=KEEP)
+    assert "owned by uid 54321" in second.stderr_text()
+    assert "took in" not in second.stderr_text()
+    assert kv_client(second).num_hits(5, hashes) == 0
+    # 3. An engine that does not keep pools removes the one the second engine kept.
+    assert second.stop() == 0
+    engine_factory(name)
+
+
+def test_foreign_control_segment_is_not_attached_to(engine_factory):
+    # A control segment under our name that another user owns: a client refuses it (an
+    # engine impersonating ours), with a typed error naming the owner.
+    engine = engine_factory()
+    _give_away(shm.ipc_name(engine.name, "control"))
+    with pytest.raises(ForeignSegmentError, match="owned by uid 54321"):
+        EngineClient.connect(engine.name, timeout_s=2.0)
+    os.chown(_dev_shm(shm.ipc_name(engine.name, "control")), 0, 0)  # let teardown stop it
+
+
+def test_foreign_readable_segment_is_refused():
+    # Our own uid, but readable by everyone (mode 644): not private, refused.
+    name = shm.private_buffer_name("modecheck")
+    segment = shm.create_segment(name, 4096)
+    try:
+        os.chmod(_dev_shm(name), 0o644)
+        with pytest.raises(ForeignSegmentError, match="mode 644"):
+            shm.attach_segment(name)
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+def test_foreign_link_where_the_name_lock_goes_is_not_followed(engine_factory, tmp_path):
+    # 1. A link planted where an engine's name lock will be, pointing at a file of ours.
+    name = unique_engine_name("forlock")
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    os.symlink(target, segments._lock_path(name))
+    try:
+        # 2. The engine refuses to start, with one line; the target is untouched.
+        with pytest.raises(ForeignSegmentError, match="name lock"):
+            segments._claim_name(name)
+        assert target.read_text() == "keep me"
+    finally:
+        os.unlink(segments._lock_path(name))
+
+
+def test_foreign_segment_planted_under_a_ring_name_is_replaced(engine_factory):
+    # Another user's segment where the engine will create ring.0: the engine (which holds
+    # the name) removes it and starts, instead of dying with a traceback.
+    name = unique_engine_name("forring")
+    planted = shm.create_segment(shm.ipc_name(name, "ring.0"), 4096)
+    planted.array(np.uint8, 16)[:] = 7
+    planted.close()
+    _give_away(shm.ipc_name(name, "ring.0"))
+    engine = engine_factory(name)
+    assert engine.connect().ping() == 0
+    assert "was there before this engine made it" in engine.stderr_text()
