@@ -30,6 +30,7 @@ class ClientState:
     num_inflight: int = 0
     backlog: deque = field(default_factory=deque)  # COMPLETION fields after seq
     uid: int = field(default_factory=lambda: next(_client_ids))  # unique in this engine's life
+    ring_name: str = ""  # its ring segment: ATTACH's pid must map it ("" in unit tests: unchecked)
 
     @property
     def num_layers(self) -> int:

@@ -33,6 +33,7 @@ from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers, command_keys
 from pegaflow.errors import CommandError
+from pegaflow import shm
 from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, Opcode, Status
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,10 @@ class Dispatcher:
         return _OK, (len(self.pending), 0, 0)
 
     def _attach(self, client, rec, payload):
+        # The pid decides when the slot is reclaimed: only a process that maps this slot's
+        # ring (the kernel says so) may name itself; a lie would keep or steal a slot.
+        if client.ring_name and not shm.maps_segment(rec.arg, client.ring_name):
+            raise CommandError(Status.BAD_ARGUMENT, f"pid {rec.arg} does not map this slot's ring")
         client.pid, client.is_attached = rec.arg, True
         role = rec.flags if rec.flags in _ROLES else ClientRole.OTHER
         self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role,

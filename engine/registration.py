@@ -17,7 +17,8 @@ from engine.clients import ClientState
 from engine.copy.base import CopyBackend, LayerPlacement
 from engine.pool import PagePool
 from pegaflow.errors import CommandError, ConfigError, PegaflowError
-from pegaflow.wire import EVENT_HANDLE, LAYER, REGION, Status
+from pegaflow import shm
+from pegaflow.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def register_region(client: ClientState, rec, payload: np.ndarray, backend: Copy
     region = payload[:REGION.itemsize].view(REGION)[0]
     layers = payload[REGION.itemsize:].view(LAYER)
     page_bytes = _check_region(client, region, layers, pool)
+    _check_owner(client, region)
     try:
         backend.register_region(client.slot, rec.region_id, region)
     except PegaflowError as exc:
@@ -51,6 +53,18 @@ def register_region(client: ClientState, rec, payload: np.ndarray, backend: Copy
     logger.info("slot %d (pid %d) registered region %d: %d layers x %d blocks, %d-byte pages",
                 client.slot, client.pid, rec.region_id, num_layers,
                 int(region["num_blocks"]), page_bytes)
+
+def _check_owner(client: ClientState, region: np.void) -> None:
+    """Host memory is registered only by the process that made it and maps it: never
+    another client's buffer, never the engine's own segments (CUDA IPC handles name one
+    allocation of the sender's already)."""
+    if int(region["kind"]) != RegionKind.HOST_SHM or not client.ring_name:
+        return
+    name = bytes(region["shm_name"]).rstrip(b"\0").decode(errors="replace")
+    if not (shm.is_private_buffer_of(name, client.pid) and shm.maps_segment(client.pid, name)):
+        raise CommandError(Status.BAD_ARGUMENT, f"{name!r} is not a buffer of pid {client.pid}: "
+                                                f"register memory this process made and maps")
+
 
 def _check_region(client: ClientState, region: np.void, layers: np.ndarray, pool: PagePool) -> int:
     page, num_blocks = int(region["page_bytes"]), int(region["num_blocks"])

@@ -31,6 +31,7 @@ from engine.pool import PagePool
 from engine.pool_table import PoolTable
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
+from pegaflow import shm
 from pegaflow.shm import is_pid_alive
 from pegaflow.ring import RingConsumer, RingProducer
 from pegaflow.waits import Doorbell, sleep_until
@@ -192,7 +193,8 @@ class EngineServer:
             bell.drain()
             self.clients[slot] = ClientState(slot, view, RingConsumer(view.submissions),
                                              RingProducer(view.completions, bell),
-                                             pid=int(self.segments.slots["pid"][slot]))
+                                             pid=int(self.segments.slots["pid"][slot]),
+                                             ring_name=shm.ipc_name(self.config.name, f"ring.{slot}"))
             self.segments.slots["state"][slot] = SlotState.ACTIVE
             self._clients_changed()
             logger.info("client slot %d claimed by pid %d", slot, self.clients[slot].pid)

@@ -161,6 +161,23 @@ def private_buffer_name(what: str) -> str:
     return f"/pegaflow.{os.getuid()}.{what}.{os.getpid()}.{os.urandom(4).hex()}"
 
 
+def is_private_buffer_of(name: str, pid: int) -> bool:
+    """Whether ``name`` is a ``private_buffer_name`` made by process ``pid`` of this user
+    (never one of an engine's own segments: those have no pid and random part)."""
+    return re.fullmatch(rf"/pegaflow\.{os.getuid()}\.[A-Za-z0-9_-]+\.{pid}\.[0-9a-f]{{8}}", name) is not None
+
+
+def maps_segment(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has segment ``name`` mapped, by the kernel's account of it
+    (``/proc/<pid>/maps``): what a process writes about itself can lie, this cannot."""
+    path = f"/dev/shm/{name.lstrip('/')}"
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return any(line.rstrip().endswith(path.encode()) for line in f)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
 def is_pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
     try:

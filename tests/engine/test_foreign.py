@@ -102,3 +102,50 @@ def test_foreign_segment_planted_under_a_ring_name_is_replaced(engine_factory):
     engine = engine_factory(name)
     assert engine.connect().ping() == 0
     assert "was there before this engine made it" in engine.stderr_text()
+
+
+def test_foreign_attach_naming_another_process_is_refused(engine_factory):
+    # A client that names a pid other than its own (pid 1 maps none of our rings): the
+    # engine would reclaim the slot by that pid's life, so the lie is refused.
+    from pegaflow.errors import CommandError
+    from pegaflow.wire import Opcode, Status
+    engine = engine_factory()
+    client = engine.connect()
+    with pytest.raises(CommandError) as info:
+        client.call(Opcode.ATTACH, arg=1)
+    assert info.value.status == Status.BAD_ARGUMENT
+    assert client.ping() == 0  # still attached under its own pid
+    client.close()
+
+
+def test_foreign_register_of_memory_this_client_did_not_make_is_refused(engine_factory):
+    # 1. Another process (client A) made a KV buffer; client B registers it as its own, then
+    #    the engine's own pool: both refused, so B can neither read nor overwrite them.
+    import subprocess
+    import sys
+
+    from pegaflow.errors import CommandError
+    from pegaflow.host_memory import HostKVBuffer, layer_records
+    from pegaflow.wire import Status
+    engine = engine_factory()
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pegaflow.host_memory import HostKVBuffer; "
+        "kv = HostKVBuffer(1 << 16, 'childkv'); print(kv.name, flush=True); sys.stdin.read()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    b = engine.connect()
+    mine = HostKVBuffer(1 << 16, "bkv")
+    try:
+        a_name = child.stdout.readline().strip()
+        layers = layer_records([0], [0], [4096])
+        for name in (a_name, shm.ipc_name(engine.name, "pool")):
+            region = mine.region_record(4, 4096, 1)
+            region["shm_name"] = name.encode()
+            with pytest.raises(CommandError) as info:
+                b.register_region(0, region, layers)
+            assert info.value.status == Status.BAD_ARGUMENT, name
+        # 2. Its own buffer it registers.
+        b.register_region(0, mine.region_record(4, 4096, 1), layers)
+    finally:
+        b.close()
+        mine.close()
+        child.communicate("", timeout=10)
