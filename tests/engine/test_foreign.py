@@ -130,7 +130,7 @@ def test_foreign_register_of_memory_this_client_did_not_make_is_refused(engine_f
     engine = engine_factory()
     child = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from pegaflow.host_memory import HostKVBuffer; "
-        "kv = HostKVBuffer(1 << 16, 'childkv'); print(kv.name, flush=True); sys.stdin.read()")],
+        "kv = HostKVBuffer(1 << 16, 'childkv'); print(kv.name, flush=True); sys.stdin.read(); kv.close()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     b = engine.connect()
     mine = HostKVBuffer(1 << 16, "bkv")
