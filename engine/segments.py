@@ -11,8 +11,6 @@ import fcntl
 import logging
 import os
 import secrets
-import stat
-import tempfile
 import time
 
 import numpy as np
@@ -21,6 +19,7 @@ import posix_ipc
 from engine.config import MAX_SLOTS, EngineConfig
 from engine.pool_table import PoolTable, table_bytes
 from pegaflow import shm
+from pegaflow.locks import ControlLock, lock_path, open_lock_file
 from pegaflow.shm import is_pid_alive
 from pegaflow.errors import (EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError,
                              ShmError)
@@ -71,32 +70,12 @@ KEPT = ("pool", "pool.table")  # what --keep-pool leaves for the next engine
 def _what_names(num_slots: int, keep_pool: bool = False) -> tuple[list[str], list[str]]:
     segments = ["control", "stats"] + ([] if keep_pool else list(KEPT)) + \
         [f"ring.{i}" for i in range(num_slots)]
-    semaphores = ["lock", "doorbell"] + [f"cq.{i}" for i in range(num_slots)]
+    semaphores = ["doorbell"] + [f"cq.{i}" for i in range(num_slots)]
     return segments, semaphores
 
 
-def _lock_dir() -> str:
-    """This user's private directory for engine name locks: ``$XDG_RUNTIME_DIR`` (made by
-    the system for the user alone) or ``<tmp>/pegaflow-<uid>``, created 0700 here and
-    refused if another user made it, it is a link, or others may write in it."""
-    uid = os.geteuid()
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = runtime if runtime and os.path.isdir(runtime) else tempfile.gettempdir()
-    path = os.path.join(base, f"pegaflow-{uid}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        raise ForeignSegmentError(
-            f"{path} (where engine name locks live) is not a directory of uid {uid} with mode "
-            f"700 (uid {st.st_uid}, mode {st.st_mode & 0o777:o}): remove it and start again")
-    return path
-
-
 def _lock_path(name: str) -> str:
-    return os.path.join(_lock_dir(), f"{name}.lock")
+    return lock_path(name, "lock")
 
 
 def _claim_name(name: str) -> int:
@@ -106,15 +85,7 @@ def _claim_name(name: str) -> int:
     is not the name's lock, and the claim starts over."""
     path = _lock_path(name)
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:  # ELOOP: a link planted where the lock goes
-            raise ForeignSegmentError(f"cannot open the name lock {path}: {exc}") from exc
-        try:
-            shm.check_private(path, os.fstat(fd))
-        except ForeignSegmentError:
-            os.close(fd)
-            raise
+        fd = open_lock_file(path, create=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -217,7 +188,7 @@ class EngineSegments:
                                       cfg.arena_bytes) for i in range(cfg.num_slots)]
         for view in self.rings:
             self.reset_ring(view)
-        self.lock = self._semaphore("lock", initial=1)
+        self.lock = ControlLock.create(self.config.name)
         self.doorbell = self._semaphore("doorbell")
         self.completion_bells = [self._semaphore(f"cq.{i}") for i in range(cfg.num_slots)]
         self.slots = self.control.array(SLOT, cfg.num_slots, CONTROL_HEADER.itemsize)
@@ -317,6 +288,13 @@ class EngineSegments:
             shm.unlink_semaphore(name)
         self._segments.clear()
         self._semaphores.clear()
+        if getattr(self, "lock", None) is not None:
+            try:
+                os.unlink(self.lock.path)
+            except FileNotFoundError:
+                pass
+            self.lock.close()
+            self.lock = None
         if self._name_lock is not None:
             try:
                 os.unlink(_lock_path(self.config.name))  # while still locked: see _claim_name

@@ -19,7 +19,6 @@ import logging
 import time
 
 import numpy as np
-import posix_ipc
 
 from engine.clients import ClientState
 from engine.config import EngineConfig
@@ -176,9 +175,7 @@ class EngineServer:
         if not self.segments.has_claims():
             return
         lock = self.segments.lock
-        try:
-            lock.acquire(0)
-        except posix_ipc.BusyError:
+        if not lock.try_acquire():
             return  # a client holds it for a moment: the next pass accepts
         try:
             self._accept_claimed_slots()

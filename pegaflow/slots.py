@@ -13,9 +13,9 @@ import os
 import time
 
 import numpy as np
-import posix_ipc
 
 from pegaflow import shm
+from pegaflow.locks import ControlLock
 from pegaflow.errors import EngineNotRunningError, EngineTimeoutError, NoFreeSlotError, WireVersionError
 from pegaflow.waits import poll_until
 from pegaflow.wire import CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT, WIRE_VERSION, SlotState
@@ -45,11 +45,12 @@ def _slot_table(control: shm.Segment, num_slots: int) -> np.ndarray:
 
 def claim_slot(control: shm.Segment, engine_name: str, num_slots: int) -> int:
     """A free slot, now CLAIMED by this process (NoFreeSlotError if none is free)."""
-    lock = shm.attach_semaphore(shm.ipc_name(engine_name, "lock"))
+    lock = ControlLock.open(engine_name)
     try:
         lock.acquire(CLAIM_LOCK_TIMEOUT_S)
-    except posix_ipc.BusyError as exc:
-        raise EngineTimeoutError("the engine's control lock stayed taken") from exc
+    except BaseException:
+        lock.close()
+        raise
     try:
         slots = _slot_table(control, num_slots)
         free = np.flatnonzero(slots["state"] == SlotState.FREE)
@@ -83,11 +84,11 @@ def give_back_slot(control: shm.Segment, engine_name: str, slot: int, num_slots:
     """An attach that failed after its claim: free the slot if the engine has not accepted
     it yet, else tell the engine (``client_closed``) that its client is gone."""
     slots = _slot_table(control, num_slots)
-    lock = shm.attach_semaphore(shm.ipc_name(engine_name, "lock"))
+    lock = ControlLock.open(engine_name)
     try:
         try:
             lock.acquire(CLAIM_LOCK_TIMEOUT_S)
-        except posix_ipc.BusyError:
+        except EngineTimeoutError:
             logger.warning("slot %d of engine %r: control lock busy; the slot stays claimed",
                            slot, engine_name)
             return

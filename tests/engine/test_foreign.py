@@ -84,7 +84,7 @@ def test_foreign_link_where_the_name_lock_goes_is_not_followed(engine_factory, t
     os.symlink(target, segments._lock_path(name))
     try:
         # 2. The engine refuses to start, with one line; the target is untouched.
-        with pytest.raises(ForeignSegmentError, match="name lock"):
+        with pytest.raises(ForeignSegmentError, match="cannot open the lock"):
             segments._claim_name(name)
         assert target.read_text() == "keep me"
     finally:
@@ -149,3 +149,22 @@ def test_foreign_register_of_memory_this_client_did_not_make_is_refused(engine_f
         b.close()
         mine.close()
         child.communicate("", timeout=10)
+
+
+def test_foreign_client_killed_holding_the_control_lock_does_not_wedge_attaches(engine_factory):
+    # 1. A process takes the engine's control lock (as a client claiming a slot does) and is
+    #    SIGKILLed while holding it.
+    import subprocess
+    import sys
+    engine = engine_factory()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pegaflow.locks import ControlLock; "
+        f"lock = ControlLock.open({engine.name!r}); lock.acquire(5.0); print('held', flush=True); "
+        "time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(10)
+    # 2. The kernel let go of it with the process: the next client attaches at once.
+    client = EngineClient.connect(engine.name, timeout_s=2.0)
+    assert client.ping() == 0
+    client.close()

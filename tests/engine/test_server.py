@@ -59,13 +59,16 @@ def test_server_sigterm_unlinks_every_segment_and_exits_0(engine, kv_client, rng
     names = shm_entries(engine.name)
     prefix = f"pegaflow.{os.getuid()}.{engine.name}."
     assert {prefix + w for w in ("control", "stats", "pool", "ring.0", "ring.7")} <= set(names)
-    assert {f"sem.{prefix}{w}" for w in ("lock", "doorbell", "cq.0", "cq.7")} <= set(names)
+    assert {f"sem.{prefix}{w}" for w in ("doorbell", "cq.0", "cq.7")} <= set(names)
+    from pegaflow.locks import lock_path
+    assert os.path.exists(lock_path(engine.name, "claims"))
     # 2. SIGTERM: it exits 0 by itself, promptly, with a client still attached.
     start = time.monotonic()
     assert engine.stop(signal.SIGTERM, timeout_s=SIGTERM_EXIT_S) == 0
     assert time.monotonic() - start < SIGTERM_EXIT_S
     # 3. Everything it created is gone; the client's own KV buffer is the client's to unlink.
     assert shm_entries(engine.name) == []
+    assert not os.path.exists(lock_path(engine.name, "claims"))
     assert os.path.exists("/dev/shm/" + kv.kv.name.lstrip("/"))
     assert "stopped" in engine.stderr_text()
 
@@ -493,11 +496,14 @@ def test_server_accepts_a_claim_only_under_the_control_lock():
         slots = server.segments.slots
         # 1. Slot 1 is claimed by us; someone holds the control lock: it stays CLAIMED.
         slots["pid"][1], slots["state"][1] = os.getpid(), SlotState.CLAIMED
-        server.segments.lock.acquire(1.0)
+        from pegaflow.locks import ControlLock
+        other = ControlLock.open(name)
+        other.acquire(1.0)
         server._accept_claims()
         assert int(slots["state"][1]) == SlotState.CLAIMED and 1 not in server.clients
         # 2. The lock free again: the claim is accepted.
-        server.segments.lock.release()
+        other.release()
+        other.close()
         server._accept_claims()
         assert int(slots["state"][1]) == SlotState.ACTIVE and server.clients[1].pid == os.getpid()
     finally:
