@@ -5,8 +5,9 @@ while there is work (and for ``idle_spin_s`` after it), then sleeps on the share
 doorbell that every client rings after submitting (and after claiming a slot).  It wakes
 to keep house (expire leases, drop stale half-written blocks, free the slots of dead or
 detached clients) every ``housekeeping_s`` while anything is leased, half written or
-detaching, every ``LIVENESS_ONLY_S`` while clients are merely attached, and not at all
-with nothing attached: each wake-up costs CPU, and an idle engine should cost none.
+detaching, and every ``LIVENESS_ONLY_S`` otherwise, with nothing attached too: each pass
+beats the heartbeat in the stats, by which ``pegaflow-stat`` tells a stopped or stuck
+engine from a live one (a wake-up every 2.5 s costs next to nothing).
 
 A spinning pass with nothing to do reads one seq word per attached client and the
 clock, nothing else: claims are checked every ``CLAIM_CHECK_S``, copies polled only
@@ -41,9 +42,10 @@ logger = logging.getLogger(__name__)
 MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
 SHUTDOWN_DRAIN_S = 5.0
 CLAIM_CHECK_S = 1e-3
-UNATTENDED_SLEEP_S = 30.0  # no client, lease or half-written block: nothing is due before a claim
 LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detaching: only
 #                        their liveness is checked, and a dead one's slot can wait this long
+UNATTENDED_SLEEP_S = LIVENESS_ONLY_S  # nothing attached: a wake-up only to beat the heartbeat
+#                        (pegaflow-stat tells a stopped or stuck engine by a stale one)
 _DETACH = Opcode.DETACH  # an enum member read off its class costs ~70 ns; the loop reads it often
 
 

@@ -26,6 +26,10 @@ class EngineDeadError(EngineNotRunningError):
     """The engine's segments are there, its process is not (it crashed)."""
 
 
+class EngineNotRespondingError(ShmError):
+    """The engine's process is there but its heartbeat stopped (SIGSTOPped, or stuck)."""
+
+
 class EngineAlreadyRunningError(ShmError):
     """Another live engine already owns that name."""
 

@@ -7,8 +7,8 @@ _blocks_total``, ``pegaflow_lookups_total``, ``pegaflow_lookup_{,hit_}blocks_tot
 ``pegaflow_{evictions,lease_expiries}_total``, ``pegaflow_commands_total{opcode}`` and
 ``pegaflow_errors_total{status}``.  Gauges: ``pegaflow_pool_{used,capacity}_bytes``,
 ``pegaflow_pool_blocks``, ``pegaflow_{leases,clients,inflight_copies}``,
-``pegaflow_uptime_seconds``; ``pegaflow_up`` is 1 while the engine runs (0, and nothing
-else, while it does not).  Every series has an ``engine`` label.  Read-only: the exporter
+``pegaflow_uptime_seconds``; ``pegaflow_up`` is 1 while the engine runs and beats its
+heartbeat (0, and nothing else, while it does not: down, stopped or stuck).  Every series has an ``engine`` label.  Read-only: the exporter
 never attaches to the engine as a client.
 """
 
@@ -49,7 +49,7 @@ class EngineCollector(Collector):
         except PegaflowError as exc:  # unreadable (permissions, another wire layout): down
             logger.warning("metrics of engine %r: %s", self.engine_name, exc)
             stats = None
-        is_up = stats is not None and stats["alive"] and not stats["starting"]
+        is_up = stats is not None and stats["alive"] and stats["responding"] and not stats["starting"]
         up.add_metric([self.engine_name], 1.0 if is_up else 0.0)
         yield up
         if not is_up:

@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from pegaflow import shm
-from pegaflow.errors import ConfigError, EngineDeadError, EngineNotRunningError, ShmError
+from pegaflow.errors import (ConfigError, EngineDeadError, EngineNotRespondingError,
+                             EngineNotRunningError, ShmError)
 from pegaflow.shm import check_engine_name, is_pid_alive
 from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER,
                            POOL_TABLE_VERSION, STATS, STATS_COUNTER_NAMES, ClientRole, EntryState,
@@ -29,8 +30,12 @@ _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "
           ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
 
 
-def read_stats(name: str) -> dict:
-    """One snapshot of engine ``name``'s counters as a plain dict."""
+STALE_AFTER_S = 10.0  # the engine beats every 2.5 s at most: four beats missed
+
+
+def read_stats(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
+    """One snapshot of engine ``name``'s counters as a plain dict; ``responding`` is False
+    for a live process whose heartbeat is older than ``stale_after_s``."""
     segment = shm.attach_segment(shm.ipc_name(name, "stats"), readonly=True)
     try:
         record = segment.array(STATS, 1)[0].copy()
@@ -53,6 +58,10 @@ def read_stats(name: str) -> dict:
     if snapshot["starting"]:
         pid = snapshot["engine_pid"] = _control_pid(name)
     snapshot["alive"] = pid == 0 or is_pid_alive(pid)  # 0: not even the header written yet
+    beat = snapshot["heartbeat_ns"]
+    snapshot["heartbeat_age_s"] = round(max(0, time.time_ns() - beat) / 1e9, 3) if beat else None
+    snapshot["responding"] = snapshot["starting"] or (
+        beat != 0 and snapshot["heartbeat_age_s"] < stale_after_s)
     return snapshot
 
 
@@ -80,8 +89,13 @@ def _control_pid(name: str) -> int:
         control.close()
 
 
-def _read_live(name: str) -> dict:
-    snapshot = read_stats(name)
+def _read_live(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
+    snapshot = read_stats(name, stale_after_s)
+    if snapshot["alive"] and not snapshot["responding"]:
+        raise EngineNotRespondingError(
+            f"engine {name!r} (pid {snapshot['engine_pid']}) is not responding: its last "
+            f"heartbeat is {snapshot['heartbeat_age_s']:.0f}s old (stopped with SIGSTOP, or "
+            f"stuck); vLLM serves without its cache meanwhile")
     if not snapshot["alive"]:
         raise EngineDeadError(
             f"engine {name!r} (pid {snapshot['engine_pid']}) is not running: what is left is the "
@@ -140,15 +154,15 @@ def format_once(s: dict) -> str:
     return "\n".join(lines)
 
 
-def live(name: str, interval_s: float) -> None:
+def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> None:
     header = "  ".join([f"{'time':>8}", f"{'pool GiB':>9}"] + [f"{label:>8}" for _, label in _RATES]
                        + [f"{'clients':>7}", f"{'leases':>6}"])
-    prev, prev_t = _read_live(name), time.monotonic()
+    prev, prev_t = _read_live(name, stale_after_s), time.monotonic()
     for row in range(10**12):
         if row % 20 == 0:
             print(header, flush=True)
         time.sleep(interval_s)
-        cur, now = _read_live(name), time.monotonic()
+        cur, now = _read_live(name, stale_after_s), time.monotonic()
         dt = max(now - prev_t, 1e-9)
         rates = [f"{(cur[k] - prev[k]) / dt:>8.0f}" for k, _ in _RATES]
         print("  ".join([time.strftime("%H:%M:%S"), f"{cur['pool_bytes_used'] / 2**30:>9.2f}"]
@@ -164,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--json", action="store_true", help="with --once: one JSON object")
     parser.add_argument("--interval", type=float, default=1.0, help="live refresh, seconds")
+    parser.add_argument("--stale-after", type=float, default=STALE_AFTER_S,
+                        help="an engine whose heartbeat is older than this many seconds is not "
+                             "responding: exit 3 (default %(default)s)")
     parser.add_argument("--serve-metrics", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics of the engine at /metrics until stopped")
     args = parser.parse_args(argv)
@@ -175,15 +192,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--interval {args.interval:g}: must be a positive number of seconds")
     if args.serve_metrics:
         return serve_metrics(args.name, args.serve_metrics)
+    if not 0 < args.stale_after < math.inf:
+        parser.error(f"--stale-after {args.stale_after:g}: must be a positive number of seconds")
     try:
         if args.json:
-            snapshot = read_stats(args.name)  # a crashed engine's too, with "alive": false
+            snapshot = read_stats(args.name, args.stale_after)  # a crashed engine's too
             print(json.dumps(snapshot))
-            return 0 if snapshot["alive"] else 1
+            return 0 if snapshot["alive"] and snapshot["responding"] else (
+                3 if snapshot["alive"] else 1)
         if args.once:
-            print(format_once(_read_live(args.name)))
+            print(format_once(_read_live(args.name, args.stale_after)))
         else:
-            live(args.name, args.interval)
+            live(args.name, args.interval, args.stale_after)
+    except EngineNotRespondingError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 3
     except EngineDeadError as exc:
         print(f"pegaflow-stat: {exc}", file=sys.stderr)
         return 1

@@ -186,8 +186,8 @@ EVENT_HANDLE = _dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
 
 BLOCK_ID = np.dtype("<i4")
 
-# heartbeat_ns: the last housekeeping pass (every housekeeping_s to 2.5 s while clients
-# are attached; an engine with nothing attached sleeps until rung, so it may be older).
+# heartbeat_ns: the last housekeeping pass (every housekeeping_s to 2.5 s, clients attached
+# or not): older than a few seconds means a stopped or stuck engine.
 _STATS_COUNTERS = [
     "engine_pid", "start_ns", "heartbeat_ns",
     "commands", "errors",

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,24 @@ def test_stat_cli_mistake_is_one_line_and_exit_2(argv, says):
     done = _stat(*argv)
     assert done.returncode == 2, done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_stat_cli_stopped_engine_is_not_responding_and_exits_3(engine):
+    # 1. A live engine answers with exit 0.
+    assert _stat("--name", engine.name, "--once").returncode == 0
+    # 2. SIGSTOPped: its process is there, its heartbeat (2.5 s at most) goes stale.
+    os.kill(engine.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4.5)
+        done = _stat("--name", engine.name, "--once", "--stale-after", "4")
+        assert done.returncode == 3 and "not responding" in done.stderr, done.stderr
+        snapshot = _stat("--name", engine.name, "--once", "--json", "--stale-after", "4")
+        assert snapshot.returncode == 3
+        assert json.loads(snapshot.stdout)["responding"] is False
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)
+    # 3. Resumed, it beats again.
+    deadline = time.monotonic() + 10
+    while _stat("--name", engine.name, "--once", "--stale-after", "4").returncode != 0:
+        assert time.monotonic() < deadline
