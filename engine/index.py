@@ -9,7 +9,6 @@ their client goes away, or at expiry.
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import logging
 import time
@@ -70,9 +69,6 @@ class BlockIndex:
     policy: LruPolicy = field(default_factory=LruPolicy)
     counters: IndexCounters = field(default_factory=IndexCounters)
     writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
-    # Lease ids start at random: a lease id a client kept across an engine restart (or
-    # got from another engine) names no lease here instead of someone else's.
-    _lease_ids: itertools.count = field(default_factory=lambda: itertools.count(1 + secrets.randbits(62)))
 
     def get_ready(self, key: Key) -> Entry | None:
         entry = self.entries.get(key)
@@ -92,10 +88,19 @@ class BlockIndex:
         for entry in hits:
             entry.refs += 1
         self.touch_chain(hit_keys, hits)
-        lease_id = next(self._lease_ids)
+        lease_id = self._new_lease_id()
         self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s,
                                       hits)
         return len(hits), lease_id
+
+    def _new_lease_id(self) -> int:
+        """A random 63-bit id: a capability the scheduler hands its workers with the load
+        plan.  A client cannot guess another's lease (consecutive ids let one release
+        another's), and an id kept across an engine restart names no lease here."""
+        while True:
+            lease_id = secrets.randbits(63)
+            if lease_id and lease_id not in self.leases:
+                return lease_id
 
     def take_lease(self, lease_id: int, keys: list[Key], entry_bytes: int) -> np.ndarray | None:
         """The pool offsets of ``keys`` from lease ``lease_id`` if they are a run of its keys,

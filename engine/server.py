@@ -40,6 +40,8 @@ from pegaflow.wire import CLIENT_STATS, STATS, Opcode, SlotState, Status
 logger = logging.getLogger(__name__)
 
 MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
+MAX_UNREAD_ANSWERS = 1024  # answers queued behind a client's full completion ring; past
+#                            this its commands wait unread (its submit then times out)
 SHUTDOWN_DRAIN_S = 5.0
 CLAIM_CHECK_S = 1e-3
 LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detaching: only
@@ -143,6 +145,8 @@ class EngineServer:
         did_work = False
         dispatcher = self.dispatcher
         for client in self._attached:  # a snapshot: a DETACH may retire a client meanwhile
+            if client.backlog and not client.flush() and len(client.backlog) >= MAX_UNREAD_ANSWERS:
+                continue  # it reads none of its answers: the engine's memory must not grow
             submissions = client.submissions
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
                 rec = submissions.try_peek()

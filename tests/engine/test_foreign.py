@@ -168,3 +168,31 @@ def test_foreign_client_killed_holding_the_control_lock_does_not_wedge_attaches(
     client = EngineClient.connect(engine.name, timeout_s=2.0)
     assert client.ping() == 0
     client.close()
+
+
+def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(engine_factory):
+    # 1. A client submits PINGs and never reads an answer: past its completion ring and
+    #    the engine's cap of queued answers, its commands wait unread, so its own submit
+    #    times out (it is told) while the engine's memory stays bounded.
+    from engine.server import MAX_UNREAD_ANSWERS
+    from pegaflow.errors import RingFullError
+    from pegaflow.wire import Opcode
+    engine = engine_factory(extra=("--ring-slots", "16"))
+    flooder, other = engine.connect(), engine.connect()
+    sent = 0
+    with pytest.raises(RingFullError):
+        for _ in range(16 + MAX_UNREAD_ANSWERS + 16 + 64):
+            flooder.submit(Opcode.PING, timeout_s=0.5)
+            sent += 1
+    assert 16 + MAX_UNREAD_ANSWERS <= sent <= 16 + MAX_UNREAD_ANSWERS + 16 + 16
+    # 2. Another client is served meanwhile.
+    assert other.ping() == 0
+    # 3. Once the flooder reads its answers, its commands are served again.
+    import time
+    answered, deadline = 0, time.monotonic() + 10
+    while answered < sent:
+        assert time.monotonic() < deadline, f"{answered} of {sent} answers came"
+        answered += len(flooder.poll())
+    assert flooder.ping() == 0
+    flooder.close()
+    other.close()

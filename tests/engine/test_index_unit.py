@@ -393,3 +393,13 @@ def test_index_take_lease_refused_once_a_drop_doomed_a_block(index):
     # 2. The lease no longer vouches for its blocks: the LOAD must look them up (and miss).
     assert index.take_lease(lease_id, [key(i) for i in range(CAPACITY)], ENTRY_BYTES) is None
     assert index.get_ready(key(2)) is None
+
+
+def test_index_lease_ids_cannot_be_guessed_from_one_another(index):
+    # A client that saw its own lease id must not be able to name another's: 200 leases of
+    # one block, ids all distinct, none the successor or predecessor of another.
+    store(index, 0)
+    ids = [index.lookup(SLOT, [key(0)])[1] for _ in range(200)]
+    assert len(set(ids)) == 200 and 0 not in ids
+    taken = set(ids)
+    assert not any(i + 1 in taken or i - 1 in taken for i in ids)
