@@ -195,8 +195,10 @@ class EngineSegments:
         # Every slot's state word, for has_claims: a check cheap enough for every wake-up.
         self._slot_states = memoryview(self.slots.view(np.uint8).reshape(-1)).cast("I")[::SLOT.itemsize // 4]
         self.header = self.control.array(CONTROL_HEADER, 1)
-        self.header[0] = (MAGIC, WIRE_VERSION, cfg.num_slots, FINGERPRINT, os.getpid(), self.epoch,
+        # The magic last: a client that reads it set finds every other field written.
+        self.header[0] = (0, WIRE_VERSION, cfg.num_slots, FINGERPRINT, os.getpid(), self.epoch,
                           time.time_ns(), cfg.ring_slots, 0, cfg.arena_bytes, 0, 0)
+        self.header["magic"] = MAGIC
         flag_at = CONTROL_HEADER.fields["engine_sleeping"][1]
         self.engine_sleeping = memoryview(self.control.array(np.uint8, 4, flag_at)).cast("I")
 
@@ -245,6 +247,8 @@ class EngineSegments:
             shm.unlink_segment(name)
             segment = shm.create_segment(name, size)
         self._segments.append(segment)
+        if what != "pool":  # the pool's pages are the backend's to fault in or allocate
+            shm.reserve(segment)  # a full /dev/shm is refused now, never a SIGBUS later
         return segment
 
     def _semaphore(self, what: str, initial: int = 0) -> posix_ipc.Semaphore:

@@ -25,7 +25,7 @@ from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningErro
 from pegaflow.arena import PayloadArena
 from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait_slot_active
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
-from pegaflow.waits import Doorbell
+from pegaflow.waits import Doorbell, poll_until
 from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, NO_EVENT, WIRE_VERSION,
                            ClientRole, CommandFlag, Opcode, Status, encode_hashes)
 
@@ -137,12 +137,13 @@ class EngineClient:
     @classmethod
     def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0,
                 role: ClientRole = ClientRole.OTHER, rank: int = 0,
-                namespace: int = 0) -> "EngineClient":
+                namespace: int = 0, wait_for_start: bool = True) -> "EngineClient":
         """Attach; ``role``, ``rank`` and ``namespace`` are shown in the engine's per-client
-        stats (``pegaflow-stat``)."""
+        stats (``pegaflow-stat``).  An engine still preparing its pool is waited for (within
+        ``timeout_s``), or refused at once without ``wait_for_start``."""
         client = cls(engine_name, timeout_s)
         try:
-            client._attach(timeout_s, (role, rank, namespace))
+            client._attach(timeout_s, (role, rank, namespace), wait_for_start)
         except BaseException:
             try:
                 client._abandon_attach()
@@ -164,13 +165,13 @@ class EngineClient:
             self._control.close()
             self._control = None
 
-    def _attach(self, timeout_s: float, identity: tuple[int, int, int]) -> None:
+    def _attach(self, timeout_s: float, identity: tuple[int, int, int], wait_for_start: bool) -> None:
         self._control = shm.attach_segment(shm.ipc_name(self.engine_name, "control"))
         header = read_control_header(self._control)
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
         if int(header["is_stopping"]) or not is_pid_alive(self.engine_pid):
             raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) is not running")
-        if not int(header["is_serving"]):  # a claim would wait until its pool is ready
+        if not int(header["is_serving"]) and not (wait_for_start and self._wait_serving(timeout_s)):
             raise EngineNotRunningError(f"engine {self.engine_name!r} (pid {self.engine_pid}) "
                                         f"is still starting")
         self._words = _HeaderWords(self._control)
@@ -199,6 +200,12 @@ class EngineClient:
         self.call(Opcode.ATTACH, arg=os.getpid(), flags=int(role), layer=rank, namespace=namespace,
                   timeout_s=timeout_s)
         logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
+
+    def _wait_serving(self, timeout_s: float) -> bool:
+        """Until the engine (still preparing its pool) serves: True, or False at the deadline."""
+        at = CONTROL_HEADER.fields["is_serving"][1]
+        flag = memoryview(self._control.array(np.uint8, 4, at)).cast("I")
+        return poll_until(lambda: True if flag[0] else None, timeout_s, max_pause_s=10e-3) is not None
 
     def _new_request_id(self) -> int:
         request_id = self._next_request_id

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pegaflow import shm
+from pegaflow.errors import ShmError
 from pegaflow.wire import LAYER, REGION, SHM_NAME_BYTES, RegionKind
 
 
@@ -19,6 +20,12 @@ class HostKVBuffer:
         if len(self.name.encode()) >= SHM_NAME_BYTES:
             raise ValueError(f"segment name {self.name!r} is too long")
         self.segment = shm.create_segment(self.name, num_bytes)
+        try:
+            shm.reserve(self.segment)  # no SIGBUS later in whoever writes it first
+        except ShmError:
+            self.segment.close()
+            self.segment.unlink()
+            raise
         self.num_bytes = num_bytes
         self.data = self.segment.array(np.uint8, num_bytes)
         _LIVE[self.name] = self  # found by address when vLLM hands us its tensors

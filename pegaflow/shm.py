@@ -100,6 +100,21 @@ def check_private(name: str, st: os.stat_result) -> None:
             f"planted it; remove it)")
 
 
+def reserve(segment: Segment) -> None:
+    """Allocate every page of ``segment`` now (``posix_fallocate``): a segment is sparse, and
+    a write into a page a full /dev/shm cannot back kills the writer with SIGBUS.  A
+    ShmError names the shortfall instead."""
+    mem = posix_ipc.SharedMemory(segment.name, 0)
+    try:
+        os.posix_fallocate(mem.fd, 0, segment.size)
+    except OSError as exc:
+        raise ShmError(f"{segment.name}: /dev/shm cannot hold its {segment.size / 2**20:.0f} MiB "
+                       f"({exc.strerror}); free /dev/shm, make it larger (--shm-size), or "
+                       f"choose a smaller --pool-size") from exc
+    finally:
+        mem.close_fd()
+
+
 def attach_segment(name: str, readonly: bool = False) -> Segment:
     try:
         mem = posix_ipc.SharedMemory(name, 0, read_only=readonly)

@@ -23,6 +23,7 @@ class HostBackend(CopyBackend):
         self._done: list[CopyDone] = []
 
     def attach_pool(self, pool_segment: shm.Segment) -> None:
+        shm.reserve(pool_segment)  # the cuda backend faults every page in; here, allocate them
         self._pool = pool_segment.array(np.uint8, pool_segment.size)
 
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:

@@ -65,7 +65,8 @@ class EngineLink:
         try:
             role, rank, namespace = self.identity
             client = EngineClient.connect(self.engine_name, timeout_s=CONNECT_TIMEOUT_S, role=role,
-                                          rank=rank, namespace=namespace)
+                                          rank=rank, namespace=namespace,
+                                          wait_for_start=False)  # never stall vLLM for it
             if self.on_connect is not None:
                 self.on_connect(client)
         except PegaflowError as exc:

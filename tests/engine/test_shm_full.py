@@ -1,0 +1,65 @@
+"""A /dev/shm that fills up while the engine runs (a private tmpfs in a mount namespace):
+the host backend's pool was allocated at start, so saves go on instead of SIGBUS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import os, subprocess, sys, time
+import numpy as np
+from tools.engine_process import EngineProcess
+from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.client import EngineClient
+from pegaflow.wire import encode_hashes
+PAGE, BLOCKS = 64 << 10, 256          # one layer of 256 64-KiB pages: 16 MiB of KV
+with EngineProcess("shmfull", "--max-clients", "2", pool_size="32MiB", start_timeout_s=30) as engine:
+    kv = HostKVBuffer(PAGE * BLOCKS, "fullkv")
+    kv.data[:] = 7
+    client = EngineClient.connect("shmfull")
+    client.register_region(0, kv.region_record(BLOCKS, PAGE, 1), layer_records([0], [0], [PAGE]))
+    # Fill what is left of /dev/shm: a sparse pool would have nowhere to put its pages now.
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    with open("/dev/shm/filler", "wb") as f:
+        f.write(b"\0" * free)
+    hashes = [i.to_bytes(4, "little") * 8 for i in range(BLOCKS)]
+    done = client.wait(client.submit_save(1, np.arange(BLOCKS), encode_hashes(hashes)), 10)
+    print("save", done.status, done.value, flush=True)
+    print("ping", client.ping(), flush=True)
+    client.close()
+    kv.close()
+    print("engine exit", engine.stop(), flush=True)
+"""
+
+
+def _can_unshare() -> bool:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1M tmpfs /dev/shm"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m to mount a private tmpfs")
+def test_shm_full_mid_run_does_not_kill_the_engine():
+    # 1. In a mount namespace of its own, /dev/shm is a 96 MiB tmpfs: the 32 MiB pool and
+    #    the client's 16 MiB of KV fit; then a file takes every byte left.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    try:
+        done = subprocess.run(["unshare", "-m", "sh", "-c",
+                               f"mount -t tmpfs -o size=96M tmpfs /dev/shm && exec {sys.executable} -c '{SCRIPT}'"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    finally:  # an engine left behind by a run that failed lives in the namespace's tmpfs only
+        subprocess.run(["pkill", "-f", "engine --name shmfull"], capture_output=True)
+    # 2. Saving 16 MiB into the pool still works (its pages were allocated at start), the
+    #    engine answers and stops cleanly.
+    assert "save 0 256" in done.stdout and "ping 0" in done.stdout, done.stdout + done.stderr
+    assert "engine exit 0" in done.stdout, done.stdout + done.stderr
