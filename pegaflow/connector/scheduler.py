@@ -65,6 +65,7 @@ class SchedulerSide:
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
         self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
+        self.num_late_lookups = 0
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -138,8 +139,11 @@ class SchedulerSide:
     def _lookup_late(self, state: RequestState, client, deadline: float) -> bool:
         if time.monotonic() < deadline:
             return False
-        logger.debug("pegaflow: lookup for %s missed its %.0f ms deadline",
-                     state.request.request_id, self.config.lookup_timeout_ms)
+        self.num_late_lookups += 1
+        log = logger.warning if self.num_late_lookups % 100 == 1 else logger.debug
+        log("pegaflow: lookup for %s missed its %.0f ms deadline and is served as a miss (%d so "
+            "far; a busy or stopped engine, or raise lookup_timeout_ms)", state.request.request_id,
+            self.config.lookup_timeout_ms, self.num_late_lookups)
         self._drop_lookup(state, client)
         return True
 

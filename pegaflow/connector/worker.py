@@ -70,6 +70,7 @@ class WorkerSide:
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
+        self.num_saves_short = 0  # SAVEs answered with an error or with blocks dropped
         # Dropped again if another rank's load fails; a single rank has no other rank.
         self._recent_saves = RecentSaves(pipeline_stages) if num_ranks > 1 else None
         self.trace = StepTrace()
@@ -423,9 +424,13 @@ class WorkerSide:
             self._collect()
 
     def _save_done(self, request_id: int, done) -> None:
-        logger.debug("pegaflow: SAVE %d answered %s (%d stored, %d already there, %d dropped)",
-                     request_id, getattr(done.status, "name", done.status), done.value,
-                     done.value2, done.value3)
+        if not done.is_ok or done.value3:  # refused or failed, or blocks the pool could not take
+            self.num_saves_short += 1
+        log = logger.warning if (not done.is_ok or done.value3) and self.num_saves_short % 100 == 1 \
+            else logger.debug
+        log("pegaflow: SAVE %d answered %s (%d stored, %d already there, %d dropped; %d SAVEs "
+            "short so far)", request_id, getattr(done.status, "name", done.status), done.value,
+            done.value2, done.value3, self.num_saves_short)
         for req_id in self._save_cmds.pop(request_id):
             self._pending_saves[req_id] -= 1
             if self._pending_saves[req_id] <= 0:
