@@ -22,9 +22,11 @@ from pegaflow.shm import check_engine_name, check_private
 from pegaflow.waits import poll_until
 
 
-def lock_dir() -> str:
+def lock_dir(base: str | None = None) -> str:
+    """This user's lock directory under ``base`` (default /dev/shm, else the temp dir)."""
     uid = os.geteuid()
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    if base is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     path = os.path.join(base, f"pegaflow-{uid}")
     try:
         os.mkdir(path, 0o700)

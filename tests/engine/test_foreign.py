@@ -196,3 +196,18 @@ def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(e
     assert flooder.ping() == 0
     flooder.close()
     other.close()
+
+
+def test_foreign_lock_directory_of_another_user_is_refused_with_one_line(tmp_path):
+    # Another user made the directory where pegaflow's locks go (so it could hold or swap
+    # our lock files): the engine refuses it, naming the path, instead of using it.
+    from pegaflow import locks
+    fake_shm = tmp_path / "shm"
+    fake_shm.mkdir()
+    planted = fake_shm / f"pegaflow-{os.geteuid()}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(ForeignSegmentError, match="uid 54321"):
+        locks.lock_dir(str(fake_shm))
+    os.chown(planted, os.geteuid(), os.getegid())  # ours again: taken as it is
+    assert locks.lock_dir(str(fake_shm)) == str(planted)
