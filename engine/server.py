@@ -137,8 +137,10 @@ class EngineServer:
             self._next_claim_check = 0.0
 
     def _has_submissions(self) -> bool:
-        return (self.is_stopping or any(c.submissions.is_ready() for c in self._attached)
-                or self.segments.has_claims())
+        # A client held back for its unread answers does not wake the engine (it would spin);
+        # housekeeping flushes its answers once it reads them.
+        return (self.is_stopping or self.segments.has_claims() or any(
+            c.submissions.is_ready() and len(c.backlog) < MAX_UNREAD_ANSWERS for c in self._attached))
 
     def _drain_rings(self) -> bool:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""

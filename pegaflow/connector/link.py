@@ -34,8 +34,10 @@ REFUSALS = frozenset({Status.BAD_ARGUMENT, Status.BAD_PAYLOAD, Status.UNKNOWN_RE
 class EngineLink:
     def __init__(self, engine_name: str, reconnect_interval_s: float, who: str,
                  on_connect: Callable[[EngineClient], None] | None = None,
-                 identity: tuple[ClientRole, int, int] = (ClientRole.OTHER, 0, 0)):
+                 identity: tuple[ClientRole, int, int] = (ClientRole.OTHER, 0, 0),
+                 on_lost: Callable[[], None] | None = None):
         self.engine_name = engine_name
+        self.on_lost = on_lost  # called whenever a connection is dropped: its requests are void
         self.identity = identity  # (role, rank, namespace), shown in the engine's per-client stats
         self.reconnect_interval_s = reconnect_interval_s
         self.who = who
@@ -108,6 +110,8 @@ class EngineLink:
             # A live engine frees our slot (and whatever we left queued) on DETACH.
             self._client.close(detach=not isinstance(exc, EngineGoneError), timeout_s=DETACH_TIMEOUT_S)
             self._client = None
+            if self.on_lost is not None:
+                self.on_lost()
         self._next_try = time.monotonic() + self.reconnect_interval_s
 
     def _mark_down(self, exc: Exception, is_refused: bool = False) -> None:

@@ -50,7 +50,8 @@ class WorkerSide:
         self.num_blocks = num_blocks
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
                                f"pegaflow worker rank {rank}", self._register,
-                               identity=(ClientRole.WORKER, rank, namespace))
+                               identity=(ClientRole.WORKER, rank, namespace),
+                               on_lost=self._connection_lost)
         self.memory = None
         self.virtual: dict[str, tuple[int, ...]] = {}   # layer name -> engine layers
         self.save_layers: set[str] = set()               # canonical (not aliased) layer names
@@ -266,7 +267,10 @@ class WorkerSide:
         self._loads_waited = True
         if not self._step_loads:
             return  # nothing to wait for: no reconnect attempt inside vLLM's forward
-        client, ok = self.link.client(), []
+        # Only the connection the loads went out on can answer them (never a newer one).
+        client, ok = self._loads_client, []
+        if client is not None and (self.link.current() is not client or not client.is_engine_up()):
+            client = None
         deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
         for request_id, spec, slot in self._step_loads:
             if client is None:
@@ -341,6 +345,9 @@ class WorkerSide:
         self._is_save_sent = True
         if not self._loads_waited:
             self._wait_step_loads()  # a failed load leaves garbage that must not be saved
+        if self._step_loads and self.memory.has_events and (
+                self.link.current() is not self._loads_client or not self._loads_client.is_engine_up()):
+            self._check_fenced_loads()  # their engine went away: taint them before saving
         # No hook ran: a full CUDA graph replay wrote every layer; one event after it fences all.
         one_event = not self._saved_layers
         if not one_event and self._saved_layers != self.save_layers:
@@ -435,6 +442,15 @@ class WorkerSide:
             self._pending_saves[req_id] -= 1
             if self._pending_saves[req_id] <= 0:
                 del self._pending_saves[req_id]
+
+    def _connection_lost(self) -> None:
+        """The link dropped its connection (and revoked our copies): every SAVE and async
+        LOAD sent on it will never be answered.  Fenced loads of the step are judged by
+        ``_check_fenced_loads``, against the connection they went out on."""
+        self._forget_saves()
+        for spec, _ in self._async_loads.values():
+            self._fail_load(spec)
+        self._async_loads.clear()
 
     def _forget_saves(self) -> None:
         """The link failed (and revoked our saves): nothing stores our blocks any more."""

@@ -423,3 +423,27 @@ def test_worker_full_graph_step_fences_every_layer_of_its_loads_before_the_forwa
     assert memory.waits == [("record", [fence]), ("wait", [4, 5, 6, 7])]
     worker.get_finished(set())
     assert worker.get_block_ids_with_load_errors() == set()
+
+
+def test_worker_step_whose_engine_was_replaced_mid_step_saves_nothing_computed_from_its_loads():
+    # 1. A step's fenced load is accepted; then its engine dies and the link is already on a
+    #    new engine when the step's save goes out (the loaded pages may be half copied).
+    from pegaflow.connector.metadata import SaveSpec
+    memory = FullGraphMemory()
+    worker, _ = _worker_with_a_load(memory)
+    first = FencedSavingClient(memory)
+    worker.link._client = first
+    worker.virtual = {"layer": (0, 1, 2, 3)}
+    worker.save_layers = {"layer"}
+    worker._meta.saves.append(SaveSpec("req-c", (5, 6, 7), (b"j" * 32, b"k" * 32, b"l" * 32)))
+    worker.start_load_kv()
+    worker.wait_for_layer_load("layer")
+    worker.save_kv_layer("layer")
+    second = FencedSavingClient(memory)
+    worker.link._client = second  # what a reconnect inside client() leaves
+    # 2. The save is held back (its blocks were computed from those pages) and vLLM is told
+    #    the load failed, so it recomputes; nothing goes to the new engine.
+    worker.wait_for_save()
+    worker.get_finished(set())
+    assert second.saves == [] and first.saves == []
+    assert worker.get_block_ids_with_load_errors() == {5, 6}
