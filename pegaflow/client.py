@@ -83,12 +83,11 @@ def _records(hashes) -> np.ndarray:
 
 
 class _HeaderWords:
-    """The control header's epoch and stopping words, read without building a record (a
-    liveness check runs on every use of a link)."""
+    """The control header's stopping word, read without building a record (a liveness
+    check runs on every use of a link)."""
 
     def __init__(self, control: shm.Segment):
         raw = control.array(np.uint8, CONTROL_HEADER.itemsize)
-        self.epoch = memoryview(raw[CONTROL_HEADER.fields["epoch"][1]:][:8]).cast("Q")
         self.is_stopping = memoryview(raw[CONTROL_HEADER.fields["is_stopping"][1]:][:4]).cast("I")
 
 
@@ -316,8 +315,9 @@ class EngineClient:
             return False
         except PermissionError:
             pass
-        words = self._words
-        return words.epoch[0] == self.epoch and not words.is_stopping[0]
+        # Our mapping of its control segment: a clean stop sets is_stopping there (a new
+        # engine writes a new segment, so its epoch is checked by check_engine, not here).
+        return not self._words.is_stopping[0]
 
     def check_engine(self) -> None:
         """Raise EngineGoneError if the engine we attached to has exited or was replaced."""

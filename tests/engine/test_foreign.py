@@ -19,7 +19,7 @@ from tests.conftest import unique_engine_name
 OTHER_UID = 54321
 KEEP = ("--keep-pool",)
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a file to another uid")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a file to another uid")
 
 
 def _dev_shm(name: str) -> str:
@@ -33,6 +33,7 @@ def _give_away(name: str, mode: int | None = None) -> None:
         os.chmod(path, mode)
 
 
+@needs_root
 def test_foreign_kept_pool_is_removed_not_taken_in(engine_factory, kv_client, rng):
     # 1. A keeping engine stores blocks and dies; its pool is then handed to another user
     #    (as if that user had planted a pool and table that pass every check).
@@ -53,6 +54,7 @@ def test_foreign_kept_pool_is_removed_not_taken_in(engine_factory, kv_client, rn
     engine_factory(name)
 
 
+@needs_root
 def test_foreign_control_segment_is_not_attached_to(engine_factory):
     # A control segment under our name that another user owns: a client refuses it (an
     # engine impersonating ours), with a typed error naming the owner.
@@ -91,6 +93,7 @@ def test_foreign_link_where_the_name_lock_goes_is_not_followed(engine_factory, t
         os.unlink(segments._lock_path(name))
 
 
+@needs_root
 def test_foreign_segment_planted_under_a_ring_name_is_replaced(engine_factory):
     # Another user's segment where the engine will create ring.0: the engine (which holds
     # the name) removes it and starts, instead of dying with a traceback.
@@ -198,6 +201,7 @@ def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(e
     other.close()
 
 
+@needs_root
 def test_foreign_lock_directory_of_another_user_is_refused_with_one_line(tmp_path):
     # Another user made the directory where pegaflow's locks go (so it could hold or swap
     # our lock files): the engine refuses it, naming the path, instead of using it.

@@ -15,16 +15,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import os, subprocess, sys, time
+NAME = "shmfull" + str(os.getppid())  # the test process: its pkill finds this engine alone
 import numpy as np
 from tools.engine_process import EngineProcess
 from pegaflow.host_memory import HostKVBuffer, layer_records
 from pegaflow.client import EngineClient
 from pegaflow.wire import encode_hashes
 PAGE, BLOCKS = 64 << 10, 256          # one layer of 256 64-KiB pages: 16 MiB of KV
-with EngineProcess("shmfull", "--max-clients", "2", pool_size="32MiB", start_timeout_s=30) as engine:
+with EngineProcess(NAME, "--max-clients", "2", pool_size="32MiB", start_timeout_s=30) as engine:
     kv = HostKVBuffer(PAGE * BLOCKS, "fullkv")
     kv.data[:] = 7
-    client = EngineClient.connect("shmfull")
+    client = EngineClient.connect(NAME)
     client.register_region(0, kv.region_record(BLOCKS, PAGE, 1), layer_records([0], [0], [PAGE]))
     # Fill what is left of /dev/shm: a sparse pool would have nowhere to put its pages now.
     free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
@@ -58,7 +59,7 @@ def test_shm_full_mid_run_does_not_kill_the_engine():
                                f"mount -t tmpfs -o size=96M tmpfs /dev/shm && exec {sys.executable} -c '{SCRIPT}'"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     finally:  # an engine left behind by a run that failed lives in the namespace's tmpfs only
-        subprocess.run(["pkill", "-f", "engine --name shmfull"], capture_output=True)
+        subprocess.run(["pkill", "-f", f"engine --name shmfull{os.getpid()}"], capture_output=True)
     # 2. Saving 16 MiB into the pool still works (its pages were allocated at start), the
     #    engine answers and stops cleanly.
     assert "save 0 256" in done.stdout and "ping 0" in done.stdout, done.stdout + done.stderr
