@@ -1,9 +1,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-NAME ?= pegaflow
-POOL_SIZE ?= 4GiB
-BACKEND ?= auto
+# The engine's settings come from its PEGAFLOW_* variables (or its defaults); ENGINE_ARGS adds
+# flags, e.g. `make run-engine ENGINE_ARGS="--pool-size 64GiB --keep-pool"`.
+ENGINE_ARGS ?=
+NAME ?= $(or $(PEGAFLOW_NAME),pegaflow)
 
 .PHONY: install test test-gpu run-engine smoke stat bench-ipc clean
 
@@ -21,7 +22,7 @@ test-gpu:
 	$(PY) -m pytest -q -m gpu
 
 run-engine:
-	$(PY) -m engine --name $(NAME) --pool-size $(POOL_SIZE) --backend $(BACKEND)
+	$(PY) -m engine $(ENGINE_ARGS)
 
 smoke:
 	$(PY) tools/smoke.py --name $(NAME)

@@ -13,7 +13,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from engine.config import config_from_args  # noqa: E402
+from engine.config import config_from_args, warn_unknown_env  # noqa: E402
 from engine.server import EngineServer  # noqa: E402
 from pegaflow.errors import PegaflowError  # noqa: E402
 
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warn_unknown_env()
     try:
         server = EngineServer(config)
     except PegaflowError as exc:

@@ -1,29 +1,27 @@
-"""The engine's one frozen config: flags first, then ``PEGAFLOW_*`` env vars, then defaults."""
+"""The engine's one frozen config: flags first, then ``PEGAFLOW_*`` env vars, then defaults.
+
+Every option is one row of ``OPTIONS``: its flag, env var, default and help are made from
+that row, so the three cannot drift (a test compares them, and the README's table).
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import logging
 import math
 import os
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from engine.copy.base import DEVICE_STAGING_BYTES, PATHS as COPY_PATHS
-from pegaflow.connector.config import as_bool
+from pegaflow.cli import ArgumentParser
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
+from pegaflow.values import as_bool, format_size, parse_size, version_line
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40,
-          "tb": 1000**4, "tib": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'4GiB' -> 4294967296; plain numbers are bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ConfigError(f"size {text!r}: expected a number with an optional unit like 512MiB or 4GiB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+logger = logging.getLogger(__name__)
 
 
 MAX_SLOTS = 4096
@@ -54,13 +52,17 @@ class EngineConfig:
         if self.slab_bytes <= 0:
             raise ConfigError(f"--slab-size must be positive, got {self.slab_bytes}")
         if self.slab_bytes > self.pool_bytes:
-            raise ConfigError(f"--slab-size {self.slab_bytes} exceeds --pool-size {self.pool_bytes}")
+            raise ConfigError(f"--slab-size {format_size(self.slab_bytes)} exceeds --pool-size "
+                              f"{format_size(self.pool_bytes)}")
         if self.backend not in ("auto", "cuda", "host"):
             raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
         if self.device_staging_bytes < 0:
             raise ConfigError(f"--device-staging {self.device_staging_bytes}: must not be negative")
         if self.copy_backend == "staged" and not self.device_staging_bytes:
             raise ConfigError("--copy-backend staged needs --device-staging above 0")
+        if self.backend == "host" and self.copy_backend not in ("auto",):
+            raise ConfigError(f"--copy-backend {self.copy_backend} is a GPU copy path; --backend "
+                              f"host copies with the CPU (leave --copy-backend at auto)")
         if self.copy_backend not in COPY_PATHS:
             raise ConfigError(f"--copy-backend {self.copy_backend!r}: choose {', '.join(COPY_PATHS)}")
         if not 1 <= self.num_slots <= MAX_SLOTS:
@@ -83,82 +85,128 @@ class EngineConfig:
         return self.pool_bytes // self.slab_bytes * self.slab_bytes
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"PEGAFLOW_{name}", default)
+@dataclass(frozen=True)
+class Option:
+    """One engine setting: ``--<flag>``, env ``PEGAFLOW_<FLAG>``, its default and meaning."""
+    flag: str
+    field: str                       # EngineConfig's field
+    default: str                     # as a person writes it (also what --help shows)
+    help: str
+    parse: Callable[[str], Any] = str  # text -> the field's value
+    choices: tuple[str, ...] = ()
+    is_switch: bool = False          # --keep-pool / --no-keep-pool
+
+    @property
+    def env(self) -> str:
+        return "PEGAFLOW_" + self.flag.replace("-", "_").upper()
 
 
-def _env_number(name: str, default, kind):
-    raw = os.environ.get(f"PEGAFLOW_{name}")
-    if raw is None:
-        return default
-    try:
-        return kind(raw)
-    except ValueError as exc:
-        raise ConfigError(f"PEGAFLOW_{name}={raw!r}: expected a number") from exc
+def _choice(option_flag: str, choices: tuple[str, ...], upper: bool = False):
+    def parse(text: str) -> str:
+        value = text.strip().upper() if upper else text.strip()
+        if value not in choices:
+            raise ConfigError(f"--{option_flag} {text!r}: choose {', '.join(choices)}")
+        return value
+    return parse
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(f"PEGAFLOW_{name}")
-    if raw is None:
-        return default
-    return bool(raw.strip()) and as_bool(f"PEGAFLOW_{name}", raw)  # set but empty: off
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_BACKENDS = ("auto", "cuda", "host")
+
+OPTIONS: tuple[Option, ...] = (
+    Option("name", "name", "pegaflow", "engine name; clients attach by it"),
+    Option("pool-size", "pool_bytes", "4GiB", "host memory for KV blocks, e.g. 512MiB, 64GiB "
+           "(binary units) or 64GB (decimal)", parse_size),
+    Option("slab-size", "slab_bytes", "64MiB", "pool allocation unit per block size (the largest "
+           "block it stores); clamped to the pool size", parse_size),
+    Option("backend", "backend", "auto", "auto: cuda when a GPU is present, else host",
+           _choice("backend", _BACKENDS), _BACKENDS),
+    Option("copy-backend", "copy_backend", "auto", "cuda copy path: kernel (SMs read and write the "
+           "pool over PCIe), copy-engine (one DMA per page), staged (pages packed in device memory, "
+           "one DMA per run of pool entries); auto stages what it can and picks between the others "
+           "by a measurement per page size", _choice("copy-backend", COPY_PATHS), COPY_PATHS),
+    Option("device-staging", "device_staging_bytes", f"{DEVICE_STAGING_BYTES >> 20}MiB",
+           "GPU memory the staged path takes on each GPU the engine serves (two slots each way); "
+           "0 turns it off", parse_size),
+    Option("max-clients", "num_slots", "64", "client slots (one per vLLM scheduler or worker); "
+           "each takes ring and arena memory in /dev/shm at start", int),
+    Option("ring-slots", "ring_slots", "1024", "commands in flight per client ring", int),
+    Option("arena-size", "arena_bytes", "8MiB", "payload arena per client (block ids and hashes "
+           "of its commands in flight)", parse_size),
+    Option("lease-ttl", "lease_ttl_s", "120", "seconds a lookup's lease pins its blocks if never "
+           "used", float),
+    Option("idle-spin-ms", "idle_spin_s", "2", "after its last work the engine polls this long "
+           "before sleeping: a command arriving later first wakes it (0.1-2 ms on a VM), one "
+           "arriving sooner costs a busy core meanwhile", lambda text: float(text) / 1e3),
+    Option("keep-pool", "keep_pool", "off", "leave the pool and its table in /dev/shm when the "
+           "engine stops (or dies), and take in the blocks a kept pool of the same size holds at "
+           "start: the cache outlives an engine restart; the pool's memory stays in use while no "
+           "engine runs", lambda text: as_bool("--keep-pool", text), is_switch=True),
+    Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True),
+           _LOG_LEVELS),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = EngineConfig()
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m engine",
         description="pegaflow engine: keeps vLLM KV blocks in pinned host memory shared by "
-                    "every vLLM on this host.")
-    p.add_argument("--name", default=_env("NAME", d.name),
-                   help="engine name; clients attach by it (env PEGAFLOW_NAME; default %(default)s)")
-    p.add_argument("--pool-size", default=_env("POOL_SIZE", "4GiB"),
-                   help="host memory for KV blocks, e.g. 512MiB, 64GiB (env PEGAFLOW_POOL_SIZE; default %(default)s)")
-    p.add_argument("--slab-size", default=_env("SLAB_SIZE", "64MiB"),
-                   help="pool allocation unit per block size; clamped to the pool size (default %(default)s)")
-    p.add_argument("--backend", choices=["auto", "cuda", "host"], default=_env("BACKEND", d.backend),
-                   help="auto: cuda when a GPU is present, else host (default %(default)s)")
-    p.add_argument("--copy-backend", choices=COPY_PATHS,
-                   default=_env("COPY_BACKEND", d.copy_backend),
-                   help="cuda copy path: kernel (SMs read and write the pool over PCIe), "
-                        "copy-engine (one DMA per page), staged (pages packed in device "
-                        "memory, one DMA per run of pool entries); auto stages what it can "
-                        "and picks between the others by a measurement per page size "
-                        "(default %(default)s)")
-    p.add_argument("--device-staging", default=_env("DEVICE_STAGING", f"{DEVICE_STAGING_BYTES >> 20}MiB"),
-                   help="GPU memory the staged path takes on each GPU the engine serves "
-                        "(two slots each way); 0 turns it off (env PEGAFLOW_DEVICE_STAGING; "
-                        "default %(default)s)")
-    p.add_argument("--max-clients", type=int, default=_env_number("MAX_CLIENTS", d.num_slots, int),
-                   help="client slots (one per vLLM scheduler or worker; default %(default)s)")
-    p.add_argument("--ring-slots", type=int, default=d.ring_slots, help="commands per ring (default %(default)s)")
-    p.add_argument("--arena-size", default="8MiB", help="payload arena per client (default %(default)s)")
-    p.add_argument("--lease-ttl", type=float, default=_env_number("LEASE_TTL_S", d.lease_ttl_s, float),
-                   help="seconds a lookup's lease pins its blocks if never used (default %(default)s)")
-    p.add_argument("--idle-spin-ms", type=float,
-                   default=_env_number("IDLE_SPIN_MS", d.idle_spin_s * 1e3, float),
-                   help="after its last work the engine polls this long before sleeping: a "
-                        "command arriving later first wakes it (0.1-2 ms on a VM), one arriving "
-                        "sooner costs a busy core meanwhile (default %(default)g)")
-    p.add_argument("--keep-pool", action=argparse.BooleanOptionalAction,
-                   default=_env_flag("KEEP_POOL", d.keep_pool),
-                   help="leave the pool and its table in /dev/shm when the engine stops (or "
-                        "dies), and take in the blocks a kept pool of the same size holds at "
-                        "start: the cache outlives an engine restart; the pool's memory stays "
-                        "in use while no engine runs (env PEGAFLOW_KEEP_POOL; default off)")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level), type=str.upper,
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default %(default)s")
+                    "every vLLM on this host.  Each flag can also be set by its PEGAFLOW_* "
+                    "environment variable; a flag beats its variable.")
+    p.add_argument("--version", action="version", version=version_line("pegaflow engine"))
+    for option in OPTIONS:
+        text = f"{option.help} (env {option.env}; default {option.default})"
+        if option.is_switch:
+            p.add_argument(f"--{option.flag}", action=argparse.BooleanOptionalAction, default=None,
+                           help=text)
+        else:
+            p.add_argument(f"--{option.flag}", default=None, metavar=option.flag.replace("-", "_").upper(),
+                           help=text.replace("%", "%%"))
     return p
 
 
-def config_from_args(argv: list[str] | None = None) -> EngineConfig:
-    args = build_parser().parse_args(argv)
-    pool_bytes = parse_size(args.pool_size)
-    return EngineConfig(
-        name=args.name, pool_bytes=pool_bytes,
-        slab_bytes=min(parse_size(args.slab_size), pool_bytes),
-        backend=args.backend, copy_backend=args.copy_backend,
-        device_staging_bytes=parse_size(args.device_staging), log_level=args.log_level.upper(),
-        num_slots=args.max_clients, ring_slots=args.ring_slots,
-        arena_bytes=parse_size(args.arena_size), lease_ttl_s=args.lease_ttl,
-        idle_spin_s=args.idle_spin_ms / 1e3, keep_pool=args.keep_pool)
+def _value(option: Option, raw: Any, source: str) -> Any:
+    if isinstance(raw, bool):
+        return raw
+    try:
+        return option.parse(raw)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{source}={raw!r}: expected a number") from exc
+
+
+def known_env_vars() -> frozenset[str]:
+    """Every ``PEGAFLOW_*`` variable pegaflow reads, the connector's included."""
+    from pegaflow.connector.config import ENV_VARS
+    return frozenset(o.env for o in OPTIONS) | frozenset(ENV_VARS.values())
+
+
+def warn_unknown_env(environ=None) -> list[str]:
+    """Log (and return) each set ``PEGAFLOW_*`` variable that is no setting: a typo or an
+    old name would otherwise be ignored without a word."""
+    environ = os.environ if environ is None else environ
+    known = known_env_vars()
+    unknown = sorted(k for k in environ if k.startswith("PEGAFLOW_") and k not in known)
+    for var in unknown:
+        close = difflib.get_close_matches(var, sorted(known), n=1)
+        logger.warning("%s is not a pegaflow setting and is ignored%s", var,
+                       f" (did you mean {close[0]}?)" if close else "")
+    return unknown
+
+
+def config_from_args(argv: list[str] | None = None, environ=None) -> EngineConfig:
+    environ = os.environ if environ is None else environ
+    args = vars(build_parser().parse_args(argv))
+    values = {}
+    for option in OPTIONS:
+        flag_value = args[option.flag.replace("-", "_")]
+        if flag_value is not None:
+            values[option.field] = _value(option, flag_value, f"--{option.flag}")
+        elif environ.get(option.env, "").strip():
+            values[option.field] = _value(option, environ[option.env], option.env)
+        else:
+            values[option.field] = _value(option, option.default, f"default of --{option.flag}")
+    values["slab_bytes"] = min(values["slab_bytes"], values["pool_bytes"])
+    return EngineConfig(**values)

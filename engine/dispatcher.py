@@ -23,6 +23,7 @@ range, ...) is answered with its status and changes nothing.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -77,6 +78,7 @@ class Dispatcher:
     def handle(self, client: ClientState, rec, payload: np.ndarray | None) -> None:
         """Check ``rec``, run its handler and answer it (now, or once its copies end);
         ``payload`` is ``read_payload``'s copy (None: out of the arena)."""
+        received_at = time.perf_counter()
         request_id, opcode = rec.request_id, rec.opcode
         if opcode not in _READ_ONLY:
             self.gauges_stale = True
@@ -101,7 +103,7 @@ class Dispatcher:
             if self.gauges_stale:  # a client that reads the stats after our answer sees them
                 self.update_gauges()
             client.answer(request_id, opcode, status, rec.num_items, *values)
-            self.stats.count_command(opcode, status)
+            self.stats.count_command(opcode, status, received_at)
 
     def update_gauges(self) -> None:
         self.gauges_stale = False

@@ -24,14 +24,11 @@ from pegaflow.shm import is_pid_alive
 from pegaflow.errors import (EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError,
                              ShmError)
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
+from pegaflow.values import format_size
 from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
                            WIRE_VERSION, SlotState)
 
 logger = logging.getLogger(__name__)
-
-
-def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.1f} GiB"
 
 
 def _mem_available(meminfo: str) -> int | None:
@@ -55,13 +52,13 @@ def check_room(num_bytes: int, pool_bytes: int, shm_dir: str = "/dev/shm",
         stat = os.statvfs(shm_dir)
         free = stat.f_bavail * stat.f_frsize
         if num_bytes > free:
-            raise ShmError(f"the engine needs {_gib(num_bytes)} of shared memory but {shm_dir} has "
-                           f"{_gib(free)} free: lower --pool-size, or give {shm_dir} more room "
+            raise ShmError(f"the engine needs {format_size(num_bytes)} of shared memory but {shm_dir} has "
+                           f"{format_size(free)} free: lower --pool-size, or give {shm_dir} more room "
                            f"(in a container: --shm-size, or --ipc=host)")
     available = _mem_available(meminfo)
     if available is not None and pool_bytes > available:
-        raise ShmError(f"--pool-size {_gib(pool_bytes)} is more than the host's available memory "
-                       f"({_gib(available)}): lower --pool-size")
+        raise ShmError(f"--pool-size {format_size(pool_bytes)} is more than the host's available memory "
+                       f"({format_size(available)}): lower --pool-size")
 
 
 KEPT = ("pool", "pool.table")  # what --keep-pool leaves for the next engine

@@ -36,6 +36,7 @@ from pegaflow.shm import is_pid_alive
 from pegaflow.ring import RingConsumer, RingProducer
 from pegaflow.waits import Doorbell, sleep_until
 from pegaflow.wire import CLIENT_STATS, STATS, Opcode, SlotState, Status
+from pegaflow.values import format_size
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class EngineServer:
         self.segments.has_started = True  # from here on, --keep-pool keeps even a new pool
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1), self.segments.stats.array(
             CLIENT_STATS, config.num_slots, STATS.itemsize))
-        self.stats.set("pool_bytes_total", self.index.pool.bytes_total)
+        self.stats.set("pool_bytes_capacity", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
         self.clients: dict[int, ClientState] = {}
         self._attached: tuple[ClientState, ...] = ()  # self.clients' values, for the hot loop
@@ -86,13 +87,13 @@ class EngineServer:
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
         if config.usable_pool_bytes < config.pool_bytes:
-            logger.warning("--pool-size %.1f MiB is not a whole number of %.1f MiB slabs: %.1f MiB "
-                           "allocated", config.pool_bytes / 2**20, config.slab_bytes / 2**20,
-                           config.usable_pool_bytes / 2**20)
-        logger.info("engine %r ready: %s backend, pool %.1f GiB (%d slabs of %.0f MiB; the largest "
-                    "block it stores is one slab), %d client slots", config.name, self.backend.name,
-                    config.usable_pool_bytes / 2**30, pool.num_slabs, config.slab_bytes / 2**20,
-                    config.num_slots)
+            logger.warning("--pool-size %s is not a whole number of %s slabs: %s allocated",
+                           format_size(config.pool_bytes), format_size(config.slab_bytes),
+                           format_size(config.usable_pool_bytes))
+        logger.info("engine %r ready: %s backend, pool %s (%d slabs of %s; the largest block it "
+                    "stores is one slab), %d client slots", config.name, self.backend.name,
+                    format_size(config.usable_pool_bytes), pool.num_slabs,
+                    format_size(config.slab_bytes), config.num_slots)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
     def request_stop(self) -> None:

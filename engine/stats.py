@@ -8,12 +8,14 @@ bound at import, so those updates look nothing up.
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 
 import numpy as np
 
-from pegaflow.wire import CLIENT_STATS, NUM_OPCODE_COUNTERS, NUM_STATUS_COUNTERS, STATS
+from pegaflow.wire import (CLIENT_STATS, LATENCY_BUCKETS_S, LATENCY_OPCODES, NUM_LATENCY_BUCKETS,
+                           NUM_OPCODE_COUNTERS, NUM_STATUS_COUNTERS, STATS, Opcode)
 
 _WORD_AT = {name: STATS.fields[name][1] // 8 for name in STATS.names}
 _COMMANDS, _ERRORS = _WORD_AT["commands"], _WORD_AT["errors"]
@@ -22,6 +24,8 @@ _POOL_BYTES_USED, _POOL_BLOCKS_USED = _WORD_AT["pool_bytes_used"], _WORD_AT["poo
 _LEASES_ACTIVE, _EVICTIONS = _WORD_AT["leases_active"], _WORD_AT["evictions"]
 _LEASE_EXPIRIES = _WORD_AT["lease_expiries"]
 _LAST_OPCODE, _LAST_STATUS = NUM_OPCODE_COUNTERS - 1, NUM_STATUS_COUNTERS - 1
+_LATENCY, _LATENCY_SUM = _WORD_AT["latency_buckets"], _WORD_AT["latency_sum_ns"]
+_TIMED = {int(Opcode[name.upper()]): i for i, name in enumerate(LATENCY_OPCODES)}
 
 
 class StatsWriter:
@@ -50,8 +54,15 @@ class StatsWriter:
         words[_EVICTIONS] = evictions
         words[_LEASE_EXPIRIES] = lease_expiries
 
-    def count_command(self, opcode: int, status: int) -> None:
+    def count_command(self, opcode: int, status: int, received_at: float = 0.0) -> None:
+        """One answer; ``received_at`` (``time.perf_counter()`` at receipt) times a LOOKUP,
+        LOAD or SAVE into its latency histogram."""
         words = self._words
+        timed = _TIMED.get(opcode)
+        if timed is not None and received_at:
+            seconds = time.perf_counter() - received_at
+            words[_LATENCY + timed * NUM_LATENCY_BUCKETS + bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+            words[_LATENCY_SUM + timed] += max(0, int(seconds * 1e9))
         words[_COMMANDS] += 1
         words[_BY_OPCODE + (opcode if opcode < _LAST_OPCODE else _LAST_OPCODE)] += 1
         if status:

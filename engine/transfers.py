@@ -61,7 +61,8 @@ class PendingCopy:
     error: str | None = None
     # perf_counter() marks while DEBUG is logged (0.0 otherwise): received, first chunk
     # handed to the backend, every chunk handed over.
-    received_at: float = 0.0
+    received_at: float = 0.0  # time.perf_counter() at receipt: latency histograms
+    is_timed: bool = False    # DEBUG: log where its time went
     first_issued_at: float = 0.0
     sealed_at: float = 0.0
 
@@ -131,13 +132,14 @@ class Transfers:
         return index
 
     def save(self, client, rec, payload):
-        received = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
+        received = time.perf_counter()
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         # All layers: one event per layer, in layer order, unless ONE_EVENT fences them all.
         per_layer = rec.layer == ALL_LAYERS and not rec.flags & CommandFlag.ONE_EVENT
         wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
-                              len(placements) * client.page_bytes, chain=keys, received_at=received)
+                              len(placements) * client.page_bytes, chain=keys,
+                              received_at=received, is_timed=logger.isEnabledFor(logging.DEBUG))
         ids = block_ids.tolist()
         with self._answered_on_fault(pending):
             for start, end in chunk_bounds(len(keys)):
@@ -194,7 +196,7 @@ class Transfers:
             raise
 
     def _start_load(self, client, rec, payload):
-        received = time.perf_counter() if logger.isEnabledFor(logging.DEBUG) else 0.0
+        received = time.perf_counter()
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         record_events = self._check_event(client, rec, len(placements))
         wait_event = None
@@ -213,7 +215,7 @@ class Transfers:
             self.index.pin(keys)
         pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,
                               len(placements) * client.page_bytes, lease_id=lease_id,
-                              received_at=received)
+                              received_at=received, is_timed=logger.isEnabledFor(logging.DEBUG))
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         if keys:
             with self._answered_on_fault(pending):
@@ -226,7 +228,7 @@ class Transfers:
         if record_events is not None and pending.error is None and keys:
             pending.is_answered = True  # the client's events fence the data, not our answer
             self.update_gauges()
-            self.stats.count_command(Opcode.LOAD, Status.OK)
+            self.stats.count_command(Opcode.LOAD, Status.OK, pending.received_at)
             pending.client.answer(pending.request_id, Opcode.LOAD, Status.OK, len(keys), len(keys))
         return self._seal(pending)
 
@@ -263,7 +265,7 @@ class Transfers:
             return
         self.pending[op.token] = (pending, keys)
         pending.num_ops += 1
-        if pending.received_at and not pending.first_issued_at:
+        if pending.is_timed and not pending.first_issued_at:
             pending.first_issued_at = time.perf_counter()
         pending.client.num_inflight += 1
         self.stats.set_client(pending.client.slot, "inflight_copies", pending.client.num_inflight)
@@ -271,7 +273,7 @@ class Transfers:
     def _seal(self, pending: PendingCopy):
         """All chunks are submitted: answer now if none is in flight, else when the last ends."""
         pending.is_sealed = True
-        if pending.received_at:
+        if pending.is_timed:
             pending.sealed_at = time.perf_counter()
         self.stats.set("inflight_copies", len(self.pending))
         if pending.num_ops:
@@ -305,11 +307,11 @@ class Transfers:
             self.update_gauges()
             pending.client.answer(pending.request_id, pending.opcode, status, pending.num_blocks,
                                   pending.num_blocks, pending.num_deduped, pending.num_dropped)
-            self.stats.count_command(pending.opcode, status)
+            self.stats.count_command(pending.opcode, status, pending.received_at)
         # After the answer (nothing else runs before it is done): the eviction order only.
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
             self.index.touch_chain(pending.chain)
-        if pending.received_at:
+        if pending.is_timed:
             self._log_timing(pending)
 
     @staticmethod

@@ -1,39 +1,56 @@
 """Prometheus metrics of a running engine, read from its stats segment at each scrape.
 
-    pegaflow-stat --name pegaflow --serve-metrics 9464      # then scrape :9464/metrics
+    pegaflow-stat --name pegaflow --serve-metrics 9464      # then scrape 127.0.0.1:9464/metrics
 
-Counters: ``pegaflow_{saved,loaded}_{blocks,bytes}_total``, ``pegaflow_save_{deduped,dropped}
-_blocks_total``, ``pegaflow_lookups_total``, ``pegaflow_lookup_{,hit_}blocks_total``,
-``pegaflow_{evictions,lease_expiries}_total``, ``pegaflow_commands_total{opcode}`` and
-``pegaflow_errors_total{status}``.  Gauges: ``pegaflow_pool_{used,capacity}_bytes``,
-``pegaflow_pool_blocks``, ``pegaflow_{leases,clients,inflight_copies}``,
-``pegaflow_uptime_seconds``; ``pegaflow_up`` is 1 while the engine runs and beats its
-heartbeat (0, and nothing else, while it does not: down, stopped or stuck).  Every series has an ``engine`` label.  Read-only: the exporter
-never attaches to the engine as a client.
+Each metric is ``pegaflow_`` + the key ``pegaflow-stat --once --json`` shows (counters end
+in ``_total``), so a figure reads the same in both; ``METRICS`` is that one list, with its
+help text.  Also: ``pegaflow_commands_total{opcode}``, ``pegaflow_errors_total{status}``,
+``pegaflow_latency_seconds{opcode}`` (a histogram of the engine's receipt-to-answer time of
+LOOKUP, LOAD and SAVE), ``pegaflow_start_time_seconds``, ``pegaflow_build_info{version,
+wire_version}``, and ``pegaflow_up``: 1 while the engine runs and beats its heartbeat (0,
+and nothing else, while it does not: down, stopped or stuck).  Every series has an
+``engine`` label.  Read-only: the exporter never attaches to the engine as a client.
 """
 
 from __future__ import annotations
 
 import logging
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from pegaflow.engine_stats import read_stats
 from pegaflow.errors import EngineNotRunningError, PegaflowError
-from pegaflow.stat_cli import read_stats
+from pegaflow.values import package_version
+from pegaflow.wire import WIRE_VERSION
 
 logger = logging.getLogger(__name__)
 
-# stats field -> metric name (Prometheus style: unit last, counters end in _total)
-COUNTERS = {"blocks_saved": "saved_blocks", "bytes_saved": "saved_bytes",
-            "blocks_loaded": "loaded_blocks", "bytes_loaded": "loaded_bytes",
-            "save_dedup_blocks": "save_deduped_blocks", "save_dropped_blocks": "save_dropped_blocks",
-            "lookups": "lookups", "lookup_blocks": "lookup_blocks",
-            "lookup_hit_blocks": "lookup_hit_blocks", "evictions": "evictions",
-            "lease_expiries": "lease_expiries"}
-GAUGES = {"pool_bytes_used": "pool_used_bytes", "pool_bytes_total": "pool_capacity_bytes",
-          "pool_blocks_used": "pool_blocks", "leases_active": "leases",
-          "clients_attached": "clients", "inflight_copies": "inflight_copies"}
+# JSON key -> (is a counter, help)
+METRICS = {
+    "blocks_saved": (True, "KV blocks stored into the pool by SAVEs"),
+    "bytes_saved": (True, "bytes of KV copied into the pool by SAVEs"),
+    "blocks_loaded": (True, "KV blocks copied from the pool to a client by LOADs"),
+    "bytes_loaded": (True, "bytes of KV copied from the pool by LOADs"),
+    "save_dedup_blocks": (True, "blocks a SAVE offered that the pool held already (or had on their way)"),
+    "save_dropped_blocks": (True, "blocks a SAVE offered that the pool could not take (full of pinned blocks)"),
+    "lookups": (True, "LOOKUP commands answered"),
+    "lookup_blocks": (True, "blocks asked for by LOOKUPs"),
+    "lookup_hit_blocks": (True, "blocks LOOKUPs found (the prefix served from the pool)"),
+    "evictions": (True, "blocks evicted to make room for new ones"),
+    "lease_expiries": (True, "lookup leases that expired unused (their blocks unpinned)"),
+    "pool_bytes_used": (False, "bytes of the pool holding KV blocks"),
+    "pool_bytes_capacity": (False, "bytes of the pool"),
+    "pool_blocks_used": (False, "KV blocks the pool holds"),
+    "leases_active": (False, "lookup leases pinning blocks for a coming LOAD"),
+    "clients_attached": (False, "client slots in use (a vLLM scheduler or worker each)"),
+    "inflight_copies": (False, "SAVE and LOAD copies in flight on the backend"),
+}
+
+
+def metric_name(key: str) -> str:
+    is_counter, _ = METRICS[key]
+    return f"pegaflow_{key}_total" if is_counter else f"pegaflow_{key}"
 
 
 class EngineCollector(Collector):
@@ -41,7 +58,7 @@ class EngineCollector(Collector):
         self.engine_name = engine_name
 
     def collect(self):
-        up = GaugeMetricFamily("pegaflow_up", "1 while the engine runs", labels=["engine"])
+        up = GaugeMetricFamily("pegaflow_up", "1 while the engine runs and answers", labels=["engine"])
         try:
             stats = read_stats(self.engine_name)
         except EngineNotRunningError:
@@ -52,16 +69,17 @@ class EngineCollector(Collector):
         is_up = stats is not None and stats["alive"] and stats["responding"] and not stats["starting"]
         up.add_metric([self.engine_name], 1.0 if is_up else 0.0)
         yield up
+        labels = [self.engine_name]
+        info = GaugeMetricFamily("pegaflow_build_info", "the exporter's release and wire protocol",
+                                 labels=["engine", "version", "wire_version"])
+        info.add_metric(labels + [package_version(), str(WIRE_VERSION)], 1.0)
+        yield info
         if not is_up:
             return
-        labels = [self.engine_name]
-        for field, metric in COUNTERS.items():
-            family = CounterMetricFamily(f"pegaflow_{metric}", field.replace("_", " "), labels=["engine"])
-            family.add_metric(labels, stats[field])
-            yield family
-        for field, metric in GAUGES.items():
-            family = GaugeMetricFamily(f"pegaflow_{metric}", field.replace("_", " "), labels=["engine"])
-            family.add_metric(labels, stats[field])
+        for key, (is_counter, text) in METRICS.items():
+            family_type = CounterMetricFamily if is_counter else GaugeMetricFamily
+            family = family_type(f"pegaflow_{key}", text, labels=["engine"])
+            family.add_metric(labels, stats[key])
             yield family
         commands = CounterMetricFamily("pegaflow_commands", "commands answered, by opcode",
                                        labels=["engine", "opcode"])
@@ -73,7 +91,17 @@ class EngineCollector(Collector):
         for status, count in stats["errors_by_status"].items():
             errors.add_metric(labels + [status], count)
         yield errors
-        uptime = GaugeMetricFamily("pegaflow_uptime_seconds", "seconds since the engine started",
-                                   labels=["engine"])
-        uptime.add_metric(labels, stats["uptime_s"])
-        yield uptime
+        latency = HistogramMetricFamily(
+            "pegaflow_latency_seconds", "engine time from a command's receipt to its answer, by opcode",
+            labels=["engine", "opcode"])
+        for opcode, histogram in stats["latency"].items():
+            cumulative, buckets = 0, []
+            for bound, count in zip([*histogram["buckets_s"], float("inf")], histogram["counts"]):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            latency.add_metric(labels + [opcode], buckets, histogram["sum_s"])
+        yield latency
+        start = GaugeMetricFamily("pegaflow_start_time_seconds", "when the engine started (Unix time)",
+                                  labels=["engine"])
+        start.add_metric(labels, stats["start_ns"] / 1e9)
+        yield start

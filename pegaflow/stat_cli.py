@@ -8,85 +8,21 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 import time
 
-
-import numpy as np
-
-from pegaflow import shm
+from pegaflow.cli import ArgumentParser
+from pegaflow.engine_stats import STALE_AFTER_S, kept_pool_blocks, read_stats
 from pegaflow.errors import (ConfigError, EngineDeadError, EngineNotRespondingError,
                              EngineNotRunningError, ShmError)
-from pegaflow.shm import check_engine_name, is_pid_alive
-from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, MAGIC, POOL_RECORD, POOL_TABLE_HEADER,
-                           POOL_TABLE_VERSION, STATS, STATS_COUNTER_NAMES, ClientRole, EntryState,
-                           Opcode, Status)
+from pegaflow.shm import check_engine_name
+from pegaflow.values import format_size, version_line
 
 _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
           ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
-
-
-STALE_AFTER_S = 10.0  # the engine beats every 2.5 s at most: four beats missed
-
-
-def read_stats(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
-    """One snapshot of engine ``name``'s counters as a plain dict; ``responding`` is False
-    for a live process whose heartbeat is older than ``stale_after_s``."""
-    segment = shm.attach_segment(shm.ipc_name(name, "stats"), readonly=True)
-    try:
-        record = segment.array(STATS, 1)[0].copy()
-        num_slots = (segment.size - STATS.itemsize) // CLIENT_STATS.itemsize
-        clients = segment.array(CLIENT_STATS, num_slots, STATS.itemsize).copy()
-    finally:
-        segment.close()
-    snapshot = {key: int(record[key]) for key in STATS_COUNTER_NAMES}
-    snapshot["commands_by_opcode"] = {op.name.lower(): int(record["commands_by_opcode"][op])
-                                      for op in Opcode}
-    snapshot["errors_by_status"] = {st.name.lower(): int(record["errors_by_status"][st])
-                                    for st in Status if st != Status.OK}
-    snapshot["uptime_s"] = round(max(0, time.time_ns() - snapshot["start_ns"]) / 1e9, 3)
-    snapshot["clients"] = _clients(clients)
-    snapshot["name"] = name
-    # The stats' engine_pid is written once the pool is ready (pre-touching a large one
-    # takes seconds); until then the control segment's header names the engine.
-    pid = snapshot["engine_pid"]
-    snapshot["starting"] = pid == 0
-    if snapshot["starting"]:
-        pid = snapshot["engine_pid"] = _control_pid(name)
-    snapshot["alive"] = pid == 0 or is_pid_alive(pid)  # 0: not even the header written yet
-    beat = snapshot["heartbeat_ns"]
-    snapshot["heartbeat_age_s"] = round(max(0, time.time_ns() - beat) / 1e9, 3) if beat else None
-    snapshot["responding"] = snapshot["starting"] or (
-        beat != 0 and snapshot["heartbeat_age_s"] < stale_after_s)
-    return snapshot
-
-
-def _clients(records: np.ndarray) -> list[dict]:
-    """One dict per attached client slot: who it said it is at ATTACH, and what it did."""
-    roles = {int(r): r.name.lower() for r in ClientRole}
-    out = []
-    for slot in np.flatnonzero(records["is_attached"]).tolist():
-        r = records[slot]
-        out.append({"slot": slot, "pid": int(r["pid"]), "role": roles.get(int(r["role"]), "other"),
-                    "rank": int(r["rank"]), "namespace": f"{int(r['namespace']):016x}",
-                    **{key: int(r[key]) for key in ("blocks_saved", "blocks_loaded", "lookups",
-                                                    "lookup_hit_blocks", "inflight_copies")}})
-    return out
-
-
-def _control_pid(name: str) -> int:
-    try:
-        control = shm.attach_segment(shm.ipc_name(name, "control"), readonly=True)
-    except EngineNotRunningError:
-        return 0
-    try:
-        return int(control.array(CONTROL_HEADER, 1)[0]["engine_pid"])
-    finally:
-        control.close()
 
 
 def _read_live(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
@@ -104,41 +40,17 @@ def _read_live(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
     return snapshot
 
 
-def kept_pool_blocks(name: str) -> int | None:
-    """READY blocks in the pool an engine named ``name`` kept (--keep-pool), or None if it
-    left no pool table."""
-    try:
-        table = shm.attach_segment(shm.ipc_name(name, "pool.table"), readonly=True)
-    except (EngineNotRunningError, ShmError):  # none, or not ours to read: nothing to say
-        return None
-    try:
-        header = table.array(POOL_TABLE_HEADER, 1)[0]
-        if int(header["magic"]) != MAGIC or int(header["version"]) != POOL_TABLE_VERSION:
-            return None  # not a table this version writes (the next engine removes it)
-        records = table.array(POOL_RECORD, int(header["num_records"]), POOL_TABLE_HEADER.itemsize)
-        count = int((records["state"] == EntryState.READY).sum())
-        del header, records
-        return count
-    except ShmError:  # shorter than its header says: torn, not counted
-        return None
-    finally:
-        table.close()
-
-
-def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.2f}"
-
-
 def format_once(s: dict) -> str:
     if s["starting"] and s["alive"]:
         return f"engine {s['name']!r} is starting (preparing its pool)"
     lines = [f"engine {s['name']!r} pid {s['engine_pid']} up {s['uptime_s']:.0f}s, "
-             f"{s['clients_attached']} clients, {s['leases_active']} leases",
-             f"pool    {_gib(s['pool_bytes_used'])} / {_gib(s['pool_bytes_total'])} GiB, "
+             f"{s['clients_attached']} clients, {s['leases_active']} leases "
+             f"(pegaflow {s['version']}, wire v{s['wire_version']})",
+             f"pool    {format_size(s['pool_bytes_used'])} / {format_size(s['pool_bytes_capacity'])}, "
              f"{s['pool_blocks_used']} blocks, {s['evictions']} evictions",
-             f"saved   {s['blocks_saved']} blocks ({_gib(s['bytes_saved'])} GiB), "
+             f"saved   {s['blocks_saved']} blocks ({format_size(s['bytes_saved'])}), "
              f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped",
-             f"loaded  {s['blocks_loaded']} blocks ({_gib(s['bytes_loaded'])} GiB)",
+             f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
              f"lookups {s['lookups']}: {s['lookup_hit_blocks']} of {s['lookup_blocks']} blocks hit",
              f"commands {s['commands']}, errors {s['errors']}"]
     errors = {k: v for k, v in s["errors_by_status"].items() if v}
@@ -172,7 +84,8 @@ def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pegaflow-stat", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="pegaflow-stat", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=version_line("pegaflow-stat"))
     parser.add_argument("--name", default=os.environ.get("PEGAFLOW_NAME", "pegaflow"),
                         help="engine name (env PEGAFLOW_NAME; default %(default)s)")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -182,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an engine whose heartbeat is older than this many seconds is not "
                              "responding: exit 3 (default %(default)s)")
     parser.add_argument("--serve-metrics", metavar="[HOST:]PORT",
-                        help="serve Prometheus metrics of the engine at /metrics until stopped")
+                        help="serve Prometheus metrics of the engine at /metrics until stopped; "
+                             "HOST defaults to 127.0.0.1 (0.0.0.0: every interface)")
     args = parser.parse_args(argv)
     try:
         check_engine_name(args.name)
@@ -245,12 +159,12 @@ def serve_metrics(name: str, where: str) -> int:
     registry = CollectorRegistry()
     registry.register(EngineCollector(name))
     try:
-        server, _ = start_http_server(port_number, addr=host or "0.0.0.0", registry=registry)
+        server, _ = start_http_server(port_number, addr=host or "127.0.0.1", registry=registry)
     except OSError as exc:
         print(f"pegaflow-stat: cannot serve metrics on {where}: {exc}", file=sys.stderr)
         return 1
     print(f"pegaflow-stat: Prometheus metrics of engine {name!r} at "
-          f"http://{host or '0.0.0.0'}:{server.server_port}/metrics", flush=True)
+          f"http://{host or '127.0.0.1'}:{server.server_port}/metrics", flush=True)
     try:
         while True:
             time.sleep(3600)

@@ -21,7 +21,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 5
+WIRE_VERSION = 6
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -195,18 +195,28 @@ _STATS_COUNTERS = [
     "save_dedup_blocks", "save_dropped_blocks",
     "lookups", "lookup_blocks", "lookup_hit_blocks",
     "evictions", "lease_expiries",
-    "pool_bytes_used", "pool_bytes_total", "pool_blocks_used",
+    "pool_bytes_used", "pool_bytes_capacity", "pool_blocks_used",
     "leases_active", "clients_attached", "inflight_copies",
 ]
 NUM_OPCODE_COUNTERS = 16
 NUM_STATUS_COUNTERS = 16
+# Engine-side latency (receipt to answer) of the commands on vLLM's path, per opcode: counts
+# per bucket (not cumulative), the last bucket open-ended, and the sum in nanoseconds.
+LATENCY_OPCODES = ("lookup", "load", "save")
+LATENCY_BUCKETS_S = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+                     50e-3, 100e-3, 250e-3, 1.0)
+NUM_LATENCY_BUCKETS = len(LATENCY_BUCKETS_S) + 1
 _OPCODE_COUNTERS_AT = 8 * len(_STATS_COUNTERS)
 _STATUS_COUNTERS_AT = _OPCODE_COUNTERS_AT + 8 * NUM_OPCODE_COUNTERS
+_LATENCY_AT = _STATUS_COUNTERS_AT + 8 * NUM_STATUS_COUNTERS
+_LATENCY_SUM_AT = _LATENCY_AT + 8 * NUM_LATENCY_BUCKETS * len(LATENCY_OPCODES)
 STATS = _dtype(
     [(name, "<u8", 8 * i) for i, name in enumerate(_STATS_COUNTERS)]
     + [("commands_by_opcode", f"({NUM_OPCODE_COUNTERS},)<u8", _OPCODE_COUNTERS_AT),
-       ("errors_by_status", f"({NUM_STATUS_COUNTERS},)<u8", _STATUS_COUNTERS_AT)],
-    _STATUS_COUNTERS_AT + 8 * NUM_STATUS_COUNTERS,
+       ("errors_by_status", f"({NUM_STATUS_COUNTERS},)<u8", _STATUS_COUNTERS_AT),
+       ("latency_buckets", f"({len(LATENCY_OPCODES)},{NUM_LATENCY_BUCKETS})<u8", _LATENCY_AT),
+       ("latency_sum_ns", f"({len(LATENCY_OPCODES)},)<u8", _LATENCY_SUM_AT)],
+    _LATENCY_SUM_AT + 8 * len(LATENCY_OPCODES),
 )
 STATS_COUNTER_NAMES = tuple(_STATS_COUNTERS)
 
@@ -284,7 +294,8 @@ assert LAYER.itemsize == 24
 assert POOL_TABLE_HEADER.itemsize == 64
 assert POOL_RECORD.itemsize == 72
 assert CLIENT_STATS.itemsize == 64
-assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS)
+assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS
+                             + (NUM_LATENCY_BUCKETS + 1) * len(LATENCY_OPCODES))
 
 
 def encode_hashes(hashes: list[bytes]) -> np.ndarray:

@@ -267,7 +267,7 @@ def main() -> int:
     try:
         peg = _spawn(args, "pegaflow")
         if engine is not None:
-            from pegaflow.stat_cli import read_stats
+            from pegaflow.engine_stats import read_stats
             peg["engine_stats"] = read_stats(engine.name)
         native = _spawn(args, "native")
         none = _spawn(args, "none")

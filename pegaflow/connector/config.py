@@ -19,30 +19,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Any
 
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
+from pegaflow.values import as_bool
 
-_ENV = {
+ENV_VARS = {
     "engine_name": "PEGAFLOW_NAME", "load_mode": "PEGAFLOW_LOAD_MODE",
     "enable_save": "PEGAFLOW_ENABLE_SAVE", "enable_load": "PEGAFLOW_ENABLE_LOAD",
     "lookup_timeout_ms": "PEGAFLOW_LOOKUP_TIMEOUT_MS", "command_timeout_ms": "PEGAFLOW_COMMAND_TIMEOUT_MS",
     "reconnect_interval_s": "PEGAFLOW_RECONNECT_INTERVAL_S", "num_load_slots": "PEGAFLOW_NUM_LOAD_SLOTS",
 }
 LOAD_MODES = ("layerwise", "async")
-
-
-def as_bool(key: str, value: Any) -> bool:
-    """``value`` as a flag: a bool, or 1/0, true/false, yes/no, on/off in any case."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{key}={value!r}: expected true or false")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +68,7 @@ class ConnectorConfig:
             raise ConfigError(f"unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
         values = {}
         for name, spec in known.items():
-            raw = extra_config.get(name, environ.get(_ENV[name]))
+            raw = extra_config.get(name, environ.get(ENV_VARS[name]))
             if raw is None:
                 continue
             default = spec.default
@@ -101,5 +89,8 @@ def kv_transfer_config(engine_name: str = "pegaflow", **options):
     from vllm.config import KVTransferConfig
     extra = {"engine_name": engine_name, **options}
     ConnectorConfig.from_sources(extra, environ={})
-    return KVTransferConfig(kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector",
-                            kv_role="kv_both", kv_connector_extra_config=extra)
+    fields = {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+              "kv_role": "kv_both", "kv_connector_extra_config": extra}
+    if "kv_load_failure_policy" in getattr(KVTransferConfig, "__dataclass_fields__", {}):
+        fields["kv_load_failure_policy"] = "recompute"  # a cache miss never fails a request
+    return KVTransferConfig(**fields)

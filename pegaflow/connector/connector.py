@@ -23,6 +23,7 @@ from pegaflow.connector.memory import CudaMemory, HostMemory
 from pegaflow.connector.metadata import PegaConnectorMetadata
 from pegaflow.connector.namespace import kv_fields, rank_namespace
 from pegaflow.connector.scheduler import SchedulerSide
+from pegaflow.connector.stats import PegaKVConnectorStats, PegaPromMetrics
 from pegaflow.connector.worker import WorkerSide
 from pegaflow.errors import ConfigError, LayoutError
 
@@ -162,6 +163,20 @@ class PegaKVConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors()
+
+    # -- stats into vLLM's metrics --------------------------------------------------------
+
+    def get_kv_connector_stats(self):
+        side = self._worker if self._worker is not None else self._scheduler
+        return side.take_stats() if side is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict | None = None):
+        return PegaKVConnectorStats(data=dict(data) if data else {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return PegaPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._worker is not None:

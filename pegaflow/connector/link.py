@@ -49,10 +49,13 @@ class EngineLink:
         self._next_try = 0.0
         self._next_probe = 0.0
         self._failed_epoch = 0  # the engine we lost: a probe finding it again is no news
+        self.is_closed = False  # closed by its owner: never connects again
 
     def client(self) -> EngineClient | None:
         """The live client, connecting if it is time to try (or a new engine serves); None
-        while the engine is down."""
+        while the engine is down, and for good once closed."""
+        if self.is_closed:
+            return None
         client = self._client
         if client is not None:
             if client.is_engine_up():
@@ -136,6 +139,9 @@ class EngineLink:
             self._next_try = time.monotonic() + max(self.reconnect_interval_s, REFUSED_RETRY_S)
 
     def close(self) -> None:
+        """Detach for good: a later ``client()`` answers None instead of reconnecting (a
+        closed connector whose buffers are gone must never register them again)."""
+        self.is_closed = True
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -18,6 +18,7 @@ from typing import Any
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
+from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.errors import EngineTimeoutError, PegaflowError
 from pegaflow.wire import ClientRole, Opcode, encode_hashes
 
@@ -66,6 +67,7 @@ class SchedulerSide:
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
         self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
         self.num_late_lookups = 0
+        self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -83,6 +85,7 @@ class SchedulerSide:
             state.num_hit_tokens, state.lease_ids = 0, ()
             self._start_lookup(state, request, num_computed_tokens)
         if state.lookup is not None and not self._finish_lookup(state):
+            self.stats.add("lookup_deferrals")
             return None, False
         return state.num_hit_tokens, self.config.is_async_load and state.num_hit_tokens > 0
 
@@ -128,6 +131,10 @@ class SchedulerSide:
         answers = [pending.answers[i] for i in pending.request_ids]
         leases = tuple(a.value2 for a in answers)
         num_hits = min([pending.num_blocks] + [a.value if a.is_ok else 0 for a in answers])
+        self.stats.add("lookups")
+        self.stats.add("lookup_tokens", pending.num_blocks * self.block_size)
+        self.stats.add("lookup_hit_tokens", num_hits * self.block_size)
+        self.stats.observe("lookup_s", time.monotonic() - pending.started_at)
         logger.debug("pegaflow: lookup for %s: %d of %d blocks cached", state.request.request_id,
                      num_hits, pending.num_blocks)
         if num_hits == 0:
@@ -140,6 +147,7 @@ class SchedulerSide:
         if time.monotonic() < deadline:
             return False
         self.num_late_lookups += 1
+        self.stats.add("lookup_timeouts")
         log = logger.warning if self.num_late_lookups % 100 == 1 else logger.debug
         log("pegaflow: lookup for %s missed its %.0f ms deadline and is served as a miss (%d so "
             "far; a busy or stopped engine, or raise lookup_timeout_ms)", state.request.request_id,
@@ -293,6 +301,14 @@ class SchedulerSide:
             bad = [j for j, block_id in enumerate(state.block_ids) if block_id in invalid_block_ids]
             if bad:
                 state.num_saved_blocks = min(state.num_saved_blocks, bad[0])
+
+    def take_stats(self) -> PegaKVConnectorStats | None:
+        """What happened since vLLM last asked (None: nothing); the counts start again."""
+        is_up = not self.link.is_down
+        if self.stats.is_empty() and is_up:
+            return None
+        self.stats.engine_seen(is_up)
+        return self.stats.clone_and_reset()
 
     def has_pending_work(self) -> bool:
         """Held blocks are freed only by a later step's worker report: keep stepping."""

@@ -29,6 +29,7 @@ from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
 from pegaflow.connector.recent_saves import RecentSaves
+from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import LayoutError, PegaflowError
@@ -67,7 +68,9 @@ class WorkerSide:
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
         self._taint = Taint()  # saves that would store garbage of failed loads
-        self._save_cmds: dict[int, tuple[str, ...]] = {}
+        self._save_cmds: dict[int, tuple[tuple[str, ...], float]] = {}  # id -> (requests, sent at)
+        self._loads_sent_at = 0.0
+        self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self._next_liveness_check = 0.0
         self._pending_saves: defaultdict[str, int] = defaultdict(int)
         self._held: set[str] = set()
@@ -177,8 +180,9 @@ class WorkerSide:
             for spec in meta.loads:  # unfenced, a load could race kernels still writing its blocks
                 self._release_lease(client, spec)  # never sent: nobody else gives it back
             client = None
-        self._loads_client = client
+        self._loads_client, self._loads_sent_at = client, time.monotonic()
         for index, spec in enumerate(meta.loads):
+            self.stats.add("load_blocks", len(spec.block_ids))
             if client is None:
                 self._fail_load(spec)
                 continue
@@ -233,6 +237,7 @@ class WorkerSide:
             self.link.fail(exc)
 
     def _fail_load(self, spec: LoadSpec) -> None:
+        self.stats.add("load_failed_blocks", len(spec.block_ids))
         self._load_errors.update(spec.block_ids)
         self._taint.failed_load(spec.req_id, spec.block_ids)
         if spec.is_async:
@@ -283,6 +288,7 @@ class WorkerSide:
                 client = None
                 self._fail_load(spec)
                 continue
+            self.stats.observe("load_s", time.monotonic() - self._loads_sent_at)
             if done.is_ok:
                 ok.append((request_id, spec, slot))
             else:
@@ -373,7 +379,7 @@ class WorkerSide:
             return
         logger.debug("pegaflow: SAVE %d of %d blocks for %s sent (%s)", request_id, len(ids),
                      req_ids, "one event after the forward" if one_event else "an event per layer")
-        self._save_cmds[request_id] = req_ids
+        self._save_cmds[request_id] = (req_ids, time.monotonic())
         for req_id in req_ids:
             self._pending_saves[req_id] += 1
         if self._recent_saves is not None:
@@ -423,7 +429,9 @@ class WorkerSide:
                     self._collect()  # no client now: every save is forgotten, every async load failed
                     return
                 del self._async_loads[request_id]
+                self.stats.observe("load_s", now - started)
                 if not done.is_ok:
+                    self.stats.add("load_failed_blocks", len(spec.block_ids))
                     self._load_errors.update(spec.block_ids)
                 self._finished_recving.add(spec.req_id)
         except PegaflowError as exc:
@@ -438,7 +446,11 @@ class WorkerSide:
         log("pegaflow: SAVE %d answered %s (%d stored, %d already there, %d dropped; %d SAVEs "
             "short so far)", request_id, getattr(done.status, "name", done.status), done.value,
             done.value2, done.value3, self.num_saves_short)
-        for req_id in self._save_cmds.pop(request_id):
+        req_ids, sent_at = self._save_cmds.pop(request_id)
+        self.stats.observe("save_s", time.monotonic() - sent_at)
+        self.stats.add("saved_blocks", done.value if done.is_ok else 0)
+        self.stats.add("save_dropped_blocks", done.value3)
+        for req_id in req_ids:
             self._pending_saves[req_id] -= 1
             if self._pending_saves[req_id] <= 0:
                 del self._pending_saves[req_id]
@@ -496,6 +508,15 @@ class WorkerSide:
         recving, self._finished_recving = self._finished_recving, set()
         self.trace.end()
         return sending or None, recving or None
+
+    def take_stats(self) -> PegaKVConnectorStats | None:
+        """What happened since vLLM last asked (None: nothing), and whether the engine is
+        reachable; the counts start again from zero."""
+        is_up = self.link.current() is not None
+        if self.stats.is_empty() and is_up:
+            return None
+        self.stats.engine_seen(is_up)
+        return self.stats.clone_and_reset()
 
     def shutdown(self) -> None:
         self.trace.flush()

@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from pegaflow import shm  # noqa: E402
-from pegaflow.stat_cli import read_stats  # noqa: E402
+from pegaflow.engine_stats import read_stats  # noqa: E402
 from tests.e2e.outputs import max_logprob_diff as _max_logprob_diff  # noqa: E402
 from tools.engine_process import EngineProcess  # noqa: E402
 

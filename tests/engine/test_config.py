@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig, config_from_args, parse_size
+from engine.config import OPTIONS, EngineConfig, config_from_args
 from pegaflow.errors import ConfigError
 
-_ENV_VARS = ["PEGAFLOW_NAME", "PEGAFLOW_POOL_SIZE", "PEGAFLOW_SLAB_SIZE", "PEGAFLOW_BACKEND",
-             "PEGAFLOW_COPY_BACKEND", "PEGAFLOW_MAX_CLIENTS", "PEGAFLOW_LEASE_TTL_S", "PEGAFLOW_LOG_LEVEL",
-             "PEGAFLOW_IDLE_SPIN_MS", "PEGAFLOW_KEEP_POOL", "PEGAFLOW_DEVICE_STAGING"]
+_ENV_VARS = [option.env for option in OPTIONS]
 
 
 @pytest.fixture
@@ -18,26 +16,6 @@ def clean_env(monkeypatch):
     for name in _ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
-
-
-# -- parse_size ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("text,expected", [
-    ("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1.5GB", 1_500_000_000), ("100", 100),
-    ("64KiB", 64 << 10), ("2TiB", 2 << 40), ("8kb", 8000), ("3 mib", 3 << 20), (" 7G ", 7 << 30),
-    ("10B", 10), ("1.5KiB", 1536), ("0", 0), ("2MB", 2_000_000), ("3TB", 3 * 10**12), ("5M", 5 << 20),
-])
-def test_parse_size_units_give_bytes(text, expected):
-    # 1. Binary (KiB, G) and decimal (GB, kb) units, any case, spaces around.
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "GiB", "4 GiBs", "4XB", "-1", "1e9", "4 G iB", "1,5GB", "0x10", "four"])
-def test_parse_size_bad_text_raises_config_error(text):
-    # 1. Anything else is refused with the offending text in the message.
-    with pytest.raises(ConfigError, match="size"):
-        parse_size(text)
 
 
 # -- config_from_args ---------------------------------------------------------------------------
@@ -57,17 +35,17 @@ def test_config_from_args_env_used_when_flag_absent(clean_env):
     clean_env.setenv("PEGAFLOW_NAME", "from_env")
     clean_env.setenv("PEGAFLOW_POOL_SIZE", "1GiB")
     clean_env.setenv("PEGAFLOW_SLAB_SIZE", "16MiB")
-    clean_env.setenv("PEGAFLOW_BACKEND", "host")
+    clean_env.setenv("PEGAFLOW_BACKEND", "cuda")
     clean_env.setenv("PEGAFLOW_COPY_BACKEND", "kernel")
     clean_env.setenv("PEGAFLOW_MAX_CLIENTS", "12")
-    clean_env.setenv("PEGAFLOW_LEASE_TTL_S", "30")
+    clean_env.setenv("PEGAFLOW_LEASE_TTL", "30")
     clean_env.setenv("PEGAFLOW_LOG_LEVEL", "DEBUG")
     clean_env.setenv("PEGAFLOW_IDLE_SPIN_MS", "10")
     clean_env.setenv("PEGAFLOW_KEEP_POOL", "1")
     clean_env.setenv("PEGAFLOW_DEVICE_STAGING", "64MiB")
     config = config_from_args([])
     # 2. Each reaches the config.
-    assert config == EngineConfig(name="from_env", pool_bytes=1 << 30, slab_bytes=16 << 20, backend="host",
+    assert config == EngineConfig(name="from_env", pool_bytes=1 << 30, slab_bytes=16 << 20, backend="cuda",
                                   copy_backend="kernel", num_slots=12, lease_ttl_s=30.0, log_level="DEBUG",
                                   idle_spin_s=10e-3, keep_pool=True, device_staging_bytes=64 << 20)
     # 3. The flag's negative form beats the env.
@@ -113,7 +91,7 @@ def test_config_from_args_bad_flag_value_raises_config_error(clean_env, argv):
 
 @pytest.mark.parametrize("var,value", [
     ("PEGAFLOW_POOL_SIZE", "lots"), ("PEGAFLOW_NAME", "a.b"), ("PEGAFLOW_BACKEND", "gpu"),
-    ("PEGAFLOW_COPY_BACKEND", "dma"), ("PEGAFLOW_MAX_CLIENTS", "many"), ("PEGAFLOW_LEASE_TTL_S", "soon"),
+    ("PEGAFLOW_COPY_BACKEND", "dma"), ("PEGAFLOW_MAX_CLIENTS", "many"), ("PEGAFLOW_LEASE_TTL", "soon"),
     ("PEGAFLOW_LOG_LEVEL", "LOUD"), ("PEGAFLOW_IDLE_SPIN_MS", "long"), ("PEGAFLOW_IDLE_SPIN_MS", "-2"),
     ("PEGAFLOW_KEEP_POOL", "maybe"),
 ])
@@ -184,3 +162,67 @@ def test_engine_config_lease_ttl_must_be_finite_and_positive(ttl):
     # A nan TTL would never expire a lease nor drop a stale half-written block.
     with pytest.raises(ConfigError, match="lease-ttl"):
         EngineConfig(lease_ttl_s=ttl)
+
+
+# -- one table for flags, env vars, defaults and help --------------------------------------------
+
+
+def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
+    # 1. The parser has exactly the table's flags (and --help, --version).
+    from engine.config import build_parser
+    parser = build_parser()
+    flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+    expected = {f"--{o.flag}" for o in OPTIONS} | {f"--no-{o.flag}" for o in OPTIONS if o.is_switch}
+    assert flags - {"--help", "--version"} == expected
+    # 2. Each flag's help names its env var and its default.
+    text = " ".join(parser.format_help().split())
+    for option in OPTIONS:
+        assert f"env {option.env}; default {option.default})" in text, option.flag
+    # 3. The table's defaults are EngineConfig's defaults.
+    assert config_from_args([], environ={}) == EngineConfig()
+
+
+_SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "cuda",
+            "copy-backend": "kernel", "device-staging": "8MiB", "max-clients": "7", "ring-slots": "64",
+            "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on",
+            "log-level": "debug"}
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
+def test_options_each_env_var_and_flag_set_their_field(clean_env, option):
+    # 1. Every option has a sample here: a new row without one fails this test.
+    sample = _SAMPLES[option.flag]
+    default = getattr(EngineConfig(), option.field)
+    # 2. Its env var alone changes its field, and so does its flag alone, to the same value.
+    from_env = getattr(config_from_args([], environ={option.env: sample}), option.field)
+    argv = [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", sample]
+    from_flag = getattr(config_from_args(argv, environ={}), option.field)
+    assert from_env == from_flag != default
+
+
+def test_options_readme_lists_every_flag_with_its_env_var():
+    # The README's engine flag table cannot drift from the code.
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for option in OPTIONS:
+        assert f"`--{option.flag}`" in readme and f"`{option.env}`" in readme, option.flag
+
+
+def test_warn_unknown_env_names_the_likely_setting(caplog):
+    # 1. An old or misspelt variable is named, with the one meant; known ones are quiet.
+    from engine.config import warn_unknown_env
+    unknown = warn_unknown_env({"PEGAFLOW_LEASE_TTL_S": "5", "PEGAFLOW_POOL_SIZE": "1GiB",
+                                "PEGAFLOW_LOAD_MODE": "async", "OTHER": "1"})
+    assert unknown == ["PEGAFLOW_LEASE_TTL_S"]
+    assert "did you mean PEGAFLOW_LEASE_TTL?" in caplog.text
+
+
+def test_config_gpu_copy_path_with_the_host_backend_is_refused():
+    with pytest.raises(ConfigError, match="--copy-backend staged is a GPU copy path"):
+        EngineConfig(backend="host", copy_backend="staged")
+
+
+def test_config_decimal_and_binary_sizes_mean_what_they_say(clean_env):
+    # 4GB is 4 * 10**9 bytes: accepted, as whole slabs of it (the remainder is not allocated).
+    config = config_from_args(["--pool-size", "4GB"], environ={})
+    assert config.pool_bytes == 4 * 10**9 and config.usable_pool_bytes == 59 * (64 << 20)

@@ -63,7 +63,7 @@ def test_engine_with_a_pool_larger_than_the_host_exits_1_and_says_why(engine_fac
 def test_engine_pool_is_whole_slabs(engine_factory):
     # 1. 100 MiB in slabs of 64 MiB: one slab is allocated, and the engine says so.
     engine = engine_factory(pool_size="100MiB", slab_size="64MiB")
-    assert engine.stats()["pool_bytes_total"] == 64 << 20
+    assert engine.stats()["pool_bytes_capacity"] == 64 << 20
     pool = shm.attach_segment(shm.ipc_name(engine.name, "pool"), readonly=True)
     try:
         assert pool.size == 64 << 20

@@ -35,8 +35,8 @@ def test_metrics_of_a_running_engine_are_its_stats(engine):
     engine_label = (("engine", engine.name),)
     ping_label = (("engine", engine.name), ("opcode", "ping"))
     assert samples[("pegaflow_up", engine_label)] == 1.0
-    assert samples[("pegaflow_pool_capacity_bytes", engine_label)] == 64 << 20
-    assert samples[("pegaflow_saved_blocks_total", engine_label)] == 0
+    assert samples[("pegaflow_pool_bytes_capacity", engine_label)] == 64 << 20
+    assert samples[("pegaflow_blocks_saved_total", engine_label)] == 0
     before = samples[("pegaflow_commands_total", ping_label)]
     # 2. A counter follows the engine: a PING answered shows up at the next scrape.
     client = engine.connect()
@@ -50,7 +50,50 @@ def test_metrics_of_a_running_engine_are_its_stats(engine):
 def test_metrics_of_an_absent_engine_say_down_and_nothing_else():
     name = f"t{os.getpid()}_absent"
     samples = _samples(_scrape(name))
-    assert samples == {("pegaflow_up", (("engine", name),)): 0.0}
+    assert {k: v for k, v in samples.items() if k[0] != "pegaflow_build_info"} == {
+        ("pegaflow_up", (("engine", name),)): 0.0}
+
+
+def test_metrics_names_are_the_json_keys_with_their_own_help(engine):
+    # 1. Every counter and gauge is pegaflow_ + the key pegaflow-stat --json shows, with a
+    #    help text of its own (not the key spelt out).
+    from pegaflow.engine_stats import read_stats
+    from pegaflow.metrics import METRICS, metric_name
+    snapshot = read_stats(engine.name)
+    families = {f.name: f for f in text_string_to_metric_families(_scrape(engine.name))}
+    for key, (is_counter, _) in METRICS.items():
+        name = metric_name(key).removesuffix("_total") if is_counter else metric_name(key)
+        assert is_counter or not name.endswith("_total"), key  # Prometheus: _total is a counter's
+        assert key in snapshot and name in families, key
+        assert families[name].type == ("counter" if is_counter else "gauge")
+        assert families[name].documentation not in ("", key.replace("_", " ")), key
+    # 2. The start time is a timestamp (the convention), and the build is named.
+    assert abs(families["pegaflow_start_time_seconds"].samples[0].value - snapshot["start_ns"] / 1e9) < 1e-3
+    import pegaflow
+    from pegaflow.wire import WIRE_VERSION
+    info = families["pegaflow_build_info"].samples[0]
+    assert info.labels["version"] == pegaflow.__version__ and info.labels["wire_version"] == str(WIRE_VERSION)
+
+
+def test_metrics_latency_histogram_counts_each_lookup(engine):
+    # 1. Three LOOKUPs answered: the lookup histogram counts three, its buckets cumulative,
+    #    its sum positive; LOAD and SAVE have none.
+    client = engine.connect()
+    try:
+        for _ in range(3):
+            client.lookup(1, [os.urandom(32) for _ in range(4)])
+    finally:
+        client.close()
+    samples = _samples(_scrape(engine.name))
+
+    def sample(suffix, opcode, **extra):
+        labels = {"engine": engine.name, "opcode": opcode, **extra}
+        return samples[(f"pegaflow_latency_seconds{suffix}", tuple(sorted(labels.items())))]
+
+    assert sample("_count", "lookup") == 3 and sample("_bucket", "lookup", le="+Inf") == 3
+    assert 0 < sample("_sum", "lookup") < 3.0
+    assert sample("_bucket", "lookup", le="2.5e-05") <= sample("_bucket", "lookup", le="0.001") <= 3
+    assert sample("_count", "load") == sample("_count", "save") == 0
 
 
 def test_stat_cli_serves_metrics_over_http(engine):

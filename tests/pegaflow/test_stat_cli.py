@@ -119,12 +119,25 @@ def test_stat_cli_stopped_engine_that_kept_its_pool_says_how_many_blocks(engine_
     (["--interval", "-1"], "--interval"),
     (["--interval", "0"], "--interval"),  # would spin
     (["--serve-metrics", "127.0.0.1:99999"], "0..65535"),
+    (["--serve-metrics", "nine"], "0..65535"),
+    (["--stale-after", "0"], "--stale-after"),
+    (["--interval", "soon"], "--interval"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_stat_cli_mistake_is_one_line_and_exit_2(argv, says):
     # A mistake on the command line: one line on stderr naming it, exit 2, no traceback.
     done = _stat(*argv)
     assert done.returncode == 2, done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_stat_cli_version_names_the_release_and_the_wire_protocol():
+    import pegaflow
+    from pegaflow.wire import WIRE_VERSION
+    done = _stat("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"pegaflow-stat {pegaflow.__version__} (wire protocol v{WIRE_VERSION})"
 
 
 @pytest.mark.slow

@@ -59,7 +59,7 @@ def test_wire_ring_records_start_with_an_8_byte_seq(dtype):
 def test_wire_stats_has_the_counters_pegaflow_stat_promises():
     # 1. The keys the issue names for ``pegaflow-stat --json``, and one word per counter.
     for name in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "pool_bytes_used",
-                 "pool_bytes_total", "leases_active", "clients_attached", "evictions"):
+                 "pool_bytes_capacity", "leases_active", "clients_attached", "evictions"):
         assert name in wire.STATS_COUNTER_NAMES
         assert wire.STATS.fields[name][0] == np.dtype("<u8")
 

@@ -44,7 +44,7 @@ def test_smoke_against_running_engine_prints_smoke_ok(engine):
     assert snapshot["blocks_loaded"] == NUM_SAVED
     assert snapshot["lookup_hit_blocks"] == NUM_SAVED
     assert snapshot["pool_bytes_used"] == NUM_SAVED * ENTRY_BYTES
-    assert snapshot["pool_bytes_total"] == 64 << 20
+    assert snapshot["pool_bytes_capacity"] == 64 << 20
 
 
 def test_smoke_twice_dedups_nothing_and_still_passes(engine):

@@ -8,7 +8,7 @@ import os, random, sys, time
 sys.path.insert(0, os.getcwd())
 from tests.e2e.test_vllm_fleet import Session, _held_tokens
 from tools.engine_process import EngineProcess
-from pegaflow.stat_cli import read_stats
+from pegaflow.engine_stats import read_stats
 
 OUT = os.environ["OUT"]
 rng = random.Random(11)

@@ -219,7 +219,10 @@ def test_kv_transfer_config_names_the_connector_and_passes_options():
     assert (config.kv_connector, config.kv_connector_module_path, config.kv_role) == (
         "PegaKVConnector", "pegaflow.connector", "kv_both")
     assert config.kv_connector_extra_config == {"engine_name": "mine", "load_mode": "async"}
-    # 2. A misspelt option fails here, before vLLM starts.
+    # 2. A cache miss never fails a request, from the config on (not only once the
+    #    connector has started and changed it).
+    assert getattr(config, "kv_load_failure_policy", "recompute") == "recompute"
+    # 3. A misspelt option fails here, before vLLM starts.
     with pytest.raises(ConfigError, match="lod_mode"):
         kv_transfer_config(lod_mode="async")
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from pegaflow.stat_cli import read_stats
+from pegaflow.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import BLOCK, VllmInstance, make_request
 from tools.engine_process import EngineProcess
 
@@ -76,11 +76,12 @@ def _instances(name: str, count: int, **kwargs) -> list[VllmInstance]:
     return made
 
 
-def test_fleet_blocks_of_an_idle_instance_are_served_to_another(name):
+@pytest.mark.parametrize("engine_args", [(), KEEP], ids=["pool", "kept-pool"])
+def test_fleet_blocks_of_an_idle_instance_are_served_to_another(name, engine_args):
     # 1. A and B are alive together; A computes three prompts one at a time, then does
     #    nothing at all (no step, no call into its connector).
     prompts = _prompts(1)
-    with _engine(name):
+    with _engine(name, *engine_args):
         a, b = _instances(name, 2)
         try:
             _compute(a, prompts, "a")

@@ -66,3 +66,15 @@ def test_link_refusal_after_an_outage_is_still_reported(engine, caplog):
     assert link.client() is None
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][0].count("refused") == 1
     link.close()
+
+
+def test_link_closed_never_connects_again(engine):
+    # 1. A link is connected, then closed by its owner (a connector shutting down).
+    attempts = []
+    link = EngineLink(engine.name, 0.0, "test worker", on_connect=lambda c: attempts.append(c.slot))
+    assert link.client() is not None and len(attempts) == 1
+    link.close()
+    # 2. A later call (a second shutdown collecting answers) answers None and does not
+    #    attach again: a closed connector's buffers may be gone, and registering them
+    #    would offer the engine memory nobody maps.
+    assert link.client() is None and link.client() is None and len(attempts) == 1

@@ -83,6 +83,7 @@ class VllmInstance:
         self.requests: dict[str, Request] = {}
         self.external_hit_tokens = 0
         self.served_tokens = 0  # tokens of loads that did not fail (vLLM counts failed ones too)
+        self.scheduler_stats: list = []  # vLLM's SchedulerStats of each step, as a frontend gets them
 
     @staticmethod
     def _vllm_config(engine_name, extra, model, max_batched_tokens, dtype) -> VllmConfig:
@@ -157,13 +158,16 @@ class VllmInstance:
         worker.clear_connector_metadata()
         req_ids = list(out.num_scheduled_tokens)
         kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                   invalid_block_ids=record.load_errors)
+                                   invalid_block_ids=record.load_errors,
+                                   kv_connector_stats=worker.get_kv_connector_stats())
         outputs = self.scheduler.update_from_output(out, ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[OUTPUT_TOKEN] for _ in req_ids], kv_connector_output=kv_out))
         for engine_outputs in outputs.values():
             stats = getattr(engine_outputs.scheduler_stats, "connector_prefix_cache_stats", None)
             self.external_hit_tokens += stats.hits if stats is not None else 0
+            if engine_outputs.scheduler_stats is not None:
+                self.scheduler_stats.append(engine_outputs.scheduler_stats)
         return record
 
     def step_until_admitted(self, req_id: str, max_steps: int = 200, **kwargs) -> StepRecord:

@@ -1,0 +1,53 @@
+"""engine.__main__ (``python -m engine``): a mistake is one line and exit 2; --version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _engine(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PEGAFLOW_")}
+    return subprocess.run([sys.executable, "-m", "engine", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**environ, **(env or {})})
+
+
+@pytest.mark.parametrize("argv, env, says", [
+    (["--pool-size", "lots"], {}, "--pool-size: size 'lots'"),
+    (["--pool-size", "4XB"], {}, "size '4XB'"),
+    (["--backend", "gpu"], {}, "--backend 'gpu': choose auto, cuda, host"),
+    (["--backend", "host", "--copy-backend", "staged"], {}, "is a GPU copy path"),
+    (["--max-clients", "many"], {}, "--max-clients='many': expected a number"),
+    (["--lease-ttl", "0"], {}, "--lease-ttl"),
+    (["--name", "a/b"], {}, "engine name"),
+    (["--frobnicate"], {}, "unrecognized arguments: --frobnicate"),
+    ([], {"PEGAFLOW_POOL_SIZE": "lots"}, "PEGAFLOW_POOL_SIZE: size 'lots'"),
+    ([], {"PEGAFLOW_KEEP_POOL": "maybe"}, "PEGAFLOW_KEEP_POOL"),
+])
+def test_main_mistake_is_one_line_and_exit_2(argv, env, says):
+    # 1. Each mistake: exit 2 before anything is made, one line on stderr that names it.
+    done = _engine(*argv, env=env)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_main_version_names_the_release_and_the_wire_protocol():
+    import pegaflow
+    from pegaflow.wire import WIRE_VERSION
+    done = _engine("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"pegaflow engine {pegaflow.__version__} (wire protocol v{WIRE_VERSION})"
+
+
+def test_main_help_names_every_env_var():
+    from engine.config import OPTIONS
+    done = _engine("--help")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0 and all(o.env in text for o in OPTIONS)
