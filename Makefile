@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 ENGINE_ARGS ?=
 NAME ?= $(or $(PEGAFLOW_NAME),pegaflow)
 
-.PHONY: install test test-gpu run-engine smoke stat bench-ipc clean
+.PHONY: install test lint test-gpu run-engine smoke stat bench-ipc clean
 
 # One command installs everything, vLLM included, into $(VENV).
 install:
@@ -14,9 +14,13 @@ install:
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[test]'
 
-# The CI test command: GPU tests skip themselves where CUDA is absent.
-test:
+# The CI test command: the lint gate, then the tests (GPU tests skip themselves where CUDA
+# is absent).
+test: lint
 	$(PY) -m pytest -q
+
+lint:
+	$(VENV)/bin/ruff check pegaflow engine tests tools
 
 test-gpu:
 	$(PY) -m pytest -q -m gpu

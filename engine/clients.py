@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from engine.copy.base import LayerPlacement
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
 
-
 _client_ids = itertools.count(1)
 
 

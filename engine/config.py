@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.copy.base import DEVICE_STAGING_BYTES, PATHS as COPY_PATHS
+from engine.copy.base import DEVICE_STAGING_BYTES
+from engine.copy.base import PATHS as COPY_PATHS
 from pegaflow.cli import ArgumentParser
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name

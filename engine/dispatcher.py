@@ -33,8 +33,8 @@ from engine.index import BlockIndex
 from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers, command_keys
-from pegaflow.errors import CommandError
 from pegaflow import shm
+from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, Opcode, Status
 
 logger = logging.getLogger(__name__)
@@ -159,6 +159,7 @@ class Dispatcher:
         """Leases, half-written blocks and memory of ``client``; copies must be over."""
         self.gauges_stale = True
         assert client.num_inflight == 0, "release_client with copies in flight"
+        self.stats.client_gone(client.slot)  # no longer listed, though its slot frees later
         self.index.release_slot(client.slot)
         self.backend.unregister_client(client.slot)
         client.layers.clear()

@@ -9,8 +9,8 @@ their client goes away, or at expiry.
 
 from __future__ import annotations
 
-import secrets
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 

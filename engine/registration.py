@@ -16,8 +16,8 @@ import numpy as np
 from engine.clients import ClientState
 from engine.copy.base import CopyBackend, LayerPlacement
 from engine.pool import PagePool
-from pegaflow.errors import CommandError, ConfigError, PegaflowError
 from pegaflow import shm
+from pegaflow.errors import CommandError, ConfigError, PegaflowError
 from pegaflow.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
 
 logger = logging.getLogger(__name__)

@@ -19,14 +19,12 @@ import posix_ipc
 from engine.config import MAX_SLOTS, EngineConfig
 from engine.pool_table import PoolTable, table_bytes
 from pegaflow import shm
+from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError, ShmError
 from pegaflow.locks import ControlLock, lock_path, open_lock_file
-from pegaflow.shm import is_pid_alive
-from pegaflow.errors import (EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError,
-                             ShmError)
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
+from pegaflow.shm import is_pid_alive
 from pegaflow.values import format_size
-from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS,
-                           WIRE_VERSION, SlotState)
+from pegaflow.wire import CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS, WIRE_VERSION, SlotState
 
 logger = logging.getLogger(__name__)
 

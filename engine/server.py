@@ -32,11 +32,11 @@ from engine.pool_table import PoolTable
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
 from pegaflow import shm
-from pegaflow.shm import is_pid_alive
 from pegaflow.ring import RingConsumer, RingProducer
+from pegaflow.shm import is_pid_alive
+from pegaflow.values import format_size
 from pegaflow.waits import Doorbell, sleep_until
 from pegaflow.wire import CLIENT_STATS, STATS, Opcode, SlotState, Status
-from pegaflow.values import format_size
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,16 @@ import time
 
 import numpy as np
 
-from pegaflow.wire import (CLIENT_STATS, LATENCY_BUCKETS_S, LATENCY_OPCODES, NUM_LATENCY_BUCKETS,
-                           NUM_OPCODE_COUNTERS, NUM_STATUS_COUNTERS, STATS, Opcode)
+from pegaflow.wire import (
+    CLIENT_STATS,
+    LATENCY_BUCKETS_S,
+    LATENCY_OPCODES,
+    NUM_LATENCY_BUCKETS,
+    NUM_OPCODE_COUNTERS,
+    NUM_STATUS_COUNTERS,
+    STATS,
+    Opcode,
+)
 
 _WORD_AT = {name: STATS.fields[name][1] // 8 for name in STATS.names}
 _COMMANDS, _ERRORS = _WORD_AT["commands"], _WORD_AT["errors"]

@@ -19,15 +19,24 @@ from typing import NamedTuple
 import numpy as np
 
 from pegaflow import shm
-from pegaflow.shm import is_pid_alive
-from pegaflow.errors import (CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError,
-                             PegaflowError)
 from pegaflow.arena import PayloadArena
-from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait_slot_active
+from pegaflow.errors import CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError, PegaflowError
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
+from pegaflow.shm import is_pid_alive
+from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait_slot_active
 from pegaflow.waits import Doorbell, poll_until
-from pegaflow.wire import (ALL_LAYERS, BLOCK_ID, CONTROL_HEADER, NO_EVENT, WIRE_VERSION,
-                           ClientRole, CommandFlag, Opcode, Status, encode_hashes)
+from pegaflow.wire import (
+    ALL_LAYERS,
+    BLOCK_ID,
+    CONTROL_HEADER,
+    NO_EVENT,
+    WIRE_VERSION,
+    ClientRole,
+    CommandFlag,
+    Opcode,
+    Status,
+    encode_hashes,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,23 @@ from pegaflow import shm
 from pegaflow.errors import EngineNotRunningError, ShmError
 from pegaflow.shm import is_pid_alive
 from pegaflow.values import package_version
-from pegaflow.wire import (CLIENT_STATS, CONTROL_HEADER, LATENCY_BUCKETS_S, LATENCY_OPCODES, MAGIC,
-                           POOL_RECORD, POOL_TABLE_HEADER, POOL_TABLE_VERSION, STATS,
-                           STATS_COUNTER_NAMES, WIRE_VERSION, ClientRole, EntryState, Opcode, Status)
+from pegaflow.wire import (
+    CLIENT_STATS,
+    CONTROL_HEADER,
+    LATENCY_BUCKETS_S,
+    LATENCY_OPCODES,
+    MAGIC,
+    POOL_RECORD,
+    POOL_TABLE_HEADER,
+    POOL_TABLE_VERSION,
+    STATS,
+    STATS_COUNTER_NAMES,
+    WIRE_VERSION,
+    ClientRole,
+    EntryState,
+    Opcode,
+    Status,
+)
 
 STALE_AFTER_S = 10.0  # the engine beats every 2.5 s at most: four beats missed
 

@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 from pegaflow import shm
-from pegaflow.locks import ControlLock
 from pegaflow.errors import EngineNotRunningError, EngineTimeoutError, NoFreeSlotError, WireVersionError
+from pegaflow.locks import ControlLock
 from pegaflow.waits import poll_until
 from pegaflow.wire import CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT, WIRE_VERSION, SlotState
 

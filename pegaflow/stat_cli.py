@@ -16,8 +16,7 @@ import time
 
 from pegaflow.cli import ArgumentParser
 from pegaflow.engine_stats import STALE_AFTER_S, kept_pool_blocks, read_stats
-from pegaflow.errors import (ConfigError, EngineDeadError, EngineNotRespondingError,
-                             EngineNotRunningError, ShmError)
+from pegaflow.errors import ConfigError, EngineDeadError, EngineNotRespondingError, EngineNotRunningError, ShmError
 from pegaflow.shm import check_engine_name
 from pegaflow.values import format_size, version_line
 

@@ -38,6 +38,7 @@ def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
 
 def _llm(args):
     from vllm import LLM
+
     from pegaflow.connector import kv_transfer_config
     longest = max(args.contexts)
     common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, seed=0,

@@ -35,6 +35,7 @@ def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
 
 def _llm(args, kind: str):
     from vllm import LLM
+
     from pegaflow.connector import kv_transfer_config
     common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=args.eager,
                   seed=0, max_model_len=args.prompt_tokens + args.decode_tokens + 64,

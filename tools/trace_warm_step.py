@@ -38,9 +38,10 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("pegaflow.connector.trace").setLevel(logging.DEBUG)
 
-    from tools.engine_process import EngineProcess
     from vllm import LLM, SamplingParams, TokensPrompt
+
     from pegaflow.connector import kv_transfer_config
+    from tools.engine_process import EngineProcess
     engine = EngineProcess(f"trace{os.getpid()}", "--copy-backend", args.copy_backend,
                            "--log-level", "DEBUG", backend="cuda", pool_size="8GiB",
                            start_timeout_s=300)

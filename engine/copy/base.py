@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-
 KERNEL = "kernel"            # a gather/scatter kernel per layer (SMs)
 COPY_ENGINE = "copy-engine"  # cuMemcpyBatchAsync per layer (DMA, no SMs)
 STAGED = "staged"            # packed in device memory, then one DMA per run of entries

@@ -66,8 +66,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.copy import staged
-from engine.copy.base import (AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, PATHS, STAGED,
-                              CopyBackend, CopyDone, CopyOp, Direction)
+from engine.copy.base import (
+    AUTO,
+    COPY_ENGINE,
+    DEVICE_STAGING_BYTES,
+    KERNEL,
+    PATHS,
+    STAGED,
+    CopyBackend,
+    CopyDone,
+    CopyOp,
+    Direction,
+)
 from engine.copy.checks import Region, check_op
 from engine.copy.cuda_device import MAPPINGS, Device, dma_write_once, prefault
 from engine.copy.kernels import StagingRing, is_aligned

@@ -5,8 +5,8 @@ H200 and each page is its own descriptor (20 000 for a 10k-token prefix of an 8B
 whose issue alone takes 10-20 ms of the dispatcher's time).  Here the pages take a detour
 through a device slot laid out like the pool (entry by entry, layer by layer inside an
 entry): the gather kernel packs them at device-memory speed, and a run of consecutive pool
-entries crosses PCIe as one copy, as fast as one large pinned copy (54.6-54.9 GB/s against
-55.3 for 1.5 GiB at once, 53.4 scattered: ``tools/diag/dma_staged_runs.py``)::
+entries crosses PCIe as one copy, as fast as one large pinned copy (figures: "The staged
+path" in ``docs/benchmarks.md``)::
 
     SAVE, per sub-chunk of up to ``entries_per_slot`` entries:
       gather stream   [wait: the slot's last use]  gather kernel -> slot     record packed

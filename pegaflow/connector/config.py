@@ -1,18 +1,8 @@
 """The connector's one frozen config.
 
-Each option comes from ``kv_connector_extra_config`` first, then the ``PEGAFLOW_*``
-environment variable, then the default:
-
-| extra_config key     | env var                       | default    | meaning |
-|----------------------|-------------------------------|------------|---------|
-| engine_name          | PEGAFLOW_NAME                 | pegaflow   | engine to attach to (`--name` of the engine) |
-| load_mode            | PEGAFLOW_LOAD_MODE            | layerwise  | `layerwise`: load inside the step, layer L+1 moving while L computes; `async`: load between steps, reported through get_finished |
-| enable_save          | PEGAFLOW_ENABLE_SAVE          | true       | store newly computed full blocks |
-| enable_load          | PEGAFLOW_ENABLE_LOAD          | true       | look up and load cached prefixes |
-| lookup_timeout_ms    | PEGAFLOW_LOOKUP_TIMEOUT_MS    | 50         | deadline of one lookup (vLLM asks again meanwhile); past it, a miss |
-| command_timeout_ms   | PEGAFLOW_COMMAND_TIMEOUT_MS   | 5000       | deadline of a load or save answer |
-| reconnect_interval_s | PEGAFLOW_RECONNECT_INTERVAL_S | 5          | how often to try again while the engine is unreachable |
-| num_load_slots       | PEGAFLOW_NUM_LOAD_SLOTS       | 64         | loads per step fenced by events (cuda); more are waited on by the CPU |
+Each option comes from ``kv_connector_extra_config`` first, then its ``PEGAFLOW_*``
+environment variable (``ENV_VARS``), then the default; README.md's connector table says
+what each means.
 """
 
 from __future__ import annotations

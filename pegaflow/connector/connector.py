@@ -13,9 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
-                                                                KVConnectorMetadata,
-                                                                KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.layout import TensorInfo

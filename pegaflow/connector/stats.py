@@ -22,8 +22,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorPromMetrics,
-                                                                  KVConnectorStats)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 COUNTS = ("lookups", "lookup_tokens", "lookup_hit_tokens", "lookup_deferrals", "lookup_timeouts",
           "load_blocks", "load_failed_blocks", "saved_blocks", "save_dropped_blocks",

@@ -33,6 +33,7 @@ def main() -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     args = p.parse_args()
     from vllm import LLM, SamplingParams, TokensPrompt
+
     from pegaflow.connector import kv_transfer_config
     kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
                   seed=0, max_model_len=8192, gpu_memory_utilization=0.35, disable_log_stats=False,

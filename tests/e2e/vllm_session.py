@@ -49,6 +49,7 @@ def main() -> int:
     out = sys.stdout
     sys.stdout = sys.stderr  # only our answers on the real stdout
     from vllm import LLM, SamplingParams, TokensPrompt
+
     from pegaflow.connector import kv_transfer_config
     kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True,
                   enforce_eager=args.eager, seed=0, max_model_len=8192,

@@ -17,8 +17,7 @@ import pytest
 import pegaflow.client
 from pegaflow.errors import CommandError
 from pegaflow.host_memory import HostKVBuffer, layer_records
-from pegaflow.wire import (BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes,
-                           hash_keys)
+from pegaflow.wire import BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes, hash_keys
 
 NAMESPACE = 0x7E57
 OTHER_NAMESPACE = 0x7E58
@@ -511,8 +510,8 @@ def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client,
 def test_dispatcher_fault_in_the_middle_of_a_save_leaves_no_marks(monkeypatch):
     # 1. Chunks of 2 blocks; the backend takes the first chunk and fails (a bug, not a
     #    refusal) on the second.
-    from engine.copy.base import CopyDone
     import engine.transfers
+    from engine.copy.base import CopyDone
     monkeypatch.setattr(engine.transfers, "FIRST_CHUNK", 2)
     h = _held_dispatcher()
     submit = h.backend.submit

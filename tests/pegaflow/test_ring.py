@@ -23,8 +23,8 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from pegaflow import shm
-from pegaflow.errors import PayloadTooLargeError, RingEmptyError, RingFullError
 from pegaflow.arena import ARENA_ALIGN, PayloadArena
+from pegaflow.errors import PayloadTooLargeError, RingEmptyError, RingFullError
 from pegaflow.ring import RingConsumer, RingProducer, reset_slots
 from pegaflow.waits import Doorbell
 from pegaflow.wire import SUBMISSION

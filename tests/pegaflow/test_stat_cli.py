@@ -159,3 +159,14 @@ def test_stat_cli_stopped_engine_is_not_responding_and_exits_3(engine):
     deadline = time.monotonic() + 10
     while _stat("--name", engine.name, "--once", "--stale-after", "4").returncode != 0:
         assert time.monotonic() < deadline
+
+
+def test_stat_cli_detached_client_leaves_the_list_at_once(engine):
+    # A client that DETACHed is no longer listed, though the engine frees its slot only at
+    # its next housekeeping (up to a second later).
+    from pegaflow.engine_stats import read_stats
+    client = engine.connect()
+    slot = client.slot
+    assert slot in {c["slot"] for c in read_stats(engine.name)["clients"]}
+    client.close()
+    assert slot not in {c["slot"] for c in read_stats(engine.name)["clients"]}

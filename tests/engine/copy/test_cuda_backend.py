@@ -23,8 +23,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("cuda.bindings")
 pytest.importorskip("posix_ipc")
 
-from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy import cuda_device  # noqa: E402
+from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
 from pegaflow import shm  # noqa: E402
 from pegaflow.cuda.ipc import EventPool, export_allocation, region_record  # noqa: E402

@@ -10,10 +10,16 @@ import numpy as np
 import pytest
 
 from pegaflow.client import EngineClient
-from pegaflow.host_memory import HostKVBuffer, layer_records
 from pegaflow.engine_stats import read_stats
-from tests.pegaflow.connector.vllm_harness import (BLOCK, NUM_LAYERS, PAGE_ELEMS, VllmInstance,
-                                                   block_pattern, make_request)
+from pegaflow.host_memory import HostKVBuffer, layer_records
+from tests.pegaflow.connector.vllm_harness import (
+    BLOCK,
+    NUM_LAYERS,
+    PAGE_ELEMS,
+    VllmInstance,
+    block_pattern,
+    make_request,
+)
 from tools.engine_process import EngineProcess
 
 pytestmark = pytest.mark.vllm

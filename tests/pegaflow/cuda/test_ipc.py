@@ -6,7 +6,6 @@ engine and uses only ``pegaflow.cuda.driver``.  Skipped where CUDA is absent.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -1,0 +1,107 @@
+"""tools.bench_serving's HTTP client and headline, against a small fake OpenAI server (no
+GPU): streamed token ids, time to the first token, errors, concurrency."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tools import bench_serving
+from tools.bench_serving import complete, headline, run_all
+
+
+class _Fake(BaseHTTPRequestHandler):
+    """Answers a completion with the prompt's first ``max_tokens`` ids, one chunk each
+    (the first after ``FIRST_S``); a prompt starting with 0 gets HTTP 400."""
+    FIRST_S = 0.05
+    in_flight = peak = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert body["stream"] and body["return_token_ids"] and body["model"] == bench_serving.SERVED_NAME
+        if body["prompt"][0] == 0:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": "bad"}')
+            return
+        with _Fake.lock:
+            _Fake.in_flight += 1
+            _Fake.peak = max(_Fake.peak, _Fake.in_flight)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        time.sleep(self.FIRST_S)
+        self.wfile.write(b'data: {"choices": [{"text": "", "token_ids": []}]}\n\n')  # a role chunk
+        for token in body["prompt"][:body["max_tokens"]]:
+            self.wfile.write(f'data: {json.dumps({"choices": [{"token_ids": [token]}]})}\n\n'.encode())
+            self.wfile.flush()
+            time.sleep(0.005)
+        self.wfile.write(b"data: [DONE]\n\n")
+        with _Fake.lock:
+            _Fake.in_flight -= 1
+
+
+@pytest.fixture
+def port():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_complete_collects_streamed_tokens_and_times_the_first(port):
+    result = complete(port, [5, 6, 7, 8], 3, "k")
+    assert result.error == "" and result.tokens == [5, 6, 7] and result.key == "k"
+    assert result.ttft_s >= _Fake.FIRST_S and result.done_s >= result.first_token_s
+    assert result.tpot_s is not None and result.tpot_s > 0
+
+
+def test_complete_http_error_is_a_result_with_the_error(port):
+    result = complete(port, [0, 1], 2, "bad")
+    assert result.error.startswith("HTTP 400") and result.tokens == []
+
+
+def test_run_all_keeps_order_and_bounds_concurrency(port):
+    _Fake.peak = 0
+    jobs = [(f"j{i}", [i + 1, i + 2], 0.0) for i in range(8)]
+    results = run_all(port, jobs, 2, concurrency=3)
+    assert [r.key for r in results] == [f"j{i}" for i in range(8)]
+    assert [r.tokens for r in results] == [[i + 1, i + 2] for i in range(8)]
+    assert _Fake.peak <= 3
+
+
+def _run(config, wall, ttft50, tokens):
+    later = {"ttft_p50_ms": ttft50, "ttft_p99_ms": ttft50 * 2}
+    return {"config": config, "later_rounds_wall_s": wall, "later_rounds": later,
+            "shared_prefix": {"throughput_rps": 10.0 / wall}, "results": [["r1u0", tokens, ""]]}
+
+
+def test_headline_medians_spreads_and_identity_against_the_first_none():
+    runs = [_run("none", 4.0, 300, [1]), _run("pegaflow", 1.0, 50, [1]), _run("native", 2.0, 100, [2]),
+            _run("none", 5.0, 310, [1]), _run("pegaflow", 1.2, 60, [1]), _run("native", 2.2, 90, [1])]
+    table = headline(runs)
+    assert table["pegaflow"]["later_rounds_wall_s"] == 1.1 and table["pegaflow"]["ttft_p50_ms"] == 55
+    assert table["pegaflow"]["later_rounds_wall_s_spread"] == [1.0, 1.2]
+    assert table["pegaflow"]["outputs_identical"] and table["none"]["outputs_identical"]
+    assert not table["native"]["outputs_identical"] and table["native"]["identical_share"] == 0.0
+
+
+def test_server_command_per_config():
+    class Args:
+        model, port, max_model_len, gpu_memory_utilization, gpu_blocks, host_gib, eager = "m", 1, 2, 0.5, 9, 4, True
+    none = bench_serving.server_command("none", Args, "e")
+    assert "--enforce-eager" in none and "--num-gpu-blocks-override" in none and "--kv-transfer-config" not in none
+    native = bench_serving.server_command("native", Args, "e")
+    assert native[native.index("--kv-offloading-size") + 1] == "4"
+    pega = bench_serving.server_command("pegaflow", Args, "eng")
+    config = json.loads(pega[pega.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "PegaKVConnector" and config["kv_connector_extra_config"]["engine_name"] == "eng"

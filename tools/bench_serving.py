@@ -1,0 +1,292 @@
+"""Serving under load (GPU): ``vllm serve`` once per configuration, driven over its HTTP API.
+
+    python -m tools.bench_serving --model tools/models/llama-3.1-8b-shape --json out.json
+
+Configurations, each its own server process, one after another (``--repeat`` interleaves
+them: A B C A B C): ``none`` (vLLM's prefix caching only), ``native`` (vLLM's CPU
+offloading, ``--kv-offloading-size``), ``pegaflow`` (a fresh engine each time).  vLLM's
+default compilation (CUDA graphs on) unless ``--eager``.  The GPU KV cache is capped by
+``--gpu-blocks`` so the working set does not fit.  Workloads (``tools/serving_workload.py``):
+
+1. multi-round chat: ``--users`` users, each with a ``--context-tokens`` context, ``--rounds``
+   rounds; a round's requests go out together (or at ``--arrival-rate`` per second), and
+   the next round starts when all are answered;
+2. shared prefix: ``--prefix-requests`` requests over ``--prefixes`` system prompts, at most
+   ``--concurrency`` in flight.
+
+Per configuration: wall time of the rounds after the first, TTFT p50/p90/p99 and TPOT of
+those rounds, the shared-prefix throughput, tokens vLLM counted as external (host) hits,
+and whether every answer equals the first ``none`` run's.  Dummy weights, token-id prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tools.serving_workload import (
+    RequestResult,
+    conversations,
+    identical_share,
+    poisson_offsets,
+    shared_prefix_prompts,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVED_NAME = "bench"
+START_TIMEOUT_S = 600.0
+REQUEST_TIMEOUT_S = 600.0
+
+
+def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str = "127.0.0.1") -> RequestResult:
+    """One streamed token-id completion; the first chunk carrying tokens is the first token."""
+    body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "ignore_eos": True, "stream": True, "return_token_ids": True})
+    started = time.monotonic()
+    first = done = 0.0
+    tokens: list[int] = []
+    conn = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            return RequestResult(key, len(prompt), [], started, started, time.monotonic(),
+                                 error=f"HTTP {response.status}: {response.read()[:200]!r}")
+        for raw in response:
+            line = raw.strip()
+            if not line.startswith(b"data:") or (data := line[5:].strip()) == b"[DONE]":
+                continue
+            ids = json.loads(data)["choices"][0].get("token_ids") or []
+            if ids and not first:
+                first = time.monotonic()
+            tokens += ids
+        done = time.monotonic()
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
+        return RequestResult(key, len(prompt), tokens, started, first or started, time.monotonic(),
+                             error=f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+    return RequestResult(key, len(prompt), tokens, started, first or done, done)
+
+
+def run_all(port: int, jobs: list[tuple[str, list[int], float]], max_tokens: int,
+            concurrency: int) -> list[RequestResult]:
+    """``jobs``: (key, prompt, send at seconds from now); at most ``concurrency`` in flight."""
+    t0 = time.monotonic()
+
+    def one(job):
+        key, prompt, at = job
+        time.sleep(max(0.0, t0 + at - time.monotonic()))
+        return complete(port, prompt, max_tokens, key)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return list(pool.map(one, jobs))
+
+
+def multi_round(port: int, args) -> list[list[RequestResult]]:
+    users = conversations(args.users, args.context_tokens, args.question_tokens, seed=args.seed)
+    rounds = []
+    for r in range(args.rounds):
+        prompts = [u.next_prompt() for u in users]
+        offsets = poisson_offsets(len(users), args.arrival_rate, seed=args.seed + r)
+        results = run_all(port, [(f"r{r}u{u.user}", p, at) for u, p, at in zip(users, prompts, offsets)],
+                          args.answer_tokens, len(users))
+        for user, prompt, result in zip(users, prompts, results):
+            user.record(prompt, result.tokens)
+        rounds.append(results)
+    return rounds
+
+
+def shared_prefix(port: int, args) -> list[RequestResult]:
+    prompts = shared_prefix_prompts(args.prefixes, args.prefix_tokens, args.prefix_requests,
+                                    args.question_tokens, seed=args.seed + 1000)
+    offsets = poisson_offsets(len(prompts), args.arrival_rate, seed=args.seed + 2000)
+    return run_all(port, [(f"p{i}", p, at) for i, (p, at) in enumerate(zip(prompts, offsets))],
+                   args.answer_tokens, args.concurrency)
+
+
+def _get(port: int, path: str, method: str = "GET") -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read().decode()
+
+
+def external_hit_tokens(port: int) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    return sum(s.value for f in text_string_to_metric_families(_get(port, "/metrics"))
+               for s in f.samples if s.name == "vllm:external_prefix_cache_hits_total")
+
+
+def server_command(config: str, args, engine_name: str) -> list[str]:
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model, "--load-format", "dummy",
+           "--skip-tokenizer-init", "--served-model-name", SERVED_NAME, "--port", str(args.port),
+           "--seed", "0", "--max-model-len", str(args.max_model_len),
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+           "--num-gpu-blocks-override", str(args.gpu_blocks)]
+    if args.eager:
+        cmd.append("--enforce-eager")
+    if config == "native":
+        cmd += ["--kv-offloading-size", str(args.host_gib), "--kv-offloading-backend", "native"]
+    elif config == "pegaflow":
+        cmd += ["--kv-transfer-config", json.dumps({
+            "kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+            "kv_role": "kv_both", "kv_connector_extra_config": {"engine_name": engine_name}})]
+    return cmd
+
+
+class Server:
+    """A ``vllm serve`` process, up once /health answers; its log in ``log_path``."""
+
+    def __init__(self, cmd: list[str], port: int, log_path: Path):
+        env = dict(os.environ, PYTHONHASHSEED="0", VLLM_SERVER_DEV_MODE="1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.port, self.log = port, open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}); see {log_path}")
+            try:
+                _get(port, "/health")
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"vllm serve not up after {START_TIMEOUT_S:.0f}s; see {log_path}")
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
+    from tools.engine_process import EngineProcess
+    engine = None
+    name = f"bench{os.getpid()}"
+    if config == "pegaflow":
+        engine = EngineProcess(name, backend="cuda", pool_size=f"{args.host_gib}GiB", start_timeout_s=300)
+    try:
+        server = Server(server_command(config, args, name), args.port, log_dir / f"{tag}.log")
+        try:
+            hits0 = external_hit_tokens(args.port)
+            rounds = multi_round(args.port, args)
+            hits1 = external_hit_tokens(args.port)
+            _get(args.port, "/reset_prefix_cache", method="POST")
+            prefix = shared_prefix(args.port, args) if args.prefix_requests else []
+            hits2 = external_hit_tokens(args.port)
+        finally:
+            server.stop()
+        engine_stats = None
+        if engine is not None:
+            from pegaflow.engine_stats import read_stats
+            s = read_stats(name)
+            engine_stats = {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
+    finally:
+        if engine is not None:
+            engine.stop()
+    later = [r for rnd in rounds[1:] for r in rnd]
+    return {"config": config, "tag": tag, "rounds": [summarize(rnd) for rnd in rounds],
+            "later_rounds": summarize(later),
+            "later_rounds_wall_s": round(sum(summarize(rnd)["wall_s"] for rnd in rounds[1:]), 4),
+            "shared_prefix": summarize(prefix) if prefix else None,
+            "host_hit_tokens": {"multi_round": hits1 - hits0, "shared_prefix": hits2 - hits1},
+            "engine": engine_stats,
+            "results": [[r.key, r.tokens, r.error] for rnd in rounds for r in rnd] +
+                       [[r.key, r.tokens, r.error] for r in prefix]}
+
+
+def _as_results(run: dict) -> list[RequestResult]:
+    return [RequestResult(key, 0, tokens, 0.0, 0.0, 0.0, error) for key, tokens, error in run["results"]]
+
+
+def headline(runs: list[dict]) -> dict:
+    """Per configuration, the median over repeats (and the spread) of the figures the issue
+    names; outputs identical: every answer equals the first ``none`` run's."""
+    reference = next((_as_results(r) for r in runs if r["config"] == "none"), None)
+    out = {}
+    for config in dict.fromkeys(r["config"] for r in runs):
+        mine = [r for r in runs if r["config"] == config]
+        figures = {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
+                   "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
+                   "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
+                   "throughput_rps": [r["shared_prefix"]["throughput_rps"] for r in mine if r["shared_prefix"]]}
+        row = {k: statistics.median(v) for k, v in figures.items() if v}
+        row.update({f"{k}_spread": [min(v), max(v)] for k, v in figures.items() if v})
+        if reference is not None:
+            shares = [identical_share(_as_results(r), reference) for r in mine]
+            row["identical_share"] = min(shares)
+            row["outputs_identical"] = all(s == 1.0 for s in shares)
+        out[config] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
+    p.add_argument("--configs", nargs="+", default=["none", "native", "pegaflow"],
+                   choices=["none", "native", "pegaflow"])
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
+    p.add_argument("--users", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--context-tokens", type=int, default=8000)
+    p.add_argument("--question-tokens", type=int, default=64)
+    p.add_argument("--answer-tokens", type=int, default=16)
+    p.add_argument("--arrival-rate", type=float, default=float("inf"),
+                   help="requests per second within a round (default: a round's all at once)")
+    p.add_argument("--prefixes", type=int, default=4)
+    p.add_argument("--prefix-tokens", type=int, default=4000)
+    p.add_argument("--prefix-requests", type=int, default=64, help="0: no shared-prefix workload")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--gpu-blocks", type=int, default=2500, help="vLLM's GPU KV cache, in blocks")
+    p.add_argument("--host-gib", type=int, default=32, help="host cache of native and pegaflow")
+    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default="/tmp/bench_serving")
+    p.add_argument("--json", metavar="PATH", help="write every figure here")
+    args = p.parse_args(argv)
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for rep in range(args.repeat):
+        for i, config in enumerate(args.configs):  # a config named twice: its run-to-run agreement
+            runs.append(run_config(config, args, log_dir, f"{config}{rep}-{i}"))
+            print(json.dumps({k: runs[-1][k] for k in ("tag", "later_rounds_wall_s", "later_rounds",
+                                                        "host_hit_tokens")}), flush=True)
+    table = headline(runs)
+    print(f"{'config':<10} {'later rounds s':>15} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'prefix rps':>11} "
+          f"{'identical':>9}")
+    for config, row in table.items():
+        print(f"{config:<10} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
+              f"{row['ttft_p99_ms']:>12.1f} {row.get('throughput_rps', float('nan')):>11.2f} "
+              f"{row.get('identical_share', float('nan')):>9.3f}")
+    if args.json:
+        import torch
+        Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "model": args.model,
+                                               "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
+                                               **table, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
