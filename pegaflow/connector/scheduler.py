@@ -66,6 +66,7 @@ class SchedulerSide:
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
         self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
+        self._finish_saves: list[SaveSpec] = []  # planned at a request's finish, for the next step
         self.num_late_lookups = 0
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
 
@@ -224,6 +225,8 @@ class SchedulerSide:
         meta = PegaConnectorMetadata(held_req_ids=self._held, preempted_req_ids=set(
             scheduler_output.preempted_req_ids or ()), rewound_block_ids=self._rewound)
         self._held, self._rewound = set(), set()
+        meta.saves.extend(self._finish_saves)
+        self._finish_saves = []
         for req_id in meta.preempted_req_ids:
             if (state := self.requests.get(req_id)) is not None:
                 state.block_ids = []
@@ -275,6 +278,8 @@ class SchedulerSide:
         self._release_leases(state)
         if (client := self.link.client()) is not None:
             self._release_orphans(client)
+        if not state.is_async_loading:
+            self._plan_finish_save(state, request, block_ids)
         if state.has_saves and not state.is_async_loading:
             # (an aborted request still loading is held by vLLM itself until finished_recving)
             self._held.add(request.request_id)
@@ -282,6 +287,23 @@ class SchedulerSide:
             return True, None
         del self.requests[request.request_id]
         return False, None
+
+    def _plan_finish_save(self, state: RequestState, request, block_ids) -> None:
+        """Blocks whose KV is computed but whose hashes came too late for any step's plan
+        (asynchronous scheduling hands the scheduler a step's tokens after it has planned
+        the next step, so the blocks a request's last steps complete were never planned):
+        saved by the next step, the request's blocks held until then."""
+        if not self.config.enable_save or not block_ids:
+            return
+        ids = block_ids[0] if block_ids and isinstance(block_ids[0], (list, tuple)) else block_ids
+        hashes = request.block_hashes
+        num_full = min(request.num_computed_tokens // self.block_size, len(hashes), len(ids))
+        if num_full <= state.num_saved_blocks:
+            return
+        start = state.num_saved_blocks
+        self._finish_saves.append(SaveSpec(request.request_id, tuple(ids[start:num_full]),
+                                           tuple(hashes[start:num_full])))
+        state.num_saved_blocks, state.has_saves = num_full, True
 
     def update_connector_output(self, connector_output) -> None:
         for req_id in connector_output.finished_sending or ():

@@ -120,3 +120,41 @@ def test_scheduler_tells_the_workers_once_which_failed_blocks_it_has_rewound():
                                                       invalid_block_ids={3, 4}))
     assert scheduler.build_connector_meta(output).rewound_block_ids == {3, 4}
     assert scheduler.build_connector_meta(output).rewound_block_ids == set()
+
+
+def _empty_output():
+    return SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}, scheduled_new_reqs=[],
+                           scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],
+                                                                 resumed_req_ids=set(),
+                                                                 num_computed_tokens=[]))
+
+
+def test_scheduler_blocks_completed_by_a_requests_last_steps_are_saved_after_it_finishes():
+    # 1. Asynchronous scheduling: the steps planned 3 blocks of the request, but its KV
+    #    covers 5 full blocks (80 tokens computed) by the time it finishes; the hashes of
+    #    blocks 3 and 4 arrived after the last step was planned.
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    hashes = [bytes([i]) * 32 for i in range(5)]
+    request = SimpleNamespace(request_id="r", num_tokens=81, num_computed_tokens=80, block_hashes=hashes)
+    scheduler.requests["r"] = RequestState(request, block_ids=[20, 21, 22, 23, 24], num_saved_blocks=3,
+                                           has_saves=True)
+    # 2. At its finish the blocks are held, and the next step saves exactly blocks 3 and 4.
+    assert scheduler.request_finished(request, ([20, 21, 22, 23, 24],)) == (True, None)
+    meta = scheduler.build_connector_meta(_empty_output())
+    assert [(s.req_id, s.block_ids, s.hashes) for s in meta.saves] == [("r", (23, 24), tuple(hashes[3:]))]
+    assert meta.held_req_ids == {"r"}
+    # 3. Nothing more for it in the step after.
+    assert scheduler.build_connector_meta(_empty_output()).saves == []
+
+
+def test_scheduler_finished_request_saves_no_block_whose_kv_is_not_computed():
+    # The block holding the last token (never computed) is not saved, nor one vLLM gave
+    # no hash; with everything planned already, the request is not held for nothing.
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    request = SimpleNamespace(request_id="r", num_tokens=48, num_computed_tokens=47,
+                              block_hashes=[b"a" * 32, b"b" * 32, b"c" * 32])
+    scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2)
+    assert scheduler.request_finished(request, ([5, 6, 7],)) == (False, None)
+    assert scheduler.build_connector_meta(_empty_output()).saves == []
