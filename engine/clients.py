@@ -19,6 +19,7 @@ class ClientState:
     submissions: RingConsumer
     completions: RingProducer
     pid: int = 0
+    instance: int = 0  # the vLLM instance it said it serves at ATTACH (0: none)
     is_attached: bool = False
     is_detached: bool = False
     pending_detach: int = 0  # request id of a DETACH waiting for copies to end

@@ -32,7 +32,7 @@ from engine.copy.base import CopyBackend, CopyDone
 from engine.index import BlockIndex
 from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
-from engine.transfers import Transfers, command_keys
+from engine.transfers import ANSWERED_LATER, Transfers, command_keys
 from pegaflow import shm
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, Opcode, Status
@@ -55,7 +55,7 @@ class Dispatcher:
         # Whether the index may have changed since the gauges were last written: set by
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
-        self.transfers = Transfers(index, backend, stats, self.update_gauges, self.on_copy_done)
+        self.transfers = Transfers(index, backend, stats, self.reply, self.on_copy_done)
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -99,11 +99,18 @@ class Dispatcher:
                        "slot %d (pid %d): %s refused: %s", client.slot, client.pid,
                        Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
             status, values = Status(exc.status), (0, 0, 0)
-        if status is not None:
-            if self.gauges_stale:  # a client that reads the stats after our answer sees them
-                self.update_gauges()
-            client.answer(request_id, opcode, status, rec.num_items, *values)
-            self.stats.count_command(opcode, status, received_at)
+        if status is not ANSWERED_LATER:
+            self.reply(client, request_id, opcode, status, rec.num_items, values, received_at)
+
+    def reply(self, client: ClientState, request_id: int, opcode: int, status: int, num_items: int = 0,
+              values: tuple[int, int, int] = (0, 0, 0), received_at: float = 0.0) -> None:
+        """The one way a command is answered (exactly once each): counted in the stats, and
+        with the gauges current, so a client that reads the stats after the answer sees
+        what the command did."""
+        if self.gauges_stale:
+            self.update_gauges()
+        client.answer(request_id, opcode, status, num_items, *values)
+        self.stats.count_command(opcode, status, received_at)
 
     def update_gauges(self) -> None:
         self.gauges_stale = False
@@ -133,6 +140,7 @@ class Dispatcher:
         if client.ring_name and not shm.maps_segment(rec.arg, client.ring_name):
             raise CommandError(Status.BAD_ARGUMENT, f"pid {rec.arg} does not map this slot's ring")
         client.pid, client.is_attached = rec.arg, True
+        client.instance = int(payload.view("<u8")[0]) if len(payload) == 8 else 0
         role = rec.flags if rec.flags in _ROLES else ClientRole.OTHER
         self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role,
                                    rec.layer if role == ClientRole.WORKER else 0, rec.namespace)
@@ -144,15 +152,13 @@ class Dispatcher:
         client.is_detached = True
         if client.num_inflight:
             client.pending_detach = rec.request_id
-            return None, None
+            return ANSWERED_LATER, None
         self.release_client(client)
         return Status.OK, (0, 0, 0)
 
     def _finish_detach(self, client: ClientState) -> None:
         self.release_client(client)
-        self.update_gauges()
-        client.answer(client.pending_detach, Opcode.DETACH, Status.OK)
-        self.stats.count_command(Opcode.DETACH, Status.OK)
+        self.reply(client, client.pending_detach, Opcode.DETACH, Status.OK)
         client.pending_detach = 0
 
     def release_client(self, client: ClientState) -> None:
@@ -194,7 +200,7 @@ class Dispatcher:
 
     def _lookup(self, client, rec, payload):
         num_items = rec.num_items
-        num_hits, lease_id = self.index.lookup(client.slot, self._hash_keys(rec, payload))
+        num_hits, lease_id = self.index.lookup(client.slot, self._hash_keys(rec, payload), client.instance)
         self.stats.add("lookups")
         self.stats.add("lookup_blocks", num_items)
         self.stats.add("lookup_hit_blocks", num_hits)
@@ -210,6 +216,8 @@ class Dispatcher:
         return Status.OK, (num_found, 0, 0)
 
     def _release(self, client, rec, payload):
+        if self.index.is_foreign_lease(rec.arg, client.instance):
+            raise CommandError(Status.UNKNOWN_LEASE, f"lease {rec.arg} is another vLLM instance's")
         if not self.index.release(rec.arg):
             raise CommandError(Status.UNKNOWN_LEASE, f"no lease {rec.arg}")
         return Status.OK, (0, 0, 0)

@@ -51,6 +51,7 @@ class Lease:
     keys: list[Key]
     expires_at: float
     entries: list[Entry]  # of ``keys``, pinned while it lives
+    owner: int = 0        # the vLLM instance whose clients may use it (0: any)
 
 
 @dataclass(slots=True)
@@ -74,8 +75,9 @@ class BlockIndex:
         entry = self.entries.get(key)
         return entry if entry is not None and entry.is_ready else None
 
-    def lookup(self, slot: int, keys: list[Key]) -> tuple[int, int]:
-        """Pin the READY prefix of ``keys`` under a new lease: (num hits, lease id or 0)."""
+    def lookup(self, slot: int, keys: list[Key], owner: int = 0) -> tuple[int, int]:
+        """Pin the READY prefix of ``keys`` under a new lease of ``owner`` (a vLLM instance;
+        0: any client's): (num hits, lease id or 0)."""
         get, hits = self.entries.get, []
         for key in keys:
             entry = get(key)
@@ -90,7 +92,7 @@ class BlockIndex:
         self.touch_chain(hit_keys, hits)
         lease_id = self._new_lease_id()
         self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s,
-                                      hits)
+                                      hits, owner)
         return len(hits), lease_id
 
     def _new_lease_id(self) -> int:
@@ -101,6 +103,12 @@ class BlockIndex:
             lease_id = secrets.randbits(63)
             if lease_id and lease_id not in self.leases:
                 return lease_id
+
+    def is_foreign_lease(self, lease_id: int, instance: int) -> bool:
+        """Whether lease ``lease_id`` is another vLLM instance's than ``instance``: not the
+        caller's to use or end (an unknown id is not foreign: it is answered as unknown)."""
+        lease = self.leases.get(lease_id)
+        return lease is not None and lease.owner != 0 and lease.owner != instance
 
     def take_lease(self, lease_id: int, keys: list[Key], entry_bytes: int) -> np.ndarray | None:
         """The pool offsets of ``keys`` from lease ``lease_id`` if they are a run of its keys,

@@ -41,6 +41,7 @@ from pegaflow.wire import CLIENT_STATS, STATS, Opcode, SlotState, Status
 logger = logging.getLogger(__name__)
 
 MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
+HELD_BACK_POLL_S = 5e-3  # while answers wait behind a full completion ring: how often to look
 MAX_UNREAD_ANSWERS = 1024  # answers queued behind a client's full completion ring; past
 #                            this its commands wait unread (its submit then times out)
 SHUTDOWN_DRAIN_S = 5.0
@@ -133,23 +134,32 @@ class EngineServer:
             deadline = self._next_housekeeping
         else:  # a claim rings the doorbell, so does a stop: each wake-up costs CPU, skip them
             deadline = now + UNATTENDED_SLEEP_S
+        if any(c.backlog for c in self._attached):
+            deadline = min(deadline, now + HELD_BACK_POLL_S)  # reading answers rings no doorbell
         # No spin first: serve_forever has spun for idle_spin_s before calling this.
         if sleep_until(self._has_submissions, self.doorbell, deadline):
             self._next_claim_check = 0.0
 
     def _has_submissions(self) -> bool:
-        # A client held back for its unread answers does not wake the engine (it would spin);
-        # housekeeping flushes its answers once it reads them.
+        # Answers queued behind a full completion ring are work once the client has read
+        # some (_sleep looks every HELD_BACK_POLL_S: reading rings no doorbell); a client
+        # held back for its unread answers has no command taken meanwhile (else: a spin).
         return (self.is_stopping or self.segments.has_claims() or any(
-            c.submissions.is_ready() and len(c.backlog) < MAX_UNREAD_ANSWERS for c in self._attached))
+            (c.backlog and c.completions.has_room())
+            or (c.submissions.is_ready() and len(c.backlog) < MAX_UNREAD_ANSWERS)
+            for c in self._attached))
 
     def _drain_rings(self) -> bool:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
         did_work = False
         dispatcher = self.dispatcher
         for client in self._attached:  # a snapshot: a DETACH may retire a client meanwhile
-            if client.backlog and not client.flush() and len(client.backlog) >= MAX_UNREAD_ANSWERS:
-                continue  # it reads none of its answers: the engine's memory must not grow
+            if client.backlog:
+                queued = len(client.backlog)
+                is_flushed = client.flush()
+                did_work |= len(client.backlog) < queued
+                if not is_flushed and len(client.backlog) >= MAX_UNREAD_ANSWERS:
+                    continue  # it reads none of its answers: the engine's memory must not grow
             submissions = client.submissions
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
                 rec = submissions.try_peek()
@@ -175,8 +185,7 @@ class EngineServer:
 
     def _internal_error(self, client: ClientState, rec) -> None:
         logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
-        client.answer(rec.request_id, rec.opcode, Status.INTERNAL)
-        self.stats.count_command(rec.opcode, Status.INTERNAL)
+        self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.INTERNAL)
 
     def _accept_claims(self) -> None:
         """Claimed slots become ACTIVE, under the control lock: a client that gives up on
@@ -261,7 +270,7 @@ class EngineServer:
             time.sleep(1e-3)
         for client in self.clients.values():
             while (rec := client.submissions.try_get()) is not None:
-                client.answer(rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
+                self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
             client.flush()
         self.backend.close()
         self.segments.unlink_all(release_pool=self.backend.num_inflight() == 0)

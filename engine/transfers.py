@@ -29,6 +29,8 @@ from pegaflow.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opc
 
 logger = logging.getLogger(__name__)
 
+ANSWERED_LATER = object()  # a handler's status when the answer goes out later (its copies end)
+
 FIRST_CHUNK = 64
 MAX_CHUNK = 1024
 
@@ -89,11 +91,11 @@ def chunk_bounds(num_items: int):
 
 class Transfers:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter,
-                 update_gauges: Callable[[], None], on_copy_finished: Callable[[CopyDone], None]):
+                 reply: Callable[..., None], on_copy_finished: Callable[[CopyDone], None]):
         self.index = index
         self.backend = backend
         self.stats = stats
-        self.update_gauges = update_gauges  # before an answer: a client then reads current stats
+        self.reply = reply  # the dispatcher's: the one way a command is answered
         # The dispatcher's on_copy_done (which calls ours): for copies this class polls itself.
         self.on_copy_finished = on_copy_finished
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
@@ -188,6 +190,8 @@ class Transfers:
             raise
 
     def load(self, client, rec, payload):
+        if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_foreign_lease(rec.arg, client.instance):
+            raise CommandError(Status.UNKNOWN_LEASE, f"lease {rec.arg} is another vLLM instance's")
         try:
             return self._start_load(client, rec, payload)
         except CommandError:
@@ -227,9 +231,8 @@ class Transfers:
                 self.on_copy_finished(done)  # any client's: its DETACH may be waiting on it
         if record_events is not None and pending.error is None and keys:
             pending.is_answered = True  # the client's events fence the data, not our answer
-            self.update_gauges()
-            self.stats.count_command(Opcode.LOAD, Status.OK, pending.received_at)
-            pending.client.answer(pending.request_id, Opcode.LOAD, Status.OK, len(keys), len(keys))
+            self.reply(pending.client, pending.request_id, Opcode.LOAD, Status.OK, len(keys),
+                       (len(keys), 0, 0), pending.received_at)
         return self._seal(pending)
 
     def _stored_offsets(self, keys: list[Key], entry_bytes: int) -> np.ndarray:
@@ -277,9 +280,9 @@ class Transfers:
             pending.sealed_at = time.perf_counter()
         self.stats.set("inflight_copies", len(self.pending))
         if pending.num_ops:
-            return None, None
+            return ANSWERED_LATER, None
         self._complete(pending)
-        return None, None
+        return ANSWERED_LATER, None
 
     def on_copy_done(self, done: CopyDone) -> ClientState:
         """Finish one chunk (and its command, if it was the last); returns whose it was."""
@@ -304,10 +307,8 @@ class Transfers:
                              pending.opcode.name, pending.error)
         else:
             status = Status.OK if pending.error is None else Status.COPY_FAILED
-            self.update_gauges()
-            pending.client.answer(pending.request_id, pending.opcode, status, pending.num_blocks,
-                                  pending.num_blocks, pending.num_deduped, pending.num_dropped)
-            self.stats.count_command(pending.opcode, status, pending.received_at)
+            self.reply(pending.client, pending.request_id, pending.opcode, status, pending.num_blocks,
+                       (pending.num_blocks, pending.num_deduped, pending.num_dropped), pending.received_at)
         # After the answer (nothing else runs before it is done): the eviction order only.
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
             self.index.touch_chain(pending.chain)

@@ -9,11 +9,11 @@ is both.  Completions that arrive for other requests are kept until asked for.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +30,7 @@ from pegaflow.wire import (
     BLOCK_ID,
     CONTROL_HEADER,
     NO_EVENT,
+    RESULT_FIELDS,
     WIRE_VERSION,
     ClientRole,
     CommandFlag,
@@ -57,11 +58,18 @@ class Completion(NamedTuple):
     def is_ok(self) -> bool:
         return self.status == _OK
 
+    @property
+    def result(self):
+        """The answer's values by name (``RESULT_FIELDS`` of its opcode): e.g. a LOOKUP's
+        ``num_hit_blocks`` and ``lease_id``.  An opcode without named values: ()."""
+        kind = RESULT_TYPES.get(self.opcode)
+        return kind(*(self.value, self.value2, self.value3)[:len(kind._fields)]) if kind else ()
 
-@dataclass(frozen=True, slots=True)
-class LookupResult:
-    num_hit_blocks: int
-    lease_id: int
+
+RESULT_TYPES = {op: collections.namedtuple(f"{op.name.title().replace('_', '')}Result", fields)
+                for op, fields in RESULT_FIELDS.items()}
+LookupResult = RESULT_TYPES[Opcode.LOOKUP]
+SaveResult = RESULT_TYPES[Opcode.SAVE]
 
 
 _OK, _PING = Status.OK, Opcode.PING  # an enum member read off its class costs ~70 ns
@@ -145,13 +153,16 @@ class EngineClient:
     @classmethod
     def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0,
                 role: ClientRole = ClientRole.OTHER, rank: int = 0,
-                namespace: int = 0, wait_for_start: bool = True) -> "EngineClient":
+                namespace: int = 0, wait_for_start: bool = True, instance: int = 0) -> "EngineClient":
         """Attach; ``role``, ``rank`` and ``namespace`` are shown in the engine's per-client
-        stats (``pegaflow-stat``).  An engine still preparing its pool is waited for (within
-        ``timeout_s``), or refused at once without ``wait_for_start``."""
+        stats (``pegaflow-stat``).  ``instance``: the vLLM instance this process serves
+        (its scheduler and workers name the same): a lease its LOOKUPs take is used and
+        released only by clients of that instance (0: by any).  An engine still preparing
+        its pool is waited for (within ``timeout_s``), or refused at once without
+        ``wait_for_start``."""
         client = cls(engine_name, timeout_s)
         try:
-            client._attach(timeout_s, (role, rank, namespace), wait_for_start)
+            client._attach(timeout_s, (role, rank, namespace, instance), wait_for_start)
         except BaseException:
             try:
                 client._abandon_attach()
@@ -173,7 +184,7 @@ class EngineClient:
             self._control.close()
             self._control = None
 
-    def _attach(self, timeout_s: float, identity: tuple[int, int, int], wait_for_start: bool) -> None:
+    def _attach(self, timeout_s: float, identity: tuple[int, int, int, int], wait_for_start: bool) -> None:
         self._control = shm.attach_segment(shm.ipc_name(self.engine_name, "control"))
         header = read_control_header(self._control)
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
@@ -204,9 +215,9 @@ class EngineClient:
         self._arena = PayloadArena(view.arena, self._producer)
         self._view = view
         self.is_closed = False
-        role, rank, namespace = identity
-        self.call(Opcode.ATTACH, arg=os.getpid(), flags=int(role), layer=rank, namespace=namespace,
-                  timeout_s=timeout_s)
+        role, rank, namespace, instance = identity
+        self.call(Opcode.ATTACH, payload=[np.array([instance], dtype="<u8")], arg=os.getpid(),
+                  flags=int(role), layer=rank, namespace=namespace, timeout_s=timeout_s)
         logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
 
     def _wait_serving(self, timeout_s: float) -> bool:
@@ -347,11 +358,11 @@ class EngineClient:
         """A round trip; returns the engine's number of copies in flight."""
         return _checked(_PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
-    def lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> LookupResult:
+    def lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> "LookupResult":
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
         done = _checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s),
                                                  timeout_s))
-        return LookupResult(done.value, done.value2)
+        return done.result
 
     def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> int:
         records = _records(hashes)

@@ -110,6 +110,11 @@ class RingProducer(_RingView):
         """Whether the consumer has taken the record published at ``position``."""
         return self.seq(position % self.num_slots) >= position + self.num_slots
 
+    def has_room(self) -> bool:
+        """Whether the next ``try_put`` finds a free slot."""
+        p = self.position
+        return self.words[p % self.num_slots * self.stride] == p
+
     def try_put(self, record) -> bool:
         """Publish one record (a tuple in field order, or a numpy record; its ``seq`` is
         ignored) if a slot is free; never blocks."""

@@ -43,6 +43,17 @@ class Opcode(IntEnum):
     DROP = 11
 
 
+# What an OK answer's value, value2, value3 mean, per opcode (the rest answer zeros);
+# pegaflow.client decodes them into named results (``Completion.result``).
+RESULT_FIELDS: dict[Opcode, tuple[str, ...]] = {
+    Opcode.LOOKUP: ("num_hit_blocks", "lease_id"),     # the READY prefix found, its lease (0: none)
+    Opcode.SAVE: ("num_stored", "num_deduped", "num_dropped"),  # copied, held already, no room
+    Opcode.LOAD: ("num_loaded",),
+    Opcode.PING: ("num_inflight",),                    # the engine's copies in flight
+    Opcode.DROP: ("num_found",),                       # blocks it held that the SAVEs named stored
+}
+
+
 class Status(IntEnum):
     OK = 0
     BAD_OPCODE = 1

@@ -13,26 +13,20 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pegaflow import shm
+from pegaflow.wire import STATS, STATS_COUNTER_NAMES
+from tools.engine_process import EngineProcess, EngineStartError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
-from pegaflow import shm  # noqa: E402
-from pegaflow.client import EngineClient  # noqa: E402
-from pegaflow.errors import PegaflowError  # noqa: E402
-from pegaflow.wire import STATS, STATS_COUNTER_NAMES  # noqa: E402
-
-PYTHON = sys.executable
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 STATS_TIMEOUT_S = 5.0
@@ -62,13 +56,10 @@ def shm_leftovers(name: str) -> list[str]:
                   if e.startswith(prefix) or e.startswith(f"sem.{prefix}"))
 
 
-def engine_command(name: str, *, pool_size: str = "64MiB", slab_size: str = "1MiB",
-                   lease_ttl: float | None = None, max_clients: int = 8,
-                   arena_size: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
-    """``python -m engine`` with the host backend; flags in ``extra`` come last, so they win."""
-    argv = [PYTHON, "-m", "engine", "--backend", "host", "--name", name,
-            "--pool-size", pool_size, "--slab-size", slab_size,
-            "--max-clients", str(max_clients), "--log-level", "INFO"]
+def engine_flags(*, slab_size: str = "1MiB", lease_ttl: float | None = None, max_clients: int = 8,
+                 arena_size: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    """The test engines' flags (beside the host backend and pool size); ``extra`` last, so it wins."""
+    argv = ["--slab-size", slab_size, "--max-clients", str(max_clients)]
     if lease_ttl is not None:
         argv += ["--lease-ttl", str(lease_ttl)]
     if arena_size is not None:
@@ -76,25 +67,15 @@ def engine_command(name: str, *, pool_size: str = "64MiB", slab_size: str = "1Mi
     return argv + list(extra)
 
 
-@dataclass
-class EngineProcess:
-    """One engine subprocess; ``stats()`` reads its stats segment."""
+class EngineUnderTest(EngineProcess):
+    """A test's engine: its stats segment read directly, a stop that fails the test if the
+    engine does not exit, and whether a non-zero exit is expected."""
 
-    name: str
-    proc: subprocess.Popen
-    stderr_path: Path
-    is_clean_exit_expected: bool = True
-    _stats_segment: shm.Segment | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stderr_text(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def connect(self, timeout_s: float = 5.0) -> EngineClient:
-        return EngineClient.connect(self.name, timeout_s=timeout_s)
+    def __init__(self, name: str, stderr_path: Path, *, pool_size: str = "64MiB", **flags):
+        super().__init__(name, *engine_flags(**flags), backend="host", pool_size=pool_size,
+                         log_level="INFO", stderr_path=stderr_path, wait=False)
+        self.is_clean_exit_expected = True
+        self._stats_segment: shm.Segment | None = None
 
     def stats(self) -> dict[str, int]:
         """A snapshot of every counter and gauge of the stats segment."""
@@ -137,22 +118,12 @@ class EngineProcess:
             pytest.fail(f"engine {self.name} did not exit within {timeout_s}s of signal {sig}")
 
 
-def wait_engine_ready(engine: EngineProcess, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Until a client can attach and PING (the probe's slot is freed at the next housekeeping)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if engine.proc.poll() is not None:
-            pytest.fail(f"engine {engine.name} exited with {engine.proc.returncode} at start:\n"
-                        f"{engine.stderr_text()}")
-        try:
-            client = engine.connect(timeout_s=1.0)
-            break
-        except PegaflowError:  # not started yet (or still creating its segments)
-            if time.monotonic() >= deadline:
-                pytest.fail(f"engine {engine.name} not ready after {timeout_s}s:\n{engine.stderr_text()}")
-            time.sleep(0.01)
-    client.ping()
-    client.close()
+def wait_engine_ready(engine: EngineUnderTest, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until a client can attach and PING; fails the test if the engine exits or is late."""
+    try:
+        engine.wait_ready(timeout_s)
+    except EngineStartError as exc:
+        pytest.fail(str(exc))
 
 
 class EngineHarness:
@@ -160,15 +131,12 @@ class EngineHarness:
 
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
-        self.engines: list[EngineProcess] = []
+        self.engines: list[EngineUnderTest] = []
 
-    def start(self, name: str | None = None, *, wait: bool = True, **flags) -> EngineProcess:
+    def start(self, name: str | None = None, *, wait: bool = True, **flags) -> EngineUnderTest:
         name = name or unique_engine_name()
         stderr_path = self.log_dir / f"engine-{name}-{len(self.engines)}.log"
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(engine_command(name, **flags), cwd=REPO_ROOT,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-        engine = EngineProcess(name, proc, stderr_path)
+        engine = EngineUnderTest(name, stderr_path, **flags)
         self.engines.append(engine)
         if wait:
             wait_engine_ready(engine)
@@ -204,13 +172,13 @@ def engine_factory(tmp_path):
 
 
 @pytest.fixture
-def engine(engine_factory) -> EngineProcess:
+def engine(engine_factory) -> EngineUnderTest:
     """A fresh engine with the host backend and a 64 MiB pool of 1 MiB slabs."""
     return engine_factory()
 
 
 @pytest.fixture(scope="module")
-def shared_engine(tmp_path_factory) -> EngineProcess:
+def shared_engine(tmp_path_factory) -> EngineUnderTest:
     """One engine for a whole module; tests must use hashes no other test uses."""
     harness = EngineHarness(tmp_path_factory.mktemp("engine"))
     # A detached client's slot is freed at the engine's next housekeeping pass (about a

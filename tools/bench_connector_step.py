@@ -1,6 +1,6 @@
 """CPU cost of the connector's own hooks in one decode step, against hooks that do nothing.
 
-    python tools/bench_connector_step.py [--layers 32] [--steps 20000] [--json]
+    python -m tools.bench_connector_step [--layers 32] [--steps 20000] [--json]
 
 A decode step calls, on the worker, ``bind``, ``start_load_kv``, per layer
 ``wait_for_layer_load`` and ``save_kv_layer``, then ``wait_for_save`` and ``get_finished``;
@@ -21,7 +21,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from pegaflow.connector.config import ConnectorConfig  # noqa: E402
 from pegaflow.connector.metadata import PegaConnectorMetadata  # noqa: E402

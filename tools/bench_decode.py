@@ -1,9 +1,9 @@
 """Decode speed (TPOT) on real vLLM: no connector, pegaflow idle (no save, no load), and
 pegaflow saving, each phase its own vLLM process, phases interleaved (A B C A B C).
 
-    python tools/bench_decode.py --model tools/models/llama-3.1-8b-shape [--json]
-    python tools/bench_decode.py --modes graphs --out-dir raw/ ...   # each phase saved as it ends
-    python tools/bench_decode.py --from-dir raw/ more/ --json        # the table of saved phases
+    python -m tools.bench_decode --model tools/models/llama-3.1-8b-shape [--json]
+    python -m tools.bench_decode --modes graphs --out-dir raw/ ...   # each phase saved as it ends
+    python -m tools.bench_decode --from-dir raw/ more/ --json        # the table of saved phases
 
 For each compilation mode (vLLM's default, CUDA graphs on; and ``--enforce-eager``), each
 batch size and context length: TPOT of every request from vLLM's own first/last-token
@@ -28,7 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PHASE_TIMEOUT_S = 900.0
 KINDS = ("none", "idle", "saving")
-sys.path.insert(0, str(ROOT))
 
 
 def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
@@ -90,7 +89,7 @@ def run_phase(args) -> dict:
 def _spawn(args, kind: str, seed: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [sys.executable, __file__, "--phase", kind, "--phase-out", out, "--seed", str(seed),
+    cmd = [sys.executable, "-m", "tools.bench_decode", "--phase", kind, "--phase-out", out, "--seed", str(seed),
            "--mode", args.mode, "--model", args.model, "--engine-name", args.engine_name,
            "--decode-tokens", str(args.decode_tokens), "--requests", str(args.requests),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization),

@@ -1,7 +1,7 @@
 """Control-path latency: a PING and a LOOKUP of 625 hashes through the shared-memory ring,
 against a ZMQ REQ/REP + pickle round trip (the socket design) measured in the same run.
 
-    python tools/bench_ipc.py [--iters 20000] [--json]
+    python -m tools.bench_ipc [--iters 20000] [--json]
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pegaflow.client import EngineClient  # noqa: E402
 from tools.engine_process import EngineProcess  # noqa: E402

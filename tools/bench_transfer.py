@@ -14,7 +14,7 @@ move at random block ids to and from random pool entries:
 The ceiling: one 4 GiB ``cuMemcpyAsync`` each way between a registered /dev/shm buffer
 and device memory.  Each figure is the median of the timed repeats, after one warm-up.
 
-    python tools/bench_transfer.py [--json] [--quick] [--tune] [--no-engine]
+    python -m tools.bench_transfer [--json] [--quick] [--tune] [--no-engine]
 
 ``--json`` prints the table on stderr and one JSON object on stdout: ``gpu``,
 ``pinned_h2d_gbps``, ``pinned_d2h_gbps`` and, for the 10k-token prefix with the ``auto``
@@ -33,8 +33,6 @@ import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
@@ -322,7 +320,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     conn, proc, exported = start_client()
     report = {"gpu": driver.device_name(0), "date": datetime.date.today().isoformat(),
-              "command": "python tools/bench_transfer.py " + " ".join(argv or sys.argv[1:]),
+              "command": "python -m tools.bench_transfer " + " ".join(argv or sys.argv[1:]),
               "model_shape": "Llama-3.1-8B KV: 32 layers, 8 KV heads, head 128, bf16",
               "layout": "vLLM default (layer-major, [blocks, block, heads, K|V])"}
     ceiling = measure_ceiling(args.runs)

@@ -2,7 +2,7 @@
 offloading, and a GPU prefix-cache hit, all measured in one run; plus TPOT with the
 connector saving against no connector, and 8 prompts at once.
 
-    python tools/bench_ttft.py --model tools/models/llama-3.1-8b-shape [--json]
+    python -m tools.bench_ttft --model tools/models/llama-3.1-8b-shape [--json]
 
 Each vLLM runs in its own process, one after another (dummy weights, greedy), in vLLM's
 default compilation (CUDA graphs on) unless ``--eager``.
@@ -24,7 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
-sys.path.insert(0, str(ROOT))
 
 
 def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
@@ -155,7 +154,7 @@ def run_phase(args) -> dict:
 def _spawn(args, phase: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [sys.executable, __file__, "--phase", phase, "--phase-out", out] + _passthrough(args)
+    cmd = [sys.executable, "-m", "tools.bench_ttft", "--phase", phase, "--phase-out", out] + _passthrough(args)
     try:  # stdout carries only our JSON; a phase that hangs fails the bench
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S)
         return json.loads(Path(out).read_text())

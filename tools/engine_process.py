@@ -1,4 +1,11 @@
-"""Start and stop a private engine process for tools and tests (host backend by default)."""
+"""An engine subprocess for tools and tests: started, waited for until it serves, stopped.
+
+    with EngineProcess("bench", backend="cuda", pool_size="16GiB") as engine:
+        ...
+
+Flags in ``extra_args`` come last, so they win over the ones made here.  The test suite's
+fixtures (``tests/conftest.py``) build on this class.
+"""
 
 from __future__ import annotations
 
@@ -15,32 +22,69 @@ from pegaflow.errors import PegaflowError
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class EngineStartError(RuntimeError):
+    """The engine exited at start, or did not serve within its start timeout."""
+
+
 class EngineProcess:
     def __init__(self, name: str | None = None, *extra_args: str, backend: str = "host",
-                 pool_size: str = "256MiB", start_timeout_s: float = 30.0):
+                 pool_size: str = "256MiB", start_timeout_s: float = 30.0, log_level: str = "WARNING",
+                 stderr_path: Path | None = None, wait: bool = True):
         self.name = name or f"tool{os.getpid()}"
+        self.stderr_path = stderr_path  # None: the engine's log goes to our stderr
         args = [sys.executable, "-m", "engine", "--name", self.name, "--backend", backend,
-                "--pool-size", pool_size, "--log-level", "WARNING", *extra_args]
+                "--pool-size", pool_size, "--log-level", log_level, *extra_args]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env)
-        deadline = time.monotonic() + start_timeout_s
-        while True:
+        stderr = open(stderr_path, "wb") if stderr_path is not None else None
+        try:
+            self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL if stderr is not None else None,
+                                         stderr=stderr)
+        finally:
+            if stderr is not None:
+                stderr.close()
+        if wait:
             try:
-                EngineClient.connect(self.name, timeout_s=2.0).close()
-                return
-            except PegaflowError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise
-                time.sleep(0.05)
+                self.wait_ready(start_timeout_s)
+            except BaseException:
+                self.stop()
+                raise
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def stop(self, timeout_s: float = 10.0) -> int:
+    def stderr_text(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path is not None else ""
+
+    def connect(self, timeout_s: float = 5.0) -> EngineClient:
+        return EngineClient.connect(self.name, timeout_s=timeout_s)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until a client can attach and PING (the probe's slot is freed at the engine's next
+        housekeeping); EngineStartError if the engine exits first or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise EngineStartError(f"engine {self.name} exited with {self.proc.returncode} at start"
+                                       + (f":\n{self.stderr_text()}" if self.stderr_path else ""))
+            try:
+                client = self.connect(timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
+                break
+            except PegaflowError:  # not started yet (or still preparing its pool)
+                if time.monotonic() >= deadline:
+                    raise EngineStartError(f"engine {self.name} not serving after {timeout_s}s"
+                                           + (f":\n{self.stderr_text()}" if self.stderr_path else ""))
+                time.sleep(0.01)
+        try:
+            client.ping()
+        finally:
+            client.close()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        """Send ``sig`` (if still running) and reap; killed past ``timeout_s``. The exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:

@@ -1,7 +1,7 @@
 """Smoke test against a running engine (host backend): save, look up, load, compare bytes.
 
     make run-engine &   # or: python -m engine --backend host
-    python tools/smoke.py --name pegaflow
+    python -m tools.smoke --name pegaflow
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a warm step's time goes: one in-process vLLM with pegaflow, cold then warm, with
 the worker's step timeline (``pegaflow.connector.trace``) and the engine's LOAD timing on.
 
-    python tools/trace_warm_step.py [--load-mode layerwise|async] [--copy-backend auto|kernel|copy-engine|staged]
+    python -m tools.trace_warm_step [--load-mode layerwise|async] [--copy-backend auto|kernel|copy-engine|staged]
                                     [--no-async-scheduling]
 
 Prints, per request, the wall time and vLLM's scheduled -> first token (with both
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the worker logs to our stderr
 
 

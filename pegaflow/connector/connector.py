@@ -10,6 +10,7 @@ vLLM builds one instance in the scheduler process (role SCHEDULER) and one per w
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
@@ -63,6 +64,17 @@ def runs_layer_hooks(forward_context) -> bool:
     return getattr(mode, "name", None) != "FULL"
 
 
+def instance_key(vllm_config) -> int:
+    """This vLLM instance as the engine knows it (its scheduler and every worker derive the
+    same key from vLLM's ``instance_id``): the leases its lookups take serve only its own
+    loads.  0 (no instance id): leases anyone may use."""
+    instance_id = str(getattr(vllm_config, "instance_id", "") or "")
+    if not instance_id:
+        return 0
+    digest = hashlib.blake2b(instance_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 or 1
+
+
 class PegaKVConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -81,12 +93,14 @@ class PegaKVConnector(KVConnectorBase_V1):
                 transfer.kv_load_failure_policy = "recompute"
             # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank.
             namespaces = [rank_namespace(base, tp, pp) for pp in range(pp_size) for tp in range(tp_size)]
-            self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size)
+            self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size,
+                                            instance=instance_key(vllm_config))
         else:
             tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
             self._worker = WorkerSide(self.pega_config, rank_namespace(base, tp_rank, pp_rank),
                                       pp_rank * tp_size + tp_rank, kv_cache_config.num_blocks,
-                                      num_ranks=tp_size * pp_size, pipeline_stages=pp_size)
+                                      num_ranks=tp_size * pp_size, pipeline_stages=pp_size,
+                                      instance=instance_key(vllm_config))
         logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s",
                     role.name.lower(), self.pega_config.engine_name, self.pega_config.load_mode,
                     "on" if self.pega_config.enable_save else "off")

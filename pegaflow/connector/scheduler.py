@@ -56,12 +56,13 @@ class PendingLookup:
 
 
 class SchedulerSide:
-    def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int):
+    def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, instance: int = 0):
         self.config = config
         self.namespaces = namespaces  # one per TP rank
         self.block_size = block_size
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler",
-                               identity=(ClientRole.SCHEDULER, 0, namespaces[0] if namespaces else 0))
+                               identity=(ClientRole.SCHEDULER, 0, namespaces[0] if namespaces else 0,
+                                         instance))
         self.requests: dict[str, RequestState] = {}
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
@@ -130,8 +131,8 @@ class SchedulerSide:
             return True
         state.lookup = None
         answers = [pending.answers[i] for i in pending.request_ids]
-        leases = tuple(a.value2 for a in answers)
-        num_hits = min([pending.num_blocks] + [a.value if a.is_ok else 0 for a in answers])
+        leases = tuple(a.result.lease_id for a in answers)
+        num_hits = min([pending.num_blocks] + [a.result.num_hit_blocks if a.is_ok else 0 for a in answers])
         self.stats.add("lookups")
         self.stats.add("lookup_tokens", pending.num_blocks * self.block_size)
         self.stats.add("lookup_hit_tokens", num_hits * self.block_size)
@@ -160,7 +161,7 @@ class SchedulerSide:
         """Give back the leases of the lookup in flight and stop waiting for its other
         answers (``client`` None: the connection it went out on is gone)."""
         lookup, state.lookup = state.lookup, None
-        self._release(tuple(a.value2 for a in lookup.answers.values()))
+        self._release(tuple(a.result.lease_id for a in lookup.answers.values()))
         for request_id in lookup.request_ids if client is not None else ():
             if request_id not in lookup.answers:
                 client.abandon(request_id)
@@ -169,8 +170,8 @@ class SchedulerSide:
         """Leases of lookups answered after their deadline: give them back."""
         try:
             for done in client.take_orphans():
-                if done.opcode == Opcode.LOOKUP and done.is_ok and done.value2:
-                    client.release_nowait(done.value2)
+                if done.opcode == Opcode.LOOKUP and done.is_ok and done.result.lease_id:
+                    client.release_nowait(done.result.lease_id)
         except PegaflowError as exc:
             self.link.fail(exc)
 

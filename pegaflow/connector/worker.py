@@ -44,14 +44,14 @@ SAVE_EVENT = 0  # a step's SAVE waits for events SAVE_EVENT + k (layer k), or SA
 
 class WorkerSide:
     def __init__(self, config: ConnectorConfig, namespace: int, rank: int, num_blocks: int,
-                 num_ranks: int = 1, pipeline_stages: int = 1):
+                 num_ranks: int = 1, pipeline_stages: int = 1, instance: int = 0):
         self.config = config
         self.namespace = namespace
         self.rank = rank
         self.num_blocks = num_blocks
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
                                f"pegaflow worker rank {rank}", self._register,
-                               identity=(ClientRole.WORKER, rank, namespace),
+                               identity=(ClientRole.WORKER, rank, namespace, instance),
                                on_lost=self._connection_lost)
         self.memory = None
         self.virtual: dict[str, tuple[int, ...]] = {}   # layer name -> engine layers
@@ -439,17 +439,18 @@ class WorkerSide:
             self._collect()
 
     def _save_done(self, request_id: int, done) -> None:
-        if not done.is_ok or done.value3:  # refused or failed, or blocks the pool could not take
+        result = done.result  # num_stored, num_deduped, num_dropped
+        is_short = not done.is_ok or result.num_dropped  # refused or failed, or no room for some
+        if is_short:
             self.num_saves_short += 1
-        log = logger.warning if (not done.is_ok or done.value3) and self.num_saves_short % 100 == 1 \
-            else logger.debug
+        log = logger.warning if is_short and self.num_saves_short % 100 == 1 else logger.debug
         log("pegaflow: SAVE %d answered %s (%d stored, %d already there, %d dropped; %d SAVEs "
-            "short so far)", request_id, getattr(done.status, "name", done.status), done.value,
-            done.value2, done.value3, self.num_saves_short)
+            "short so far)", request_id, getattr(done.status, "name", done.status), result.num_stored,
+            result.num_deduped, result.num_dropped, self.num_saves_short)
         req_ids, sent_at = self._save_cmds.pop(request_id)
         self.stats.observe("save_s", time.monotonic() - sent_at)
-        self.stats.add("saved_blocks", done.value if done.is_ok else 0)
-        self.stats.add("save_dropped_blocks", done.value3)
+        self.stats.add("saved_blocks", result.num_stored if done.is_ok else 0)
+        self.stats.add("save_dropped_blocks", result.num_dropped)
         for req_id in req_ids:
             self._pending_saves[req_id] -= 1
             if self._pending_saves[req_id] <= 0:

@@ -23,11 +23,11 @@ class KVClient:
     PAGE_BYTES = 4096
     ENTRY_BYTES = NUM_LAYERS * PAGE_BYTES
 
-    def __init__(self, engine_name: str, timeout_s: float = 5.0):
+    def __init__(self, engine_name: str, timeout_s: float = 5.0, instance: int = 0):
         layer_bytes = self.NUM_BLOCKS * self.PAGE_BYTES
         self.kv = HostKVBuffer(self.NUM_LAYERS * layer_bytes, "tkv")
         try:
-            self.client = EngineClient.connect(engine_name, timeout_s=timeout_s)
+            self.client = EngineClient.connect(engine_name, timeout_s=timeout_s, instance=instance)
             layers = layer_records(list(range(self.NUM_LAYERS)),
                                    [i * layer_bytes for i in range(self.NUM_LAYERS)],
                                    [self.PAGE_BYTES] * self.NUM_LAYERS)
@@ -104,8 +104,8 @@ def kv_client(engine_factory):
     """``kv_client(engine)``: a KVClient attached to ``engine``, closed at teardown."""
     clients: list[KVClient] = []
 
-    def connect(engine) -> KVClient:
-        clients.append(KVClient(engine.name))
+    def connect(engine, instance: int = 0) -> KVClient:
+        clients.append(KVClient(engine.name, instance=instance))
         return clients[-1]
 
     yield connect

@@ -320,6 +320,25 @@ def test_dispatcher_refused_load_releases_its_lease(engine, kv_client, rng, make
     assert kv.release(found.lease_id).status == Status.UNKNOWN_LEASE
 
 
+def test_dispatcher_lease_of_one_vllm_instance_is_refused_to_another(engine, kv_client, rng, make_hashes):
+    # 1. A scheduler of instance 7 looks up three stored blocks and holds their lease.
+    saver = kv_client(engine)
+    hashes = make_hashes(3)
+    saver.fill(rng, range(3))
+    assert saver.save(NAMESPACE, range(3), hashes).value == 3
+    scheduler, other, worker = kv_client(engine, 7), kv_client(engine, 8), kv_client(engine, 7)
+    lease = scheduler.client.lookup(NAMESPACE, hashes).lease_id
+    # 2. A client of instance 8 (a buggy vLLM that kept a stale id) can neither release it
+    #    nor load with it; the lease lives on.
+    assert other.release(lease).status == Status.UNKNOWN_LEASE
+    bad = other.client.submit_load(NAMESPACE, [0, 1, 2], hashes, lease_id=lease)
+    assert other.client.wait(bad).status == Status.UNKNOWN_LEASE
+    assert engine.stats()["leases_active"] == 1
+    # 3. A worker of instance 7 loads with it (the scheduler-to-worker handoff), ending it.
+    done = worker.client.wait(worker.client.submit_load(NAMESPACE, [3, 4, 5], hashes, lease_id=lease))
+    assert done.is_ok and engine.stats()["leases_active"] == 0
+
+
 def _held_dispatcher(refuse: bool = False):
     """A dispatcher on one in-memory client (one layer of 16 blocks, 4 IPC events) whose
     backend holds every copy until the test ends it with ``on_copy_done`` (or, with

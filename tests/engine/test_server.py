@@ -322,8 +322,7 @@ def test_server_all_slots_taken_raises_no_free_slot(engine_factory):
 
 
 CHILD_CLIENT = r"""
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
+import json, sys, time  # argv[1]: the repository root (the cwd, so on sys.path)
 from pegaflow.client import EngineClient
 from pegaflow.host_memory import HostKVBuffer, layer_records
 name, namespace = sys.argv[2], int(sys.argv[3])

@@ -205,3 +205,15 @@ def test_wire_encode_hashes_bad_length_raises_value_error(hashes):
 def test_wire_encode_hashes_empty_list_gives_no_records():
     records = wire.encode_hashes([])
     assert len(records) == 0 and wire.hash_keys(records) == []
+
+
+def test_wire_every_named_result_fits_a_completion_and_decodes_by_name():
+    # Each opcode's named values fit the three value words, and a Completion decodes them.
+    from pegaflow.client import Completion
+    from pegaflow.wire import RESULT_FIELDS, Opcode, Status
+    assert all(1 <= len(fields) <= 3 for fields in RESULT_FIELDS.values())
+    done = Completion(1, Opcode.SAVE, Status.OK, 5, 3, 1, 1)
+    assert (done.result.num_stored, done.result.num_deduped, done.result.num_dropped) == (3, 1, 1)
+    lookup = Completion(2, Opcode.LOOKUP, Status.OK, 4, 4, 77, 0).result
+    assert (lookup.num_hit_blocks, lookup.lease_id) == (4, 77)
+    assert Completion(3, Opcode.RELEASE, Status.OK, 0, 0, 0, 0).result == ()

@@ -280,7 +280,7 @@ def test_kv_fields_hf_overrides_canonical_whatever_the_hash_seed_or_process():
         "f": functools.partial(shrink, layers=2), "m": Mode.FAST, "p": Path("/m")}))["hf_overrides"]
     assert "0x" not in text and "shrink" in text and "Mode.FAST" in text and "/m" in text
     # 3. The same overrides in another process (another hash seed) give the same text.
-    code = ("import sys; sys.path.insert(0, '.'); from pegaflow.connector.namespace import _stable_text; "
+    code = ("from pegaflow.connector.namespace import _stable_text; "
             "print(_stable_text({'b': {'y', 'x', 'z'}, 'c': frozenset({'q', 'p'})}))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "12345", "PATH": ""})

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from pegaflow.client import Completion
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.scheduler import FIRST_WAIT_S, SchedulerSide
 from pegaflow.errors import EngineTimeoutError
+from pegaflow.wire import Opcode, Status
 
 
 class SlowClient:
@@ -34,7 +36,7 @@ class SlowClient:
         if timeout_s < self.ANSWER_S:
             raise EngineTimeoutError("no answer yet")
         self.num_answered += 1
-        return SimpleNamespace(is_ok=True, value=4, value2=0)
+        return Completion(request_id, Opcode.LOOKUP, Status.OK, 4, 4, 0, 0)
 
 
 def test_scheduler_lookup_of_many_ranks_waits_once_not_once_per_rank():
@@ -83,7 +85,7 @@ class AnsweringClient:
         return next(self._ids)
 
     def wait(self, request_id, timeout_s):
-        return SimpleNamespace(is_ok=True, value=4, value2=100 + request_id)
+        return Completion(request_id, Opcode.LOOKUP, Status.OK, 4, 4, 100 + request_id, 0)
 
     def release_nowait(self, lease_id):
         self.released.append(lease_id)
