@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.eviction import LruPolicy
 from engine.pool import PagePool
-from engine.pool_table import PoolTable
+from engine.pool_table import NoTable, PoolTable
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class IndexCounters:
 class BlockIndex:
     pool: PagePool
     lease_ttl_s: float
-    table: PoolTable | None = None  # the pool's slot table (--keep-pool), in step with the entries
+    table: PoolTable | NoTable = field(default_factory=NoTable)  # --keep-pool's record, in step with the entries
     entries: dict[Key, Entry] = field(default_factory=dict)
     leases: dict[int, Lease] = field(default_factory=dict)
     policy: LruPolicy = field(default_factory=LruPolicy)
@@ -139,8 +139,8 @@ class BlockIndex:
         touch = self.policy.touch
         for key in reversed(keys):
             touch(key)
-        if self.table is None:
-            return
+        if not self.table.is_kept:
+            return  # (finding the entries costs more than the calls it would feed)
         if entries is None:
             entries = [e for e in map(self.entries.get, keys) if e is not None]
         # the same order in the table, for a kept pool's next engine
@@ -183,8 +183,7 @@ class BlockIndex:
                 self._drop(key)
             else:
                 entry.is_doomed = True
-                if self.table is not None:  # a kept pool's next engine must not take it in
-                    self.table.free(entry.offset, entry.entry_bytes)
+                self.table.free(entry.offset, entry.entry_bytes)  # a kept pool's next engine must not take it in
         return num_found
 
     def expire_leases(self, now: float) -> int:
@@ -224,15 +223,14 @@ class BlockIndex:
             for key, offset in zip(missing, offsets):
                 entries[key] = self.writing[key] = Entry(offset, entry_bytes, mask, slot, now,
                                                          writer=writer)
-            if self.table is not None:
-                self.table.writing(offsets, entry_bytes, missing[:len(offsets)], num_layers)
+            self.table.writing(offsets, entry_bytes, missing[:len(offsets)], num_layers)
             found = [entries.get(key) for key in keys]
         return [e if e is not None and e.entry_bytes == entry_bytes else None for e in found]
 
     def adopt_table(self) -> int:
         """Take in the READY entries a kept pool table lists (into an empty index); every
         other record, and any the pool cannot place, is cleared.  Returns how many."""
-        assert not self.entries and self.table is not None
+        assert not self.entries and self.table.is_kept
         ready = [(key, place) for key, place in self.table.ready_places().items()
                  if place[2] > 0]  # a block of no layers: a record no engine writes
         taken = self.pool.adopt([(offset, size) for _, (offset, size, _) in ready])
@@ -261,8 +259,7 @@ class BlockIndex:
         entry = self.entries.pop(key)
         self.writing.pop(key, None)
         self.policy.remove(key)
-        if self.table is not None:
-            self.table.free(entry.offset, entry.entry_bytes)
+        self.table.free(entry.offset, entry.entry_bytes)
         self.pool.free(entry.offset)
 
     def drop_stale_writes(self, older_than: float) -> int:
@@ -291,7 +288,7 @@ class BlockIndex:
                 ready.append(entry)
             elif entry.owner_slot == ORPHAN and not entry.pending_mask:
                 self._drop(key)
-        if ready and self.table is not None:  # one block size: reserve_many gives no other
+        if ready:  # one block size: reserve_many gives no other
             self.table.ready([e.offset for e in ready], ready[0].entry_bytes)
         return len(ready)
 

@@ -111,6 +111,8 @@ class PoolTable:
         self._state[slab * self.records_per_slab + within // entry_bytes] = EntryState.FREE
 
 
+    is_kept = True  # a table that records (NoTable: one that does nothing)
+
     def ready_places(self) -> dict[tuple[int, bytes], tuple[int, int, int]]:
         """``read_ready`` of this table, less any record that is not where its offset and
         size put it (a record no engine wrote)."""
@@ -138,3 +140,25 @@ def read_ready(records: np.ndarray) -> dict[tuple[int, bytes], tuple[int, int, i
     ready = ready[np.argsort(ready["last_used"], kind="stable")]
     return {(int(r["namespace"]), bytes(r["key"])):
             (int(r["offset"]), int(r["entry_bytes"]), int(r["num_layers"])) for r in ready}
+
+
+class NoTable:
+    """The pool table of an engine without --keep-pool (and of unit tests): records nothing,
+    so the index calls it unconditionally."""
+
+    is_kept = False
+
+    def touched(self, offsets, sizes) -> None:
+        pass
+
+    def writing(self, offsets, entry_bytes, keys, num_layers) -> None:
+        pass
+
+    def ready(self, offsets, entry_bytes) -> None:
+        pass
+
+    def free(self, offset, entry_bytes) -> None:
+        pass
+
+    def ready_places(self) -> dict:
+        return {}

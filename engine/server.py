@@ -28,7 +28,7 @@ from engine.copy.base import CopyBackend
 from engine.dispatcher import NO_PAYLOAD, Dispatcher
 from engine.index import BlockIndex
 from engine.pool import PagePool
-from engine.pool_table import PoolTable
+from engine.pool_table import NoTable, PoolTable
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
 from pegaflow import shm
@@ -68,7 +68,7 @@ class EngineServer:
             self.backend = backend or make_backend(config.backend, config.copy_backend,
                                                       config.device_staging_bytes)
             self.backend.attach_pool(self.segments.pool)
-            self.index = BlockIndex(pool, config.lease_ttl_s, table)
+            self.index = BlockIndex(pool, config.lease_ttl_s, table if table is not None else NoTable())
             if self.segments.is_pool_kept:
                 num_blocks = self.index.adopt_table()
                 logger.info("took in %d blocks (%.1f MiB) from the pool an earlier engine kept",

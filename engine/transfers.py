@@ -210,7 +210,7 @@ class Transfers:
             wait_event = client.num_events - 1
         lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
         # The usual LOAD follows a LOOKUP's lease of the same blocks: its pins and offsets
-        # serve (finding and pinning 625 blocks again took ~0.3-0.7 ms before the copy).
+        # serve (finding and pinning every block again would delay the copy).
         offsets = self.index.take_lease(lease_id, keys, client.entry_bytes) if lease_id else None
         if offsets is not None:
             lease_id = 0  # ended: the load holds its pins

@@ -27,13 +27,12 @@ engine's ``dma_layers_in_flight`` (no SMs; saves are not waited on layer by laye
 Staged ops keep the same rules on their own streams (``staged.py``): a SAVE's first gathers
 wait for the client's events, a LOAD's first scatter for its event; a staged SAVE's bytes
 cross PCIe once its last layer is gathered, so it no longer overlaps the forward layer by
-layer (its copy runs behind the forward instead: ~24 ms for a 10k-token prefix of an 8B
-model).
+layer (its copy runs behind the forward instead).
 
 Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
 (``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
-Both take an op's pages in pool address order (on the H200, the copy engine wrote 64 KiB
-pages to host memory at 53.7 GB/s in address order, 48.5 in random order).  ``staged``
+Both take an op's pages in pool address order (the copy engine writes host memory faster
+in address order: "Pages in pool address order" in docs/benchmarks.md).  ``staged``
 (``staged.py``): the kernel packs the pages into pool layout in a device slot, then one
 DMA per run of consecutive pool entries, on the device's staging streams (its own pair per
 direction, not the layer streams: nothing waits on a staged op layer by layer); an op it
@@ -44,13 +43,13 @@ entries); for other ops, at the first registration of a page size, the kernel an
 copy engine copy up to 64 MiB of pool pages each way (read into device scratch, the same
 bytes written back).  Loads
 wait on the critical path: the copy engine is chosen where it reaches 97 % of the
-kernel's rate.  Saves overlap vLLM's compute, whose SMs the kernel would take (on the
-H200, a 10k-token prefill saved by the kernel took 1.5x as long): the copy engine is
-chosen unless it is below half the kernel's rate.  A fenced LOAD (the client waits on
+kernel's rate.  Saves overlap vLLM's compute, whose SMs the kernel would take (a prefill
+saved by the kernel takes longer: docs/benchmarks.md): the copy engine is chosen unless it
+is below half the kernel's rate.  A fenced LOAD (the client waits on
 our events layer by layer) takes the kernel: the client may wait on a layer only once
 every layer's copy is issued, and the kernel issues a layer in one launch where the
-copy engine takes one descriptor per page (on the H200, 32 x 624 pages took 10-19 ms
-to issue, longer than the whole copy overlapped with vLLM's forward).
+copy engine takes one descriptor per page (issuing them can take longer than the whole
+copy overlapped with vLLM's forward: docs/benchmarks.md).
 
 Errors.  ``submit`` never raises: a bad op or a CUDA failure comes back from ``poll`` as
 ``CopyDone(token, error)``, and a failed op's issued copies are drained first.

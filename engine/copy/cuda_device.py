@@ -96,11 +96,10 @@ def dma_write_once(pool_base: int, size: int) -> None:
     """Read the registered pool (device address ``pool_base``) into device memory and write
     it back by DMA, on the current device: the bytes do not change.
 
-    The copy engine's first write to a host page is slower than the later ones (on the
-    H200 test machine, 64 KiB pages: 50.7 GB/s into pages never written by DMA, 53.2 once
-    written; reads are not affected), and once per page is enough: this moves that cost
-    from the first SAVEs to the engine's start (0.02 s per GiB there; faulting the pool in
-    and pinning it take ten times longer).  Written from one GPU: whether a page written
+    The copy engine's first write to a host page is slower than the later ones (reads are
+    not affected; figures in docs/benchmarks.md), and once per page is enough: this moves
+    that cost from the first SAVEs to the engine's start, where it is a small part next to
+    faulting the pool in and pinning it.  Written from one GPU: whether a page written
     by one GPU is also faster for another was not measured.
     """
     chunk = min(_DMA_CHUNK, size)

@@ -1,8 +1,8 @@
 """The staged copy path: pool entries packed in device memory, then one DMA per run.
 
-The copy engine moves 64 KiB pages scattered over a client's KV cache at ~53 GB/s on the
-H200 and each page is its own descriptor (20 000 for a 10k-token prefix of an 8B model,
-whose issue alone takes 10-20 ms of the dispatcher's time).  Here the pages take a detour
+Page by page, the copy engine takes a descriptor per page (20 000 for a 10k-token prefix
+of an 8B model), whose issue alone holds the dispatcher for longer than the copy's share
+of it (docs/benchmarks.md).  Here the pages take a detour
 through a device slot laid out like the pool (entry by entry, layer by layer inside an
 entry): the gather kernel packs them at device-memory speed, and a run of consecutive pool
 entries crosses PCIe as one copy, as fast as one large pinned copy (figures: "The staged
@@ -35,10 +35,9 @@ from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
 
 SLOTS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
-# ``auto`` stages pages up to this size.  On the H200 (bench_transfer, 8d13e3f), staged
-# against the copy engine page by page: 64 KiB pages 53.7 / 54.2 vs 53.4 / 51.9 GB/s at 10k
-# tokens (load / save), 256 KiB pages ahead or within 0.4 at every length; 1 MiB pages level
-# from 8k tokens and behind below (1k tokens: 44.4 / 45.4 vs 48.4 / 49.4).
+# ``auto`` stages pages up to this size: staged is ahead of (or level with) the copy engine
+# page by page up to 256 KiB pages at every prefix length, and behind it for 1 MiB pages
+# at short prefixes ("The staged path" in docs/benchmarks.md).
 AUTO_MAX_PAGE_BYTES = 256 << 10
 
 
