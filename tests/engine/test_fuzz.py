@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.server import MAX_UNREAD_ANSWERS
-from pegaflow.wire import BLOCK_ID, CommandFlag, Opcode, encode_hashes
+from pegaflow.wire import BLOCK_ID, CommandFlag, Opcode, Status, encode_hashes
 from tests.engine.conftest import KVClient, random_hashes
 
 NUM_EXAMPLES = 25
@@ -111,6 +111,20 @@ def test_fuzz_every_command_is_answered_once_and_others_stay_exact(fuzz_engine, 
         assert batch < MAX_UNREAD_ANSWERS
         # 3. The engine still serves, and the honest client's blocks load back exactly.
         assert fuzz.client.ping() == 0
+        # 4. A DETACH with commands pipelined behind it: each is answered once, the DETACH
+        #    OK, the rest NOT_ATTACHED (the slot is not freed under them).
+        detach = fuzz.client.submit(Opcode.DETACH)
+        after = [fuzz.client.submit(_pick(rng, [Opcode.PING, Opcode.LOOKUP, Opcode.SAVE, Opcode.RELEASE]),
+                                    payload=[encode_hashes(random_hashes(rng, 2))], num_items=2)
+                 for _ in range(int(rng.integers(1, 9)))]
+        answers = {}
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while len(answers) < 1 + len(after) and time.monotonic() < deadline:
+            for done in fuzz.client.poll():
+                assert done.request_id not in answers, "answered twice"
+                answers[done.request_id] = done.status
+            time.sleep(1e-4)
+        assert answers[detach] == Status.OK and [answers.get(i) for i in after] == [Status.NOT_ATTACHED] * len(after)
         honest.pages[:, [10, 11, 12]] = 0
         assert honest.load(namespace, [10, 11, 12], hashes).is_ok
         np.testing.assert_array_equal(honest.pages[:, [10, 11, 12]], saved)
