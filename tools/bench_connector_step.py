@@ -80,9 +80,9 @@ def _pegaflow(num_layers: int):
     worker.memory, worker.link._client = _Events(), _Client()
     names = [f"model.layers.{i}.self_attn.attn" for i in range(num_layers)]
     for i, name in enumerate(names):
-        worker.virtual[name] = (i,)
-        worker.save_layers.add(name)
-    worker._num_virtual = num_layers
+        worker.layers.virtual[name] = (i,)
+        worker.layers.save_layers.add(name)
+    worker.layers.num_virtual = num_layers
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
     scheduler.link._client = _Client()
     request = SimpleNamespace(request_id="r", num_tokens=1256, block_hashes=[b"h" * 32] * 78)

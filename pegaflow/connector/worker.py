@@ -25,21 +25,20 @@ import numpy as np
 
 from pegaflow.client import EngineClient
 from pegaflow.connector.config import ConnectorConfig
-from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
+from pegaflow.connector.kv_layers import SAVE_EVENT, KVLayers
+from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
 from pegaflow.connector.recent_saves import RecentSaves
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
-from pegaflow.errors import LayoutError, PegaflowError
-from pegaflow.host_memory import layer_records
+from pegaflow.errors import PegaflowError
 from pegaflow.wire import BLOCK_ID, NO_EVENT, ClientRole, encode_hashes
 
 logger = logging.getLogger(__name__)
 
 LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine is alive
-SAVE_EVENT = 0  # a step's SAVE waits for events SAVE_EVENT + k (layer k), or SAVE_EVENT alone
 
 
 class WorkerSide:
@@ -54,10 +53,7 @@ class WorkerSide:
                                identity=(ClientRole.WORKER, rank, namespace, instance),
                                on_lost=self._connection_lost)
         self.memory = None
-        self.virtual: dict[str, tuple[int, ...]] = {}   # layer name -> engine layers
-        self.save_layers: set[str] = set()               # canonical (not aliased) layer names
-        self._regions: list[tuple[np.ndarray, np.ndarray]] = []
-        self._num_virtual = 0
+        self.layers = KVLayers(config.num_load_slots)  # filled by register_kv_caches
         self._meta: PegaConnectorMetadata | None = None
         self._step_loads: list[tuple[int, LoadSpec, int | None]] = []
         self._loads_waited = True
@@ -83,50 +79,19 @@ class WorkerSide:
 
     def register_kv_caches(self, tensors: dict[str, TensorInfo], memory) -> None:
         self.memory = memory
-        canonical: dict[tuple, str] = {}
-        by_alloc: dict[object, tuple[np.ndarray, list]] = {}
-        page_bytes = None
-        for name, info in tensors.items():
-            key = alias_key(info)
-            if key in canonical:
-                self.virtual[name] = self.virtual[canonical[key]]
-                continue
-            canonical[key] = name
-            subs = derive_sublayers(info, self.num_blocks)
-            if page_bytes is not None and any(s.page_bytes != page_bytes for s in subs):
-                raise LayoutError(f"{name}: pages of {subs[0].page_bytes} bytes, others have {page_bytes}")
-            page_bytes = subs[0].page_bytes
-            alloc, offset, region = memory.region_of(info)
-            layers = by_alloc.setdefault(alloc, (region, []))[1]
-            first = self._num_virtual
-            for i, sub in enumerate(subs):
-                layers.append((first + i, offset + sub.offset_bytes, sub.block_stride_bytes))
-            self.virtual[name] = tuple(range(first, first + len(subs)))
-            self.save_layers.add(name)
-            self._num_virtual += len(subs)
-        memory.create_events(self._start_fence_event() + 1)
-        for region, layers in by_alloc.values():
-            region["num_layers"], region["num_blocks"], region["page_bytes"] = len(layers), self.num_blocks, page_bytes
-            self._regions.append((region, layer_records(*map(list, zip(*layers)))))
+        self.layers = KVLayers.of(tensors, memory, self.num_blocks, self.config.num_load_slots)
+        memory.create_events(self.layers.num_events)
         logger.info("pegaflow worker rank %d: %d layers (%d aliases) as %d engine layers of %d-byte "
-                    "pages in %d allocation(s)", self.rank, len(self.save_layers),
-                    len(tensors) - len(self.save_layers), self._num_virtual, page_bytes, len(self._regions))
+                    "pages in %d allocation(s)", self.rank, len(self.layers.save_layers),
+                    len(tensors) - len(self.layers.save_layers), self.layers.num_virtual,
+                    self.layers.page_bytes, len(self.layers.regions))
         self.link.client()
 
     def _register(self, client: EngineClient) -> None:
-        for region_id, (region, layers) in enumerate(self._regions):
+        for region_id, (region, layers) in enumerate(self.layers.regions):
             client.register_region(region_id, region, layers)
         if self.memory is not None and self.memory.has_events:
             client.register_events(self.memory.events.handles())
-
-    def _load_event_base(self, slot: int) -> int:
-        """Events [0, V) fence saves (one per engine layer); each load slot has V more."""
-        return (1 + slot) * self._num_virtual
-
-    def _start_fence_event(self) -> int:
-        """The pool's last event: recorded where vLLM's stream stands when a step's loads go
-        out; the engine starts those copies only after it (AFTER_CLIENT)."""
-        return (1 + self.config.num_load_slots) * self._num_virtual
 
     # -- loads ----------------------------------------------------------------------------
 
@@ -192,7 +157,7 @@ class WorkerSide:
             try:
                 request_id = client.submit_load(
                     self.namespace, spec.block_ids, list(spec.hashes), lease_id=self._lease_of(spec),
-                    event_index=NO_EVENT if slot is None else self._load_event_base(slot),
+                    event_index=NO_EVENT if slot is None else self.layers.load_event_base(slot),
                     after_client=self.memory.has_events)
             except PegaflowError as exc:
                 self.link.fail(exc)
@@ -208,14 +173,14 @@ class WorkerSide:
         trace.mark("loads_submitted")
         if not runs_layer_hooks:
             self._wait_step_loads()
-            self._fence_layers(range(self._num_virtual))
+            self._fence_layers(range(self.layers.num_virtual))
 
     def _record_start_fence(self) -> bool:
         """Blocks vLLM gives to this step's loads may have belonged to requests whose last
         kernels are still queued on its stream (asynchronous scheduling): the loads' copies
         start after them."""
         try:
-            self.memory.events.record([self._start_fence_event()], self.memory.current_stream())
+            self.memory.events.record([self.layers.start_fence_event], self.memory.current_stream())
         except PegaflowError as exc:
             logger.error("pegaflow: cannot fence this step's loads (%s); vLLM recomputes them", exc)
             return False
@@ -246,14 +211,14 @@ class WorkerSide:
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._loads_waited:
             self._wait_step_loads()
-        self._fence_layers(self.virtual.get(layer_name, ()))
+        self._fence_layers(self.layers.virtual.get(layer_name, ()))
 
     def _fence_layers(self, layers) -> None:
         """vLLM's stream waits, on the GPU, until these engine layers of the step's fenced
         loads have landed."""
         if not self._step_loads or not self.memory.has_events:
             return
-        events = [self._load_event_base(slot) + v for _, _, slot in self._step_loads
+        events = [self.layers.load_event_base(slot) + v for _, _, slot in self._step_loads
                   if slot is not None for v in layers]
         if not events:
             return
@@ -331,11 +296,11 @@ class WorkerSide:
         """Mark the layer's KV written (cuda: an event on vLLM's stream, one per engine layer);
         the step's one SAVE goes out from ``wait_for_save``."""
         meta = self._meta
-        if meta is None or not meta.saves or layer_name not in self.save_layers:
+        if meta is None or not meta.saves or layer_name not in self.layers.save_layers:
             return
         if self.memory.has_events:
             try:
-                self.memory.events.record(self.virtual[layer_name], self.memory.current_stream())
+                self.memory.events.record(self.layers.virtual[layer_name], self.memory.current_stream())
             except PegaflowError as exc:
                 logger.error("pegaflow: cannot fence layer %s for saving (%s); this step's "
                              "saves are dropped", layer_name, exc)
@@ -356,8 +321,8 @@ class WorkerSide:
             self._check_fenced_loads()  # their engine went away: taint them before saving
         # No hook ran: a full CUDA graph replay wrote every layer; one event after it fences all.
         one_event = not self._saved_layers
-        if not one_event and self._saved_layers != self.save_layers:
-            missing = len(self.save_layers) - len(self._saved_layers)
+        if not one_event and self._saved_layers != self.layers.save_layers:
+            missing = len(self.layers.save_layers) - len(self._saved_layers)
             logger.warning("pegaflow: %d layers were not written this step; its saves are dropped", missing)
             return
         client = self.link.client()

@@ -37,7 +37,7 @@ def test_worker_save_deadline_revokes_the_saves_before_the_blocks_are_reused():
     worker = WorkerSide(ConnectorConfig(command_timeout_ms=50), namespace=1, rank=0, num_blocks=8)
     client = StuckClient()
     worker.link._client = client
-    worker._save_cmds[11] = ("req-a",)
+    worker._save_cmds[11] = (("req-a",), time.monotonic())
     worker._pending_saves["req-a"] = 1
     # 2. Past the deadline the worker lets vLLM reuse the blocks: the link revokes the
     #    saves (the engine must store nothing it copies later), then drops the connection.
@@ -93,7 +93,7 @@ class LoadClient(StuckClient):
 def _worker_with_a_load(memory):
     from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
     worker = WorkerSide(ConnectorConfig(num_load_slots=2), namespace=1, rank=0, num_blocks=8)
-    worker._num_virtual, worker.memory = 4, memory
+    worker.layers.num_virtual, worker.memory = 4, memory
     client = LoadClient(memory)
     worker.link._client = client
     meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
@@ -206,7 +206,7 @@ def test_worker_saves_of_blocks_whose_load_failed_are_dropped_for_every_request(
     from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
     worker = WorkerSide(ConnectorConfig(), namespace=1, rank=0, num_blocks=16)
     worker.memory = SimpleNamespace(has_events=False)
-    worker.save_layers = {"layer"}
+    worker.layers.save_layers = {"layer"}
     client = SavingClient()
     worker.link._client = client
 
@@ -249,7 +249,7 @@ def test_worker_load_never_sent_gives_its_lease_back():
     # and this rank's lease is released at once instead of pinning the blocks until expiry.
     from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
     worker = WorkerSide(ConnectorConfig(num_load_slots=2), namespace=1, rank=1, num_blocks=8)
-    worker._num_virtual, worker.memory = 4, FencedMemory(fail=True)
+    worker.layers.num_virtual, worker.memory = 4, FencedMemory(fail=True)
     client = ReleasingClient()
     worker.link._client = client
     meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
@@ -283,7 +283,7 @@ def _rank_steps(num_ranks: int):
     from pegaflow.connector.metadata import PegaConnectorMetadata, SaveSpec
     worker = WorkerSide(ConnectorConfig(), namespace=5, rank=1, num_blocks=16, num_ranks=num_ranks)
     worker.memory = SimpleNamespace(has_events=False)
-    worker.save_layers = {"layer"}
+    worker.layers.save_layers = {"layer"}
     client = DroppingClient()
     worker.link._client = client
 
@@ -365,9 +365,9 @@ def _full_graph_worker(num_load_slots=2):
     memory = FullGraphMemory()
     worker = WorkerSide(ConnectorConfig(num_load_slots=num_load_slots), namespace=1, rank=0,
                         num_blocks=8)
-    worker._num_virtual, worker.memory = 4, memory
-    worker.virtual = {f"l{i}": (i,) for i in range(4)}
-    worker.save_layers = set(worker.virtual)
+    worker.layers.num_virtual, worker.memory = 4, memory
+    worker.layers.virtual = {f"l{i}": (i,) for i in range(4)}
+    worker.layers.save_layers = set(worker.layers.virtual)
     client = FencedSavingClient(memory)
     worker.link._client = client
     meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
@@ -393,7 +393,7 @@ def test_worker_step_with_layer_hooks_saves_layer_by_layer():
     worker, client, memory, meta = _full_graph_worker()
     worker.bind(meta)
     worker.start_load_kv(runs_layer_hooks=True)
-    for name in sorted(worker.virtual):
+    for name in sorted(worker.layers.virtual):
         worker.save_kv_layer(name)
     worker.wait_for_save()
     assert [indices for indices, _ in memory.recorded] == [[0], [1], [2], [3]]
@@ -433,8 +433,8 @@ def test_worker_step_whose_engine_was_replaced_mid_step_saves_nothing_computed_f
     worker, _ = _worker_with_a_load(memory)
     first = FencedSavingClient(memory)
     worker.link._client = first
-    worker.virtual = {"layer": (0, 1, 2, 3)}
-    worker.save_layers = {"layer"}
+    worker.layers.virtual = {"layer": (0, 1, 2, 3)}
+    worker.layers.save_layers = {"layer"}
     worker._meta.saves.append(SaveSpec("req-c", (5, 6, 7), (b"j" * 32, b"k" * 32, b"l" * 32)))
     worker.start_load_kv()
     worker.wait_for_layer_load("layer")

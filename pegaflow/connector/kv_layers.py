@@ -1,0 +1,85 @@
+"""A worker's KV layers as the engine knows them, and the numbering of its IPC events.
+
+vLLM names attention layers; the engine copies *engine layers*: a vLLM layer whose K and V
+live apart (or whose pages split otherwise) is several engine layers, and a layer that
+shares another's memory (an alias, e.g. cross-layer KV sharing) is that layer's.  The
+regions are what REGISTER tells the engine: one per allocation, with its layers' offsets
+and strides.
+
+Events, one pool per worker (``num_events`` of them), numbered::
+
+    [0, V)                        SAVE: layer k's copy waits for event k (SAVE_EVENT + k),
+                                  or all for SAVE_EVENT alone after a full-graph forward
+    [(1 + s) V, (2 + s) V)        LOAD slot s: the engine records event k after layer k
+    (1 + num_load_slots) V        the start fence: where vLLM's stream stood when a step's
+                                  loads went out (the engine starts them after it)
+
+where V is the number of engine layers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
+from pegaflow.errors import LayoutError
+from pegaflow.host_memory import layer_records
+
+logger = logging.getLogger(__name__)
+
+SAVE_EVENT = 0
+
+
+@dataclass
+class KVLayers:
+    num_load_slots: int
+    virtual: dict[str, tuple[int, ...]] = field(default_factory=dict)  # vLLM layer -> engine layers
+    save_layers: set[str] = field(default_factory=set)                # canonical (not aliased) names
+    regions: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (REGION, LAYER records)
+    num_virtual: int = 0
+    page_bytes: int = 0
+
+    @classmethod
+    def of(cls, tensors: dict[str, TensorInfo], memory, num_blocks: int, num_load_slots: int) -> "KVLayers":
+        """The map of vLLM's KV tensors (``memory`` finds each one's allocation)."""
+        layers = cls(num_load_slots)
+        canonical: dict[tuple, str] = {}
+        by_alloc: dict[object, tuple[np.ndarray, list]] = {}
+        page_bytes = None
+        for name, info in tensors.items():
+            key = alias_key(info)
+            if key in canonical:
+                layers.virtual[name] = layers.virtual[canonical[key]]
+                continue
+            canonical[key] = name
+            subs = derive_sublayers(info, num_blocks)
+            if page_bytes is not None and any(s.page_bytes != page_bytes for s in subs):
+                raise LayoutError(f"{name}: pages of {subs[0].page_bytes} bytes, others have {page_bytes}")
+            page_bytes = subs[0].page_bytes
+            alloc, offset, region = memory.region_of(info)
+            records = by_alloc.setdefault(alloc, (region, []))[1]
+            first = layers.num_virtual
+            for i, sub in enumerate(subs):
+                records.append((first + i, offset + sub.offset_bytes, sub.block_stride_bytes))
+            layers.virtual[name] = tuple(range(first, first + len(subs)))
+            layers.save_layers.add(name)
+            layers.num_virtual += len(subs)
+        for region, records in by_alloc.values():
+            region["num_layers"], region["num_blocks"], region["page_bytes"] = len(records), num_blocks, page_bytes
+            layers.regions.append((region, layer_records(*map(list, zip(*records)))))
+        layers.page_bytes = page_bytes
+        return layers
+
+    def load_event_base(self, slot: int) -> int:
+        return (1 + slot) * self.num_virtual
+
+    @property
+    def start_fence_event(self) -> int:
+        return (1 + self.num_load_slots) * self.num_virtual
+
+    @property
+    def num_events(self) -> int:
+        return self.start_fence_event + 1
