@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
 from pegaflow.connector.recent_saves import RecentSaves
+from pegaflow.connector.save_ledger import SaveLedger
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
@@ -64,13 +64,10 @@ class WorkerSide:
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
         self._taint = Taint()  # saves that would store garbage of failed loads
-        self._save_cmds: dict[int, tuple[tuple[str, ...], float]] = {}  # id -> (requests, sent at)
         self._loads_sent_at = 0.0
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self._next_liveness_check = 0.0
-        self._pending_saves: defaultdict[str, int] = defaultdict(int)
-        self._held: set[str] = set()
-        self.num_saves_short = 0  # SAVEs answered with an error or with blocks dropped
+        self.saves = SaveLedger(self.stats)
         # Dropped again if another rank's load fails; a single rank has no other rank.
         self._recent_saves = RecentSaves(pipeline_stages) if num_ranks > 1 else None
         self.trace = StepTrace()
@@ -104,7 +101,7 @@ class WorkerSide:
             if meta.rewound_block_ids:
                 self._drop_recent_saves()
             self._recent_saves.new_step()
-        self._held |= meta.held_req_ids
+        self.saves.held |= meta.held_req_ids
 
     def _drop_recent_saves(self) -> None:
         """A load failed on some rank in a recent step (``recent_saves``): the engine forgets
@@ -344,9 +341,7 @@ class WorkerSide:
             return
         logger.debug("pegaflow: SAVE %d of %d blocks for %s sent (%s)", request_id, len(ids),
                      req_ids, "one event after the forward" if one_event else "an event per layer")
-        self._save_cmds[request_id] = (req_ids, time.monotonic())
-        for req_id in req_ids:
-            self._pending_saves[req_id] += 1
+        self.saves.sent(request_id, req_ids)
         if self._recent_saves is not None:
             self._recent_saves.sent(request_id, records)
 
@@ -374,13 +369,13 @@ class WorkerSide:
         now = time.monotonic()
         expired = now - self.config.command_timeout_ms / 1e3
         try:
-            if (self._save_cmds or self._async_loads) and now >= self._next_liveness_check:
+            if (self.saves.commands or self._async_loads) and now >= self._next_liveness_check:
                 # Answers that can never come must not hold vLLM's blocks: is the engine there?
                 self._next_liveness_check = now + LIVENESS_CHECK_S
                 client.check_engine()
-            for request_id in list(self._save_cmds):
+            for request_id in list(self.saves.commands):
                 if (done := client.try_take(request_id)) is not None:
-                    self._save_done(request_id, done)
+                    self.saves.answered(request_id, done)
             for request_id, (spec, started) in list(self._async_loads.items()):
                 done = client.try_take(request_id)
                 if done is None and started > expired:
@@ -403,24 +398,6 @@ class WorkerSide:
             self.link.fail(exc)
             self._collect()
 
-    def _save_done(self, request_id: int, done) -> None:
-        result = done.result  # num_stored, num_deduped, num_dropped
-        is_short = not done.is_ok or result.num_dropped  # refused or failed, or no room for some
-        if is_short:
-            self.num_saves_short += 1
-        log = logger.warning if is_short and self.num_saves_short % 100 == 1 else logger.debug
-        log("pegaflow: SAVE %d answered %s (%d stored, %d already there, %d dropped; %d SAVEs "
-            "short so far)", request_id, getattr(done.status, "name", done.status), result.num_stored,
-            result.num_deduped, result.num_dropped, self.num_saves_short)
-        req_ids, sent_at = self._save_cmds.pop(request_id)
-        self.stats.observe("save_s", time.monotonic() - sent_at)
-        self.stats.add("saved_blocks", result.num_stored if done.is_ok else 0)
-        self.stats.add("save_dropped_blocks", result.num_dropped)
-        for req_id in req_ids:
-            self._pending_saves[req_id] -= 1
-            if self._pending_saves[req_id] <= 0:
-                del self._pending_saves[req_id]
-
     def _connection_lost(self) -> None:
         """The link dropped its connection (and revoked our copies): every SAVE and async
         LOAD sent on it will never be answered.  Fenced loads of the step are judged by
@@ -432,18 +409,17 @@ class WorkerSide:
 
     def _forget_saves(self) -> None:
         """The link failed (and revoked our saves): nothing stores our blocks any more."""
-        self._save_cmds.clear()
-        self._pending_saves.clear()
+        self.saves.forget()
 
     def wait_for_saves_of(self, req_ids: set[str]) -> None:
         """Block (to the command deadline) until no save of ``req_ids`` still reads GPU blocks."""
         deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
         self._collect()
-        while any(r in self._pending_saves for r in req_ids):
+        while self.saves.is_saving(req_ids):
             if time.monotonic() >= deadline:
                 logger.error("pegaflow: saves of %s still running after %.1fs; revoking them and "
                              "dropping the connection",
-                             sorted(r for r in req_ids if r in self._pending_saves),
+                             sorted(r for r in req_ids if r in self.saves.pending),
                              self.config.command_timeout_ms / 1e3)
                 self.link.fail(TimeoutError("save deadline"))  # revokes the saves first
                 self._forget_saves()
@@ -469,8 +445,7 @@ class WorkerSide:
             self._check_fenced_loads()
         self._submit_step_save()  # vLLM versions that skip wait_for_save on some steps
         self._collect()
-        sending = {r for r in self._held if r not in self._pending_saves}
-        self._held -= sending
+        sending = self.saves.take_finished()
         recving, self._finished_recving = self._finished_recving, set()
         self.trace.end()
         return sending or None, recving or None
@@ -486,7 +461,7 @@ class WorkerSide:
 
     def shutdown(self) -> None:
         self.trace.flush()
-        self.wait_for_saves_of(set(self._pending_saves))
+        self.wait_for_saves_of(set(self.saves.pending))
         self.link.close()
         if self.memory is not None:
             self.memory.close()

@@ -37,13 +37,12 @@ def test_worker_save_deadline_revokes_the_saves_before_the_blocks_are_reused():
     worker = WorkerSide(ConnectorConfig(command_timeout_ms=50), namespace=1, rank=0, num_blocks=8)
     client = StuckClient()
     worker.link._client = client
-    worker._save_cmds[11] = (("req-a",), time.monotonic())
-    worker._pending_saves["req-a"] = 1
+    worker.saves.sent(11, ("req-a",))
     # 2. Past the deadline the worker lets vLLM reuse the blocks: the link revokes the
     #    saves (the engine must store nothing it copies later), then drops the connection.
     worker.wait_for_saves_of({"req-a"})
     assert client.calls == ["revoke", "close"]
-    assert "req-a" not in worker._pending_saves and worker.link.is_down
+    assert not worker.saves.is_saving({"req-a"}) and worker.link.is_down
 
 
 def test_worker_async_load_deadline_revokes_before_vllm_reuses_the_blocks():
