@@ -9,17 +9,15 @@ is both.  Completions that arrive for other requests are kept until asked for.
 
 from __future__ import annotations
 
-import collections
-import functools
 import logging
 import os
 import time
-from typing import NamedTuple
 
 import numpy as np
 
 from pegaflow import shm
 from pegaflow.arena import PayloadArena
+from pegaflow.completion import Completion, LookupResult, checked, completion_of
 from pegaflow.errors import CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError, PegaflowError
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.shm import is_pid_alive
@@ -30,68 +28,15 @@ from pegaflow.wire import (
     BLOCK_ID,
     CONTROL_HEADER,
     NO_EVENT,
-    RESULT_FIELDS,
     WIRE_VERSION,
     ClientRole,
     CommandFlag,
     Opcode,
-    Status,
     encode_hashes,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class Completion(NamedTuple):
-    """One answer (a named tuple: built on every round trip, and a frozen dataclass costs
-    about a microsecond to build)."""
-
-    request_id: int
-    opcode: Opcode | int
-    status: Status | int
-    num_items: int
-    value: int
-    value2: int
-    value3: int
-
-    @property
-    def is_ok(self) -> bool:
-        return self.status == _OK
-
-    @property
-    def result(self):
-        """The answer's values by name (``RESULT_FIELDS`` of its opcode): e.g. a LOOKUP's
-        ``num_hit_blocks`` and ``lease_id``.  An opcode without named values: ()."""
-        kind = RESULT_TYPES.get(self.opcode)
-        return kind(*(self.value, self.value2, self.value3)[:len(kind._fields)]) if kind else ()
-
-
-RESULT_TYPES = {op: collections.namedtuple(f"{op.name.title().replace('_', '')}Result", fields)
-                for op, fields in RESULT_FIELDS.items()}
-LookupResult = RESULT_TYPES[Opcode.LOOKUP]
-SaveResult = RESULT_TYPES[Opcode.SAVE]
-
-
-_OK, _PING = Status.OK, Opcode.PING  # an enum member read off its class costs ~70 ns
-_opcode_of = {int(m): m for m in Opcode}.get
-_status_of = {int(m): m for m in Status}.get
-_new_completion = functools.partial(tuple.__new__, Completion)
-
-
-def _completion(record) -> Completion:
-    """A COMPLETION record (in field order) as a Completion; an opcode or status this
-    client does not know stays a number."""
-    _, request_id, opcode, status, num_items, value, value2, value3 = record
-    return _new_completion((request_id, _opcode_of(opcode, opcode), _status_of(status, status),
-                            num_items, value, value2, value3))
-
-
-def _checked(opcode: Opcode | int, completion: Completion) -> Completion:
-    """``completion`` if OK; else CommandError."""
-    if completion.status != _OK:
-        name = getattr(completion.status, "name", completion.status)
-        raise CommandError(completion.status, f"{getattr(opcode, 'name', opcode)} failed: {name}")
-    return completion
+_PING = Opcode.PING
 
 
 def _records(hashes) -> np.ndarray:
@@ -258,7 +203,7 @@ class EngineClient:
         """Every completion that has arrived; never blocks."""
         arrived = []
         while (record := self._consumer.try_get_values()) is not None:
-            arrived.append(_completion(record))
+            arrived.append(completion_of(record))
         return arrived
 
     def try_take(self, request_id: int) -> Completion | None:
@@ -309,7 +254,7 @@ class EngineClient:
             now = time.monotonic()
             record = consumer.get_values(min(deadline, now + 0.5))
             if record is not None:
-                completion = _completion(record)
+                completion = completion_of(record)
                 if (completion.request_id == request_id and request_id not in self._abandoned
                         and request_id not in self._unwanted):
                     return completion
@@ -322,7 +267,7 @@ class EngineClient:
 
     def call(self, opcode: Opcode, *, timeout_s: float | None = None, **fields) -> Completion:
         """Submit and wait; a non-OK status raises CommandError."""
-        return _checked(opcode, self.wait(self.submit(opcode, timeout_s=timeout_s, **fields), timeout_s))
+        return checked(opcode, self.wait(self.submit(opcode, timeout_s=timeout_s, **fields), timeout_s))
 
     def is_engine_up(self) -> bool:
         """A fast check (a signal-0 syscall, two words of shared memory) that the engine we
@@ -356,11 +301,11 @@ class EngineClient:
 
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""
-        return _checked(_PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
+        return checked(_PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
     def lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> "LookupResult":
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = _checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s),
+        done = checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s),
                                                  timeout_s))
         return done.result
 

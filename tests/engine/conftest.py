@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from pegaflow.client import Completion, EngineClient
+from pegaflow.client import EngineClient
+from pegaflow.completion import Completion
 from pegaflow.host_memory import HostKVBuffer, layer_records
 from pegaflow.wire import ALL_LAYERS, NO_EVENT, SUBMISSION, WIRE_VERSION
 

@@ -209,7 +209,7 @@ def test_wire_encode_hashes_empty_list_gives_no_records():
 
 def test_wire_every_named_result_fits_a_completion_and_decodes_by_name():
     # Each opcode's named values fit the three value words, and a Completion decodes them.
-    from pegaflow.client import Completion
+    from pegaflow.completion import Completion
     from pegaflow.wire import RESULT_FIELDS, Opcode, Status
     assert all(1 <= len(fields) <= 3 for fields in RESULT_FIELDS.values())
     done = Completion(1, Opcode.SAVE, Status.OK, 5, 3, 1, 1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pegaflow.client import Completion
+from pegaflow.completion import Completion
 from pegaflow.connector.save_ledger import SaveLedger
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.wire import Opcode, Status

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from pegaflow.client import Completion
+from pegaflow.completion import Completion
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.scheduler import FIRST_WAIT_S, SchedulerSide
 from pegaflow.errors import EngineTimeoutError
