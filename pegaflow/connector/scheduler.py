@@ -17,19 +17,12 @@ from typing import Any
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
+from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
 from pegaflow.connector.stats import PegaKVConnectorStats
-from pegaflow.errors import EngineTimeoutError, PegaflowError
-from pegaflow.wire import ClientRole, Opcode, encode_hashes
+from pegaflow.wire import ClientRole
 
 logger = logging.getLogger(__name__)
-
-LOOKUP_MAX_AGE_S = 30.0  # an answer kept longer is asked again: its lease (default TTL
-#                          120 s) may expire, and the blocks with it, while vLLM cannot
-#                          allocate the request yet
-FIRST_WAIT_S = 2e-3  # per call, all ranks' answers together: a lookup is usually answered in
-#                     ~0.1 ms; past this, vLLM asks again
-
 
 @dataclass(slots=True)
 class RequestState:
@@ -43,16 +36,7 @@ class RequestState:
     pending_load: LoadSpec | None = None
     has_saves: bool = False
     is_async_loading: bool = False
-    lookup: "PendingLookup | None" = None
-
-
-@dataclass(slots=True)
-class PendingLookup:
-    client: object  # request ids mean something only to the client that sent them
-    request_ids: tuple[int, ...]  # one LOOKUP per rank
-    num_blocks: int
-    started_at: float
-    answers: dict = field(default_factory=dict)
+    lookup: PendingLookup | None = None
 
 
 class SchedulerSide:
@@ -68,8 +52,8 @@ class SchedulerSide:
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
         self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
         self._finish_saves: list[SaveSpec] = []  # planned at a request's finish, for the next step
-        self.num_late_lookups = 0
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
+        self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -82,119 +66,14 @@ class SchedulerSide:
         is_stale = (state.lookup is None and
                     time.monotonic() - state.looked_up_at > LOOKUP_MAX_AGE_S)
         if state.lookup_at_tokens != num_computed_tokens or is_stale:
-            self._release_leases(state)
+            self.lookups.release_leases(state)
             state.lookup_at_tokens, state.looked_up_at = num_computed_tokens, time.monotonic()
             state.num_hit_tokens, state.lease_ids = 0, ()
-            self._start_lookup(state, request, num_computed_tokens)
-        if state.lookup is not None and not self._finish_lookup(state):
+            self.lookups.start(state, request, num_computed_tokens)
+        if state.lookup is not None and not self.lookups.finish(state):
             self.stats.add("lookup_deferrals")
             return None, False
         return state.num_hit_tokens, self.config.is_async_load and state.num_hit_tokens > 0
-
-    def _start_lookup(self, state: RequestState, request, num_computed_tokens: int) -> None:
-        """Send one LOOKUP per rank for the blocks vLLM has not computed (one token left over)."""
-        bs = self.block_size
-        if not self.config.enable_load or num_computed_tokens % bs:
-            return
-        first = num_computed_tokens // bs
-        num_loadable = max(0, (request.num_tokens - 1 - num_computed_tokens) // bs)
-        hashes = list(request.block_hashes[first:first + num_loadable])
-        if not hashes or (client := self.link.client()) is None:
-            return
-        self._release_orphans(client)
-        try:
-            records = encode_hashes(hashes)
-            ids = tuple(client.submit_lookup(namespace, records) for namespace in self.namespaces)
-        except PegaflowError as exc:
-            self.link.fail(exc)
-            return
-        state.lookup = PendingLookup(client, ids, len(hashes), time.monotonic())
-
-    def _finish_lookup(self, state: RequestState) -> bool:
-        """Collect the answers if they are in (True), or give up after the deadline (True)."""
-        pending, client = state.lookup, self.link.client()
-        if client is None or client is not pending.client:  # reconnected: those ids are void
-            state.lookup = None
-            return True
-        deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
-        wait_until = min(deadline, time.monotonic() + FIRST_WAIT_S)  # for all ranks' answers
-        try:
-            for request_id in pending.request_ids:
-                if request_id not in pending.answers:
-                    pending.answers[request_id] = client.wait(
-                        request_id, max(0.0, wait_until - time.monotonic()))
-        except EngineTimeoutError:
-            return self._lookup_late(state, client, deadline)
-        except PegaflowError as exc:
-            self.link.fail(exc)
-            state.lookup = None
-            return True
-        state.lookup = None
-        answers = [pending.answers[i] for i in pending.request_ids]
-        leases = tuple(a.result.lease_id for a in answers)
-        num_hits = min([pending.num_blocks] + [a.result.num_hit_blocks if a.is_ok else 0 for a in answers])
-        self.stats.add("lookups")
-        self.stats.add("lookup_tokens", pending.num_blocks * self.block_size)
-        self.stats.add("lookup_hit_tokens", num_hits * self.block_size)
-        self.stats.observe("lookup_s", time.monotonic() - pending.started_at)
-        logger.debug("pegaflow: lookup for %s: %d of %d blocks cached", state.request.request_id,
-                     num_hits, pending.num_blocks)
-        if num_hits == 0:
-            self._release(leases)
-            return True
-        state.num_hit_tokens, state.lease_ids = num_hits * self.block_size, leases
-        return True
-
-    def _lookup_late(self, state: RequestState, client, deadline: float) -> bool:
-        if time.monotonic() < deadline:
-            return False
-        self.num_late_lookups += 1
-        self.stats.add("lookup_timeouts")
-        log = logger.warning if self.num_late_lookups % 100 == 1 else logger.debug
-        log("pegaflow: lookup for %s missed its %.0f ms deadline and is served as a miss (%d so "
-            "far; a busy or stopped engine, or raise lookup_timeout_ms)", state.request.request_id,
-            self.config.lookup_timeout_ms, self.num_late_lookups)
-        self._drop_lookup(state, client)
-        return True
-
-    def _drop_lookup(self, state: RequestState, client) -> None:
-        """Give back the leases of the lookup in flight and stop waiting for its other
-        answers (``client`` None: the connection it went out on is gone)."""
-        lookup, state.lookup = state.lookup, None
-        self._release(tuple(a.result.lease_id for a in lookup.answers.values()))
-        for request_id in lookup.request_ids if client is not None else ():
-            if request_id not in lookup.answers:
-                client.abandon(request_id)
-
-    def _release_orphans(self, client) -> None:
-        """Leases of lookups answered after their deadline: give them back."""
-        try:
-            for done in client.take_orphans():
-                if done.opcode == Opcode.LOOKUP and done.is_ok and done.result.lease_id:
-                    client.release_nowait(done.result.lease_id)
-        except PegaflowError as exc:
-            self.link.fail(exc)
-
-    def _release(self, lease_ids) -> None:
-        client = self.link.client() if any(lease_ids) else None
-        if client is None:
-            return  # the engine expires them, or reclaims them with our slot
-        try:
-            for lease_id in lease_ids:
-                if lease_id:
-                    client.release_nowait(lease_id)
-        except PegaflowError as exc:
-            self.link.fail(exc)
-
-    def _release_leases(self, state: RequestState) -> None:
-        self._release(state.lease_ids)
-        state.lease_ids = ()
-        if state.lookup is not None:
-            client = self.link.client()
-            self._drop_lookup(state, client if client is state.lookup.client else None)
-        if state.pending_load is not None:
-            self._release(state.pending_load.lease_ids)
-            state.pending_load = None
 
     # -- plans ----------------------------------------------------------------------------
 
@@ -204,7 +83,7 @@ class SchedulerSide:
             return
         if num_external_tokens <= 0:
             if state.lookup_at_tokens >= 0:  # offered but not taken
-                self._release_leases(state)
+                self.lookups.release_leases(state)
                 state.lookup_at_tokens = -1
             return
         bs = self.block_size
@@ -222,7 +101,7 @@ class SchedulerSide:
 
     def build_connector_meta(self, scheduler_output) -> PegaConnectorMetadata:
         if (client := self.link.client()) is not None:
-            self._release_orphans(client)
+            self.lookups.release_orphans(client)
         meta = PegaConnectorMetadata(held_req_ids=self._held, preempted_req_ids=set(
             scheduler_output.preempted_req_ids or ()), rewound_block_ids=self._rewound)
         self._held, self._rewound = set(), set()
@@ -276,9 +155,9 @@ class SchedulerSide:
         state = self.requests.get(request.request_id)
         if state is None:
             return False, None
-        self._release_leases(state)
+        self.lookups.release_leases(state)
         if (client := self.link.client()) is not None:
-            self._release_orphans(client)
+            self.lookups.release_orphans(client)
         if not state.is_async_loading:
             self._plan_finish_save(state, request, block_ids)
         if state.has_saves and not state.is_async_loading:
@@ -339,5 +218,5 @@ class SchedulerSide:
 
     def shutdown(self) -> None:
         for state in self.requests.values():
-            self._release_leases(state)
+            self.lookups.release_leases(state)
         self.link.close()

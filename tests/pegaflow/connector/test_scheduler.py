@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 from pegaflow.completion import Completion
 from pegaflow.connector.config import ConnectorConfig
-from pegaflow.connector.scheduler import FIRST_WAIT_S, SchedulerSide
+from pegaflow.connector.lookups import FIRST_WAIT_S
+from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.errors import EngineTimeoutError
 from pegaflow.wire import Opcode, Status
 

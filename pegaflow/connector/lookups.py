@@ -1,0 +1,149 @@
+"""The scheduler side's lookups: one LOOKUP per rank for the blocks vLLM has not computed,
+their answers collected within a short wait per call (vLLM asks again next step while they
+are on their way), and every lease they bring given back unless a load takes it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from pegaflow.connector.config import ConnectorConfig
+from pegaflow.connector.link import EngineLink
+from pegaflow.connector.stats import PegaKVConnectorStats
+from pegaflow.errors import EngineTimeoutError, PegaflowError
+from pegaflow.wire import Opcode, encode_hashes
+
+logger = logging.getLogger(__name__)
+
+LOOKUP_MAX_AGE_S = 30.0  # an answer kept longer is asked again: its lease (default TTL
+#                          120 s) may expire, and the blocks with it, while vLLM cannot
+#                          allocate the request yet
+FIRST_WAIT_S = 2e-3  # per call, all ranks' answers together: a lookup is usually answered in
+#                     ~0.1 ms; past this, vLLM asks again
+
+
+@dataclass(slots=True)
+class PendingLookup:
+    client: object  # request ids mean something only to the client that sent them
+    request_ids: tuple[int, ...]  # one LOOKUP per rank
+    num_blocks: int
+    started_at: float
+    answers: dict = field(default_factory=dict)
+
+
+class Lookups:
+    def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, link: EngineLink,
+                 stats: PegaKVConnectorStats):
+        self.config = config
+        self.namespaces = namespaces  # one LOOKUP per rank
+        self.block_size = block_size
+        self.link = link
+        self.stats = stats
+        self.num_late = 0
+
+    def start(self, state, request, num_computed_tokens: int) -> None:
+        """Send one LOOKUP per rank for the blocks vLLM has not computed (one token left over)."""
+        bs = self.block_size
+        if not self.config.enable_load or num_computed_tokens % bs:
+            return
+        first = num_computed_tokens // bs
+        num_loadable = max(0, (request.num_tokens - 1 - num_computed_tokens) // bs)
+        hashes = list(request.block_hashes[first:first + num_loadable])
+        if not hashes or (client := self.link.client()) is None:
+            return
+        self.release_orphans(client)
+        try:
+            records = encode_hashes(hashes)
+            ids = tuple(client.submit_lookup(namespace, records) for namespace in self.namespaces)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+            return
+        state.lookup = PendingLookup(client, ids, len(hashes), time.monotonic())
+
+    def finish(self, state) -> bool:
+        """Collect the answers if they are in (True), or give up after the deadline (True)."""
+        pending, client = state.lookup, self.link.client()
+        if client is None or client is not pending.client:  # reconnected: those ids are void
+            state.lookup = None
+            return True
+        deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
+        wait_until = min(deadline, time.monotonic() + FIRST_WAIT_S)  # for all ranks' answers
+        try:
+            for request_id in pending.request_ids:
+                if request_id not in pending.answers:
+                    pending.answers[request_id] = client.wait(
+                        request_id, max(0.0, wait_until - time.monotonic()))
+        except EngineTimeoutError:
+            return self._late(state, client, deadline)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+            state.lookup = None
+            return True
+        state.lookup = None
+        answers = [pending.answers[i] for i in pending.request_ids]
+        leases = tuple(a.result.lease_id for a in answers)
+        num_hits = min([pending.num_blocks] + [a.result.num_hit_blocks if a.is_ok else 0 for a in answers])
+        self.stats.add("lookups")
+        self.stats.add("lookup_tokens", pending.num_blocks * self.block_size)
+        self.stats.add("lookup_hit_tokens", num_hits * self.block_size)
+        self.stats.observe("lookup_s", time.monotonic() - pending.started_at)
+        logger.debug("pegaflow: lookup for %s: %d of %d blocks cached", state.request.request_id,
+                     num_hits, pending.num_blocks)
+        if num_hits == 0:
+            self.release(leases)
+            return True
+        state.num_hit_tokens, state.lease_ids = num_hits * self.block_size, leases
+        return True
+
+    def _late(self, state, client, deadline: float) -> bool:
+        if time.monotonic() < deadline:
+            return False
+        self.num_late += 1
+        self.stats.add("lookup_timeouts")
+        log = logger.warning if self.num_late % 100 == 1 else logger.debug
+        log("pegaflow: lookup for %s missed its %.0f ms deadline and is served as a miss (%d so "
+            "far; a busy or stopped engine, or raise lookup_timeout_ms)", state.request.request_id,
+            self.config.lookup_timeout_ms, self.num_late)
+        self._drop(state, client)
+        return True
+
+    def _drop(self, state, client) -> None:
+        """Give back the leases of the lookup in flight and stop waiting for its other
+        answers (``client`` None: the connection it went out on is gone)."""
+        lookup, state.lookup = state.lookup, None
+        self.release(tuple(a.result.lease_id for a in lookup.answers.values()))
+        for request_id in lookup.request_ids if client is not None else ():
+            if request_id not in lookup.answers:
+                client.abandon(request_id)
+
+    def release_orphans(self, client) -> None:
+        """Leases of lookups answered after their deadline: give them back."""
+        try:
+            for done in client.take_orphans():
+                if done.opcode == Opcode.LOOKUP and done.is_ok and done.result.lease_id:
+                    client.release_nowait(done.result.lease_id)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+
+    def release(self, lease_ids) -> None:
+        client = self.link.client() if any(lease_ids) else None
+        if client is None:
+            return  # the engine expires them, or reclaims them with our slot
+        try:
+            for lease_id in lease_ids:
+                if lease_id:
+                    client.release_nowait(lease_id)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+
+    def release_leases(self, state) -> None:
+        """Give back every lease ``state`` holds or awaits (a lookup in flight, a planned load)."""
+        self.release(state.lease_ids)
+        state.lease_ids = ()
+        if state.lookup is not None:
+            client = self.link.client()
+            self._drop(state, client if client is state.lookup.client else None)
+        if state.pending_load is not None:
+            self.release(state.pending_load.lease_ids)
+            state.pending_load = None
