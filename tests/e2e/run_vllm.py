@@ -2,7 +2,7 @@
 top-5 logprobs, and the connector's hit counter.
 
     python tests/e2e/run_vllm.py --model DIR --prompts prompts.json --out out.json \
-        [--engine-name NAME] [--no-prefix-caching] [--extra '{"load_mode":"async"}']
+        [--engine-name NAME] [--no-prefix-caching] [--extra '{"load_mode":"async"}'] [--graphs]
 
 ``prompts.json`` is {"batches": [[[tok, ...], ...], ...]}: each batch is one generate()
 call (one prompt a batch runs them one at a time; several run together).
@@ -31,11 +31,12 @@ def main() -> int:
     p.add_argument("--extra", default="{}")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--graphs", action="store_true", help="vLLM's default compilation (CUDA graphs on)")
     args = p.parse_args()
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from pegaflow.connector import kv_transfer_config
-    kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+    kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=not args.graphs,
                   seed=0, max_model_len=8192, gpu_memory_utilization=0.35, disable_log_stats=False,
                   enable_prefix_caching=not args.no_prefix_caching,
                   max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=True)

@@ -97,6 +97,28 @@ def test_e2e_outputs_from_cache_equal_no_cache_run(engine, reference, tmp_path):
     assert _max_logprob_diff(_flatten(result), ref) == 0.0
 
 
+def test_e2e_default_compilation_serves_decode_completed_blocks_exactly(engine, tmp_path):
+    # vLLM's default compilation (full CUDA graphs for decode): the blocks A's decode
+    # completed (its answers' KV, saved behind one event after each full-graph step) are
+    # served to B's next-round prompts, whose outputs equal a no-cache run's exactly.
+    prompts = _prompts()["base"]
+    answer_tokens = 40  # decode completes two or three blocks of each prompt
+    ref_first = _flatten(_run(tmp_path, "Rg1", [[x] for x in prompts], "", "--no-prefix-caching", "--graphs",
+                              "--max-tokens", str(answer_tokens)))
+    rng = random.Random(11)
+    rounds = [p + r["tokens"] + [rng.randrange(10, 31000) for _ in range(200)] for p, r in zip(prompts, ref_first)]
+    ref_next = _flatten(_run(tmp_path, "Rg2", [[x] for x in rounds], "", "--no-prefix-caching", "--graphs"))
+    first = _run(tmp_path, "Ag", [[x] for x in prompts], engine.name, "--graphs", "--max-tokens", str(answer_tokens))
+    assert _max_logprob_diff(_flatten(first), ref_first) == 0.0
+    result = _run(tmp_path, "Bg", [[x] for x in rounds], engine.name, "--no-prefix-caching", "--graphs")
+    assert _max_logprob_diff(_flatten(result), ref_next) == 0.0
+    # Served: every full block of prompt and answer whose KV A computed (the answer's last
+    # token never is), i.e. more than the prompts alone hold.
+    held = sum(min(len(p) + answer_tokens - 1, len(r) - 1) // BLOCK * BLOCK for p, r in zip(prompts, rounds))
+    prompt_only = sum((len(p) - 1) // BLOCK * BLOCK for p in prompts)
+    assert result["external_hit_tokens"] >= 0.99 * held > prompt_only, (result["external_hit_tokens"], held)
+
+
 def test_e2e_corrupted_pool_page_is_caught(engine, reference, tmp_path):
     prompts, ref = reference
     _run(tmp_path, "A", [[x] for x in prompts["base"]], engine.name)
