@@ -1,18 +1,16 @@
-"""The worker side: register KV memory, submit loads and saves, fence them with events.
+"""The worker side: register KV memory, and per step its loads and its one SAVE.
 
-Per step: ``start_load_kv`` submits one LOAD per planned request (all layers; with the
-cuda backend each layer's copy records an IPC event), ``wait_for_layer_load`` waits
-for the engine to accept the step's loads and then makes vLLM's stream wait, on the
-GPU, for that layer's events; ``save_kv_layer`` records an event after the layer's
-KV is written and submits a SAVE that the engine's layer stream waits on.  Saves
-complete asynchronously: requests vLLM keeps for us are reported finished once their
-saves are done, and ``handle_preemptions`` waits for the saves of preempted requests
-before their blocks can be reused.  Any engine failure becomes a load error (vLLM
-recomputes) or a dropped save, never an exception into vLLM.
+Per step: the step's loads (``step_loads.py``) go out from ``start_load_kv`` and are fenced
+layer by layer on vLLM's stream; ``save_kv_layer`` records an event after each layer's KV
+is written, and ``wait_for_save`` sends one SAVE of every layer that the engine's layer
+streams wait on.  Saves complete asynchronously (``save_ledger.py``): requests vLLM keeps
+for us are reported finished once their saves are done, and ``handle_preemptions`` waits
+for the saves of preempted requests before their blocks can be reused.  Any engine failure
+becomes a load error (vLLM recomputes) or a dropped save, never an exception into vLLM.
 
 A step vLLM replays as a full CUDA graph (decode batches by default) runs no per-layer
-hook: ``start_load_kv`` is told so and fences every layer of the step's loads before
-the forward, and the step's SAVE waits for one event recorded after the forward.
+hook: its loads are fenced before the forward and its SAVE waits for one event recorded
+after it.
 """
 
 from __future__ import annotations
@@ -27,10 +25,11 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.kv_layers import SAVE_EVENT, KVLayers
 from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.link import EngineLink
-from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+from pegaflow.connector.metadata import PegaConnectorMetadata
 from pegaflow.connector.recent_saves import RecentSaves
 from pegaflow.connector.save_ledger import SaveLedger
 from pegaflow.connector.stats import PegaKVConnectorStats
+from pegaflow.connector.step_loads import StepLoads
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import PegaflowError
@@ -52,25 +51,34 @@ class WorkerSide:
                                f"pegaflow worker rank {rank}", self._register,
                                identity=(ClientRole.WORKER, rank, namespace, instance),
                                on_lost=self._connection_lost)
-        self.memory = None
-        self.layers = KVLayers(config.num_load_slots)  # filled by register_kv_caches
         self._meta: PegaConnectorMetadata | None = None
-        self._step_loads: list[tuple[int, LoadSpec, int | None]] = []
-        self._loads_waited = True
-        self._loads_client: EngineClient | None = None  # the connection this step's loads used
-        self._async_loads: dict[int, tuple[LoadSpec, float]] = {}  # request id -> (spec, sent at)
-        self._finished_recving: set[str] = set()
-        self._load_errors: set[int] = set()
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
         self._taint = Taint()  # saves that would store garbage of failed loads
-        self._loads_sent_at = 0.0
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self._next_liveness_check = 0.0
+        self.trace = StepTrace()
+        self.loads = StepLoads(config, namespace, rank, self.link, self.stats, self._taint, self.trace)
         self.saves = SaveLedger(self.stats)
         # Dropped again if another rank's load fails; a single rank has no other rank.
         self._recent_saves = RecentSaves(pipeline_stages) if num_ranks > 1 else None
-        self.trace = StepTrace()
+
+    # The KV memory and layer map, shared with the step's loads (set at registration).
+    @property
+    def memory(self):
+        return self.loads.memory
+
+    @memory.setter
+    def memory(self, memory) -> None:
+        self.loads.memory = memory
+
+    @property
+    def layers(self) -> KVLayers:
+        return self.loads.layers
+
+    @layers.setter
+    def layers(self, layers: KVLayers) -> None:
+        self.loads.layers = layers
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -131,161 +139,13 @@ class WorkerSide:
         """Submit this step's loads.  ``runs_layer_hooks`` False: vLLM will not call
         ``wait_for_layer_load`` in this forward (a full CUDA graph replay), so vLLM's
         stream waits for every layer of the loads here, before the forward."""
-        self._step_loads, self._loads_waited, self._loads_client = [], False, None
-        meta = self._meta
-        if meta is None or not meta.loads:
-            return
-        trace = self.trace
-        trace.begin(len(meta.loads), sum(len(s.block_ids) for s in meta.loads))
-        client = self.link.client()
-        if client is not None and self.memory.has_events and not self._record_start_fence():
-            for spec in meta.loads:  # unfenced, a load could race kernels still writing its blocks
-                self._release_lease(client, spec)  # never sent: nobody else gives it back
-            client = None
-        self._loads_client, self._loads_sent_at = client, time.monotonic()
-        for index, spec in enumerate(meta.loads):
-            self.stats.add("load_blocks", len(spec.block_ids))
-            if client is None:
-                self._fail_load(spec)
-                continue
-            slot = None
-            if self.memory.has_events and not spec.is_async and index < self.config.num_load_slots:
-                slot = index
-            try:
-                request_id = client.submit_load(
-                    self.namespace, spec.block_ids, list(spec.hashes), lease_id=self._lease_of(spec),
-                    event_index=NO_EVENT if slot is None else self.layers.load_event_base(slot),
-                    after_client=self.memory.has_events)
-            except PegaflowError as exc:
-                self.link.fail(exc)
-                client = None
-                self._fail_load(spec)
-                continue
-            if spec.is_async:
-                self._async_loads[request_id] = (spec, time.monotonic())
-            else:
-                self._step_loads.append((request_id, spec, slot))
-        if trace.is_on and self.memory.has_events:
-            trace.gpu_mark("loads_submitted", self.memory.current_stream())
-        trace.mark("loads_submitted")
-        if not runs_layer_hooks:
-            self._wait_step_loads()
-            self._fence_layers(range(self.layers.num_virtual))
-
-    def _record_start_fence(self) -> bool:
-        """Blocks vLLM gives to this step's loads may have belonged to requests whose last
-        kernels are still queued on its stream (asynchronous scheduling): the loads' copies
-        start after them."""
-        try:
-            self.memory.events.record([self.layers.start_fence_event], self.memory.current_stream())
-        except PegaflowError as exc:
-            logger.error("pegaflow: cannot fence this step's loads (%s); vLLM recomputes them", exc)
-            return False
-        return True
-
-    def _lease_of(self, spec: LoadSpec) -> int:
-        """This rank's lease of ``spec``'s blocks (0: none)."""
-        return spec.lease_ids[self.rank] if self.rank < len(spec.lease_ids) else 0
-
-    def _release_lease(self, client: EngineClient, spec: LoadSpec) -> None:
-        """Give back this rank's lease of a load never sent (else it pins its blocks until
-        it expires); the scheduler took it on its own link."""
-        lease = self._lease_of(spec)
-        if not lease:
-            return
-        try:
-            client.release_nowait(lease)
-        except PegaflowError as exc:
-            self.link.fail(exc)
-
-    def _fail_load(self, spec: LoadSpec) -> None:
-        self.stats.add("load_failed_blocks", len(spec.block_ids))
-        self._load_errors.update(spec.block_ids)
-        self._taint.failed_load(spec.req_id, spec.block_ids)
-        if spec.is_async:
-            self._finished_recving.add(spec.req_id)
+        self.loads.start(self._meta, runs_layer_hooks)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        if not self._loads_waited:
-            self._wait_step_loads()
-        self._fence_layers(self.layers.virtual.get(layer_name, ()))
-
-    def _fence_layers(self, layers) -> None:
-        """vLLM's stream waits, on the GPU, until these engine layers of the step's fenced
-        loads have landed."""
-        if not self._step_loads or not self.memory.has_events:
-            return
-        events = [self.layers.load_event_base(slot) + v for _, _, slot in self._step_loads
-                  if slot is not None for v in layers]
-        if not events:
-            return
-        try:
-            stream = self.memory.current_stream()
-            self.memory.events.wait(events, stream)
-            self.trace.layer_ready(stream)
-        except PegaflowError as exc:  # unfenced data must not be used: vLLM recomputes it
-            logger.error("pegaflow: cannot fence this step's loads (%s); reporting them failed", exc)
-            for _, spec, _ in self._step_loads:
-                self._fail_load(spec)
-            self._step_loads = []
-
-    def _wait_step_loads(self) -> None:
-        """The engine accepted (cuda) or finished (host) each of this step's loads."""
-        self._loads_waited = True
-        if not self._step_loads:
-            return  # nothing to wait for: no reconnect attempt inside vLLM's forward
-        # Only the connection the loads went out on can answer them (never a newer one).
-        client, ok = self._loads_client, []
-        if client is not None and (self.link.current() is not client or not client.is_engine_up()):
-            client = None
-        deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
-        for request_id, spec, slot in self._step_loads:
-            if client is None:
-                self._fail_load(spec)
-                continue
-            try:
-                done = client.wait(request_id, max(deadline - time.monotonic(), 1e-3))
-            except PegaflowError as exc:
-                self.link.fail(exc)
-                client = None
-                self._fail_load(spec)
-                continue
-            self.stats.observe("load_s", time.monotonic() - self._loads_sent_at)
-            if done.is_ok:
-                ok.append((request_id, spec, slot))
-            else:
-                logger.warning("pegaflow: load of %d blocks for %s failed (%s); vLLM recomputes them",
-                               len(spec.block_ids), spec.req_id, getattr(done.status, "name", done.status))
-                self._fail_load(spec)
-        self._step_loads = ok
-        self.trace.mark("loads_accepted")
-
-    def _check_fenced_loads(self) -> None:
-        """Fenced loads were answered when issued, and vLLM's stream was told their pages
-        are there by events the engine records: an engine that went away before the
-        copies ended leaves blocks partly written.  Reported failed, vLLM drops this
-        step's tokens of those requests and recomputes them.  Best effort: the check runs
-        when the CPU ends the step, which may be before the GPU has run the copies."""
-        client = self._loads_client  # the connection the loads went out on, not a newer one
-        reason = None
-        if client is None or self.link.current() is not client:
-            reason = "the connection this step's loads went out on was dropped"
-        else:
-            try:
-                client.check_engine()
-            except PegaflowError as exc:
-                self.link.fail(exc)
-                reason = str(exc)
-        if reason is not None:
-            logger.error("pegaflow: the engine went away while this step's loads were copied "
-                         "(%s); vLLM recomputes them", reason)
-            for _, spec, _ in self._step_loads:
-                self._fail_load(spec)
-        self._step_loads = []
+        self.loads.wait_for_layer(layer_name)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors, self._load_errors = self._load_errors, set()
-        return errors
+        return self.loads.take_errors()
 
     # -- saves ----------------------------------------------------------------------------
 
@@ -311,11 +171,12 @@ class WorkerSide:
         if meta is None or not meta.saves or self._is_save_sent:
             return
         self._is_save_sent = True
-        if not self._loads_waited:
-            self._wait_step_loads()  # a failed load leaves garbage that must not be saved
-        if self._step_loads and self.memory.has_events and (
-                self.link.current() is not self._loads_client or not self._loads_client.is_engine_up()):
-            self._check_fenced_loads()  # their engine went away: taint them before saving
+        loads = self.loads
+        if not loads.is_waited:
+            loads.wait()  # a failed load leaves garbage that must not be saved
+        if loads.step and self.memory.has_events and (
+                self.link.current() is not loads.client or not loads.client.is_engine_up()):
+            loads.check_fenced()  # their engine went away: taint them before saving
         # No hook ran: a full CUDA graph replay wrote every layer; one event after it fences all.
         one_event = not self._saved_layers
         if not one_event and self._saved_layers != self.layers.save_layers:
@@ -362,38 +223,23 @@ class WorkerSide:
         client = self.link.client()
         if client is None:
             self._forget_saves()
-            for spec, _ in self._async_loads.values():
-                self._fail_load(spec)
-            self._async_loads.clear()
+            self.loads.fail_async()
             return
         now = time.monotonic()
-        expired = now - self.config.command_timeout_ms / 1e3
         try:
-            if (self.saves.commands or self._async_loads) and now >= self._next_liveness_check:
+            if (self.saves.commands or self.loads.asyncs) and now >= self._next_liveness_check:
                 # Answers that can never come must not hold vLLM's blocks: is the engine there?
                 self._next_liveness_check = now + LIVENESS_CHECK_S
                 client.check_engine()
             for request_id in list(self.saves.commands):
                 if (done := client.try_take(request_id)) is not None:
                     self.saves.answered(request_id, done)
-            for request_id, (spec, started) in list(self._async_loads.items()):
-                done = client.try_take(request_id)
-                if done is None and started > expired:
-                    continue
-                if done is None:
-                    # vLLM may reuse the blocks once told: the engine must never write them
-                    # now, so revoke (the link does, first) and drop the connection.
-                    logger.warning("pegaflow: async load for %s missed its deadline; vLLM "
-                                   "recomputes it", spec.req_id)
-                    self.link.fail(TimeoutError("async load deadline"))
-                    self._collect()  # no client now: every save is forgotten, every async load failed
-                    return
-                del self._async_loads[request_id]
-                self.stats.observe("load_s", now - started)
-                if not done.is_ok:
-                    self.stats.add("load_failed_blocks", len(spec.block_ids))
-                    self._load_errors.update(spec.block_ids)
-                self._finished_recving.add(spec.req_id)
+            if not self.loads.collect(client, now):
+                # vLLM may reuse the blocks once told: the engine must never write them
+                # now, so revoke (the link does, first) and drop the connection.
+                self.link.fail(TimeoutError("async load deadline"))
+                self._collect()  # no client now: every save is forgotten, every async load failed
+                return
         except PegaflowError as exc:
             self.link.fail(exc)
             self._collect()
@@ -401,11 +247,9 @@ class WorkerSide:
     def _connection_lost(self) -> None:
         """The link dropped its connection (and revoked our copies): every SAVE and async
         LOAD sent on it will never be answered.  Fenced loads of the step are judged by
-        ``_check_fenced_loads``, against the connection they went out on."""
+        ``StepLoads.check_fenced``, against the connection they went out on."""
         self._forget_saves()
-        for spec, _ in self._async_loads.values():
-            self._fail_load(spec)
-        self._async_loads.clear()
+        self.loads.fail_async()
 
     def _forget_saves(self) -> None:
         """The link failed (and revoked our saves): nothing stores our blocks any more."""
@@ -439,14 +283,14 @@ class WorkerSide:
         self._collect()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if not self._loads_waited:
-            self._wait_step_loads()  # a step that ran no attention layer still reports its loads
-        if self._step_loads and self.memory.has_events:
-            self._check_fenced_loads()
+        if not self.loads.is_waited:
+            self.loads.wait()  # a step that ran no attention layer still reports its loads
+        if self.loads.step and self.memory.has_events:
+            self.loads.check_fenced()
         self._submit_step_save()  # vLLM versions that skip wait_for_save on some steps
         self._collect()
         sending = self.saves.take_finished()
-        recving, self._finished_recving = self._finished_recving, set()
+        recving = self.loads.take_finished_recving()
         self.trace.end()
         return sending or None, recving or None
 

@@ -29,7 +29,7 @@ def test_bench_connector_step_drives_the_real_hooks_through_decode_steps():
     _step_us(worker, scheduler, names, 50)
     per_layer = {"wait_for_layer_load", "save_kv_layer"}
     assert calls == Counter({h: 50 * (len(names) if h in per_layer else 1) for h in HOOKS})
-    assert worker._meta is not None and worker._loads_waited and worker.saves.commands == {}
+    assert worker._meta is not None and worker.loads.is_waited and worker.saves.commands == {}
     assert scheduler.requests["r"].num_saved_blocks == 78
     # 2. The baseline runs the same calls on hooks that do nothing.
     noop, noop_calls = _Noop(), Counter()

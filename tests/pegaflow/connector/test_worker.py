@@ -52,13 +52,13 @@ def test_worker_async_load_deadline_revokes_before_vllm_reuses_the_blocks():
     client = StuckClient()
     worker.link._client = client
     spec = LoadSpec("req-b", (3, 4), (b"h" * 32, b"i" * 32), (0,), True)
-    worker._async_loads[21] = (spec, time.monotonic() - 1.0)
+    worker.loads.asyncs[21] = (spec, time.monotonic() - 1.0)
     # 2. The worker reports it finished with load errors (vLLM recomputes and may reuse
     #    the blocks), so the engine must be stopped from writing them first: revoke, close.
     worker._collect()
     assert client.calls == ["revoke", "close"] and worker.link.is_down
     assert worker.get_block_ids_with_load_errors() == {3, 4}
-    assert worker._finished_recving == {"req-b"} and worker._async_loads == {}
+    assert worker.loads.finished_recving == {"req-b"} and worker.loads.asyncs == {}
 
 
 class FencedMemory:
