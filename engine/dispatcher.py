@@ -30,9 +30,10 @@ import numpy as np
 from engine.clients import ClientState
 from engine.copy.base import CopyBackend, CopyDone
 from engine.index import BlockIndex
+from engine.pending import ANSWERED_LATER, command_keys
 from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
-from engine.transfers import ANSWERED_LATER, Transfers, command_keys
+from engine.transfers import Transfers
 from pegaflow import shm
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, Opcode, Status

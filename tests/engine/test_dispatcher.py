@@ -529,9 +529,9 @@ def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client,
 def test_dispatcher_fault_in_the_middle_of_a_save_leaves_no_marks(monkeypatch):
     # 1. Chunks of 2 blocks; the backend takes the first chunk and fails (a bug, not a
     #    refusal) on the second.
-    import engine.transfers
+    import engine.pending
     from engine.copy.base import CopyDone
-    monkeypatch.setattr(engine.transfers, "FIRST_CHUNK", 2)
+    monkeypatch.setattr(engine.pending, "FIRST_CHUNK", 2)
     h = _held_dispatcher()
     submit = h.backend.submit
 

@@ -1,4 +1,4 @@
-"""engine/transfers.py on its own: how a SAVE is cut into chunks.  (SAVE and LOAD through
+"""engine/pending.py: how a SAVE is cut into chunks.  (SAVE and LOAD through
 a dispatcher, with a held or a real backend, are in test_dispatcher.py.)"""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.transfers import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
+from engine.pending import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
 
 
 @given(st.integers(0, 20000))
