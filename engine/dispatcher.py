@@ -151,6 +151,7 @@ class Dispatcher:
         """Answered once no copy touches the client's memory any more (it may free it then)."""
         client.is_attached = False
         client.is_detached = True
+        self.stats.client_gone(client.slot)  # no longer listed, though its slot frees later
         if client.num_inflight:
             client.pending_detach = rec.request_id
             return ANSWERED_LATER, None
@@ -166,7 +167,6 @@ class Dispatcher:
         """Leases, half-written blocks and memory of ``client``; copies must be over."""
         self.gauges_stale = True
         assert client.num_inflight == 0, "release_client with copies in flight"
-        self.stats.client_gone(client.slot)  # no longer listed, though its slot frees later
         self.index.release_slot(client.slot)
         self.backend.unregister_client(client.slot)
         client.layers.clear()

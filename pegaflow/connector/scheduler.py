@@ -24,6 +24,8 @@ from pegaflow.wire import ClientRole
 
 logger = logging.getLogger(__name__)
 
+NULL_BLOCK = 0  # vLLM's placeholder block id (never a request's own block)
+
 @dataclass(slots=True)
 class RequestState:
     request: Any
@@ -181,9 +183,14 @@ class SchedulerSide:
         if num_full <= state.num_saved_blocks:
             return
         start = state.num_saved_blocks
-        self._finish_saves.append(SaveSpec(request.request_id, tuple(ids[start:num_full]),
-                                           tuple(hashes[start:num_full])))
-        state.num_saved_blocks, state.has_saves = num_full, True
+        span = list(ids[start:num_full])
+        if NULL_BLOCK in span:  # vLLM freed blocks out of a sliding window before telling us
+            span = span[:span.index(NULL_BLOCK)]
+        if not span:
+            return
+        self._finish_saves.append(SaveSpec(request.request_id, tuple(span),
+                                           tuple(hashes[start:start + len(span)])))
+        state.num_saved_blocks, state.has_saves = start + len(span), True
 
     def update_connector_output(self, connector_output) -> None:
         for req_id in connector_output.finished_sending or ():

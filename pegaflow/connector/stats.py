@@ -10,8 +10,11 @@ periodic "KV Transfer metrics" log line (``reduce``).
 | lookups, lookup_tokens, lookup_hit_tokens | scheduler | lookups answered, the tokens they asked for and found |
 | lookup_deferrals | scheduler | times a lookup's answer was not in at once and vLLM asked again next step |
 | lookup_timeouts | scheduler | lookups past ``lookup_timeout_ms``, served as misses |
-| load_blocks, load_failed_blocks | worker | blocks planned for loading, and those that failed (vLLM recomputes them) |
+| load_blocks, loaded_blocks, load_failed_blocks | worker | blocks planned, loaded, and failed (recomputed) |
 | saved_blocks, save_dropped_blocks | worker | blocks SAVEs stored, and those the engine could not take |
+
+Block counts are each worker rank's, summed over the TP x PP ranks of an instance (every
+rank moves its own shard of a block); token counts are the scheduler's, counted once.
 | engine_up_reports, engine_down_reports | both | how many sides found the engine reachable, or not |
 | lookup_s, load_s, save_s | both | seconds from a command's submission to its answer, one entry each |
 """
@@ -25,7 +28,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 COUNTS = ("lookups", "lookup_tokens", "lookup_hit_tokens", "lookup_deferrals", "lookup_timeouts",
-          "load_blocks", "load_failed_blocks", "saved_blocks", "save_dropped_blocks",
+          "load_blocks", "loaded_blocks", "load_failed_blocks", "saved_blocks", "save_dropped_blocks",
           "engine_up_reports", "engine_down_reports")
 LATENCIES = ("lookup_s", "load_s", "save_s")
 MAX_SAMPLES = 4096  # latencies kept per interval; the counts stay exact past it
@@ -77,7 +80,7 @@ class PegaKVConnectorStats(KVConnectorStats):
         out: dict[str, int | float] = {
             "lookup hit rate": round(d["lookup_hit_tokens"] / d["lookup_tokens"], 3) if d["lookup_tokens"] else 0.0,
             "hit tokens": d["lookup_hit_tokens"],
-            "loaded blocks": d["load_blocks"] - d["load_failed_blocks"],
+            "loaded blocks": d["loaded_blocks"],
             "failed load blocks": d["load_failed_blocks"],
             "saved blocks": d["saved_blocks"],
             "lookup timeouts": d["lookup_timeouts"],
@@ -100,12 +103,14 @@ _COUNTERS = {  # metric -> (help, value of a step's data)
                                        lambda d: d["lookup_deferrals"]),
     "vllm:pegaflow_lookup_timeouts": ("lookups past lookup_timeout_ms, served as misses",
                                       lambda d: d["lookup_timeouts"]),
-    "vllm:pegaflow_loaded_blocks": ("KV blocks loaded from pegaflow",
-                                    lambda d: d["load_blocks"] - d["load_failed_blocks"]),
-    "vllm:pegaflow_load_failed_blocks": ("KV blocks whose load failed (recomputed)",
-                                         lambda d: d["load_failed_blocks"]),
-    "vllm:pegaflow_saved_blocks": ("KV blocks stored into pegaflow", lambda d: d["saved_blocks"]),
-    "vllm:pegaflow_save_dropped_blocks": ("KV blocks pegaflow could not store (its pool full of pinned blocks)",
+    "vllm:pegaflow_loaded_blocks": ("KV blocks loaded from pegaflow (per worker rank, summed over ranks)",
+                                    lambda d: d["loaded_blocks"]),
+    "vllm:pegaflow_load_failed_blocks": ("KV blocks whose load failed and were recomputed (per worker "
+                                         "rank, summed over ranks)", lambda d: d["load_failed_blocks"]),
+    "vllm:pegaflow_saved_blocks": ("KV blocks stored into pegaflow (per worker rank, summed over ranks)",
+                                   lambda d: d["saved_blocks"]),
+    "vllm:pegaflow_save_dropped_blocks": ("KV blocks pegaflow could not store, its pool full of pinned "
+                                          "blocks (per worker rank, summed over ranks)",
                                           lambda d: d["save_dropped_blocks"]),
 }
 _HISTOGRAMS = {
@@ -138,7 +143,7 @@ class PegaPromMetrics(KVConnectorPromMetrics):
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         data = PegaKVConnectorStats(data=dict(transfer_stats_data)).data
         for name, (_, value) in _COUNTERS.items():
-            if amount := value(data):
+            if (amount := value(data)) > 0:  # a counter only grows (a malformed report must not raise here)
                 self.counters[name][engine_idx].inc(amount)
         for name, (_, key) in _HISTOGRAMS.items():
             for seconds in data[key]:

@@ -196,7 +196,23 @@ class StepLoads:
                          "(%s); vLLM recomputes them", reason)
             for _, spec, _ in self.step:
                 self.fail(spec)
+        else:
+            self._count_loaded()
         self.step = []
+
+    def end_step(self) -> None:
+        """The step is over on the CPU: its loads are waited for and judged (fenced ones
+        against their connection; host ones finished when answered)."""
+        if not self.is_waited:
+            self.wait()  # a step that ran no attention layer still reports its loads
+        if self.step and self.memory.has_events:
+            self.check_fenced()
+        elif self.step:
+            self._count_loaded()
+            self.step = []
+
+    def _count_loaded(self) -> None:
+        self.stats.add("loaded_blocks", sum(len(spec.block_ids) for _, spec, _ in self.step))
 
     def take_errors(self) -> set[int]:
         errors, self.errors = self.errors, set()
@@ -216,7 +232,9 @@ class StepLoads:
                 return False
             del self.asyncs[request_id]
             self.stats.observe("load_s", now - started)
-            if not done.is_ok:
+            if done.is_ok:
+                self.stats.add("loaded_blocks", len(spec.block_ids))
+            else:
                 self.stats.add("load_failed_blocks", len(spec.block_ids))
                 self.errors.update(spec.block_ids)
             self.finished_recving.add(spec.req_id)

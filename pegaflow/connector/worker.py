@@ -283,10 +283,7 @@ class WorkerSide:
         self._collect()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if not self.loads.is_waited:
-            self.loads.wait()  # a step that ran no attention layer still reports its loads
-        if self.loads.step and self.memory.has_events:
-            self.loads.check_fenced()
+        self.loads.end_step()
         self._submit_step_save()  # vLLM versions that skip wait_for_save on some steps
         self._collect()
         sending = self.saves.take_finished()

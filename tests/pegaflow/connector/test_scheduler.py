@@ -161,3 +161,17 @@ def test_scheduler_finished_request_saves_no_block_whose_kv_is_not_computed():
     scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2)
     assert scheduler.request_finished(request, ([5, 6, 7],)) == (False, None)
     assert scheduler.build_connector_meta(_empty_output()).saves == []
+
+
+def test_scheduler_finish_save_stops_at_vllms_null_block():
+    # vLLM may hand request_finished a table whose out-of-window entries are its null
+    # block (0): no save may store block 0's bytes under a real hash.
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    hashes = [bytes([i]) * 32 for i in range(4)]
+    request = SimpleNamespace(request_id="r", num_tokens=65, num_computed_tokens=64, block_hashes=hashes)
+    scheduler.requests["r"] = RequestState(request, block_ids=[9, 10, 0, 0], num_saved_blocks=1,
+                                           has_saves=True)
+    scheduler.request_finished(request, ([9, 10, 0, 0],))
+    saves = scheduler.build_connector_meta(_empty_output()).saves
+    assert [(s.block_ids, s.hashes) for s in saves] == [((10,), (hashes[1],))]

@@ -25,8 +25,8 @@ def _stats(**counts) -> PegaKVConnectorStats:
 
 def test_stats_aggregate_sums_counts_and_joins_latencies():
     # 1. Two workers of a TP group and the scheduler, summed as vLLM does.
-    total = _stats(load_blocks=4, load_s=[0.001]).aggregate(_stats(load_blocks=4, load_failed_blocks=1,
-                                                                   load_s=[0.003]))
+    total = _stats(load_blocks=4, loaded_blocks=4, load_s=[0.001]).aggregate(
+        _stats(load_blocks=4, loaded_blocks=3, load_failed_blocks=1, load_s=[0.003]))
     total = total.aggregate(_stats(lookups=1, lookup_tokens=64, lookup_hit_tokens=48))
     assert total.data["load_blocks"] == 8 and total.data["load_failed_blocks"] == 1
     assert sorted(total.data["load_s"]) == [0.001, 0.003]
@@ -49,6 +49,27 @@ def test_stats_clone_and_reset_hands_off_a_snapshot():
 def test_stats_from_an_older_sender_lacking_keys_are_filled_in():
     stats = PegaKVConnectorStats(data={"saved_blocks": 2})
     assert stats.data["load_s"] == [] and stats.data["lookups"] == 0 and stats.reduce()["saved blocks"] == 2
+
+
+def test_stats_a_failure_reported_after_its_load_never_makes_a_counter_go_down():
+    # An async load planned in one step fails in a later one: that step's report has more
+    # failed than planned blocks, and vLLM's Prometheus path must not raise on it.
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from pegaflow.connector.stats import PegaPromMetrics
+    registry = CollectorRegistry()
+
+    def typed(kind):
+        return lambda *a, **k: kind(*a, registry=registry, **k)
+
+    from types import SimpleNamespace
+    metrics = PegaPromMetrics(SimpleNamespace(kv_transfer_config=None),
+                              {Counter: typed(Counter), Gauge: typed(Gauge), Histogram: typed(Histogram)},
+                              ["engine"], {0: ["0"]})
+    metrics.observe(_stats(load_blocks=4).data)
+    metrics.observe(_stats(load_failed_blocks=4).data)
+    assert registry.get_sample_value("vllm:pegaflow_load_failed_blocks_total", {"engine": "0"}) == 4
+    assert registry.get_sample_value("vllm:pegaflow_loaded_blocks_total", {"engine": "0"}) in (None, 0.0)
 
 
 def _prometheus_text(vllm: VllmInstance) -> str:
@@ -83,7 +104,8 @@ def test_stats_reach_vllms_prometheus_metrics_and_log_line(tmp_path):
                 if scheduler_stats.kv_connector_stats:
                     total.aggregate(PegaKVConnectorStats(data=dict(scheduler_stats.kv_connector_stats)))
             assert total.data["lookup_hit_tokens"] == 6 * BLOCK == total.data["lookup_tokens"]
-            assert total.data["load_blocks"] == 6 and total.data["load_failed_blocks"] == 0
+            assert total.data["load_blocks"] == total.data["loaded_blocks"] == 6
+            assert total.data["load_failed_blocks"] == 0
             assert total.data["lookups"] == 1 and len(total.data["lookup_s"]) == 1
             # 3. vLLM's Prometheus logger shows them, under vllm:pegaflow_*.
             text_a, text_b = _prometheus_text(a), _prometheus_text(b)
