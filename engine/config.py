@@ -96,6 +96,7 @@ class Option:
     parse: Callable[[str], Any] = str  # text -> the field's value
     choices: tuple[str, ...] = ()
     is_switch: bool = False          # --keep-pool / --no-keep-pool
+    old_env: str = ""                # an earlier name of its env var, still read (with a warning)
 
     @property
     def env(self) -> str:
@@ -135,7 +136,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("arena-size", "arena_bytes", "8MiB", "payload arena per client (block ids and hashes "
            "of its commands in flight)", parse_size),
     Option("lease-ttl", "lease_ttl_s", "120", "seconds a lookup's lease pins its blocks if never "
-           "used", float),
+           "used", float, old_env="PEGAFLOW_LEASE_TTL_S"),
     Option("idle-spin-ms", "idle_spin_s", "2", "after its last work the engine polls this long "
            "before sleeping: a command arriving later first wakes it (0.1-2 ms on a VM), one "
            "arriving sooner costs a busy core meanwhile", lambda text: float(text) / 1e3),
@@ -189,7 +190,12 @@ def warn_unknown_env(environ=None) -> list[str]:
     old name would otherwise be ignored without a word."""
     environ = os.environ if environ is None else environ
     known = known_env_vars()
-    unknown = sorted(k for k in environ if k.startswith("PEGAFLOW_") and k not in known)
+    for option in OPTIONS:
+        if option.old_env and option.old_env in environ:
+            logger.warning("%s is the old name of %s%s; rename it", option.old_env, option.env,
+                           " (which is set and wins)" if option.env in environ else ", and still applies")
+    old = {o.old_env for o in OPTIONS if o.old_env}
+    unknown = sorted(k for k in environ if k.startswith("PEGAFLOW_") and k not in known and k not in old)
     for var in unknown:
         close = difflib.get_close_matches(var, sorted(known), n=1)
         logger.warning("%s is not a pegaflow setting and is ignored%s", var,
@@ -207,6 +213,8 @@ def config_from_args(argv: list[str] | None = None, environ=None) -> EngineConfi
             values[option.field] = _value(option, flag_value, f"--{option.flag}")
         elif environ.get(option.env, "").strip():
             values[option.field] = _value(option, environ[option.env], option.env)
+        elif option.old_env and environ.get(option.old_env, "").strip():
+            values[option.field] = _value(option, environ[option.old_env], option.old_env)
         else:
             values[option.field] = _value(option, option.default, f"default of --{option.flag}")
     values["slab_bytes"] = min(values["slab_bytes"], values["pool_bytes"])

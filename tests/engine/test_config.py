@@ -209,12 +209,22 @@ def test_options_readme_lists_every_flag_with_its_env_var():
 
 
 def test_warn_unknown_env_names_the_likely_setting(caplog):
-    # 1. An old or misspelt variable is named, with the one meant; known ones are quiet.
+    # 1. A misspelt variable is named, with the one meant; known ones are quiet.
     from engine.config import warn_unknown_env
-    unknown = warn_unknown_env({"PEGAFLOW_LEASE_TTL_S": "5", "PEGAFLOW_POOL_SIZE": "1GiB",
+    unknown = warn_unknown_env({"PEGAFLOW_POOL_SIZ": "5", "PEGAFLOW_POOL_SIZE": "1GiB",
                                 "PEGAFLOW_LOAD_MODE": "async", "OTHER": "1"})
-    assert unknown == ["PEGAFLOW_LEASE_TTL_S"]
-    assert "did you mean PEGAFLOW_LEASE_TTL?" in caplog.text
+    assert unknown == ["PEGAFLOW_POOL_SIZ"]
+    assert "did you mean PEGAFLOW_POOL_SIZE?" in caplog.text
+
+
+def test_config_old_env_name_still_applies_with_a_warning(clean_env, caplog):
+    # PEGAFLOW_LEASE_TTL_S (the old name) keeps working, unless the new name is set too.
+    from engine.config import warn_unknown_env
+    assert config_from_args([], environ={"PEGAFLOW_LEASE_TTL_S": "5"}).lease_ttl_s == 5.0
+    both = {"PEGAFLOW_LEASE_TTL_S": "5", "PEGAFLOW_LEASE_TTL": "7"}
+    assert config_from_args([], environ=both).lease_ttl_s == 7.0
+    assert warn_unknown_env({"PEGAFLOW_LEASE_TTL_S": "5"}) == []
+    assert "PEGAFLOW_LEASE_TTL_S is the old name of PEGAFLOW_LEASE_TTL, and still applies" in caplog.text
 
 
 def test_config_gpu_copy_path_with_the_host_backend_is_refused():
