@@ -44,10 +44,10 @@ class PendingCopy:
     num_deduped: int = 0
     num_dropped: int = 0
     error: str | None = None
-    # perf_counter() marks while DEBUG is logged (0.0 otherwise): received, first chunk
-    # handed to the backend, every chunk handed over.
-    received_at: float = 0.0  # time.perf_counter() at receipt: latency histograms
-    is_timed: bool = False    # DEBUG: log where its time went
+    received_at: float = 0.0  # time.perf_counter() at receipt: the latency histograms
+    # While DEBUG is logged (is_timed), also when the first chunk and every chunk were
+    # handed to the backend: where its time went.
+    is_timed: bool = False
     first_issued_at: float = 0.0
     sealed_at: float = 0.0
 
