@@ -75,6 +75,21 @@ def read_stats(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
     return snapshot
 
 
+def latency_quantile(histogram: dict, q: float) -> float | None:
+    """The bucket bound at or under which a fraction ``q`` of a latency histogram's
+    commands were answered (seconds; inf for the open last bucket), None for no command."""
+    counts = histogram["counts"]
+    total = sum(counts)
+    if not total:
+        return None
+    seen = 0
+    for bound, count in zip([*histogram["buckets_s"], float("inf")], counts):
+        seen += count
+        if seen >= q * total:
+            return bound
+    return float("inf")
+
+
 def _clients(records: np.ndarray) -> list[dict]:
     """One dict per attached client slot: who it said it is at ATTACH, and what it did."""
     roles = {int(r): r.name.lower() for r in ClientRole}

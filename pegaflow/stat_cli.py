@@ -15,7 +15,7 @@ import sys
 import time
 
 from pegaflow.cli import ArgumentParser
-from pegaflow.engine_stats import STALE_AFTER_S, kept_pool_blocks, read_stats
+from pegaflow.engine_stats import STALE_AFTER_S, kept_pool_blocks, latency_quantile, read_stats
 from pegaflow.errors import ConfigError, EngineDeadError, EngineNotRespondingError, EngineNotRunningError, ShmError
 from pegaflow.shm import check_engine_name
 from pegaflow.values import format_size, version_line
@@ -52,6 +52,10 @@ def format_once(s: dict) -> str:
              f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
              f"lookups {s['lookups']}: {s['lookup_hit_blocks']} of {s['lookup_blocks']} blocks hit",
              f"commands {s['commands']}, errors {s['errors']}"]
+    answered = [f"{op} p50 {_ms(latency_quantile(h, 0.5))} p99 {_ms(latency_quantile(h, 0.99))} "
+                f"({sum(h['counts'])})" for op, h in s["latency"].items() if sum(h["counts"])]
+    if answered:
+        lines.append("answered within (ms, bucket bounds): " + "; ".join(answered))
     errors = {k: v for k, v in s["errors_by_status"].items() if v}
     if errors:
         lines.append("errors by status: " + ", ".join(f"{k}={v}" for k, v in errors.items()))
@@ -63,6 +67,10 @@ def format_once(s: dict) -> str:
                      f"{c['blocks_saved']:>9} {c['blocks_loaded']:>9} {c['lookups']:>8} "
                      f"{c['lookup_hit_blocks']:>9} {c['inflight_copies']:>8}")
     return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return "over 1000" if seconds == float("inf") else f"{seconds * 1e3:g}"
 
 
 def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> None:

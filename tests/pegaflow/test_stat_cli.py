@@ -170,3 +170,21 @@ def test_stat_cli_detached_client_leaves_the_list_at_once(engine):
     assert slot in {c["slot"] for c in read_stats(engine.name)["clients"]}
     client.close()
     assert slot not in {c["slot"] for c in read_stats(engine.name)["clients"]}
+
+
+def test_stat_cli_latency_quantile_is_the_bucket_bound_that_covers_it():
+    from pegaflow.engine_stats import latency_quantile
+    histogram = {"buckets_s": [0.001, 0.01, 0.1], "counts": [50, 40, 9, 1]}
+    assert latency_quantile(histogram, 0.5) == 0.001 and latency_quantile(histogram, 0.9) == 0.01
+    assert latency_quantile(histogram, 0.99) == 0.1 and latency_quantile(histogram, 1.0) == float("inf")
+    assert latency_quantile({"buckets_s": [0.001], "counts": [0, 0]}, 0.5) is None
+
+
+def test_stat_cli_once_shows_how_fast_lookups_were_answered(engine):
+    client = engine.connect()
+    try:
+        client.lookup(1, [os.urandom(32)])
+    finally:
+        client.close()
+    once = _stat("--once", "--name", engine.name)
+    assert once.returncode == 0 and "answered within" in once.stdout and "lookup p50" in once.stdout
