@@ -79,7 +79,8 @@ from engine.copy.base import (
 )
 from engine.copy.checks import Region, check_op
 from engine.copy.cuda_device import MAPPINGS, Device, dma_write_once, prefault
-from engine.copy.kernels import StagingRing, is_aligned
+from engine.copy.kernels import StagingRing
+from engine.copy.paths import op_path, path_from_rates
 from engine.copy.probe import measure_paths
 from pegaflow.cuda import driver
 from pegaflow.errors import CommandError, ConfigError, CudaError
@@ -89,7 +90,6 @@ logger = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 2.0  # after the server's own drain
 PROBE_DRAIN_S = 0.1  # copies in flight before auto's measurement (a REGISTER waits for it)
-_COPY_ENGINE_MARGIN = {Direction.LOAD: 0.97, Direction.SAVE: 0.5}
 
 
 @dataclass(slots=True)
@@ -304,7 +304,7 @@ class CudaBackend(CopyBackend):
             return
         dev = self._device(regions[0].device)
         op = op.in_pool_order()
-        path = self._path(dev, op, regions)
+        path = op_path(self.copy_backend, dev, op, regions)
         staging = None
         if path == KERNEL:
             staging = self._stage(op)
@@ -411,31 +411,6 @@ class CudaBackend(CopyBackend):
         return check_op(op, self._regions, self._pool[1] if self._pool else None,
                         len(self._event_handles.get(op.slot, ())))
 
-    def _path(self, dev: Device, op: CopyOp, regions: list[Region]) -> str:
-        path = self.copy_backend
-        if (path == STAGED or path == AUTO and op.page_bytes <= staged.AUTO_MAX_PAGE_BYTES) and \
-                dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes) and \
-                self._is_aligned(dev, op, regions):
-            return STAGED
-        if path == STAGED:
-            path = AUTO  # what cannot be staged goes as under auto (not measured: the copy engine)
-        if path == AUTO and op.record_events is not None:
-            path = KERNEL  # issued in one launch per layer: the client's wait starts sooner
-        if path == AUTO:
-            path = dev.paths.get((op.page_bytes, op.direction))
-            if path is None:  # never measured: DMA takes no SMs (docs/benchmarks.md)
-                path = COPY_ENGINE
-        if path == KERNEL and not self._is_aligned(dev, op, regions):
-            return COPY_ENGINE
-        return path
-
-    @staticmethod
-    def _is_aligned(dev: Device, op: CopyOp, regions: list[Region]) -> bool:
-        values = [op.page_bytes, dev.pool_base, int(np.bitwise_or.reduce(op.entry_offsets))]
-        for layer, region in zip(op.layers, regions):
-            values += [region.base + layer.offset_bytes, layer.block_stride_bytes]
-        return is_aligned(*values)
-
     def _choose_path(self, dev: Device, page_bytes: int) -> None:
         if (page_bytes, Direction.SAVE) in dev.paths:
             return
@@ -461,7 +436,7 @@ class CudaBackend(CopyBackend):
                                            self._staging.free)
         for direction, rates in rates_by_direction.items():
             kernel_gbps, dma_gbps = rates
-            path = COPY_ENGINE if dma_gbps >= _COPY_ENGINE_MARGIN[direction] * kernel_gbps else KERNEL
+            path = path_from_rates(direction, kernel_gbps, dma_gbps)
             dev.paths[(page_bytes, direction)] = path
             self.probes.append({"device": dev.device, "page_bytes": page_bytes,
                                 "direction": direction.name, "kernel_gbps": kernel_gbps,

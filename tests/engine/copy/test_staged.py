@@ -274,42 +274,6 @@ def test_slot_reuse_waits_for_its_last_use_and_forget_frees_it(gpu):
     assert side.free_events == [None, None]
 
 
-def _path_of(copy_backend: str, page_bytes: int, fenced: bool = False, misaligned: bool = False,
-             has_staging: bool = True) -> str:
-    """``CudaBackend._path`` for an op of every layer, where the probe chose the kernel."""
-    from engine.copy.cuda import CudaBackend
-    backend = CudaBackend.__new__(CudaBackend)  # no GPU: only the choice is exercised
-    backend.copy_backend = copy_backend
-    staging = staged.DeviceStaging.__new__(staged.DeviceStaging)
-    staging.slot_bytes = 64 << 20
-    dev = type("Dev", (), {"staging": staging if has_staging else None,
-                           "pool_base": (1 << 40) + 8 * misaligned,
-                           "paths": {(page_bytes, Direction.LOAD): "kernel"}})()
-    op = CopyOp(1, Direction.LOAD, 0, [LayerPlacement(i, 0, i * (page_bytes << 8), page_bytes)
-                                       for i in range(NUM_LAYERS)], page_bytes,
-                np.array([3]), np.array([0]), record_events=0 if fenced else None)
-    regions = [Region(0, b"", 1 << 30, 1 << 40)] * NUM_LAYERS
-    return backend._path(dev, op, regions)
-
-
-@pytest.mark.parametrize("copy_backend,page_bytes,fenced,misaligned,expected", [
-    ("auto", 64 << 10, False, False, "staged"),
-    ("auto", 256 << 10, False, False, "staged"),
-    ("auto", 1 << 20, False, False, "kernel"),        # big pages: page by page, the probe's choice
-    ("auto", 64 << 10, True, False, "kernel"),        # a fenced load: the kernel, layer by layer
-    ("staged", 1 << 20, False, False, "staged"),      # asked for: staged whatever the page size
-    ("staged", 64 << 10, True, False, "kernel"),      # asked for but impossible: as under auto
-    ("staged", 64 << 10, False, True, "copy-engine"),  # misaligned for the kernel: page by page
-])
-def test_cuda_backend_path_stages_what_it_should(copy_backend, page_bytes, fenced, misaligned,
-                                                 expected):
-    assert _path_of(copy_backend, page_bytes, fenced, misaligned) == expected
-
-
-def test_cuda_backend_path_without_device_staging_takes_the_probes_choice():
-    assert _path_of("auto", 64 << 10, has_staging=False) == "kernel"
-
-
 def _client_late(gpu: FakeGpu, event: str, write) -> None:
     """The client's stream: ``write`` (GPU work still running), then ``event`` recorded."""
     gpu.enqueue("client", write)
