@@ -192,8 +192,10 @@ def warn_unknown_env(environ=None) -> list[str]:
     known = known_env_vars()
     for option in OPTIONS:
         if option.old_env and option.old_env in environ:
+            is_new_set = bool(environ.get(option.env, "").strip())
             logger.warning("%s is the old name of %s%s; rename it", option.old_env, option.env,
-                           " (which is set and wins)" if option.env in environ else ", and still applies")
+                           " (which is set and wins)" if is_new_set else
+                           f" (still read when neither --{option.flag} nor {option.env} is given)")
     old = {o.old_env for o in OPTIONS if o.old_env}
     unknown = sorted(k for k in environ if k.startswith("PEGAFLOW_") and k not in known and k not in old)
     for var in unknown:

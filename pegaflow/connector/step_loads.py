@@ -234,10 +234,9 @@ class StepLoads:
             self.stats.observe("load_s", now - started)
             if done.is_ok:
                 self.stats.add("loaded_blocks", len(spec.block_ids))
+                self.finished_recving.add(spec.req_id)
             else:
-                self.stats.add("load_failed_blocks", len(spec.block_ids))
-                self.errors.update(spec.block_ids)
-            self.finished_recving.add(spec.req_id)
+                self.fail(spec)  # a load error, and its blocks' saves held back (the taint)
         return True
 
     def fail_async(self) -> None:

@@ -116,7 +116,7 @@ def test_e2e_default_compilation_serves_decode_completed_blocks_exactly(engine, 
     # token never is), i.e. more than the prompts alone hold.
     held = sum(min(len(p) + answer_tokens - 1, len(r) - 1) // BLOCK * BLOCK for p, r in zip(prompts, rounds))
     prompt_only = sum((len(p) - 1) // BLOCK * BLOCK for p in prompts)
-    assert result["external_hit_tokens"] >= 0.99 * held > prompt_only, (result["external_hit_tokens"], held)
+    assert result["external_hit_tokens"] >= held > prompt_only, (result["external_hit_tokens"], held)
 
 
 def test_e2e_corrupted_pool_page_is_caught(engine, reference, tmp_path):

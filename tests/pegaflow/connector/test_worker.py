@@ -161,6 +161,15 @@ def test_worker_fenced_loads_of_a_live_engine_are_kept():
     assert worker.get_block_ids_with_load_errors() == set() and client.calls == []
 
 
+def test_worker_fenced_loads_reach_vllms_metrics_as_loaded_or_failed_once():
+    # What vLLM's metrics get: a kept load counts its blocks loaded, a recomputed one failed,
+    # never both (each planned block once).
+    for gone, loaded, failed in ((False, 2, 0), (True, 0, 2)):
+        worker, _ = _step_with_a_fenced_load(gone=gone)
+        data = worker.stats.data
+        assert (data["load_blocks"], data["loaded_blocks"], data["load_failed_blocks"]) == (2, loaded, failed)
+
+
 def test_worker_fenced_loads_of_a_dropped_connection_are_recomputed_even_after_a_reconnect():
     # 1. The step's load was accepted; then the connection was dropped (say, a save hit a
     #    full ring) and a new one made to a live engine before the step ended.
