@@ -17,7 +17,8 @@ import numpy as np
 
 from pegaflow import shm
 from pegaflow.arena import PayloadArena
-from pegaflow.completion import Completion, LookupResult, checked, completion_of
+from pegaflow.commands import EngineCommands
+from pegaflow.completion import Completion, checked, completion_of
 from pegaflow.errors import CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError, PegaflowError
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.shm import is_pid_alive
@@ -25,23 +26,14 @@ from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait
 from pegaflow.waits import Doorbell, poll_until
 from pegaflow.wire import (
     ALL_LAYERS,
-    BLOCK_ID,
     CONTROL_HEADER,
     NO_EVENT,
     WIRE_VERSION,
     ClientRole,
-    CommandFlag,
     Opcode,
-    encode_hashes,
 )
 
 logger = logging.getLogger(__name__)
-_PING = Opcode.PING
-
-
-def _records(hashes) -> np.ndarray:
-    """HASH records from a list of bytes, or records already encoded."""
-    return hashes if isinstance(hashes, np.ndarray) else encode_hashes(hashes)
 
 
 class _HeaderWords:
@@ -73,7 +65,7 @@ def serving_engine_epoch(engine_name: str) -> int:
     return int(header["epoch"])
 
 
-class EngineClient:
+class EngineClient(EngineCommands):
     """One attached client; not thread-safe (use one per thread that talks to the engine)."""
 
     def __init__(self, engine_name: str, default_timeout_s: float = 5.0):
@@ -298,73 +290,6 @@ class EngineClient:
         starts no SAVE or LOAD of ours still queued (it would read or overwrite blocks
         that belong to someone else by then)."""
         self._view.revoked[0] = 1
-
-    def ping(self, timeout_s: float | None = None) -> int:
-        """A round trip; returns the engine's number of copies in flight."""
-        return checked(_PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
-
-    def lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> "LookupResult":
-        """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s),
-                                                 timeout_s))
-        return done.result
-
-    def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> int:
-        records = _records(hashes)
-        return self.submit(Opcode.LOOKUP, payload=[records], num_items=len(records),
-                           namespace=namespace, timeout_s=timeout_s)
-
-    def release(self, lease_id: int) -> int:
-        """End a lease; returns the request id to wait on."""
-        return self.submit(Opcode.RELEASE, arg=lease_id)
-
-    def release_nowait(self, lease_id: int) -> None:
-        """End a lease, fire and forget: its answer is dropped on arrival."""
-        self._unwanted.add(self.release(lease_id))
-
-    def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
-                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
-                    one_event: bool = False) -> int:
-        """``one_event``: every layer's copy waits for ``event_index`` alone (else, for all
-        layers, layer k waits for ``event_index + k``)."""
-        ids = np.asarray(block_ids, dtype=BLOCK_ID)
-        flags = CommandFlag.ONE_EVENT if one_event else CommandFlag.NONE
-        return self.submit(Opcode.SAVE, payload=[ids, _records(hashes)], num_items=len(ids),
-                           namespace=namespace, layer=layer, event_index=event_index,
-                           flags=int(flags))
-
-    def submit_drop(self, namespace: int, hashes, since_request: int = 0) -> int:
-        """Ask the engine to forget those of these blocks that our SAVEs from request
-        ``since_request`` on stored (their data was found bad since); the answer's
-        ``value`` is how many it held."""
-        records = _records(hashes)
-        return self.submit(Opcode.DROP, payload=[records], num_items=len(records),
-                           namespace=namespace, arg=since_request)
-
-    def drop_nowait(self, namespace: int, hashes, since_request: int = 0) -> None:
-        """``submit_drop``, fire and forget: its answer is dropped on arrival."""
-        self._unwanted.add(self.submit_drop(namespace, hashes, since_request))
-
-    def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
-                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
-                    after_client: bool = False) -> int:
-        """``after_client``: the copy waits for the last event of our pool, which the caller
-        recorded on its stream before this call."""
-        ids = np.asarray(block_ids, dtype=BLOCK_ID)
-        flags = CommandFlag.RELEASE_LEASE if lease_id else CommandFlag.NONE
-        if after_client:
-            flags |= CommandFlag.AFTER_CLIENT
-        return self.submit(Opcode.LOAD, payload=[ids, _records(hashes)], num_items=len(ids),
-                           namespace=namespace, layer=layer, event_index=event_index,
-                           arg=lease_id, flags=int(flags))
-
-    def register_region(self, region_id: int, region: np.ndarray, layers: np.ndarray) -> None:
-        """REGISTER one region of KV memory (a wire.REGION record and its wire.LAYER records)."""
-        self.call(Opcode.REGISTER, payload=[region, layers], num_items=len(layers),
-                  region_id=region_id)
-
-    def register_events(self, handles: np.ndarray) -> None:
-        self.call(Opcode.REGISTER_EVENTS, payload=[handles], num_items=len(handles))
 
     def close(self, detach: bool = True, timeout_s: float = 2.0) -> None:
         """DETACH (best effort within ``timeout_s``; skipped when ``detach`` is False) and unmap."""
