@@ -212,12 +212,7 @@ class SchedulerSide:
                 state.num_saved_blocks = min(state.num_saved_blocks, bad[0])
 
     def take_stats(self) -> PegaKVConnectorStats | None:
-        """What happened since vLLM last asked (None: nothing); the counts start again."""
-        is_up = not self.link.is_down
-        if self.stats.is_empty() and is_up:
-            return None
-        self.stats.engine_seen(is_up)
-        return self.stats.clone_and_reset()
+        return self.stats.take(is_engine_up=not self.link.is_down)
 
     def has_pending_work(self) -> bool:
         """Held blocks are freed only by a later step's worker report: keep stepping."""

@@ -69,6 +69,14 @@ class PegaKVConnectorStats(KVConnectorStats):
     def is_empty(self) -> bool:
         return not any(self.data[key] for key in COUNTS) and not any(self.data[k] for k in LATENCIES)
 
+    def take(self, is_engine_up: bool) -> "PegaKVConnectorStats | None":
+        """What happened since vLLM last asked (None: nothing, and the engine is there),
+        with whether the engine is reachable; the counts start again from zero."""
+        if self.is_empty() and is_engine_up:
+            return None
+        self.engine_seen(is_engine_up)
+        return self.clone_and_reset()
+
     def clone_and_reset(self) -> "PegaKVConnectorStats":
         """A snapshot to hand to vLLM (which may keep the very object), and a fresh start."""
         snapshot = copy.copy(self)

@@ -292,13 +292,7 @@ class WorkerSide:
         return sending or None, recving or None
 
     def take_stats(self) -> PegaKVConnectorStats | None:
-        """What happened since vLLM last asked (None: nothing), and whether the engine is
-        reachable; the counts start again from zero."""
-        is_up = self.link.current() is not None
-        if self.stats.is_empty() and is_up:
-            return None
-        self.stats.engine_seen(is_up)
-        return self.stats.clone_and_reset()
+        return self.stats.take(is_engine_up=self.link.current() is not None)
 
     def shutdown(self) -> None:
         self.trace.flush()
