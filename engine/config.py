@@ -55,7 +55,7 @@ class EngineConfig:
         if self.slab_bytes > self.pool_bytes:
             raise ConfigError(f"--slab-size {format_size(self.slab_bytes)} exceeds --pool-size "
                               f"{format_size(self.pool_bytes)}")
-        if self.backend not in ("auto", "cuda", "host"):
+        if self.backend not in _BACKENDS:
             raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
         if self.device_staging_bytes < 0:
             raise ConfigError(f"--device-staging {self.device_staging_bytes}: must not be negative")
@@ -72,7 +72,7 @@ class EngineConfig:
             raise ConfigError(f"--ring-slots {self.ring_slots}: must be at least 2")
         if self.arena_bytes < 4096:
             raise ConfigError(f"--arena-size {self.arena_bytes} bytes: must be at least 4KiB")
-        if self.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        if self.log_level not in _LOG_LEVELS:
             raise ConfigError(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
         if not 0 < self.lease_ttl_s < math.inf:  # nan fails too: it never expires anything
             raise ConfigError(f"--lease-ttl must be a positive number of seconds, got {self.lease_ttl_s}")
@@ -94,7 +94,6 @@ class Option:
     default: str                     # as a person writes it (also what --help shows)
     help: str
     parse: Callable[[str], Any] = str  # text -> the field's value
-    choices: tuple[str, ...] = ()
     is_switch: bool = False          # --keep-pool / --no-keep-pool
     old_env: str = ""                # an earlier name of its env var, still read (with a warning)
 
@@ -122,11 +121,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("slab-size", "slab_bytes", "64MiB", "pool allocation unit per block size (the largest "
            "block it stores); clamped to the pool size", parse_size),
     Option("backend", "backend", "auto", "auto: cuda when a GPU is present, else host",
-           _choice("backend", _BACKENDS), _BACKENDS),
+           _choice("backend", _BACKENDS)),
     Option("copy-backend", "copy_backend", "auto", "cuda copy path: kernel (SMs read and write the "
            "pool over PCIe), copy-engine (one DMA per page), staged (pages packed in device memory, "
            "one DMA per run of pool entries); auto stages what it can and picks between the others "
-           "by a measurement per page size", _choice("copy-backend", COPY_PATHS), COPY_PATHS),
+           "by a measurement per page size", _choice("copy-backend", COPY_PATHS)),
     Option("device-staging", "device_staging_bytes", f"{DEVICE_STAGING_BYTES >> 20}MiB",
            "GPU memory the staged path takes on each GPU the engine serves (two slots each way); "
            "0 turns it off", parse_size),
@@ -144,8 +143,7 @@ OPTIONS: tuple[Option, ...] = (
            "engine stops (or dies), and take in the blocks a kept pool of the same size holds at "
            "start: the cache outlives an engine restart; the pool's memory stays in use while no "
            "engine runs", lambda text: as_bool("--keep-pool", text), is_switch=True),
-    Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True),
-           _LOG_LEVELS),
+    Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True)),
 )
 
 

@@ -158,10 +158,22 @@ class EngineClient(EngineCommands):
         logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
 
     def _wait_serving(self, timeout_s: float) -> bool:
-        """Until the engine (still preparing its pool) serves: True, or False at the deadline."""
+        """Until the engine (still preparing its pool) serves: True, or False at the deadline;
+        EngineGoneError at once if it dies or stops meanwhile."""
         at = CONTROL_HEADER.fields["is_serving"][1]
         flag = memoryview(self._control.array(np.uint8, 4, at)).cast("I")
-        return poll_until(lambda: True if flag[0] else None, timeout_s, max_pause_s=10e-3) is not None
+        next_check = [0.0]
+
+        def serving():
+            if flag[0]:
+                return True
+            if time.monotonic() >= next_check[0]:  # a syscall: not on every poll
+                next_check[0] = time.monotonic() + 0.1
+                if not is_pid_alive(self.engine_pid):
+                    raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) "
+                                          f"exited while preparing its pool")
+            return None
+        return poll_until(serving, timeout_s, max_pause_s=10e-3) is not None
 
     def _new_request_id(self) -> int:
         request_id = self._next_request_id

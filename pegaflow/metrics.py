@@ -78,7 +78,7 @@ class EngineCollector(Collector):
             return
         for key, (is_counter, text) in METRICS.items():
             family_type = CounterMetricFamily if is_counter else GaugeMetricFamily
-            family = family_type(f"pegaflow_{key}", text, labels=["engine"])
+            family = family_type(metric_name(key).removesuffix("_total"), text, labels=["engine"])
             family.add_metric(labels, stats[key])
             yield family
         commands = CounterMetricFamily("pegaflow_commands", "commands answered, by opcode",

@@ -7,6 +7,7 @@ TiB, and the short K, M, G, T as in ``docker --shm-size``); decimal ones say so 
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import metadata
 from typing import Any
@@ -51,6 +52,7 @@ def as_bool(key: str, value: Any) -> bool:
     raise ConfigError(f"{key}={value!r}: expected true or false")
 
 
+@functools.cache  # a search of the installed packages: once per process, not per stats read
 def package_version() -> str:
     """The installed distribution's version, or the source tree's when not installed."""
     try:

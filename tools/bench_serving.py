@@ -77,7 +77,9 @@ def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str 
                              error=f"{type(exc).__name__}: {exc}")
     finally:
         conn.close()
-    return RequestResult(key, len(prompt), tokens, started, first or done, done)
+    if not tokens:  # answered, but with no token: not a result to time
+        return RequestResult(key, len(prompt), [], started, done, done, error="no token in the answer")
+    return RequestResult(key, len(prompt), tokens, started, first, done)
 
 
 def run_all(port: int, jobs: list[tuple[str, list[int], float]], max_tokens: int,
@@ -229,6 +231,10 @@ def headline(runs: list[dict]) -> dict:
                    "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
                    "throughput_rps": [r["shared_prefix"]["throughput_rps"] for r in mine if r["shared_prefix"]]}
         row = {k: statistics.median(v) for k, v in figures.items() if v}
+        # Failed requests are left out of the timings: say how many, so a faster row that
+        # dropped requests is seen for what it is.
+        row["errors"] = sum(r["later_rounds"]["errors"] + (r["shared_prefix"] or {}).get("errors", 0)
+                            for r in mine)
         row.update({f"{k}_spread": [min(v), max(v)] for k, v in figures.items() if v})
         if reference is not None:
             shares = [identical_share(_as_results(r), reference) for r in mine]
@@ -280,12 +286,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{config:<10} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
               f"{row['ttft_p99_ms']:>12.1f} {row.get('throughput_rps', float('nan')):>11.2f} "
               f"{row.get('identical_share', float('nan')):>9.3f}")
+    if any(row["errors"] for row in table.values()):
+        print("requests failed: " + ", ".join(f"{c} {row['errors']}" for c, row in table.items()
+                                              if row["errors"]), file=sys.stderr)
     if args.json:
         import torch
         Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "model": args.model,
                                                "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
                                                **table, "runs": runs}, indent=1))
-    return 0
+    return 1 if any(row["errors"] for row in table.values()) else 0
 
 
 if __name__ == "__main__":

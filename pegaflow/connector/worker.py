@@ -152,12 +152,12 @@ class WorkerSide:
     def save_kv_layer(self, layer_name: str) -> None:
         """Mark the layer's KV written (cuda: an event on vLLM's stream, one per engine layer);
         the step's one SAVE goes out from ``wait_for_save``."""
-        meta = self._meta
-        if meta is None or not meta.saves or layer_name not in self.layers.save_layers:
+        meta, layers, memory = self._meta, self.loads.layers, self.loads.memory  # once per layer
+        if meta is None or not meta.saves or layer_name not in layers.save_layers:
             return
-        if self.memory.has_events:
+        if memory.has_events:
             try:
-                self.memory.events.record(self.layers.virtual[layer_name], self.memory.current_stream())
+                memory.events.record(layers.virtual[layer_name], memory.current_stream())
             except PegaflowError as exc:
                 logger.error("pegaflow: cannot fence layer %s for saving (%s); this step's "
                              "saves are dropped", layer_name, exc)

@@ -79,10 +79,10 @@ def test_run_all_keeps_order_and_bounds_concurrency(port):
     assert _Fake.peak <= 3
 
 
-def _run(config, wall, ttft50, tokens):
-    later = {"ttft_p50_ms": ttft50, "ttft_p99_ms": ttft50 * 2}
+def _run(config, wall, ttft50, tokens, errors=0):
+    later = {"ttft_p50_ms": ttft50, "ttft_p99_ms": ttft50 * 2, "errors": errors}
     return {"config": config, "later_rounds_wall_s": wall, "later_rounds": later,
-            "shared_prefix": {"throughput_rps": 10.0 / wall}, "results": [["r1u0", tokens, ""]]}
+            "shared_prefix": {"throughput_rps": 10.0 / wall, "errors": 0}, "results": [["r1u0", tokens, ""]]}
 
 
 def test_headline_medians_spreads_and_identity_against_the_first_none():
@@ -93,6 +93,12 @@ def test_headline_medians_spreads_and_identity_against_the_first_none():
     assert table["pegaflow"]["later_rounds_wall_s_spread"] == [1.0, 1.2]
     assert table["pegaflow"]["outputs_identical"] and table["none"]["outputs_identical"]
     assert not table["native"]["outputs_identical"] and table["native"]["identical_share"] == 0.0
+    assert table["pegaflow"]["errors"] == 0
+
+
+def test_headline_counts_failed_requests_left_out_of_the_timings():
+    table = headline([_run("none", 4.0, 300, [1]), _run("pegaflow", 1.0, 50, [1], errors=3)])
+    assert table["pegaflow"]["errors"] == 3 and table["none"]["errors"] == 0
 
 
 def test_server_command_per_config():

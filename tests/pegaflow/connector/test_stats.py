@@ -68,6 +68,8 @@ def test_stats_a_failure_reported_after_its_load_never_makes_a_counter_go_down()
                               ["engine"], {0: ["0"]})
     metrics.observe(_stats(load_blocks=4).data)
     metrics.observe(_stats(load_failed_blocks=4).data)
+    malformed = _stats(load_failed_blocks=0).data | {"loaded_blocks": -4}  # e.g. a buggy older sender
+    metrics.observe(malformed)
     assert registry.get_sample_value("vllm:pegaflow_load_failed_blocks_total", {"engine": "0"}) == 4
     assert registry.get_sample_value("vllm:pegaflow_loaded_blocks_total", {"engine": "0"}) in (None, 0.0)
 
