@@ -121,8 +121,8 @@ def test_fleet_two_vllms_serve_each_other_across_an_engine_restart(tmp_path):
     engine = EngineProcess(name, "--keep-pool", backend="cuda", pool_size="2GiB", start_timeout_s=120)
     a = b = c = None
     try:
-        a = Session(name)
-        b = Session(name)
+        a = Session(name, str(tmp_path / "a.log"))  # pegaflow's DEBUG log, for a failure's story
+        b = Session(name, str(tmp_path / "b.log"))
         # vLLM keeps its full CUDA graphs with pegaflow on.
         assert a.cudagraph_mode == "FULL_AND_PIECEWISE"
         # 1. A computes its prompts one at a time, then stays idle; B is served all of them.
@@ -155,7 +155,7 @@ def test_fleet_two_vllms_serve_each_other_across_an_engine_restart(tmp_path):
         #    what A saved after it.
         a.close()
         b.close()
-        c = Session(name)
+        c = Session(name, str(tmp_path / "c.log"))
         for prompts, ref_out in ((a_prompts, ref_a), (b_prompts, ref_b), (fresh, ref_fresh)):
             out, hits = c.generate(prompts)
             assert _share(hits, prompts) >= 0.99, (hits, [len(p) for p in prompts])
