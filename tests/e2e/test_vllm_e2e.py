@@ -4,8 +4,8 @@ Process R computes every prompt with no connector (the reference).  Process A, w
 connector, computes the base prompts cold and saves them.  Process B, a fresh vLLM with
 its own prefix cache off, runs the base prompts, prompts that extend them, prompts that
 share only part of them, and a batch of them together: its prefixes come from the engine
-(the engine's counters and vLLM's external-hit counter say so) and its greedy tokens and
-top-5 logprobs equal R's bit for bit.  Corrupting one page in the pool makes the check
+(the engine's counters and vLLM's per-request count of tokens it did not compute say so)
+and its greedy tokens and top-5 logprobs equal R's bit for bit.  Corrupting one page in the pool makes the check
 fail; an engine gone mid-run still yields exact outputs (vLLM recomputes).
 """
 
@@ -92,7 +92,7 @@ def test_e2e_outputs_from_cache_equal_no_cache_run(engine, reference, tmp_path):
     # 2. B, a fresh vLLM without its own prefix cache, serves everything with the engine.
     result = _run(tmp_path, "B", _b_batches(prompts), engine.name, "--no-prefix-caching")
     stats = read_stats(engine.name)
-    assert stats["blocks_loaded"] > 0 and result["external_hit_tokens"] > 0
+    assert stats["blocks_loaded"] > 0 and result["cached_tokens"] > 0
     # 3. Tokens and top-5 logprobs equal the no-cache run exactly.
     assert _max_logprob_diff(_flatten(result), ref) == 0.0
 
@@ -110,13 +110,16 @@ def test_e2e_default_compilation_serves_decode_completed_blocks_exactly(engine, 
     ref_next = _flatten(_run(tmp_path, "Rg2", [[x] for x in rounds], "", "--no-prefix-caching", "--graphs"))
     first = _run(tmp_path, "Ag", [[x] for x in prompts], engine.name, "--graphs", "--max-tokens", str(answer_tokens))
     assert _max_logprob_diff(_flatten(first), ref_first) == 0.0
+    loaded_before = read_stats(engine.name)["blocks_loaded"]
     result = _run(tmp_path, "Bg", [[x] for x in rounds], engine.name, "--no-prefix-caching", "--graphs")
     assert _max_logprob_diff(_flatten(result), ref_next) == 0.0
     # Served: every full block of prompt and answer whose KV A computed (the answer's last
     # token never is), i.e. more than the prompts alone hold.
     held = sum(min(len(p) + answer_tokens - 1, len(r) - 1) // BLOCK * BLOCK for p, r in zip(prompts, rounds))
     prompt_only = sum((len(p) - 1) // BLOCK * BLOCK for p in prompts)
-    assert result["external_hit_tokens"] >= held > prompt_only, (result["external_hit_tokens"], held)
+    loaded = (read_stats(engine.name)["blocks_loaded"] - loaded_before) * BLOCK
+    assert result["cached_tokens"] >= held > prompt_only and loaded >= held, \
+        (result["cached_tokens"], loaded, result["external_hit_tokens"], held)
 
 
 def test_e2e_corrupted_pool_page_is_caught(engine, reference, tmp_path):
@@ -150,5 +153,5 @@ def test_e2e_engine_gone_still_exact(reference, tmp_path):
             proc.proc.wait()
         # 2. A new engine of that name removes what the killed one left in /dev/shm.
         EngineProcess(name, backend="cuda", pool_size="64MiB", start_timeout_s=120).stop()
-    assert result["external_hit_tokens"] == 0
+    assert result["cached_tokens"] == 0
     assert _max_logprob_diff(_flatten(result), ref) == 0.0

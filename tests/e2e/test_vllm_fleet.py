@@ -6,8 +6,12 @@ alive at the same time on one ``--keep-pool`` engine, each serve what the other 
 including the blocks that decode completed (a chat's next round is the last answer plus a
 question).  Then the engine is SIGKILLed and restarted; A, alive across the restart,
 computes a new prompt; A and B exit, and a fresh C is served everything.  At every step
-the served share (vLLM's external-hit tokens over what the engine holds) is at least
-99 %, and tokens and top-5 logprobs equal R's exactly.
+the served share is at least 99 % of what the engine holds, by vLLM's per-request count of
+prompt tokens it did not compute (its own prefix cache reset, or prompts it never saw) and
+by the engine's count of blocks loaded; and tokens and top-5 logprobs equal R's exactly.
+vLLM's external-hit counter is reported but not asserted: vLLM 0.26's offline engine
+drops the scheduler stats of steps that return no request output (``LLMEngine.step``), so
+under asynchronous scheduling it undercounts (it read 1 184 of 4 368 served tokens).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ pytest.importorskip("vllm")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from pegaflow.engine_stats import read_stats  # noqa: E402
 from tests.e2e.outputs import max_logprob_diff  # noqa: E402
 from tools.engine_process import EngineProcess  # noqa: E402
 
@@ -53,7 +58,7 @@ class Session:
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
-        self.hits = 0.0
+        self.engine, self.loaded_tokens, self.counter_hits = engine, 0, 0.0
         self.cudagraph_mode = self._read()["cudagraph_mode"]
 
     def _read(self) -> dict:
@@ -71,13 +76,18 @@ class Session:
         self.proc.stdin.flush()
         return self._read()
 
-    def generate(self, prompts: list[list[int]], reset: bool = False) -> tuple[list, float]:
-        """Outputs of ``prompts`` (one at a time) and the external-hit tokens they got."""
+    def generate(self, prompts: list[list[int]], reset: bool = False) -> tuple[list, int]:
+        """Outputs of ``prompts`` (one at a time) and the prompt tokens vLLM did not compute
+        (with its prefix cache reset first, or prompts it never saw: the engine's hits).  A
+        session without an engine counts 0 loaded; with one, what the engine counted as
+        loaded in the meantime is in ``self.loaded_tokens``."""
         if reset:
             assert self._call(op="reset_prefix_cache")["ok"]
+        before = read_stats(self.engine)["blocks_loaded"] if self.engine else 0
         answer = self._call(op="generate", prompts=prompts, max_tokens=MAX_TOKENS)
-        hits, self.hits = answer["external_hit_tokens"] - self.hits, answer["external_hit_tokens"]
-        return answer["results"], hits
+        self.loaded_tokens = (read_stats(self.engine)["blocks_loaded"] - before) * BLOCK if self.engine else 0
+        self.counter_hits = answer["external_hit_tokens"]  # vLLM's own counter: reported, not trusted
+        return answer["results"], sum(r["cached_tokens"] for r in answer["results"])
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -129,19 +139,23 @@ def test_fleet_two_vllms_serve_each_other_across_an_engine_restart(tmp_path):
         out, hits = a.generate(a_prompts)
         assert hits == 0 and max_logprob_diff(out, ref_a) == 0.0
         out, hits = b.generate(a_prompts, reset=True)
-        assert _share(hits, a_prompts) >= 0.99, hits
+        assert _share(hits, a_prompts) >= 0.99 and _share(b.loaded_tokens, a_prompts) >= 0.99, \
+            (hits, b.loaded_tokens, b.counter_hits)
         assert max_logprob_diff(out, ref_a) == 0.0
         # 2. B computes its own; A is served them.
         b.generate(b_prompts)
         out, hits = a.generate(b_prompts, reset=True)
-        assert _share(hits, b_prompts) >= 0.99, hits
+        assert _share(hits, b_prompts) >= 0.99 and _share(a.loaded_tokens, b_prompts) >= 0.99, \
+            (hits, a.loaded_tokens, a.counter_hits)
         assert max_logprob_diff(out, ref_b) == 0.0
         # 3. The chat's next round: B is served A's prompt and the blocks A's decode
         #    completed (its answer's KV), more than the prompt alone holds.
         out, hits = b.generate(chat, reset=True)
         computed = len(a_prompts[0]) + MAX_TOKENS - 1  # the last answer token has no KV yet
         assert hits > _held_tokens(a_prompts[0]) and \
-            _share(hits, chat, [_held_tokens(chat[0], computed)]) >= 0.99, hits
+            _share(hits, chat, [_held_tokens(chat[0], computed)]) >= 0.99 and \
+            _share(b.loaded_tokens, chat, [_held_tokens(chat[0], computed)]) >= 0.99, \
+            (hits, b.loaded_tokens, b.counter_hits)
         assert max_logprob_diff(out, ref_chat) == 0.0
         # 4. The engine is SIGKILLed and restarted with its kept pool; A, alive across the
         #    restart, computes a new prompt at once.
@@ -158,7 +172,8 @@ def test_fleet_two_vllms_serve_each_other_across_an_engine_restart(tmp_path):
         c = Session(name, str(tmp_path / "c.log"))
         for prompts, ref_out in ((a_prompts, ref_a), (b_prompts, ref_b), (fresh, ref_fresh)):
             out, hits = c.generate(prompts)
-            assert _share(hits, prompts) >= 0.99, (hits, [len(p) for p in prompts])
+            assert _share(hits, prompts) >= 0.99 and _share(c.loaded_tokens, prompts) >= 0.99, \
+                (hits, c.loaded_tokens, c.counter_hits, [len(p) for p in prompts])
             assert max_logprob_diff(out, ref_out) == 0.0
     finally:
         for session in (a, b, c):

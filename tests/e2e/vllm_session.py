@@ -5,7 +5,7 @@
 Reads one JSON command a line and answers each with one JSON line:
 
     {"op": "generate", "prompts": [[tok, ...], ...], "max_tokens": 8}
-        -> {"results": [{"tokens": [...], "logprobs": [...]}, ...],
+        -> {"results": [{"tokens": [...], "logprobs": [...], "cached_tokens": N}, ...],
             "external_hit_tokens": <vLLM's counter, cumulative>}
         (the prompts run one at a time, as a user sends them one after another)
     {"op": "reset_prefix_cache"} -> {"ok": true}
@@ -24,7 +24,11 @@ import sys
 def _record(output) -> dict:
     completion = output.outputs[0]
     logprobs = [{str(tok): lp.logprob for tok, lp in step.items()} for step in (completion.logprobs or [])]
-    return {"tokens": list(completion.token_ids), "logprobs": logprobs}
+    # The prompt tokens vLLM did not compute (its prefix cache and the connector's hits): a
+    # per-request count, where vLLM 0.26's offline external-hit counter loses the stats of
+    # steps that return no request output.
+    return {"tokens": list(completion.token_ids), "logprobs": logprobs,
+            "cached_tokens": int(output.num_cached_tokens or 0)}
 
 
 def _hits(llm) -> float:
