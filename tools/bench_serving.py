@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answer-tokens", type=int, default=16)
     p.add_argument("--arrival-rate", type=float, default=float("inf"),
                    help="requests per second within a round (default: a round's all at once)")
-    p.add_argument("--prefixes", type=int, default=4)
+    p.add_argument("--prefixes", type=int, default=16,
+                   help="system prompts (16 x 4000 tokens: more than the default GPU cache holds)")
     p.add_argument("--prefix-tokens", type=int, default=4000)
     p.add_argument("--prefix-requests", type=int, default=64, help="0: no shared-prefix workload")
     p.add_argument("--concurrency", type=int, default=16)
