@@ -124,10 +124,25 @@ def _get(port: int, path: str, method: str = "GET") -> str:
         return response.read().decode()
 
 
-def external_hit_tokens(port: int) -> float:
+def counters(port: int) -> dict[str, float]:
+    """The server's counters a run reports (summed over their labels): vLLM's external hits
+    and every ``vllm:pegaflow_*`` counter (lookup deferrals and timeouts, blocks loaded...)."""
     from prometheus_client.parser import text_string_to_metric_families
-    return sum(s.value for f in text_string_to_metric_families(_get(port, "/metrics"))
-               for s in f.samples if s.name == "vllm:external_prefix_cache_hits_total")
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(_get(port, "/metrics")):
+        for sample in family.samples:
+            if sample.name == "vllm:external_prefix_cache_hits_total" or (
+                    sample.name.startswith("vllm:pegaflow_") and sample.name.endswith("_total")):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def external_hit_tokens(port: int) -> float:
+    return counters(port).get("vllm:external_prefix_cache_hits_total", 0.0)
 
 
 def server_command(config: str, args, engine_name: str) -> list[str]:
@@ -188,12 +203,12 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     try:
         server = Server(server_command(config, args, name), args.port, log_dir / f"{tag}.log")
         try:
-            hits0 = external_hit_tokens(args.port)
+            counts0 = counters(args.port)
             rounds = multi_round(args.port, args)
-            hits1 = external_hit_tokens(args.port)
+            counts1 = counters(args.port)
             _get(args.port, "/reset_prefix_cache", method="POST")
             prefix = shared_prefix(args.port, args) if args.prefix_requests else []
-            hits2 = external_hit_tokens(args.port)
+            counts2 = counters(args.port)
         finally:
             server.stop()
         engine_stats = None
@@ -205,11 +220,14 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
         if engine is not None:
             engine.stop()
     later = [r for rnd in rounds[1:] for r in rnd]
+    phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
     return {"config": config, "tag": tag, "rounds": [summarize(rnd) for rnd in rounds],
             "later_rounds": summarize(later),
             "later_rounds_wall_s": round(sum(summarize(rnd)["wall_s"] for rnd in rounds[1:]), 4),
             "shared_prefix": summarize(prefix) if prefix else None,
-            "host_hit_tokens": {"multi_round": hits1 - hits0, "shared_prefix": hits2 - hits1},
+            "host_hit_tokens": {phase: d.get("vllm:external_prefix_cache_hits_total", 0.0)
+                                for phase, d in phases.items()},
+            "counters": phases,
             "engine": engine_stats,
             "results": [[r.key, r.tokens, r.error] for rnd in rounds for r in rnd] +
                        [[r.key, r.tokens, r.error] for r in prefix]}

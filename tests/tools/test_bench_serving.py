@@ -24,6 +24,22 @@ class _Fake(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    METRICS = ("# TYPE vllm:external_prefix_cache_hits counter\n"
+               'vllm:external_prefix_cache_hits_total{engine="0"} 32.0\n'
+               "# TYPE vllm:pegaflow_lookup_deferrals counter\n"
+               'vllm:pegaflow_lookup_deferrals_total{engine="0"} 2.0\n'
+               'vllm:pegaflow_lookup_deferrals_total{engine="1"} 1.0\n'
+               "# TYPE vllm:prompt_tokens counter\n"
+               'vllm:prompt_tokens_total{engine="0"} 99.0\n')
+
+    def do_GET(self):
+        body = self.METRICS.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         assert body["stream"] and body["return_token_ids"] and body["model"] == bench_serving.SERVED_NAME
@@ -111,3 +127,9 @@ def test_server_command_per_config():
     pega = bench_serving.server_command("pegaflow", Args, "eng")
     config = json.loads(pega[pega.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "PegaKVConnector" and config["kv_connector_extra_config"]["engine_name"] == "eng"
+
+
+def test_counters_sum_labels_of_the_hit_and_pegaflow_counters_only(port):
+    assert bench_serving.counters(port) == {"vllm:external_prefix_cache_hits_total": 32.0,
+                                            "vllm:pegaflow_lookup_deferrals_total": 3.0}
+    assert bench_serving.external_hit_tokens(port) == 32.0
