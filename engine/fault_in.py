@@ -60,20 +60,22 @@ def split(start: int, num_bytes: int, num_parts: int) -> list[tuple[int, int]]:
     return [(s, min(step, end - s)) for s in range(start, end, step)]
 
 
-def fault_range(segment: shm.Segment, start: int, num_bytes: int) -> str:
+def fault_range(segment: shm.Segment, start: int, num_bytes: int, how: str | None = None) -> str:
     """Fault ``[start, +num_bytes)`` of ``segment`` in (one thread's part; ``start`` on a
-    page boundary); the method used.  ShmError if /dev/shm or the host cannot hold it."""
-    if _state["has_populate"] and _populate(segment, start, num_bytes):
+    page boundary) by ``how`` (default: the first the kernel has); the method used.
+    ShmError if /dev/shm or the host cannot hold it."""
+    if how != TOUCH and _state["has_populate"] and _populate(segment, start, num_bytes):
         return POPULATE
     _touch(segment, start, num_bytes)
     return TOUCH
 
 
-def fault_in(segment: shm.Segment, start: int, num_bytes: int, num_threads: int) -> str:
+def fault_in(segment: shm.Segment, start: int, num_bytes: int, num_threads: int,
+             how: str | None = None) -> str:
     """``fault_range`` over ``num_threads`` threads; the method used."""
     parts = split(start, num_bytes, num_threads)
     with ThreadPoolExecutor(max(1, min(num_threads, len(parts)))) as pool:
-        methods = list(pool.map(lambda part: fault_range(segment, *part), parts))
+        methods = list(pool.map(lambda part: fault_range(segment, *part, how), parts))
     return methods[-1] if methods else method()
 
 

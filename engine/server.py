@@ -64,7 +64,9 @@ _DETACH = Opcode.DETACH  # an enum member read off its class costs ~70 ns; the l
 class EngineServer:
     def __init__(self, config: EngineConfig, backend: CopyBackend | None = None):
         self.config = config
+        marks = [time.perf_counter()]  # the start's steps, for its log line
         self.segments = EngineSegments(config)
+        marks.append(time.perf_counter())
         try:  # a failed start leaves nothing behind in /dev/shm
             table = None  # only a kept pool needs its table (and a slab's entries capped by it)
             if config.keep_pool:
@@ -76,9 +78,11 @@ class EngineServer:
             self.backend = backend or make_backend(config.backend, config.copy_backend,
                                                       config.device_staging_bytes)
             self.backend.open_pool(self.segments.pool)
+            marks.append(time.perf_counter())
             self.pinner = PoolPinner(self.segments.pool, self.backend, config.pin_chunk,
                                      config.pin_threads or default_threads(), config.pin_rate_bytes)
             self.pinner.pin_first()
+            marks.append(time.perf_counter())
             self.index = BlockIndex(pool, config.lease_ttl_s, table if table is not None else NoTable())
             if self.segments.is_pool_kept:
                 num_blocks = self.index.adopt_table()
@@ -107,10 +111,13 @@ class EngineServer:
             logger.warning("--pool-size %s is not a whole number of %s slabs: %s allocated",
                            format_size(config.pool_bytes), format_size(config.slab_bytes),
                            format_size(config.usable_pool_bytes))
+        steps = [b - a for a, b in zip(marks, marks[1:])]
         logger.info("engine %r ready: %s backend, pool %s (%d slabs of %s; the largest block it "
-                    "stores is one slab; %s of it pinned so far), %d client slots", config.name,
+                    "stores is one slab; %s of it pinned so far), %d client slots; in %.2f s "
+                    "(shared memory %.2f s, backend %.2f s, first chunk %.2f s)", config.name,
                     self.backend.name, format_size(config.usable_pool_bytes), pool.num_slabs,
-                    format_size(config.slab_bytes), format_size(pool.bytes_ready), config.num_slots)
+                    format_size(config.slab_bytes), format_size(pool.bytes_ready), config.num_slots,
+                    time.perf_counter() - marks[0], *steps)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
     def request_stop(self) -> None:
