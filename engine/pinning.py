@@ -149,9 +149,8 @@ class PoolPinner:
         if ready_bytes >= size:
             self._log_done(elapsed)
         elif before and ready_bytes * 10 // size > before * 10 // size:  # every 10 %
-            logger.info("pool: %.1f / %.1f GiB pinned (%d %%), %.1f GB/s so far",
-                        ready_bytes / 2**30, size / 2**30, ready_bytes * 100 // size,
-                        ready_bytes / elapsed / 1e9)
+            logger.info("pool: %s / %s pinned (%d %%), %.1f GB/s so far", format_size(ready_bytes),
+                        format_size(size), ready_bytes * 100 // size, ready_bytes / elapsed / 1e9)
 
     def _log_done(self, elapsed: float) -> None:
         size, huge = self.segment.size, fault_in.huge_page_bytes(self.segment)
@@ -163,8 +162,8 @@ class PoolPinner:
 
     def _fail(self, why: str) -> None:
         done = self.progress
-        self.progress = PinProgress(done.ready_bytes, True, why, done.elapsed_ns)
         logger.error("pool: pinning stopped at %s of %s: %s; the engine serves with the %s "
                      "pinned", format_size(done.ready_bytes), format_size(self.segment.size),
                      why, format_size(done.ready_bytes))
+        self.progress = PinProgress(done.ready_bytes, True, why, done.elapsed_ns)
         self._wake()
