@@ -122,7 +122,7 @@ CONTROL_HEADER = _dtype([
     ("is_stopping", "<u4", 52),
     ("arena_bytes", "<u8", 56),
     ("engine_sleeping", "<u4", 64),  # set while the engine sleeps on its doorbell
-    ("is_serving", "<u4", 68),       # set once the engine accepts clients (its pool is ready)
+    ("is_serving", "<u4", 68),       # set once the engine accepts clients (its pool's first chunk pinned)
 ], 128)
 
 SLOT = _dtype([
