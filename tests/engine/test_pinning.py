@@ -173,9 +173,10 @@ def store_batches(kv: KVClient, rng, num_batches: int) -> list[tuple[list[bytes]
     return [kv.store(rng, NAMESPACE, range(kv.NUM_BLOCKS)) for _ in range(num_batches)]
 
 
-def test_engine_serves_from_the_first_chunk_and_grows_to_the_whole_pool(kv_client, rng):
+def test_engine_serves_from_the_first_chunk_and_grows_to_the_whole_pool(rng):
     backend = GatedBackend()
     server, thread = start_engine(backend)
+    kv = None
     try:
         # 1. Only the first 2 MiB are pinned, and a client is served already.
         kv = KVClient(server.config.name)
@@ -199,8 +200,9 @@ def test_engine_serves_from_the_first_chunk_and_grows_to_the_whole_pool(kv_clien
         store_batches(kv, rng, 5)
         offsets = [e.offset for e in list(server.index.entries.values())]
         assert max(offsets) >= 6 * MIB and server.index.counters.evictions == 64
-        kv.close()
     finally:
+        if kv is not None:
+            kv.close()
         stop_engine(server, thread)
 
 
@@ -226,13 +228,16 @@ def test_engine_kept_blocks_past_the_first_chunk_are_served_once_pinned(rng):
     # 1. An engine that keeps its pool stores three slabs of blocks (the third past 2 MiB).
     server, thread = start_engine(HostBackend(), name=name, keep_pool=True)
     kv = KVClient(name)
-    batches = store_batches(kv, rng, 3)
-    kv.close()
-    stop_engine(server, thread)
+    try:
+        batches = store_batches(kv, rng, 3)
+    finally:
+        kv.close()
+        stop_engine(server, thread)
     # 2. The next one has pinned only its first chunk: the first two batches hit, the
     #    third (in the second chunk) is not found yet.
     backend = GatedBackend()
     server, thread = start_engine(backend, name=name, keep_pool=True)
+    kv = None
     try:
         kv = KVClient(name)
         assert [kv.num_hits(NAMESPACE, hashes) for hashes, _ in batches] == [64, 64, 0]
@@ -245,8 +250,9 @@ def test_engine_kept_blocks_past_the_first_chunk_are_served_once_pinned(rng):
         kv.pages[:] = 0
         assert kv.load(NAMESPACE, range(64), hashes, lease_id=found.lease_id).is_ok
         assert np.array_equal(kv.pages, saved)
-        kv.close()
     finally:
+        if kv is not None:
+            kv.close()
         stop_engine(server, thread)
         for what in ("pool", "pool.table"):
             shm.unlink_segment(shm.ipc_name(name, what))
