@@ -83,9 +83,13 @@ with EngineProcess(NAME, *args, pool_size="48MiB", start_timeout_s=30, log_level
     kv = HostKVBuffer(PAGE * BLOCKS, "fullkv")
     kv.data[:] = 7
     # While the engine pins the rest of its pool, something else fills /dev/shm.
-    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
-    with open("/dev/shm/filler", "wb") as f:
-        f.write(b"\0" * free)
+    fd = os.open("/dev/shm/filler", os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        while os.write(fd, bytes(1 << 20)):
+            pass
+    except OSError:  # no space left: full
+        pass
+    os.close(fd)
     deadline = time.monotonic() + 20
     while "pinning stopped" not in open(sys.argv[1]).read() and time.monotonic() < deadline:
         time.sleep(0.05)
