@@ -18,6 +18,12 @@ class LruPolicy:
         self._order[key] = None
         self._order.move_to_end(key)
 
+    def insert_oldest(self, keys: list[Hashable]) -> None:
+        """``keys`` (least recently used first), all used less recently than any key held."""
+        for key in reversed(keys):
+            self._order[key] = None
+            self._order.move_to_end(key, last=False)
+
     def touch(self, key: Hashable) -> None:
         if key in self._order:
             self._order.move_to_end(key)

@@ -5,6 +5,9 @@ then READY: lookups and loads see READY entries only.  ``refs`` counts leases an
 in-flight copies; an entry with refs is never evicted.  Leases are created by LOOKUP,
 pin the contiguous hit prefix, and end on RELEASE, on the LOAD that uses them, when
 their client goes away, or at expiry.
+
+A kept pool's entries that lie beyond the pool's ready (pinned) part wait outside the
+index, never looked up or copied, until ``grow`` reaches them (``adopt_table``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +74,9 @@ class BlockIndex:
     policy: LruPolicy = field(default_factory=LruPolicy)
     counters: IndexCounters = field(default_factory=IndexCounters)
     writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
+    # A kept pool's READY entries beyond the pool's ready part, by offset: (offset, LRU
+    # rank, key, entry); taken in by ``grow``.
+    parked: deque = field(default_factory=deque)
 
     def get_ready(self, key: Key) -> Entry | None:
         entry = self.entries.get(key)
@@ -229,23 +236,51 @@ class BlockIndex:
 
     def adopt_table(self) -> int:
         """Take in the READY entries a kept pool table lists (into an empty index); every
-        other record, and any the pool cannot place, is cleared.  Returns how many."""
+        other record, and any the pool cannot place, is cleared.  Returns how many.  Those
+        beyond the pool's ready part are parked until ``grow`` reaches them."""
         assert not self.entries and self.table.is_kept
         ready = [(key, place) for key, place in self.table.ready_places().items()
                  if place[2] > 0]  # a block of no layers: a record no engine writes
         taken = self.pool.adopt([(offset, size) for _, (offset, size, _) in ready])
-        now, kept = time.monotonic(), []
-        for (key, (offset, size, num_layers)), ok in zip(ready, taken):
+        now, kept, parked = time.monotonic(), [], []
+        ready_bytes = self.pool.bytes_ready
+        for rank, ((key, (offset, size, num_layers)), ok) in enumerate(zip(ready, taken)):
             if ok:
                 mask = (1 << num_layers) - 1
-                self.entries[key] = Entry(offset, size, mask, ORPHAN, now, done_mask=mask)
-                self.policy.insert(key)
+                entry = Entry(offset, size, mask, ORPHAN, now, done_mask=mask)
+                if offset < ready_bytes:
+                    self.entries[key] = entry
+                    self.policy.insert(key)
+                else:
+                    parked.append((offset, rank, key, entry))
                 kept.append((offset, size))
         if len(kept) < len(ready):
             logger.warning("kept pool: %d of its %d READY records do not fit this pool's slabs: "
                            "not taken in", len(ready) - len(kept), len(ready))
         self.table.clear_except(kept)
+        self.parked = deque(sorted(parked, key=lambda p: p[0]))
         return len(kept)
+
+    def grow(self, ready_bytes: int) -> int:
+        """The pool's first ``ready_bytes`` are pinned: their slabs may be allocated and the
+        kept entries there served (a key saved again meanwhile keeps its new entry).
+        Returns how many kept entries it took in; they rank below every entry in the
+        eviction order, in their own order."""
+        self.pool.grow(ready_bytes)
+        limit, parked, batch = self.pool.bytes_ready, self.parked, []
+        while parked and parked[0][0] < limit:  # an entry never crosses a slab's end
+            batch.append(parked.popleft())
+        batch.sort(key=lambda p: p[1])
+        taken = []
+        for _, _, key, entry in batch:
+            if key in self.entries:
+                self.table.free(entry.offset, entry.entry_bytes)
+                self.pool.free(entry.offset)
+            else:
+                self.entries[key] = entry
+                taken.append(key)
+        self.policy.insert_oldest(taken)
+        return len(taken)
 
     def _evict_one(self) -> bool:
         victim = self.policy.pick(lambda key: self.entries[key].refs == 0)

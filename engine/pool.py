@@ -6,6 +6,11 @@ page_bytes``), so engines serving several models do not fragment.  A slab whose
 entries are all free goes back to the shared free list.  Entry ids are byte offsets
 into the pool segment.  Which entry to give up when full is the index's and the
 eviction policy's business, not the pool's.
+
+Only the pool's first ``bytes_ready`` (whole slabs) are handed out: the engine pins the
+pool a chunk at a time while it serves (``engine/pinning.py``), and ``grow`` extends the
+ready part as chunks are pinned.  A slab beyond it is never given out, nor a free slot of
+a kept slab there (``adopt``), until it is ready.
 """
 
 from __future__ import annotations
@@ -26,14 +31,18 @@ class _Slab:
 
 
 class PagePool:
-    def __init__(self, pool_bytes: int, slab_bytes: int, max_per_slab: int | None = None):
-        """``max_per_slab``: the most entries a slab may hold (the pool table's records)."""
+    def __init__(self, pool_bytes: int, slab_bytes: int, max_per_slab: int | None = None,
+                 ready_bytes: int | None = None):
+        """``max_per_slab``: the most entries a slab may hold (the pool table's records);
+        ``ready_bytes``: how much of the pool may be handed out now (None: all of it)."""
         if slab_bytes > pool_bytes:
             raise ConfigError(f"slab of {slab_bytes} bytes exceeds the {pool_bytes}-byte pool")
         self.slab_bytes = slab_bytes
         self.max_per_slab = max_per_slab
         self.num_slabs = pool_bytes // slab_bytes
-        self._free_slabs = list(range(self.num_slabs - 1, -1, -1))
+        self.num_ready_slabs = self.num_slabs if ready_bytes is None else \
+            min(self.num_slabs, ready_bytes // slab_bytes)
+        self._free_slabs = list(range(self.num_ready_slabs - 1, -1, -1))
         self._slabs: dict[int, _Slab] = {}
         self._partial: dict[int, set[int]] = {}  # entry_bytes -> slabs with a free slot
         self.bytes_used = 0
@@ -43,6 +52,26 @@ class PagePool:
     @property
     def bytes_total(self) -> int:
         return self.num_slabs * self.slab_bytes
+
+    @property
+    def bytes_ready(self) -> int:
+        """The pool's first bytes that may be handed out (whole slabs)."""
+        return self.num_ready_slabs * self.slab_bytes
+
+    def grow(self, ready_bytes: int) -> None:
+        """The pool's first ``ready_bytes`` (whole slabs) may be handed out from now on."""
+        old, new = self.num_ready_slabs, min(self.num_slabs, ready_bytes // self.slab_bytes)
+        if new <= old:
+            return
+        fresh = []
+        for slab_id in range(old, new):
+            slab = self._slabs.get(slab_id)
+            if slab is None:
+                fresh.append(slab_id)
+            elif slab.free_slots:  # a kept slab: its free slots may be taken now
+                self._partial[slab.entry_bytes].add(slab_id)
+        self._free_slabs[:0] = fresh[::-1]  # taken after the slabs free already, lowest first
+        self.num_ready_slabs = new
 
     def check_entry_bytes(self, entry_bytes: int) -> None:
         if not 0 < entry_bytes <= self.slab_bytes:
@@ -84,7 +113,8 @@ class PagePool:
         """Mark ``(offset, entry_bytes)`` entries in use, as a kept pool holds them (only into
         a pool that has allocated nothing yet); returns which were taken.  An entry is refused
         where it could not have been allocated: off an entry boundary, past its slab's
-        entries, a second size in one slab, or twice."""
+        entries, a second size in one slab, or twice.  The free slots of a slab beyond the
+        ready part are handed out once ``grow`` reaches it."""
         assert self.num_entries == 0, "adopt into an empty pool only"
         taken, used = [], {}  # slab id -> (entry_bytes, set of indices)
         for offset, entry_bytes in entries:
@@ -102,7 +132,7 @@ class PagePool:
             free = [i for i in range(self._per_slab(entry_bytes) - 1, -1, -1) if i not in indices]
             self._slabs[slab_id] = _Slab(entry_bytes, free, len(indices))
             partial = self._partial.setdefault(entry_bytes, set())  # free() expects the size
-            if free:
+            if free and slab_id < self.num_ready_slabs:
                 partial.add(slab_id)
             self.bytes_used += len(indices) * entry_bytes
             self.num_entries += len(indices)

@@ -12,6 +12,11 @@ engine from a live one (a wake-up every 2.5 s costs next to nothing).
 A spinning pass with nothing to do reads one seq word per attached client and the
 clock, nothing else: claims are checked every ``CLAIM_CHECK_S``, copies polled only
 while some are in flight, backlogs flushed only where there is one.
+
+The engine serves once the pool's first chunk is pinned; a thread pins the rest
+(``engine/pinning.py``) and rings the doorbell after each chunk, and the loop, at its
+claim checks, grows the usable pool by what was pinned (``_take_pinned``): the backend
+first, then the index and pool, then the stats' ``pool_bytes_ready``.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from engine.config import EngineConfig
 from engine.copy import make_backend
 from engine.copy.base import CopyBackend
 from engine.dispatcher import NO_PAYLOAD, Dispatcher
+from engine.fault_in import default_threads
 from engine.index import BlockIndex
+from engine.pinning import PinProgress, PoolPinner
 from engine.pool import PagePool
 from engine.pool_table import NoTable, PoolTable
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
 from pegaflow import shm
+from pegaflow.errors import PegaflowError
 from pegaflow.ring import RingConsumer, RingProducer
 from pegaflow.shm import is_pid_alive
 from pegaflow.values import format_size
@@ -56,7 +64,9 @@ _DETACH = Opcode.DETACH  # an enum member read off its class costs ~70 ns; the l
 class EngineServer:
     def __init__(self, config: EngineConfig, backend: CopyBackend | None = None):
         self.config = config
+        marks = [time.perf_counter()]  # the start's steps, for its log line
         self.segments = EngineSegments(config)
+        marks.append(time.perf_counter())
         try:  # a failed start leaves nothing behind in /dev/shm
             table = None  # only a kept pool needs its table (and a slab's entries capped by it)
             if config.keep_pool:
@@ -64,15 +74,21 @@ class EngineServer:
                 table = PoolTable(segment.array(np.uint8, segment.size), config.usable_pool_bytes,
                                   config.slab_bytes, keep=self.segments.is_pool_kept)
             pool = PagePool(config.usable_pool_bytes, config.slab_bytes,
-                            table.records_per_slab if table else None)
+                            table.records_per_slab if table else None, ready_bytes=0)
             self.backend = backend or make_backend(config.backend, config.copy_backend,
                                                       config.device_staging_bytes)
-            self.backend.attach_pool(self.segments.pool)
+            self.backend.open_pool(self.segments.pool)
+            marks.append(time.perf_counter())
+            self.pinner = PoolPinner(self.segments.pool, self.backend, config.pin_chunk,
+                                     config.pin_threads or default_threads(), config.pin_rate_bytes)
+            self.pinner.pin_first()
+            marks.append(time.perf_counter())
             self.index = BlockIndex(pool, config.lease_ttl_s, table if table is not None else NoTable())
             if self.segments.is_pool_kept:
                 num_blocks = self.index.adopt_table()
-                logger.info("took in %d blocks (%.1f MiB) from the pool an earlier engine kept",
-                            num_blocks, pool.bytes_used / 2**20)
+                logger.info("took in %d blocks (%.1f MiB) from the pool an earlier engine kept%s",
+                            num_blocks, pool.bytes_used / 2**20, "" if config.pin_chunk >= pool.bytes_total
+                            else "; each is served once its part of the pool is pinned")
         except BaseException:
             self.segments.unlink_all()
             raise
@@ -81,20 +97,27 @@ class EngineServer:
             CLIENT_STATS, config.num_slots, STATS.itemsize))
         self.stats.set("pool_bytes_capacity", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
+        self._pin_seen = PinProgress()  # the pinner's progress the pool has grown by
+        self._is_pinning = True
+        self._take_pinned()
         self.clients: dict[int, ClientState] = {}
         self._attached: tuple[ClientState, ...] = ()  # self.clients' values, for the hot loop
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
         self.is_stopping = False
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
+        self.pinner.start(wake=self.doorbell.ring)
         if config.usable_pool_bytes < config.pool_bytes:
             logger.warning("--pool-size %s is not a whole number of %s slabs: %s allocated",
                            format_size(config.pool_bytes), format_size(config.slab_bytes),
                            format_size(config.usable_pool_bytes))
+        steps = [b - a for a, b in zip(marks, marks[1:])]
         logger.info("engine %r ready: %s backend, pool %s (%d slabs of %s; the largest block it "
-                    "stores is one slab), %d client slots", config.name, self.backend.name,
-                    format_size(config.usable_pool_bytes), pool.num_slabs,
-                    format_size(config.slab_bytes), config.num_slots)
+                    "stores is one slab; %s of it pinned so far), %d client slots; in %.2f s "
+                    "(shared memory %.2f s, backend %.2f s, first chunk %.2f s)", config.name,
+                    self.backend.name, format_size(config.usable_pool_bytes), pool.num_slabs,
+                    format_size(config.slab_bytes), format_size(pool.bytes_ready), config.num_slots,
+                    time.perf_counter() - marks[0], *steps)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
     def request_stop(self) -> None:
@@ -116,6 +139,8 @@ class EngineServer:
         if now >= self._next_claim_check:
             self._next_claim_check = now + CLAIM_CHECK_S
             self._accept_claims()
+            if self._is_pinning:
+                self._take_pinned()
         did_work = self._drain_rings()
         if self.dispatcher.pending:  # only copies in flight can finish
             for done in self.backend.poll():
@@ -144,7 +169,8 @@ class EngineServer:
         # Answers queued behind a full completion ring are work once the client has read
         # some (_sleep looks every HELD_BACK_POLL_S: reading rings no doorbell); a client
         # held back for its unread answers has no command taken meanwhile (else: a spin).
-        return (self.is_stopping or self.segments.has_claims() or any(
+        return (self.is_stopping or self.segments.has_claims() or (
+            self._is_pinning and self.pinner.progress is not self._pin_seen) or any(
             (c.backlog and c.completions.has_room())
             or (c.submissions.is_ready() and len(c.backlog) < MAX_UNREAD_ANSWERS)
             for c in self._attached))
@@ -182,6 +208,32 @@ class EngineServer:
             if client.backlog:
                 client.flush()
         return did_work
+
+    def _take_pinned(self) -> None:
+        """Grow the usable pool by what the pinning thread pinned since the last look."""
+        progress = self.pinner.progress
+        if progress is self._pin_seen:
+            return
+        self._pin_seen = progress
+        self._is_pinning = not progress.is_finished
+        ready = progress.ready_bytes
+        if ready > self.index.pool.bytes_ready:
+            try:
+                self.backend.extend_pool(ready)
+            except PegaflowError as exc:
+                logger.error("pool: the part pinned up to %s cannot be used (%s); the engine "
+                             "serves with %s", format_size(ready), exc,
+                             format_size(self.index.pool.bytes_ready))
+                self.pinner.request_stop()
+                self._is_pinning = False
+                return
+            num_kept = self.index.grow(ready)
+            if num_kept:
+                logger.debug("pool: %d kept blocks served from now on", num_kept)
+            self.stats.set("pool_bytes_ready", self.index.pool.bytes_ready)
+            self.dispatcher.gauges_stale = True
+        if progress.is_finished and progress.error is None:
+            self.stats.set("pool_pin_ns", progress.elapsed_ns)
 
     def _internal_error(self, client: ClientState, rec) -> None:
         logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
@@ -263,6 +315,7 @@ class EngineServer:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
         logger.info("engine %r stopping", self.config.name)
         self.segments.mark_stopping()
+        self.pinner.stop()  # before the backend closes: it unpins only what is over
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
         while self.backend.num_inflight() and time.monotonic() < deadline:
             for done in self.backend.poll():

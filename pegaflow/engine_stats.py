@@ -61,8 +61,8 @@ def read_stats(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
     snapshot["name"] = name
     snapshot["wire_version"] = WIRE_VERSION
     snapshot["version"] = package_version()
-    # The stats' engine_pid is written once the pool is ready (pre-touching a large one
-    # takes seconds); until then the control segment's header names the engine.
+    # The stats' engine_pid is written once the pool's first chunk is pinned (the backend
+    # and that chunk take a moment); until then the control segment's header names the engine.
     pid = snapshot["engine_pid"]
     snapshot["starting"] = pid == 0
     if snapshot["starting"]:

@@ -41,6 +41,8 @@ METRICS = {
     "lease_expiries": (True, "lookup leases that expired unused (their blocks unpinned)"),
     "pool_bytes_used": (False, "bytes of the pool holding KV blocks"),
     "pool_bytes_capacity": (False, "bytes of the pool"),
+    "pool_bytes_ready": (False, "bytes of the pool pinned and in use (below the capacity while "
+                                "the engine pins the rest in the background)"),
     "pool_blocks_used": (False, "KV blocks the pool holds"),
     "leases_active": (False, "lookup leases pinning blocks for a coming LOAD"),
     "clients_attached": (False, "client slots in use (a vLLM scheduler or worker each)"),

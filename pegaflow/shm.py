@@ -100,15 +100,17 @@ def check_private(name: str, st: os.stat_result) -> None:
             f"planted it; remove it)")
 
 
-def reserve(segment: Segment) -> None:
-    """Allocate every page of ``segment`` now (``posix_fallocate``): a segment is sparse, and
-    a write into a page a full /dev/shm cannot back kills the writer with SIGBUS.  A
-    ShmError names the shortfall instead."""
+def reserve(segment: Segment, start: int = 0, num_bytes: int | None = None) -> None:
+    """Allocate every page of ``segment`` (or of ``[start, +num_bytes)``) now
+    (``posix_fallocate``): a segment is sparse, and a write into a page a full /dev/shm
+    cannot back kills the writer with SIGBUS.  A ShmError names the shortfall instead."""
+    num_bytes = segment.size - start if num_bytes is None else num_bytes
     mem = posix_ipc.SharedMemory(segment.name, 0)
     try:
-        os.posix_fallocate(mem.fd, 0, segment.size)
+        os.posix_fallocate(mem.fd, start, num_bytes)
     except OSError as exc:
-        raise ShmError(f"{segment.name}: /dev/shm cannot hold its {segment.size / 2**20:.0f} MiB "
+        what = "its" if num_bytes == segment.size else f"{start / 2**20:.0f} MiB into it,"
+        raise ShmError(f"{segment.name}: /dev/shm cannot hold {what} {num_bytes / 2**20:.0f} MiB "
                        f"({exc.strerror}); free /dev/shm, make it larger (--shm-size), or "
                        f"choose a smaller --pool-size") from exc
     finally:

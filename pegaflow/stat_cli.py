@@ -47,6 +47,7 @@ def format_once(s: dict) -> str:
              f"(pegaflow {s['version']}, wire v{s['wire_version']})",
              f"pool    {format_size(s['pool_bytes_used'])} / {format_size(s['pool_bytes_capacity'])}, "
              f"{s['pool_blocks_used']} blocks, {s['evictions']} evictions",
+             *pool_ready_lines(s),
              f"saved   {s['blocks_saved']} blocks ({format_size(s['bytes_saved'])}), "
              f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped",
              f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
@@ -69,12 +70,23 @@ def format_once(s: dict) -> str:
     return "\n".join(lines)
 
 
+def pool_ready_lines(s: dict) -> list[str]:
+    """While the engine pins its pool in the background: how much of it is in use so far."""
+    ready, capacity = s["pool_bytes_ready"], s["pool_bytes_capacity"]
+    if ready >= capacity:
+        return []
+    unit, scale = ("GiB", 2**30) if capacity >= 2**30 else ("MiB", 2**20)
+    digits = 0 if capacity / scale >= 10 else 1
+    return [f"pool    {ready / scale:.{digits}f} / {capacity / scale:.{digits}f} {unit} ready"]
+
+
 def _ms(seconds: float) -> str:
     return "over 1000" if seconds == float("inf") else f"{seconds * 1e3:g}"
 
 
 def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> None:
-    header = "  ".join([f"{'time':>8}", f"{'pool GiB':>9}"] + [f"{label:>8}" for _, label in _RATES]
+    header = "  ".join([f"{'time':>8}", f"{'pool GiB':>9}", f"{'ready GiB':>9}"]
+                       + [f"{label:>8}" for _, label in _RATES]
                        + [f"{'clients':>7}", f"{'leases':>6}"])
     prev, prev_t = _read_live(name, stale_after_s), time.monotonic()
     for row in range(10**12):
@@ -84,8 +96,9 @@ def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> 
         cur, now = _read_live(name, stale_after_s), time.monotonic()
         dt = max(now - prev_t, 1e-9)
         rates = [f"{(cur[k] - prev[k]) / dt:>8.0f}" for k, _ in _RATES]
-        print("  ".join([time.strftime("%H:%M:%S"), f"{cur['pool_bytes_used'] / 2**30:>9.2f}"]
-                        + rates + [f"{cur['clients_attached']:>7}", f"{cur['leases_active']:>6}"]),
+        print("  ".join([time.strftime("%H:%M:%S"), f"{cur['pool_bytes_used'] / 2**30:>9.2f}",
+                         f"{cur['pool_bytes_ready'] / 2**30:>9.2f}"] + rates
+                        + [f"{cur['clients_attached']:>7}", f"{cur['leases_active']:>6}"]),
               flush=True)
         prev, prev_t = cur, now
 

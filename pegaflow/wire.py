@@ -21,7 +21,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 6
+WIRE_VERSION = 7
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -122,7 +122,7 @@ CONTROL_HEADER = _dtype([
     ("is_stopping", "<u4", 52),
     ("arena_bytes", "<u8", 56),
     ("engine_sleeping", "<u4", 64),  # set while the engine sleeps on its doorbell
-    ("is_serving", "<u4", 68),       # set once the engine accepts clients (its pool is ready)
+    ("is_serving", "<u4", 68),       # set once the engine accepts clients (its pool's first chunk pinned)
 ], 128)
 
 SLOT = _dtype([
@@ -198,7 +198,9 @@ EVENT_HANDLE = _dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
 BLOCK_ID = np.dtype("<i4")
 
 # heartbeat_ns: the last housekeeping pass (every housekeeping_s to 2.5 s, clients attached
-# or not): older than a few seconds means a stopped or stuck engine.
+# or not): older than a few seconds means a stopped or stuck engine.  pool_bytes_ready: the
+# pool's part pinned and in use (below pool_bytes_capacity while the rest is pinned in the
+# background); pool_pin_ns: how long pinning the whole pool took (0 until it is done).
 _STATS_COUNTERS = [
     "engine_pid", "start_ns", "heartbeat_ns",
     "commands", "errors",
@@ -206,7 +208,7 @@ _STATS_COUNTERS = [
     "save_dedup_blocks", "save_dropped_blocks",
     "lookups", "lookup_blocks", "lookup_hit_blocks",
     "evictions", "lease_expiries",
-    "pool_bytes_used", "pool_bytes_capacity", "pool_blocks_used",
+    "pool_bytes_used", "pool_bytes_capacity", "pool_bytes_ready", "pool_pin_ns", "pool_blocks_used",
     "leases_active", "clients_attached", "inflight_copies",
 ]
 NUM_OPCODE_COUNTERS = 16

@@ -36,7 +36,7 @@ import numpy as np
 
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
-from engine.copy.cuda_device import prefault  # noqa: E402
+from engine.fault_in import default_threads, fault_in  # noqa: E402
 from pegaflow import shm  # noqa: E402
 from pegaflow.cuda import driver  # noqa: E402
 
@@ -129,7 +129,7 @@ def measure_ceiling(runs: int) -> dict[str, float]:
     """GB/s of one 4 GiB cuMemcpyAsync each way, registered /dev/shm <-> device memory."""
     segment = shm.create_segment(shm.ipc_name("bench", f"ceiling{os.getpid()}"), CEILING_BYTES)
     try:
-        prefault(segment, min(16, os.cpu_count() or 1))
+        fault_in(segment, 0, CEILING_BYTES, default_threads())
         driver.use_device(0)
         host = segment.address()
         driver.host_register(host, CEILING_BYTES)

@@ -1,7 +1,12 @@
 """What the dispatcher asks of a copy backend: register memory, enqueue copies, poll.
 
 A backend only enqueues; it never blocks the dispatcher on a copy.  ``poll`` reports
-the copies that have finished.  Addresses are computed the same way by every backend:
+the copies that have finished.  The pool is made reachable a part at a time while the
+engine serves (``engine/pinning.py``): ``open_pool`` first, then ``pin_range`` of each
+chunk (faulted in already) on the pinning thread, then ``extend_pool`` on the
+dispatcher's thread, after which copies may use that part; ``attach_pool`` does all of
+it for the whole pool at once (tools and tests).  Addresses are computed the same way by
+every backend:
 
     client page (layer l, block b) = region base + layer.offset_bytes + b * layer.block_stride_bytes
     pool page   (layer l, entry e) = pool base + e.offset + l * page_bytes
@@ -21,6 +26,8 @@ import enum
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from engine import fault_in
 
 KERNEL = "kernel"            # a gather/scatter kernel per layer (SMs)
 COPY_ENGINE = "copy-engine"  # cuMemcpyBatchAsync per layer (DMA, no SMs)
@@ -90,8 +97,26 @@ class CopyBackend(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    def attach_pool(self, pool_segment) -> None:
-        """Make the pool (a ``pegaflow.shm.Segment``) reachable by copies."""
+    def open_pool(self, pool_segment) -> None:
+        """Know the pool (a ``pegaflow.shm.Segment``); no copy touches it before
+        ``extend_pool`` says how much of it is pinned."""
+
+    def pin_range(self, start: int, num_bytes: int) -> None:
+        """Pin ``[start, +num_bytes)`` of the pool, faulted in already, for copies: called on
+        the pinning thread, for ranges in ascending order.  On failure it raises a
+        ``PegaflowError`` and leaves nothing of the range pinned.  Nothing to pin here."""
+
+    def extend_pool(self, num_bytes: int) -> None:
+        """The pool's first ``num_bytes`` are pinned: copies may use them from now on.
+        Called on the dispatcher's thread; a ``PegaflowError`` refuses the part."""
+
+    def attach_pool(self, pool_segment, num_threads: int | None = None) -> None:
+        """The whole pool at once, for tools and tests: opened, faulted in, pinned, usable."""
+        self.open_pool(pool_segment)
+        fault_in.advise_huge_pages(pool_segment)
+        fault_in.fault_in(pool_segment, 0, pool_segment.size, num_threads or fault_in.default_threads())
+        self.pin_range(0, pool_segment.size)
+        self.extend_pool(pool_segment.size)
 
     @abc.abstractmethod
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:

@@ -1,12 +1,15 @@
 """The CUDA copy backend: client GPU memory <-> the pinned pool, on the driver API only.
 
-Protocol (every call from the dispatcher thread; ``submit`` and ``poll`` never wait for a
-copy; ``attach_pool`` waits for its one pass over the pool, ``unregister_client`` for the
-slot's copies, and ``register_region`` under ``auto`` up to ``PROBE_DRAIN_S`` for a quiet
-moment to measure in)::
+Protocol (every call from the dispatcher thread but ``pin_range``; ``submit`` and ``poll``
+never wait for a copy; ``unregister_client`` waits for the slot's copies, and
+``register_region`` under ``auto`` up to ``PROBE_DRAIN_S`` for a quiet moment to measure in)::
 
-    attach_pool(segment)       pre-touch the /dev/shm pool in threads, cuMemHostRegister it,
-                               write every page once by DMA (contents unchanged)
+    open_pool(segment)         remember the /dev/shm pool; nothing of it is pinned yet
+    pin_range(start, n)        the pinning thread (engine/pinning.py), a faulted-in chunk at a
+                               time: cuMemHostRegister it, write each page once by DMA
+                               (contents unchanged; ``cuda_device.PinnedPool``)
+    extend_pool(n)             the pool's first n bytes are pinned: checked to lie at
+                               ``pool_base`` + offset on every device, then open to copies
     register_region(...)       open the client's IPC memory handle (once per allocation)
     register_events(...)       open the client's pool of IPC events
     submit(op)                 staged: per sub-chunk a gather launch and a copy per run, on
@@ -58,7 +61,6 @@ Errors.  ``submit`` never raises: a bad op or a CUDA failure comes back from ``p
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -78,7 +80,7 @@ from engine.copy.base import (
     Direction,
 )
 from engine.copy.checks import Region, check_op
-from engine.copy.cuda_device import MAPPINGS, Device, dma_write_once, prefault
+from engine.copy.cuda_device import MAPPINGS, Device, PinnedPool
 from engine.copy.kernels import StagingRing
 from engine.copy.paths import op_path, path_from_rates
 from engine.copy.probe import measure_paths
@@ -108,7 +110,6 @@ class CudaBackend(CopyBackend):
 
     def __init__(self, copy_backend: str = AUTO, num_ctas: int = 16, layers_in_flight: int = 2,
                  dma_layers_in_flight: int = 4, staging_words: int = 1 << 20, device: int = 0,
-                 touch_threads: int | None = None,
                  device_staging_bytes: int = DEVICE_STAGING_BYTES) -> None:
         if copy_backend not in PATHS:
             raise ConfigError(f"copy backend {copy_backend!r}: use one of {', '.join(PATHS)}")
@@ -124,11 +125,12 @@ class CudaBackend(CopyBackend):
         self.num_ctas = num_ctas
         self.layers_in_flight = layers_in_flight
         self.dma_layers_in_flight = dma_layers_in_flight
-        self.touch_threads = touch_threads or min(16, os.cpu_count() or 1)
         self.device_staging_bytes = device_staging_bytes
         self._devices: dict[int, Device] = {}
         self._default_device = device
         self._pool: tuple[int, int] | None = None  # (host address, size)
+        self._pinned: PinnedPool | None = None
+        self._usable_bytes = 0  # the pool's first bytes pinned and open to copies
         self._device(device)
         self._staging = StagingRing(staging_words)
         self._regions: dict[tuple[int, int], Region] = {}
@@ -141,45 +143,47 @@ class CudaBackend(CopyBackend):
     def _device(self, device: int) -> Device:
         dev = self._devices.get(device)
         if dev is None:
-            dev = self._devices[device] = Device(device, self.num_ctas)
+            dev = Device(device, self.num_ctas)
             if self.device_staging_bytes and self.copy_backend in (AUTO, STAGED):
                 try:
                     dev.staging = staged.DeviceStaging(self.device_staging_bytes)
                 except CudaError as exc:
                     logger.warning("device %d: no device staging (%s); copies take the other "
                                    "paths", device, exc)
-            if self._pool is not None:
-                dev.pool_base = driver.host_device_pointer(self._pool[0])
+            if self._usable_bytes:
+                try:
+                    self._locate_pool(dev, 0, self._usable_bytes)
+                except CudaError:
+                    dev.close()
+                    raise
+            self._devices[device] = dev
         driver.use_device(device)
         return dev
 
-    def attach_pool(self, pool_segment) -> None:
+    def open_pool(self, pool_segment) -> None:
         if self._pool is not None:
             raise CudaError("a pool is already attached")
-        address, size = pool_segment.address(), pool_segment.size
+        self._pool = (pool_segment.address(), pool_segment.size)
+        self._pinned = PinnedPool(*self._pool, self._default_device)
+
+    def pin_range(self, start: int, num_bytes: int) -> None:
         started = time.perf_counter()
-        prefault(pool_segment, self.touch_threads)
-        touched = time.perf_counter()
-        self._device(self._default_device)
-        driver.host_register(address, size)
-        try:
-            for dev in self._devices.values():
-                driver.use_device(dev.device)
-                dev.pool_base = driver.host_device_pointer(address)
-            registered = time.perf_counter()
-            dma_write_once(self._device(self._default_device).pool_base, size)
-        except CudaError:  # the pool is left as it was found: unpinned, not attached
-            try:
-                self._device(self._default_device)
-                driver.host_unregister(address)
-            except CudaError:
-                logger.exception("unpinning the pool after a failed attach")
-            raise
-        self._pool = (address, size)
-        logger.info("pool %s: %.2f GiB touched in %.2f s (%d threads), registered in %.2f s, "
-                    "written once by DMA in %.2f s", pool_segment.name, size / 2**30,
-                    touched - started, self.touch_threads, registered - touched,
-                    time.perf_counter() - registered)
+        self._pinned.pin(start, num_bytes)
+        logger.debug("pool: %d MiB at %d MiB registered and written once by DMA in %.3f s",
+                     num_bytes >> 20, start >> 20, time.perf_counter() - started)
+
+    def extend_pool(self, num_bytes: int) -> None:
+        for dev in self._devices.values():
+            driver.use_device(dev.device)
+            self._locate_pool(dev, self._usable_bytes, num_bytes)
+        self._usable_bytes = num_bytes
+
+    def _locate_pool(self, dev: Device, start: int, end: int) -> None:
+        """``dev.pool_base`` (on the current device) and a check that the pool's chunks in
+        ``[start, end)`` lie there at their offsets (CudaError if not)."""
+        if start == 0:
+            dev.pool_base = driver.host_device_pointer(self._pool[0])
+        self._pinned.check(dev.pool_base, start, end)
 
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:
         if int(region["kind"]) != RegionKind.CUDA_IPC:
@@ -267,10 +271,9 @@ class CudaBackend(CopyBackend):
         for slot in {k[0] for k in self._regions} | set(self._event_handles):
             self.unregister_client(slot)
         self._staging.close()
-        if self._pool is not None:
-            self._device(self._default_device)
-            driver.host_unregister(self._pool[0])
-            self._pool = None
+        if self._pinned is not None:  # the pinning thread is over: what it pinned is final
+            self._pinned.close()
+            self._pinned, self._pool, self._usable_bytes = None, None, 0
         for dev in self._devices.values():
             dev.close()
         self._devices.clear()
@@ -326,7 +329,8 @@ class CudaBackend(CopyBackend):
         driver.use_device(dev.device)
         if path == STAGED:
             staged.issue(dev.staging, dev.kernel, op, regions, dev.pool_base,
-                         self._staging.address(f.staging[0]), events, dev.event, f)
+                         self._staging.address(f.staging[0]), events, dev.event, f,
+                         self._pinned.unit)
             return
         to_pool = op.direction == Direction.SAVE
         depth = self.dma_layers_in_flight if to_pool and path == COPY_ENGINE else \
@@ -407,8 +411,8 @@ class CudaBackend(CopyBackend):
             f.staging = None
 
     def _validate(self, op: CopyOp) -> list[Region]:
-        """Every region known, every page inside its allocation and the pool."""
-        return check_op(op, self._regions, self._pool[1] if self._pool else None,
+        """Every region known, every page inside its allocation and the pool's open part."""
+        return check_op(op, self._regions, self._usable_bytes if self._pool else None,
                         len(self._event_handles.get(op.slot, ())))
 
     def _choose_path(self, dev: Device, page_bytes: int) -> None:
@@ -418,7 +422,7 @@ class CudaBackend(CopyBackend):
             for direction in Direction:
                 dev.paths[(page_bytes, direction)] = COPY_ENGINE
             return
-        pool_bytes = self._pool[1] if self._pool else 0
+        pool_bytes = self._usable_bytes  # the probe reads and writes pinned pages only
         # The probe's copies must not share the bus with real ones; copies that do not end
         # (they wait on a client's stuck GPU work) must not stall the engine either: such a
         # page size takes the copy engine until a registration finds nothing in flight.

@@ -22,8 +22,9 @@ class HostBackend(CopyBackend):
         self._regions: dict[tuple[int, int], tuple[shm.Segment, np.ndarray]] = {}  # at base_offset
         self._done: list[CopyDone] = []
 
-    def attach_pool(self, pool_segment: shm.Segment) -> None:
-        shm.reserve(pool_segment)  # the cuda backend faults every page in; here, allocate them
+    def open_pool(self, pool_segment: shm.Segment) -> None:
+        """The pool's pages are faulted in (allocated) before any part of it is used: a
+        full /dev/shm cannot SIGBUS a copy later; there is nothing else to pin here."""
         self._pool = pool_segment.array(np.uint8, pool_segment.size)
 
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:

@@ -110,10 +110,14 @@ def can_stage(op: CopyOp, slot_bytes: int) -> bool:
     return all(p.layer == first + k for k, p in enumerate(op.layers))
 
 
-def entry_runs(offsets: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+def entry_runs(offsets: np.ndarray, step: int, split_bytes: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, counts)``: ``offsets`` cut where the next entry does not follow at
-    ``step`` bytes, each piece one copy."""
-    breaks = np.flatnonzero(np.diff(offsets) != step) + 1
+    ``step`` bytes, or lies in the next ``split_bytes`` of the pool (the pool is pinned
+    in chunks of that size: no copy spans two registrations), each piece one copy."""
+    is_cut = np.diff(offsets) != step
+    if split_bytes:
+        is_cut |= np.diff(offsets // split_bytes) != 0
+    breaks = np.flatnonzero(is_cut) + 1
     starts = np.concatenate(([0], breaks))
     return starts, np.diff(np.concatenate((starts, [len(offsets)])))
 
@@ -138,11 +142,11 @@ def uniform_layers(op: CopyOp, regions: list[Region]) -> int | None:
 
 
 def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], pool_base: int,
-          ids_address: int, client_events: list, new_event, inflight) -> None:
+          ids_address: int, client_events: list, new_event, inflight, split_bytes: int = 0) -> None:
     """Enqueue ``op`` staged.  ``ids_address``: the op's block ids (int64, readable by the
     kernel), followed by its ``local_offsets``.  ``new_event()`` gives an engine event;
     every one used goes to ``inflight.events``, and ``inflight.done`` is recorded after
-    the last copy."""
+    the last copy.  ``split_bytes``: the pool's pinned chunks (``entry_runs``)."""
     local_offsets_address = ids_address + 8 * len(op.block_ids)
     side = staging.sides[op.direction]
     save = op.direction == Direction.SAVE
@@ -152,7 +156,7 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
     layer_step = uniform_layers(op, regions)
     gather, copy = side.gather_stream, side.copy_stream
     inflight.streams += [gather, copy]
-    starts, counts = entry_runs(op.entry_offsets, step)
+    starts, counts = entry_runs(op.entry_offsets, step, split_bytes)
     run_of = np.repeat(np.arange(len(starts)), counts)
     pool_runs = op.entry_offsets[starts] + pool_base + first_layer * op.page_bytes
 

@@ -116,6 +116,8 @@ def test_config_from_args_bad_env_value_raises_config_error(clean_env, var, valu
     ({"idle_spin_s": -1e-3}, "--idle-spin-ms"), ({"idle_spin_s": 1.5}, "--idle-spin-ms"),
     ({"device_staging_bytes": -1}, "--device-staging"),
     ({"copy_backend": "staged", "device_staging_bytes": 0}, "--device-staging"),
+    ({"pin_chunk_bytes": 0}, "--pin-chunk"), ({"pin_threads": -1}, "--pin-threads"),
+    ({"pin_threads": 257}, "--pin-threads"), ({"pin_rate_bytes": -1}, "--pin-rate"),
 ])
 def test_engine_config_out_of_range_field_raises_config_error(fields, message):
     # 1. Each bad field is refused at construction, naming the flag to fix.
@@ -132,6 +134,23 @@ def test_engine_config_out_of_range_field_raises_config_error(fields, message):
 def test_engine_config_boundary_values_accepted(fields):
     # 1. The limits themselves are valid.
     EngineConfig(**fields)
+
+
+@pytest.mark.parametrize("pool,slab,chunk,expected", [
+    (64 << 30, 64 << 20, 256 << 20, 256 << 20),   # the default: 4 slabs
+    (64 << 30, 64 << 20, 100 << 20, 128 << 20),   # rounded up to whole slabs
+    (1 << 30, 64 << 20, 4 << 30, 1 << 30),        # at most the pool: all of it before serving
+    (10 ** 10, 10 ** 9, 1, 8 * 10 ** 9),          # slabs off a page: chunks end on a page
+])
+def test_engine_config_pin_chunk_is_whole_slabs_ending_on_a_page(pool, slab, chunk, expected):
+    assert EngineConfig(pool_bytes=pool, slab_bytes=slab, pin_chunk_bytes=chunk).pin_chunk == expected
+
+
+def test_config_pin_threads_auto_or_a_positive_number(clean_env):
+    assert config_from_args(["--pin-threads", "auto"]).pin_threads == 0
+    assert config_from_args(["--pin-threads", "12"]).pin_threads == 12
+    with pytest.raises(ConfigError, match="--pin-threads '0'"):
+        config_from_args(["--pin-threads", "0"])
 
 
 def test_engine_config_is_frozen():
@@ -185,7 +204,7 @@ def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
 _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "cuda",
             "copy-backend": "kernel", "device-staging": "8MiB", "max-clients": "7", "ring-slots": "64",
             "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on",
-            "log-level": "debug"}
+            "pin-chunk": "64MiB", "pin-threads": "3", "pin-rate": "1GiB", "log-level": "debug"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)

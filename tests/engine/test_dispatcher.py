@@ -360,7 +360,7 @@ def _held_dispatcher(refuse: bool = False):
         def __init__(self):
             self.held, self.unregistered, self.refused, self.ops = [], [], [], {}
 
-        def attach_pool(self, pool): pass
+        def open_pool(self, pool): pass
         def register_region(self, *args): pass
         def register_events(self, *args): pass
         def unregister_client(self, slot): self.unregistered.append(slot)

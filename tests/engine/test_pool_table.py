@@ -237,3 +237,38 @@ def test_pool_table_a_dropped_block_still_in_use_is_not_listed():
     assert list(read_ready(index.table.records)) == keys[1:]
     index.release(lease)
     assert list(read_ready(index.table.records)) == keys[1:] and keys[0] not in index.entries
+
+
+def test_pool_table_kept_entries_beyond_the_ready_part_are_served_once_it_grows():
+    # 1. A kept pool: 40 blocks in slab 0, 20 in slab 1 (64 entries fill a slab).
+    rng = np.random.default_rng(7)
+    first = _index(num_slabs=2)
+    near, far = _keys(rng, 64), _keys(rng, 20)
+    first.reserve_many(near + far, ENTRY, NUM_LAYERS, slot=0)
+    first.mark_layers_done(near + far, ALL)
+    first.touch_chain(near)
+    first.touch_chain(far)  # the more recently used of the two chains
+    first._drop(near[0])  # a free slot in slab 0
+    table = PoolTable(first.table.records.base, 2 * SLAB, SLAB, keep=True)
+    # 2. A new engine has pinned only slab 0: every block is taken in, those in slab 1 are
+    #    not found (not looked up, not loaded) until it is pinned.
+    second = BlockIndex(PagePool(2 * SLAB, SLAB, table.records_per_slab, ready_bytes=SLAB),
+                        60.0, table)
+    assert second.adopt_table() == 63 + 20
+    assert second.lookup(0, near[1:4])[0] == 3
+    assert second.lookup(0, far)[0] == 0 and second.get_ready(far[0]) is None
+    # 3. Meanwhile one of them is saved again: it goes to slab 0 (the free slot), not slab 1.
+    again = second.reserve_many(far[:1], ENTRY, NUM_LAYERS, slot=0)[0]
+    assert again.offset < SLAB
+    second.mark_layers_done(far[:1], ALL)
+    # 4. Slab 1 pinned: the other 19 are served where they were; the one saved again keeps
+    #    its new entry, and its old place is free (in the pool and the table).
+    assert second.grow(2 * SLAB) == 19
+    # 5. They rank below every block taken in before them, in their own order (a chain's
+    #    tail first).
+    assert list(second.policy._order)[:19] == far[1:][::-1]
+    assert second.lookup(0, far)[0] == 20
+    assert {k: second.entries[k].offset for k in far[1:]} == {k: first.entries[k].offset for k in far[1:]}
+    assert second.entries[far[0]].offset == again.offset
+    assert read_ready(table.records) == _ready_in_index(second)
+    assert second.pool.num_entries == 63 + 20

@@ -145,3 +145,45 @@ def test_pool_check_entry_bytes_within_slab_accepted(entry_bytes):
     # 1. One byte and exactly one slab are both fine.
     pool.check_entry_bytes(entry_bytes)
     assert pool.try_alloc(entry_bytes) is not None
+
+
+# -- the ready part (the pool pinned a chunk at a time) -------------------------------------
+
+
+def test_pool_alloc_never_beyond_the_ready_part_until_it_grows():
+    # 1. Only the first slab is ready: four 256-byte entries, all in it, then full.
+    pool = PagePool(NUM_SLABS * SLAB, SLAB, ready_bytes=SLAB)
+    assert (pool.bytes_ready, pool.bytes_total) == (SLAB, NUM_SLABS * SLAB)
+    first = alloc_all(pool, 256)
+    assert len(first) == 4 and all(offset < SLAB for offset in first)
+    # 2. Grown to three slabs: the next entries come from slabs 1 and 2 only, lowest first.
+    pool.grow(3 * SLAB)
+    second = alloc_all(pool, 256)
+    assert len(second) == 8 and all(SLAB <= offset < 3 * SLAB for offset in second)
+    assert second == sorted(second)
+    # 3. A grow that goes backwards or stays inside a slab changes nothing.
+    pool.grow(2 * SLAB)
+    pool.grow(3 * SLAB + SLAB // 2)
+    assert pool.bytes_ready == 3 * SLAB and pool.try_alloc(256) is None
+    # 4. Grown to the whole pool: the last slab serves, and the pool is full at its total.
+    pool.grow(NUM_SLABS * SLAB)
+    assert len(alloc_all(pool, 256)) == 4 and pool.bytes_used == pool.bytes_total
+
+
+def test_pool_freed_slab_of_the_ready_part_is_taken_before_a_grown_one():
+    pool = PagePool(NUM_SLABS * SLAB, SLAB, ready_bytes=2 * SLAB)
+    offsets = alloc_all(pool, 1024)
+    pool.free(offsets[0])
+    pool.grow(NUM_SLABS * SLAB)
+    # 1. The slab freed first, then the grown ones in address order.
+    assert [pool.try_alloc(1024) // SLAB for _ in range(3)] == [0, 2, 3]
+
+
+def test_pool_kept_slab_beyond_the_ready_part_lends_no_free_slot_until_grown():
+    # 1. A kept entry in slab 1 while only slab 0 is ready: slab 1's free slots wait.
+    pool = PagePool(2 * SLAB, SLAB, ready_bytes=SLAB)
+    assert pool.adopt([(SLAB + 256, 256)]) == [True]
+    assert all(offset < SLAB for offset in alloc_all(pool, 256))
+    # 2. Grown: its three other slots serve, never the kept one's.
+    pool.grow(2 * SLAB)
+    assert sorted(alloc_all(pool, 256)) == [SLAB, SLAB + 512, SLAB + 768]

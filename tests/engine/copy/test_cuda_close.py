@@ -36,7 +36,7 @@ def test_cuda_backend_auto_measurement_does_not_wait_forever_for_copies(monkeypa
     #    is not stalled, and the next registration of that size tries again.
     backend = object.__new__(cuda.CudaBackend)
     backend._inflight = [SimpleNamespace(device=0, done="event", token=1)]
-    backend._pool = (0, 1 << 30)
+    backend._pool, backend._usable_bytes = (0, 1 << 30), 1 << 30
     backend.probes = []
     dev = SimpleNamespace(device=0, paths={}, unmeasured=set())
     monkeypatch.setattr(cuda.driver, "use_device", lambda device: None)

@@ -161,6 +161,15 @@ def test_entry_runs_cut_where_entries_stop_following():
     assert starts.tolist() == [0] and counts.tolist() == [1]
 
 
+def test_entry_runs_never_span_two_pinned_chunks():
+    # 1. Entries of 8 bytes following one another across the 32-byte chunk boundaries: one
+    #    run without a split, one per chunk with it.
+    offsets = np.arange(16, 80, 8)
+    assert staged.entry_runs(offsets, 8)[1].tolist() == [8]
+    starts, counts = staged.entry_runs(offsets, 8, split_bytes=32)
+    assert starts.tolist() == [0, 2, 6] and counts.tolist() == [2, 4, 2]
+
+
 def test_can_stage_only_unfenced_consecutive_layers_fitting_a_slot():
     assert staged.can_stage(_op(Direction.SAVE, [1], [0]), ENTRY)
     assert staged.can_stage(_op(Direction.LOAD, [1], [0], layers=[1, 2]), ENTRY)
