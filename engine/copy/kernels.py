@@ -27,6 +27,7 @@ import logging
 
 import numpy as np
 
+from engine.copy.kernel_cache import load_kernel
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
 
@@ -133,12 +134,11 @@ class CopyKernel:
 
     def __init__(self, device: int, num_ctas: int) -> None:
         self.num_ctas = num_ctas
-        cubin = driver.compile_cubin(SOURCE, "pegaflow_copy.cu", device)
-        self._module, self._function = driver.load_function(cubin, KERNEL_NAME)
+        (self._module, self._function), cached = load_kernel(
+            SOURCE, "pegaflow_copy.cu", device, lambda cubin: driver.load_function(cubin, KERNEL_NAME))
         self._args = _CopyArgs()
         self._params = (ctypes.c_void_p * 1)(ctypes.addressof(self._args))
-        logger.info("compiled %s for device %d (%d bytes of cubin)", KERNEL_NAME, device,
-                    len(cubin))
+        logger.info("%s %s for device %d", "loaded the kept" if cached else "compiled", KERNEL_NAME, device)
 
     def launch(self, stream, ids_ptr: int, offsets_ptr: int, num_pages: int, client_base: int,
                client_stride: int, pool_base: int, page_bytes: int, to_pool: bool,

@@ -286,14 +286,21 @@ def elapsed_ms(start, end) -> float:
     return check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime")
 
 
+NVRTC_OPTIONS = ("-default-device", "--std=c++17", "-lineinfo")  # and the GPU's architecture
+
+
+def nvrtc_version() -> tuple[int, int]:
+    major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    return int(major), int(minor)
+
+
 def compile_cubin(source: str, name: str, device: int) -> bytes:
     """NVRTC-compile ``source`` for ``device``'s architecture into a cubin."""
     major, minor = compute_capability(device)
     prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),
                  "nvrtcCreateProgram")
     try:
-        opts = [f"--gpu-architecture=sm_{major}{minor}".encode(), b"-default-device",
-                b"--std=c++17", b"-lineinfo"]
+        opts = [f"--gpu-architecture=sm_{major}{minor}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(status) != 0:
             size = check(nvrtc.nvrtcGetProgramLogSize(prog))
