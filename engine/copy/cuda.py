@@ -80,13 +80,14 @@ from engine.copy.base import (
     Direction,
 )
 from engine.copy.checks import Region, check_op
-from engine.copy.cuda_device import MAPPINGS, Device, PinnedPool
+from engine.copy.cuda_clients import ClientMappings, check_region
+from engine.copy.cuda_device import Device, PinnedPool
 from engine.copy.kernels import StagingRing
 from engine.copy.paths import op_path, path_from_rates
 from engine.copy.probe import measure_paths
 from pegaflow.cuda import driver
 from pegaflow.errors import CommandError, ConfigError, CudaError
-from pegaflow.wire import RegionKind, Status
+from pegaflow.wire import Status
 
 logger = logging.getLogger(__name__)
 
@@ -133,9 +134,7 @@ class CudaBackend(CopyBackend):
         self._usable_bytes = 0  # the pool's first bytes pinned and open to copies
         self._device(device)
         self._staging = StagingRing(staging_words)
-        self._regions: dict[tuple[int, int], Region] = {}
-        self._event_handles: dict[int, list[bytes]] = {}
-        self._events: dict[tuple[int, int], list] = {}  # (slot, device) -> opened events
+        self._clients = ClientMappings()
         self._inflight: list[_Inflight] = []
         self._ready: list[CopyDone] = []
         self.probes: list[dict] = []  # what ``auto`` measured and chose, for tools and logs
@@ -186,26 +185,14 @@ class CudaBackend(CopyBackend):
         self._pinned.check(dev.pool_base, start, end)
 
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:
-        if int(region["kind"]) != RegionKind.CUDA_IPC:
-            raise CudaError(f"region kind {int(region['kind'])} is not CUDA_IPC")
-        base_offset, alloc_bytes = int(region["base_offset"]), int(region["alloc_bytes"])
-        if base_offset >= alloc_bytes:
-            raise CudaError(f"region offset {base_offset} is past its allocation ({alloc_bytes})")
+        check_region(region)
         dev = self._device(int(region["device"]))
-        handle = region["handle"].tobytes()
-        address = MAPPINGS.acquire(dev.device, handle)
-        self._drop_region((slot, region_id))
-        self._regions[(slot, region_id)] = Region(dev.device, handle, address + base_offset,
-                                                   alloc_bytes - base_offset)
-        self._open_events(slot, dev.device)
+        self._clients.map_region(slot, region_id, region, dev.device)
         if self.copy_backend == AUTO:
             self._choose_path(dev, int(region["page_bytes"]))
 
     def register_events(self, slot: int, handles: np.ndarray) -> None:
-        self._close_events(slot)
-        self._event_handles[slot] = [h.tobytes() for h in handles["handle"]]
-        for device in {r.device for (s, _), r in self._regions.items() if s == slot}:
-            self._open_events(slot, device)
+        self._clients.set_events(slot, handles)
 
     def unregister_client(self, slot: int) -> None:
         pending = [f for f in self._inflight if f.slot == slot]
@@ -215,10 +202,7 @@ class CudaBackend(CopyBackend):
             for f in pending:
                 driver.use_device(f.device)
                 driver.synchronize_event(f.done)
-        for key in [k for k in self._regions if k[0] == slot]:
-            self._drop_region(key)
-        self._close_events(slot)
-        self._event_handles.pop(slot, None)
+        self._clients.close_slot(slot)
 
     def submit(self, op: CopyOp) -> None:
         try:
@@ -268,7 +252,7 @@ class CudaBackend(CopyBackend):
                 return
             time.sleep(1e-3)
         self._ready = []
-        for slot in {k[0] for k in self._regions} | set(self._event_handles):
+        for slot in self._clients.slots:
             self.unregister_client(slot)
         self._staging.close()
         if self._pinned is not None:  # the pinning thread is over: what it pinned is final
@@ -277,28 +261,6 @@ class CudaBackend(CopyBackend):
         for dev in self._devices.values():
             dev.close()
         self._devices.clear()
-
-    def _drop_region(self, key: tuple[int, int]) -> None:
-        region = self._regions.pop(key, None)
-        if region is not None:
-            driver.use_device(region.device)
-            MAPPINGS.release(region.device, region.handle)
-
-    def _open_events(self, slot: int, device: int) -> list:
-        handles = self._event_handles.get(slot)
-        if handles is None:
-            return []
-        events = self._events.get((slot, device))
-        if events is None:
-            driver.use_device(device)
-            events = self._events[(slot, device)] = [driver.open_ipc_event(h) for h in handles]
-        return events
-
-    def _close_events(self, slot: int) -> None:
-        for key in [k for k in self._events if k[0] == slot]:
-            driver.use_device(key[1])
-            for event in self._events.pop(key):
-                driver.destroy_event(event)
 
     def _enqueue(self, op: CopyOp) -> None:
         regions = self._validate(op)
@@ -325,7 +287,7 @@ class CudaBackend(CopyBackend):
 
     def _issue(self, dev: Device, op: CopyOp, regions: list[Region], path: str,
                f: _Inflight) -> None:
-        events = self._open_events(op.slot, dev.device)
+        events = self._clients.events(op.slot, dev.device)
         driver.use_device(dev.device)
         if path == STAGED:
             staged.issue(dev.staging, dev.kernel, op, regions, dev.pool_base,
@@ -412,8 +374,8 @@ class CudaBackend(CopyBackend):
 
     def _validate(self, op: CopyOp) -> list[Region]:
         """Every region known, every page inside its allocation and the pool's open part."""
-        return check_op(op, self._regions, self._usable_bytes if self._pool else None,
-                        len(self._event_handles.get(op.slot, ())))
+        return check_op(op, self._clients.regions, self._usable_bytes if self._pool else None,
+                        self._clients.num_events(op.slot))
 
     def _choose_path(self, dev: Device, page_bytes: int) -> None:
         if (page_bytes, Direction.SAVE) in dev.paths:

@@ -10,6 +10,7 @@ import pytest
 
 cuda_device = pytest.importorskip("engine.copy.cuda_device")
 cuda = pytest.importorskip("engine.copy.cuda")
+cuda_clients = pytest.importorskip("engine.copy.cuda_clients")
 
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.checks import Region  # noqa: E402
@@ -115,8 +116,8 @@ def _backend(fake, pool_bytes: int) -> "cuda.CudaBackend":
     backend._pool, backend._usable_bytes = (BASE, pool_bytes), 0
     backend._pinned = cuda_device.PinnedPool(BASE, pool_bytes, 0)
     backend._devices = {0: SimpleNamespace(device=0, pool_base=0)}
-    backend._regions = {(0, 0): Region(0, b"h", 1 << 40, 1 << 30)}
-    backend._event_handles = {}
+    backend._clients = cuda_clients.ClientMappings()
+    backend._clients.regions[(0, 0)] = Region(0, b"h", 1 << 40, 1 << 30)
     return backend
 
 

@@ -1,0 +1,87 @@
+"""What the CUDA copy backend holds open for each client slot: its KV allocations, mapped
+through their IPC memory handles (``MAPPINGS`` shares one mapping per allocation and
+device), and its pool of IPC events, opened on each device the slot's memory lives on.
+
+Mechanism only: which copies may run, and when a slot may be closed, is the backend's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.copy.checks import Region
+from engine.copy.cuda_device import MAPPINGS
+from pegaflow.cuda import driver
+from pegaflow.errors import CudaError
+from pegaflow.wire import RegionKind
+
+
+def check_region(region: np.void) -> None:
+    """A CUDA_IPC record whose offset lies inside its allocation, or CudaError."""
+    if int(region["kind"]) != RegionKind.CUDA_IPC:
+        raise CudaError(f"region kind {int(region['kind'])} is not CUDA_IPC")
+    if int(region["base_offset"]) >= int(region["alloc_bytes"]):
+        raise CudaError(f"region offset {int(region['base_offset'])} is past its allocation "
+                        f"({int(region['alloc_bytes'])})")
+
+
+class ClientMappings:
+    def __init__(self) -> None:
+        self.regions: dict[tuple[int, int], Region] = {}  # (slot, region id) -> its mapping
+        self._event_handles: dict[int, list[bytes]] = {}
+        self._events: dict[tuple[int, int], list] = {}  # (slot, device) -> opened events
+
+    @property
+    def slots(self) -> set[int]:
+        return {k[0] for k in self.regions} | set(self._event_handles)
+
+    def num_events(self, slot: int) -> int:
+        return len(self._event_handles.get(slot, ()))
+
+    def map_region(self, slot: int, region_id: int, region: np.void, device: int) -> None:
+        """Open ``region`` (``check_region`` passed) on ``device``, in place of any earlier
+        one of that id, and the slot's events there."""
+        base_offset, alloc_bytes = int(region["base_offset"]), int(region["alloc_bytes"])
+        handle = region["handle"].tobytes()
+        address = MAPPINGS.acquire(device, handle)
+        self._drop_region((slot, region_id))
+        self.regions[(slot, region_id)] = Region(device, handle, address + base_offset,
+                                                  alloc_bytes - base_offset)
+        self.events(slot, device)
+
+    def set_events(self, slot: int, handles: np.ndarray) -> None:
+        """The slot's event pool, replacing its earlier one, opened where its memory is."""
+        self._close_events(slot)
+        self._event_handles[slot] = [h.tobytes() for h in handles["handle"]]
+        for device in {r.device for (s, _), r in self.regions.items() if s == slot}:
+            self.events(slot, device)
+
+    def events(self, slot: int, device: int) -> list:
+        """The slot's events opened on ``device`` (opened now if they were not)."""
+        handles = self._event_handles.get(slot)
+        if handles is None:
+            return []
+        events = self._events.get((slot, device))
+        if events is None:
+            driver.use_device(device)
+            events = self._events[(slot, device)] = [driver.open_ipc_event(h) for h in handles]
+        return events
+
+    def close_slot(self, slot: int) -> None:
+        """Unmap the slot's memory and destroy its events (no copy of it may still run)."""
+        for key in [k for k in self.regions if k[0] == slot]:
+            self._drop_region(key)
+        self._close_events(slot)
+        self._event_handles.pop(slot, None)
+
+    def _drop_region(self, key: tuple[int, int]) -> None:
+        region = self.regions.pop(key, None)
+        if region is not None:
+            driver.use_device(region.device)
+            MAPPINGS.release(region.device, region.handle)
+
+    def _close_events(self, slot: int) -> None:
+        for key in [k for k in self._events if k[0] == slot]:
+            driver.use_device(key[1])
+            for event in self._events.pop(key):
+                driver.destroy_event(event)
