@@ -370,3 +370,43 @@ def test_connector_reconnects_when_the_engine_comes_back():
             vllm.run_until_done()
     finally:
         vllm.close()
+
+
+def test_connector_many_requests_in_one_step_hits_misses_and_a_hit_that_waits_for_blocks(engine):
+    # 1. Three prompts are computed and saved by a first vLLM (5 full blocks each).
+    cached = {name: [base + i for i in range(5 * BLOCK + 7)]
+              for name, base in (("a", 1000), ("b", 2000), ("c", 3000))}
+    for name, prompt in cached.items():
+        _warm(engine.name, prompt, f"warm-{name}")
+    saved_before = read_stats(engine.name)["blocks_saved"]
+    misses = {name: [base + i for i in range(5 * BLOCK + 7)] for name, base in (("d", 4000), ("e", 5000))}
+    # 2. A second vLLM gets all five at once, in the order d a b e c, with a GPU cache of 23
+    #    usable blocks: d, a and b (6 blocks each) fit in the first step, e and c must wait
+    #    for blocks, c's lookup answered (and its lease held) all the while.
+    second = VllmInstance(engine.name, num_blocks=24)
+    try:
+        second.poison()
+        for name in ("d", "a", "b", "e", "c"):
+            second.add(make_request(name, (cached | misses)[name]))
+        records = []
+        while second.scheduler.requests:
+            assert len(records) < 200, list(second.scheduler.requests)
+            records.append(second.step())
+            for load in records[-1].loads:  # before a later step may reuse the blocks
+                _assert_loaded_bytes(second, load)
+    finally:
+        second.close()
+    loads = {load.req_id: (i, load) for i, r in enumerate(records) for load in r.loads}
+    first_step = next(i for i, r in enumerate(records) if r.output.scheduled_new_reqs)
+    admitted = {new.req_id for new in records[first_step].output.scheduled_new_reqs}
+    # 3. One step took a miss and two hits; the last hit was loaded in a later step.
+    assert admitted == {"d", "a", "b"}, admitted
+    assert sorted(loads) == ["a", "b", "c"]
+    assert loads["a"][0] == loads["b"][0] == first_step < loads["c"][0]
+    # 4. Every hit got its five blocks' bytes exactly (checked in the step each load
+    #    landed: the blocks are reused later), no load failed, and the misses were saved.
+    assert all(len(load.block_ids) == 5 for _, load in loads.values())
+    assert not any(r.load_errors for r in records)
+    assert second.served_tokens == second.external_hits() == 3 * 5 * BLOCK
+    assert read_stats(engine.name)["blocks_saved"] - saved_before == 2 * 5
+    assert _leases_drain_to_zero(engine.name)
