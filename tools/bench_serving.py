@@ -17,6 +17,9 @@ default compilation (CUDA graphs on) unless ``--eager``.  The GPU KV cache is ca
 Per configuration: wall time of the rounds after the first, TTFT p50/p90/p99 and TPOT of
 those rounds, the shared-prefix throughput, tokens vLLM counted as external (host) hits,
 and whether every answer equals the first ``none`` run's.  Dummy weights, token-id prompts.
+``--trace`` adds, for pegaflow, the connector's timeline of the steps that load
+(``tools/step_timeline.py``) per phase: how many such steps, their loads and blocks, and
+when their last layer's pages were in and their forward done.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tools import step_timeline
 from tools.serving_workload import (
     RequestResult,
     conversations,
@@ -165,9 +169,10 @@ def server_command(config: str, args, engine_name: str) -> list[str]:
 class Server:
     """A ``vllm serve`` process, up once /health answers; its log in ``log_path``."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path):
+    def __init__(self, cmd: list[str], port: int, log_path: Path, extra_env: dict | None = None):
         env = dict(os.environ, PYTHONHASHSEED="0", VLLM_SERVER_DEV_MODE="1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   **(extra_env or {}))
         self.port, self.log = port, open(log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -200,8 +205,13 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     name = f"bench{os.getpid()}"
     if config == "pegaflow":
         engine = EngineProcess(name, backend="cuda", pool_size=f"{args.host_gib}GiB", start_timeout_s=300)
+    trace_path, extra_env = log_dir / f"{tag}.trace.log", {}
+    if config == "pegaflow" and args.trace:  # the connector's step timeline, into its own file
+        logging_path = log_dir / f"{tag}.logging.json"
+        logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
+        extra_env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
     try:
-        server = Server(server_command(config, args, name), args.port, log_dir / f"{tag}.log")
+        server = Server(server_command(config, args, name), args.port, log_dir / f"{tag}.log", extra_env)
         try:
             counts0 = counters(args.port)
             rounds = multi_round(args.port, args)
@@ -221,6 +231,11 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             engine.stop()
     later = [r for rnd in rounds[1:] for r in rnd]
     phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
+    timeline = None
+    if extra_env:  # the steps that loaded, by phase (every process's monotonic clock is the host's)
+        steps = step_timeline.parse(trace_path.read_text().splitlines()) if trace_path.exists() else []
+        timeline = {"later_rounds": step_timeline.summarize(steps, *_window(later)),
+                    "shared_prefix": step_timeline.summarize(steps, *_window(prefix))}
     return {"config": config, "tag": tag, "rounds": [summarize(rnd) for rnd in rounds],
             "later_rounds": summarize(later),
             "later_rounds_wall_s": round(sum(summarize(rnd)["wall_s"] for rnd in rounds[1:]), 4),
@@ -229,8 +244,16 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                                 for phase, d in phases.items()},
             "counters": phases,
             "engine": engine_stats,
+            "step_timeline": timeline,
             "results": [[r.key, r.tokens, r.error] for rnd in rounds for r in rnd] +
                        [[r.key, r.tokens, r.error] for r in prefix]}
+
+
+def _window(results: list[RequestResult]) -> tuple[float, float]:
+    """From the first request's start to the last one's end (nothing: an empty window)."""
+    if not results:
+        return 0.0, 0.0
+    return min(r.started_s for r in results), max(r.done_s for r in results)
 
 
 def _as_results(run: dict) -> list[RequestResult]:
@@ -288,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default="/tmp/bench_serving")
+    p.add_argument("--trace", action="store_true",
+                   help="pegaflow's step timeline of the steps that load, per phase (adds CUDA events)")
     p.add_argument("--json", metavar="PATH", help="write every figure here")
     args = p.parse_args(argv)
     log_dir = Path(args.log_dir)

@@ -1,0 +1,70 @@
+"""The connector's step timeline in a server's log: turned on, read back, summarized.
+
+The worker side logs, at DEBUG on ``pegaflow.connector.trace``, one line per step that
+loads (``pegaflow/connector/trace.py``): how many loads of how many blocks, the step's
+start on ``time.monotonic`` (the clock every process of the host shares), and the marks
+after it in ms, CPU and GPU::
+
+    step 3: 4 load(s) of 2048 blocks, start_load_kv at monotonic 812.5 (ms after
+    start_load_kv): loads_submitted +0.4, ..., gpu last_layer_ready +84.1, gpu forward_done +90.2
+
+``logging_config`` is a ``VLLM_LOGGING_CONFIG_PATH`` file that keeps vLLM's own logging and
+sends those lines to a file of their own; ``parse`` and ``summarize`` read them back (no
+GPU, unit-tested in CI).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tools.serving_workload import percentile
+
+TRACE_LOGGER = "pegaflow.connector.trace"
+_LINE = re.compile(r"step \d+: (\d+) load\(s\) of (\d+) blocks, start_load_kv at monotonic "
+                   r"([\d.]+) \(ms after start_load_kv\): (.*)$")
+_MARK = re.compile(r"(gpu )?(\w+) \+([\d.]+)")
+
+
+def logging_config(trace_path: Path) -> dict:
+    """vLLM's loggers at INFO on stderr, as by default, and the step timeline into ``trace_path``."""
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"plain": {"format": "%(levelname)s %(asctime)s [%(name)s] %(message)s"}},
+            "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "plain",
+                                  "level": "INFO", "stream": "ext://sys.stderr"},
+                         "trace": {"class": "logging.FileHandler", "formatter": "plain",
+                                   "level": "DEBUG", "filename": str(trace_path)}},
+            "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
+                        TRACE_LOGGER: {"handlers": ["trace"], "level": "DEBUG", "propagate": False}}}
+
+
+def parse(lines) -> list[dict]:
+    """One dict per traced step: ``loads``, ``blocks``, ``start`` (monotonic s) and each mark
+    in ms (GPU marks named ``gpu_<mark>``)."""
+    steps = []
+    for line in lines:
+        if (m := _LINE.search(line)) is None:
+            continue
+        step = {"loads": int(m[1]), "blocks": int(m[2]), "start": float(m[3])}
+        for mark in _MARK.finditer(m[4]):
+            step[("gpu_" if mark[1] else "") + mark[2]] = float(mark[3])
+        steps.append(step)
+    return steps
+
+
+def summarize(steps: list[dict], start: float = float("-inf"), end: float = float("inf")) -> dict:
+    """Of the steps that began in ``[start, end)``: how many, their loads and blocks, and
+    p50/p90/max of every mark (ms after the step's ``start_load_kv``)."""
+    mine = [s for s in steps if start <= s["start"] < end]
+    marks = sorted({k for s in mine for k in s} - {"loads", "blocks", "start"})
+    out: dict = {"steps": len(mine), "loads": sum(s["loads"] for s in mine),
+                 "blocks": sum(s["blocks"] for s in mine)}
+    for key in ("loads", "blocks"):
+        values = [s[key] for s in mine]
+        out[f"{key}_per_step_p50"] = percentile(values, 50)
+        out[f"{key}_per_step_max"] = max(values, default=0)
+    for mark in marks:
+        values = [s[mark] for s in mine if mark in s]
+        out[mark] = {"p50": round(percentile(values, 50), 3), "p90": round(percentile(values, 90), 3),
+                     "max": round(max(values), 3)}
+    return out
