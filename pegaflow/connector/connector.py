@@ -94,7 +94,7 @@ class PegaKVConnector(KVConnectorBase_V1):
             # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank.
             namespaces = [rank_namespace(base, tp, pp) for pp in range(pp_size) for tp in range(tp_size)]
             self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size,
-                                            instance=instance_key(vllm_config))
+                                            instance=instance_key(vllm_config))  # a worker per namespace
         else:
             tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
             self._worker = WorkerSide(self.pega_config, rank_namespace(base, tp_rank, pp_rank),
@@ -175,6 +175,9 @@ class PegaKVConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self):
+        return self._worker.saves_done() if self._worker is not None else None
 
     # -- stats into vLLM's metrics --------------------------------------------------------
 

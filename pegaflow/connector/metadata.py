@@ -1,10 +1,11 @@
-"""What the scheduler side tells the workers each step (pickled into SchedulerOutput)."""
+"""What the scheduler side tells the workers each step (pickled into SchedulerOutput), and
+what the workers tell it back (``SavesDone``, in vLLM's KVConnectorOutput)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class SaveSpec:
 
 @dataclass
 class PegaConnectorMetadata(KVConnectorMetadata):
+    step: int = 0  # the scheduler's count of the metadata it built (SavesDone refers to it)
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     # Finished requests whose blocks vLLM keeps until the workers report their saves done.
@@ -38,3 +40,17 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     # Blocks whose failed load the scheduler has seen (it replans their saves): the
     # workers stop holding back saves on their account.
     rewound_block_ids: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class SavesDone(KVConnectorWorkerMetadata):
+    """Every SAVE of the steps up to ``through_step`` is over on ``num_ranks`` workers (vLLM
+    aggregates one per worker): no copy reads the GPU blocks those steps saved any more."""
+
+    through_step: int
+    num_ranks: int = 1
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, SavesDone):
+            return self
+        return SavesDone(min(self.through_step, other.through_step), self.num_ranks + other.num_ranks)

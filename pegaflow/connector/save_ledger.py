@@ -1,12 +1,14 @@
 """Which SAVEs of a worker are out, for which requests, and so which requests' blocks vLLM
 may free: a request vLLM holds for us (``held``) is reported finished once none of its
-SAVEs is outstanding; a dropped connection forgets them all (the link revoked them)."""
+SAVEs is outstanding; a dropped connection forgets them all (the link revoked them).
+``done_through`` is the last step up to which every step's SAVE is over (or never went
+out), which lets the scheduler free a finished request's blocks at once."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 from pegaflow.connector.stats import PegaKVConnectorStats
 
@@ -20,9 +22,24 @@ class SaveLedger:
         self.pending: defaultdict[str, int] = defaultdict(int)        # vLLM request -> SAVEs out
         self.held: set[str] = set()  # requests whose blocks vLLM keeps until we report them
         self.num_short = 0  # SAVEs answered with an error or with blocks dropped
+        self._steps: deque[list] = deque()  # [step, its SAVE's request id or None], oldest first
+        self._done_through = 0
+
+    def new_step(self, step: int) -> None:
+        self._steps.append([step, None])
+
+    def done_through(self) -> int:
+        """The last step up to which no SAVE is out (the current step's decided already:
+        vLLM asks after get_finished)."""
+        steps = self._steps
+        while steps and (steps[0][1] is None or steps[0][1] not in self.commands):
+            self._done_through = steps.popleft()[0]
+        return self._done_through
 
     def sent(self, request_id: int, req_ids: tuple[str, ...]) -> None:
         self.commands[request_id] = (req_ids, time.monotonic())
+        if self._steps:
+            self._steps[-1][1] = request_id
         for req_id in req_ids:
             self.pending[req_id] += 1
 

@@ -18,7 +18,7 @@ from typing import Any
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
-from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
+from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SavesDone, SaveSpec
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.wire import ClientRole
 
@@ -37,6 +37,7 @@ class RequestState:
     num_saved_blocks: int = 0
     pending_load: LoadSpec | None = None
     has_saves: bool = False
+    last_save_step: int = 0  # the step whose metadata planned this request's last save
     is_async_loading: bool = False
     lookup: PendingLookup | None = None
 
@@ -54,6 +55,8 @@ class SchedulerSide:
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
         self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
         self._finish_saves: list[SaveSpec] = []  # planned at a request's finish, for the next step
+        self._step = 0  # metadata built so far (PegaConnectorMetadata.step)
+        self._saves_done_through = 0  # every worker's SAVEs of the steps up to this are over
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
 
@@ -104,7 +107,8 @@ class SchedulerSide:
     def build_connector_meta(self, scheduler_output) -> PegaConnectorMetadata:
         if (client := self.link.client()) is not None:
             self.lookups.release_orphans(client)
-        meta = PegaConnectorMetadata(held_req_ids=self._held, preempted_req_ids=set(
+        self._step += 1
+        meta = PegaConnectorMetadata(step=self._step, held_req_ids=self._held, preempted_req_ids=set(
             scheduler_output.preempted_req_ids or ()), rewound_block_ids=self._rewound)
         self._held, self._rewound = set(), set()
         meta.saves.extend(self._finish_saves)
@@ -148,7 +152,7 @@ class SchedulerSide:
         meta.saves.append(SaveSpec(state.request.request_id, tuple(state.block_ids[start:num_full]),
                                    tuple(hashes[start:num_full])))
         state.num_saved_blocks = num_full
-        state.has_saves = True
+        state.has_saves, state.last_save_step = True, self._step
 
     # -- finish ---------------------------------------------------------------------------
 
@@ -160,8 +164,10 @@ class SchedulerSide:
         self.lookups.release_leases(state)
         if (client := self.link.client()) is not None:
             self.lookups.release_orphans(client)
-        if not state.is_async_loading:
-            self._plan_finish_save(state, request, block_ids)
+        has_finish_save = not state.is_async_loading and self._plan_finish_save(state, request, block_ids)
+        if state.has_saves and not has_finish_save and state.last_save_step <= self._saves_done_through:
+            del self.requests[request.request_id]  # every copy of its blocks is over: free them now
+            return False, None
         if state.has_saves and not state.is_async_loading:
             # (an aborted request still loading is held by vLLM itself until finished_recving)
             self._held.add(request.request_id)
@@ -170,29 +176,33 @@ class SchedulerSide:
         del self.requests[request.request_id]
         return False, None
 
-    def _plan_finish_save(self, state: RequestState, request, block_ids) -> None:
+    def _plan_finish_save(self, state: RequestState, request, block_ids) -> bool:
         """Blocks whose KV is computed but whose hashes came too late for any step's plan
         (asynchronous scheduling hands the scheduler a step's tokens after it has planned
         the next step, so the blocks a request's last steps complete were never planned):
-        saved by the next step, the request's blocks held until then."""
+        saved by the next step, the request's blocks held until then.  Whether it planned one."""
         if not self.config.enable_save or not block_ids:
-            return
+            return False
         ids = block_ids[0] if block_ids and isinstance(block_ids[0], (list, tuple)) else block_ids
         hashes = request.block_hashes
         num_full = min(request.num_computed_tokens // self.block_size, len(hashes), len(ids))
         if num_full <= state.num_saved_blocks:
-            return
+            return False
         start = state.num_saved_blocks
         span = list(ids[start:num_full])
         if NULL_BLOCK in span:  # vLLM freed blocks out of a sliding window before telling us
             span = span[:span.index(NULL_BLOCK)]
         if not span:
-            return
+            return False
         self._finish_saves.append(SaveSpec(request.request_id, tuple(span),
                                            tuple(hashes[start:start + len(span)])))
         state.num_saved_blocks, state.has_saves = start + len(span), True
+        return True
 
     def update_connector_output(self, connector_output) -> None:
+        done = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(done, SavesDone) and done.num_ranks == len(self.namespaces):  # every worker's word
+            self._saves_done_through = max(self._saves_done_through, done.through_step)
         for req_id in connector_output.finished_sending or ():
             self.requests.pop(req_id, None)
             self._awaiting_report.discard(req_id)

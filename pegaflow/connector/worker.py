@@ -25,7 +25,7 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.kv_layers import SAVE_EVENT, KVLayers
 from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.link import EngineLink
-from pegaflow.connector.metadata import PegaConnectorMetadata
+from pegaflow.connector.metadata import PegaConnectorMetadata, SavesDone
 from pegaflow.connector.recent_saves import RecentSaves
 from pegaflow.connector.save_ledger import SaveLedger
 from pegaflow.connector.stats import PegaKVConnectorStats
@@ -110,6 +110,7 @@ class WorkerSide:
                 self._drop_recent_saves()
             self._recent_saves.new_step()
         self.saves.held |= meta.held_req_ids
+        self.saves.new_step(meta.step)
 
     def _drop_recent_saves(self) -> None:
         """A load failed on some rank in a recent step (``recent_saves``): the engine forgets
@@ -290,6 +291,11 @@ class WorkerSide:
         recving = self.loads.take_finished_recving()
         self.trace.end()
         return sending or None, recving or None
+
+    def saves_done(self) -> SavesDone:
+        """For the scheduler (vLLM's worker metadata, after get_finished): the steps whose
+        SAVEs are all over, so a finished request saved by them needs no hold."""
+        return SavesDone(self.saves.done_through())
 
     def take_stats(self) -> PegaKVConnectorStats | None:
         return self.stats.take(is_engine_up=self.link.current() is not None)

@@ -410,3 +410,35 @@ def test_connector_many_requests_in_one_step_hits_misses_and_a_hit_that_waits_fo
     assert second.served_tokens == second.external_hits() == 3 * 5 * BLOCK
     assert read_stats(engine.name)["blocks_saved"] - saved_before == 2 * 5
     assert _leases_drain_to_zero(engine.name)
+
+
+def test_connector_finished_request_is_freed_at_once_and_its_saved_bytes_stay_exact(engine):
+    # 1. A vLLM with 7 usable blocks computes PROMPT (6 blocks); its SAVE is over by the
+    #    time it finishes, so vLLM frees its blocks at once: it is never held.
+    first = VllmInstance(engine.name, num_blocks=8)
+    try:
+        first.add(make_request("a", PROMPT, max_tokens=6))
+        records = [first.step()]  # its prefill, and the SAVE of its 5 full blocks
+        deadline = time.monotonic() + 10
+        while read_stats(engine.name)["blocks_saved"] < 5:
+            assert time.monotonic() < deadline, "the SAVE never ended"
+            time.sleep(0.005)
+        records += first.run_until_done()
+        assert not any("a" in r.output.kv_connector_metadata.held_req_ids for r in records)
+        assert first.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 7
+        # 2. Another prompt takes those blocks over and writes its own bytes into them.
+        first.add(make_request("b", [9] * len(PROMPT)))
+        first.run_until_done()
+    finally:
+        first.close()
+    # 3. A fresh vLLM is served PROMPT's blocks with the bytes "a" computed.
+    second = VllmInstance(engine.name)
+    try:
+        second.poison()
+        second.add(make_request("r2", PROMPT))
+        (load,) = second.step_until_admitted("r2").loads
+        assert len(load.block_ids) == 5
+        _assert_loaded_bytes(second, load)
+        second.run_until_done()
+    finally:
+        second.close()

@@ -36,3 +36,28 @@ def test_save_ledger_forget_frees_every_held_request():
     ledger.held.add("x")
     ledger.forget()
     assert ledger.take_finished() == {"x"} and not ledger.commands
+
+
+def test_save_ledger_done_through_is_the_last_step_with_no_save_out():
+    from types import SimpleNamespace
+
+    from pegaflow.connector.save_ledger import SaveLedger
+    from pegaflow.connector.stats import PegaKVConnectorStats
+    ledger = SaveLedger(PegaKVConnectorStats())
+    ok = SimpleNamespace(is_ok=True, status="OK", result=SimpleNamespace(num_stored=1, num_deduped=0,
+                                                                         num_dropped=0))
+    ledger.new_step(1)              # no save
+    ledger.new_step(2)
+    ledger.sent(20, ("a",))         # step 2's SAVE
+    ledger.new_step(3)
+    ledger.sent(30, ("b",))         # step 3's SAVE
+    ledger.new_step(4)              # no save
+    assert ledger.done_through() == 1
+    ledger.answered(30, ok)         # a later step's answer first: step 2 still holds the line
+    assert ledger.done_through() == 1
+    ledger.answered(20, ok)
+    assert ledger.done_through() == 4
+    ledger.new_step(5)
+    ledger.sent(50, ("c",))
+    ledger.forget()                 # the link dropped (and revoked) it: nothing reads the blocks
+    assert ledger.done_through() == 5

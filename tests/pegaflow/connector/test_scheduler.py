@@ -175,3 +175,43 @@ def test_scheduler_finish_save_stops_at_vllms_null_block():
     scheduler.request_finished(request, ([9, 10, 0, 0],))
     saves = scheduler.build_connector_meta(_empty_output()).saves
     assert [(s.block_ids, s.hashes) for s in saves] == [((10,), (hashes[1],))]
+
+
+def test_scheduler_finished_request_whose_saves_are_over_is_freed_at_once():
+    # A request saved in step 3 finishes; vLLM frees its blocks at once only when every
+    # worker has said the SAVEs of step 3 are over (SavesDone), and holds them otherwise.
+    from pegaflow.connector.metadata import SavesDone
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1, 2], block_size=16)  # two workers
+    request = SimpleNamespace(request_id="r", num_tokens=40, num_computed_tokens=39,
+                              block_hashes=[b"a" * 32, b"b" * 32])
+
+    def finish(done) -> bool:
+        scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2,
+                                               has_saves=True, last_save_step=3)
+        scheduler.update_connector_output(SimpleNamespace(
+            finished_sending=None, finished_recving=None, invalid_block_ids=set(),
+            kv_connector_worker_meta=done))
+        held, _ = scheduler.request_finished(request, ([5, 6, 7],))
+        return held
+
+    assert finish(None)                                          # nobody said anything
+    assert finish(SavesDone(2).aggregate(SavesDone(9)))          # one worker's step-3 SAVE still out
+    assert finish(SavesDone(9))                                  # one worker's word only
+    assert not finish(SavesDone(3).aggregate(SavesDone(4)))      # both: over
+    assert "r" not in scheduler.requests
+
+
+def test_scheduler_finished_request_with_a_finish_save_is_held_whatever_was_done():
+    from pegaflow.connector.metadata import SavesDone
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    request = SimpleNamespace(request_id="r", num_tokens=49, num_computed_tokens=48, block_hashes=hashes)
+    scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2,
+                                           has_saves=True, last_save_step=1)
+    scheduler.update_connector_output(SimpleNamespace(finished_sending=None, finished_recving=None,
+                                                      invalid_block_ids=set(),
+                                                      kv_connector_worker_meta=SavesDone(50)))
+    # Block 2's KV was computed in its last step and never planned: saved by the next step.
+    assert scheduler.request_finished(request, ([5, 6, 7],)) == (True, None)

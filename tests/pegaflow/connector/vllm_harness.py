@@ -159,7 +159,8 @@ class VllmInstance:
         req_ids = list(out.num_scheduled_tokens)
         kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                    invalid_block_ids=record.load_errors,
-                                   kv_connector_stats=worker.get_kv_connector_stats())
+                                   kv_connector_stats=worker.get_kv_connector_stats(),
+                                   kv_connector_worker_meta=worker.build_connector_worker_meta())
         outputs = self.scheduler.update_from_output(out, ModelRunnerOutput(
             req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[OUTPUT_TOKEN] for _ in req_ids], kv_connector_output=kv_out))
