@@ -64,6 +64,21 @@ def _assert_loaded_bytes(vllm: VllmInstance, load) -> None:
                 f"block {block_id} layer {layer} differs from what was saved"
 
 
+def _assert_served(engine_name: str, req_id: str, prompt: list[int], num_blocks: int) -> None:
+    """A fresh vLLM (its KV memory poisoned) loads ``num_blocks`` blocks of ``prompt`` in one
+    load, each byte what was saved."""
+    vllm = VllmInstance(engine_name)
+    try:
+        vllm.poison()
+        vllm.add(make_request(req_id, prompt))
+        (load,) = vllm.step_until_admitted(req_id).loads
+        assert len(load.block_ids) == num_blocks
+        _assert_loaded_bytes(vllm, load)
+        vllm.run_until_done()
+    finally:
+        vllm.close()
+
+
 def _wait_matched(connector, request, timeout_s: float = 10.0):
     """Ask again until the lookup's answer is in (vLLM would ask again next step)."""
     deadline = time.monotonic() + timeout_s
@@ -111,16 +126,8 @@ def test_connector_partial_prefix_hits_only_shared_blocks(engine):
     # 1. Save a prompt; 2. ask for one that shares its first 3 blocks, then diverges.
     _warm(engine.name, PROMPT)
     other = PROMPT[:3 * BLOCK] + [9] * (2 * BLOCK + 3)
-    second = VllmInstance(engine.name)
-    try:
-        second.add(make_request("partial", other))
-        (load,) = second.step_until_admitted("partial").loads
-        # 3. Exactly the 3 shared blocks are loaded, byte-exact.
-        assert len(load.block_ids) == 3
-        _assert_loaded_bytes(second, load)
-        second.run_until_done()
-    finally:
-        second.close()
+    # 3. Exactly the 3 shared blocks are loaded, byte-exact.
+    _assert_served(engine.name, "partial", other, num_blocks=3)
 
 
 def test_connector_extended_prompt_loads_whole_cached_prefix(engine):
@@ -432,13 +439,4 @@ def test_connector_finished_request_is_freed_at_once_and_its_saved_bytes_stay_ex
     finally:
         first.close()
     # 3. A fresh vLLM is served PROMPT's blocks with the bytes "a" computed.
-    second = VllmInstance(engine.name)
-    try:
-        second.poison()
-        second.add(make_request("r2", PROMPT))
-        (load,) = second.step_until_admitted("r2").loads
-        assert len(load.block_ids) == 5
-        _assert_loaded_bytes(second, load)
-        second.run_until_done()
-    finally:
-        second.close()
+    _assert_served(engine.name, "r2", PROMPT, num_blocks=5)
