@@ -29,13 +29,13 @@ run-engine:
 	$(PY) -m engine $(ENGINE_ARGS)
 
 smoke:
-	$(PY) tools/smoke.py --name $(NAME)
+	$(PY) -m tools.smoke --name $(NAME)
 
 stat:
 	$(VENV)/bin/pegaflow-stat --name $(NAME)
 
 bench-ipc:
-	$(PY) tools/bench_ipc.py
+	$(PY) -m tools.bench_ipc
 
 clean:
 	rm -rf .pytest_cache .hypothesis build *.egg-info

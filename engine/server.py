@@ -315,7 +315,7 @@ class EngineServer:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
         logger.info("engine %r stopping", self.config.name)
         self.segments.mark_stopping()
-        self.pinner.stop()  # before the backend closes: it unpins only what is over
+        pinner_stopped = self.pinner.stop()  # before the backend closes: it unpins only what is over
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
         while self.backend.num_inflight() and time.monotonic() < deadline:
             for done in self.backend.poll():
@@ -325,6 +325,11 @@ class EngineServer:
             while (rec := client.submissions.try_get()) is not None:
                 self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
             client.flush()
+        if not pinner_stopped:  # it may still register or write the pool: leave both to the exit
+            logger.error("engine %r: the pool's pinning thread is still running; the pool stays "
+                         "mapped until the process exits", self.config.name)
+            self.segments.unlink_all(release_pool=False)
+            return
         self.backend.close()
         self.segments.unlink_all(release_pool=self.backend.num_inflight() == 0)
         logger.info("engine %r stopped; its shared memory is unlinked", self.config.name)

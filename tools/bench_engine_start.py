@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'?' if huge is None else format_size(huge):>13}")
     if args.json:
         written = [r["gbps"] for r in faults if r["method"] == "write faulted"]
-        result = {"gpu": gpu_name(), "pool_gib": pool_bytes / 2**30, "backend": args.backend,
+        result = {"gpu": "none" if args.backend == "host" else gpu_name(), "pool_gib": pool_bytes / 2**30,
+                  "backend": args.backend,
                   "first_client_s": background["first_client_s"], "pin_gbps": background["pin_gbps"],
                   "fully_ready_s": background["fully_ready_s"],
                   "method": starts["background"][-1]["engine_log"],

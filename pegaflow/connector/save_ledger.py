@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
 from pegaflow.connector.stats import PegaKVConnectorStats
 
@@ -18,28 +18,22 @@ logger = logging.getLogger(__name__)
 class SaveLedger:
     def __init__(self, stats: PegaKVConnectorStats):
         self.stats = stats
-        self.commands: dict[int, tuple[tuple[str, ...], float]] = {}  # request id -> (requests, sent at)
+        self.commands: dict[int, tuple[tuple[str, ...], float, int]] = {}  # request id -> (requests, sent at, step)
         self.pending: defaultdict[str, int] = defaultdict(int)        # vLLM request -> SAVEs out
         self.held: set[str] = set()  # requests whose blocks vLLM keeps until we report them
         self.num_short = 0  # SAVEs answered with an error or with blocks dropped
-        self._steps: deque[list] = deque()  # [step, its SAVE's request id or None], oldest first
-        self._done_through = 0
+        self.step = 0  # the step bound last (its metadata's number)
 
     def new_step(self, step: int) -> None:
-        self._steps.append([step, None])
+        self.step = step
 
     def done_through(self) -> int:
         """The last step up to which no SAVE is out (the current step's decided already:
         vLLM asks after get_finished)."""
-        steps = self._steps
-        while steps and (steps[0][1] is None or steps[0][1] not in self.commands):
-            self._done_through = steps.popleft()[0]
-        return self._done_through
+        return min((step for _, _, step in self.commands.values()), default=self.step + 1) - 1
 
     def sent(self, request_id: int, req_ids: tuple[str, ...]) -> None:
-        self.commands[request_id] = (req_ids, time.monotonic())
-        if self._steps:
-            self._steps[-1][1] = request_id
+        self.commands[request_id] = (req_ids, time.monotonic(), self.step)
         for req_id in req_ids:
             self.pending[req_id] += 1
 
@@ -52,7 +46,7 @@ class SaveLedger:
         log("pegaflow: SAVE %d answered %s (%d stored, %d already there, %d dropped; %d SAVEs "
             "short so far)", request_id, getattr(done.status, "name", done.status), result.num_stored,
             result.num_deduped, result.num_dropped, self.num_short)
-        req_ids, sent_at = self.commands.pop(request_id)
+        req_ids, sent_at, _ = self.commands.pop(request_id)
         self.stats.observe("save_s", time.monotonic() - sent_at)
         self.stats.add("saved_blocks", result.num_stored if done.is_ok else 0)
         self.stats.add("save_dropped_blocks", result.num_dropped)

@@ -49,4 +49,7 @@ def test_serve_shared_prefixes_equal_a_server_without_the_connector(tmp_path):
         second, hits = _serve("pegaflow", name, tmp_path, prompts)  # a fresh server: from the engine
     assert [r.tokens for r in first] == [r.tokens for r in reference]
     assert [r.tokens for r in second] == [r.tokens for r in reference]
-    assert hits >= 12 * (1500 // 16) * 16 * 0.95, hits  # each request's shared prefix, at least
+    # Each of the 3 prefixes is served from the engine (at least once: a request that shares
+    # one with a request scheduled before it hits vLLM's own prefix cache, where a layer-wise
+    # load's blocks are cached at allocation).
+    assert hits >= 3 * (1500 // 16) * 16, hits

@@ -36,6 +36,8 @@ def written(seg: shm.Segment) -> np.ndarray:
     return data
 
 
+@pytest.mark.skipif(fault_in.method() != fault_in.POPULATE,
+                    reason="this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
 def test_fault_in_populate_allocates_every_page_and_keeps_the_bytes(segment):
     data = written(segment)
     assert allocated_bytes(segment) < SIZE

@@ -229,6 +229,7 @@ def test_engine_kept_blocks_past_the_first_chunk_are_served_once_pinned(rng):
     server, thread = start_engine(HostBackend(), name=name, keep_pool=True)
     kv = KVClient(name)
     try:
+        wait_for(lambda: read_stats(name)["pool_pin_ns"], "pinned")  # else a batch may evict another
         batches = store_batches(kv, rng, 3)
     finally:
         kv.close()

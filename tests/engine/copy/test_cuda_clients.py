@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-cuda_clients = pytest.importorskip("engine.copy.cuda_clients")
-
-from pegaflow import wire  # noqa: E402
-from pegaflow.errors import CudaError  # noqa: E402
+from engine.copy import cuda_clients
+from pegaflow import wire
+from pegaflow.errors import CudaError
 
 
 class FakeDriver:

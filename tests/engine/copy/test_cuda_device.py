@@ -8,13 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-cuda_device = pytest.importorskip("engine.copy.cuda_device")
-cuda = pytest.importorskip("engine.copy.cuda")
-cuda_clients = pytest.importorskip("engine.copy.cuda_clients")
-
-from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
-from engine.copy.checks import Region  # noqa: E402
-from pegaflow.errors import CommandError, CudaError  # noqa: E402
+from engine.copy import cuda, cuda_clients, cuda_device
+from engine.copy.base import CopyOp, Direction, LayerPlacement
+from engine.copy.checks import Region
+from pegaflow.errors import CommandError, CudaError
 
 BASE, MIB = 0x7F0000000000, 1 << 20
 

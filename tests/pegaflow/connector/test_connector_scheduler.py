@@ -408,7 +408,7 @@ def test_connector_many_requests_in_one_step_hits_misses_and_a_hit_that_waits_fo
     admitted = {new.req_id for new in records[first_step].output.scheduled_new_reqs}
     # 3. One step took a miss and two hits; the last hit was loaded in a later step.
     assert admitted == {"d", "a", "b"}, admitted
-    assert sorted(loads) == ["a", "b", "c"]
+    assert sorted(loads) == ["a", "b", "c"] and sum(len(r.loads) for r in records) == 3
     assert loads["a"][0] == loads["b"][0] == first_step < loads["c"][0]
     # 4. Every hit got its five blocks' bytes exactly (checked in the step each load
     #    landed: the blocks are reused later), no load failed, and the misses were saved.
