@@ -233,9 +233,13 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
     timeline = None
     if extra_env:  # the steps that loaded, by phase (every process's monotonic clock is the host's)
-        steps = step_timeline.parse(trace_path.read_text().splitlines()) if trace_path.exists() else []
+        lines = trace_path.read_text().splitlines() if trace_path.exists() else []
+        steps = step_timeline.parse(lines)
+        schedule = step_timeline.parse_schedule(lines)
         timeline = {"later_rounds": step_timeline.summarize(steps, *_window(later)),
-                    "shared_prefix": step_timeline.summarize(steps, *_window(prefix))}
+                    "shared_prefix": step_timeline.summarize(steps, *_window(prefix)),
+                    "first_admission_ms": [step_timeline.first_admission_ms(schedule, _window(rnd)[0])
+                                           for rnd in rounds[1:]]}
     return {"config": config, "tag": tag, "rounds": [summarize(rnd) for rnd in rounds],
             "later_rounds": summarize(later),
             "later_rounds_wall_s": round(sum(summarize(rnd)["wall_s"] for rnd in rounds[1:]), 4),
@@ -246,7 +250,10 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             "engine": engine_stats,
             "step_timeline": timeline,
             "results": [[r.key, r.tokens, r.error] for rnd in rounds for r in rnd] +
-                       [[r.key, r.tokens, r.error] for r in prefix]}
+                       [[r.key, r.tokens, r.error] for r in prefix],
+            # sent, first token, done (monotonic s, the clock of the step timeline's lines)
+            "timings": [[r.key, round(r.started_s, 6), round(r.first_token_s, 6), round(r.done_s, 6)]
+                        for rnd in rounds for r in rnd]}
 
 
 def _window(results: list[RequestResult]) -> tuple[float, float]:

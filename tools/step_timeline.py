@@ -8,6 +8,12 @@ after it in ms, CPU and GPU::
     step 3: 4 load(s) of 2048 blocks, start_load_kv at monotonic 812.5 (ms after
     start_load_kv): loads_submitted +0.4, ..., gpu last_layer_ready +84.1, gpu forward_done +90.2
 
+and the scheduler side one line per step it plans (what vLLM scheduled, what the connector
+planned), which places each loading step among the decode steps around it::
+
+    sched step 109 at monotonic 812.4: 4 new, 0 running, 320 tokens, 0 finished, 4 load(s)
+    of 2036 blocks, 20 blocks to save
+
 ``logging_config`` is a ``VLLM_LOGGING_CONFIG_PATH`` file that keeps vLLM's own logging and
 sends those lines to a file of their own; ``parse`` and ``summarize`` read them back (no
 GPU, unit-tested in CI).
@@ -23,6 +29,9 @@ from tools.serving_workload import percentile
 TRACE_LOGGER = "pegaflow.connector.trace"
 _LINE = re.compile(r"step \d+: (\d+) load\(s\) of (\d+) blocks, start_load_kv at monotonic "
                    r"([\d.]+) \(ms after start_load_kv\): (.*)$")
+_SCHED = re.compile(r"sched step (\d+) at monotonic ([\d.]+): (\d+) new, (\d+) running, (\d+) tokens, "
+                    r"(\d+) finished, (\d+) load\(s\) of (\d+) blocks, (\d+) blocks to save")
+_SCHED_KEYS = ("step", "at", "new", "running", "tokens", "finished", "loads", "load_blocks", "save_blocks")
 _MARK = re.compile(r"(gpu )?(\w+) \+([\d.]+)")
 
 
@@ -50,6 +59,23 @@ def parse(lines) -> list[dict]:
             step[("gpu_" if mark[1] else "") + mark[2]] = float(mark[3])
         steps.append(step)
     return steps
+
+
+def parse_schedule(lines) -> list[dict]:
+    """One dict per scheduler step: ``step``, ``at`` (monotonic s), ``new``, ``running``,
+    ``tokens``, ``finished``, ``loads``, ``load_blocks``, ``save_blocks``."""
+    out = []
+    for line in lines:
+        if (m := _SCHED.search(line)) is not None:
+            out.append({k: (float(v) if k == "at" else int(v)) for k, v in zip(_SCHED_KEYS, m.groups())})
+    return out
+
+
+def first_admission_ms(schedule: list[dict], since: float) -> float | None:
+    """ms from ``since`` (monotonic s: a round's first request sent) to the first scheduler
+    step after it that took a new request (None: no such step)."""
+    admits = [s["at"] for s in schedule if s["new"] and s["at"] >= since]
+    return round((min(admits) - since) * 1e3, 3) if admits else None
 
 
 def summarize(steps: list[dict], start: float = float("-inf"), end: float = float("inf")) -> dict:

@@ -20,6 +20,7 @@ from pegaflow.connector.link import EngineLink
 from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
 from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SavesDone, SaveSpec
 from pegaflow.connector.stats import PegaKVConnectorStats
+from pegaflow.connector.trace import log_schedule
 from pegaflow.wire import ClientRole
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,8 @@ class SchedulerSide:
                 meta.loads.append(state.pending_load)
                 state.is_async_loading = state.pending_load.is_async
                 state.pending_load = None
+        log_schedule(self._step, scheduler_output, len(meta.loads), sum(len(s.block_ids) for s in meta.loads),
+                     sum(len(s.block_ids) for s in meta.saves))
         return meta
 
     def _plan_save(self, meta: PegaConnectorMetadata, state: RequestState, num_tokens: int) -> None:

@@ -5,6 +5,10 @@ vLLM's compute stream: where the step's loads were submitted, where the compute 
 had the last layer's pages (after its wait), and the end of the forward.  The GPU
 intervals are read at the next step (by then the events have completed), so tracing
 adds no synchronization.  Off (one boolean test per call) unless DEBUG is enabled.
+
+The scheduler side logs one line per step it plans (``log_schedule``): what vLLM scheduled
+and what the connector planned, on the same monotonic clock, so a step that loads can be
+placed among the decode steps around it.
 """
 
 from __future__ import annotations
@@ -88,3 +92,16 @@ class StepTrace:
         except RuntimeError as exc:
             parts.append(f"gpu marks unreadable ({exc})")
         logger.debug("%s (ms after start_load_kv): %s", label, ", ".join(parts))
+
+
+def log_schedule(step: int, scheduler_output, num_loads: int, num_load_blocks: int,
+                 num_save_blocks: int) -> None:
+    """One line per scheduler step (DEBUG): new and running requests, tokens, loads, saves."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
+    logger.debug("sched step %d at monotonic %.6f: %d new, %d running, %d tokens, %d finished, "
+                 "%d load(s) of %d blocks, %d blocks to save", step, time.monotonic(),
+                 len(scheduler_output.scheduled_new_reqs), len(scheduler_output.scheduled_cached_reqs.req_ids),
+                 getattr(scheduler_output, "total_num_scheduled_tokens", 0),
+                 len(getattr(scheduler_output, "finished_req_ids", None) or ()),
+                 num_loads, num_load_blocks, num_save_blocks)

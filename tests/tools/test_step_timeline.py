@@ -53,3 +53,32 @@ def test_step_timeline_logging_config_sends_the_trace_to_its_file_and_keeps_vllm
                           capture_output=True, text=True, check=True)
     assert "step 1: traced" in trace_path.read_text()
     assert "vllm line" in done.stderr and "hidden" not in done.stderr and "traced" not in done.stderr
+
+
+def test_step_timeline_parses_the_scheduler_lines_and_finds_a_rounds_first_admission(caplog):
+    from types import SimpleNamespace
+
+    from pegaflow.connector.trace import log_schedule
+    caplog.set_level(logging.DEBUG, logger=step_timeline.TRACE_LOGGER)
+
+    def output(new: int, running: int, tokens: int):
+        return SimpleNamespace(scheduled_new_reqs=[object()] * new,
+                               scheduled_cached_reqs=SimpleNamespace(req_ids=["r"] * running),
+                               total_num_scheduled_tokens=tokens, finished_req_ids={"done"})
+    since = time.monotonic()
+    log_schedule(1, output(0, 4, 4), 0, 0, 0)
+    log_schedule(2, output(3, 0, 240), 3, 1512, 15)
+    schedule = step_timeline.parse_schedule(["noise"] + [r.getMessage() for r in caplog.records])
+    assert [(s["step"], s["new"], s["running"], s["tokens"], s["finished"]) for s in schedule] == [
+        (1, 0, 4, 4, 1), (2, 3, 0, 240, 1)]
+    assert (schedule[1]["loads"], schedule[1]["load_blocks"], schedule[1]["save_blocks"]) == (3, 1512, 15)
+    delay = step_timeline.first_admission_ms(schedule, since)
+    assert delay is not None and 0 <= delay == round((schedule[1]["at"] - since) * 1e3, 3)
+    assert step_timeline.first_admission_ms(schedule, schedule[1]["at"] + 1) is None
+
+
+def test_step_timeline_scheduler_line_costs_nothing_unless_debug(caplog):
+    from pegaflow.connector.trace import log_schedule
+    caplog.set_level(logging.INFO, logger=step_timeline.TRACE_LOGGER)
+    log_schedule(1, object(), 0, 0, 0)  # not read at all: no attribute is touched
+    assert not caplog.records
