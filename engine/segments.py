@@ -279,6 +279,11 @@ class EngineSegments:
             logger.info("keeping the pool and its table for the next engine named %r (--keep-pool)",
                         self.config.name)
         if release_pool and self.pool is not None and not kept:
+            # The name first: giving a large pool back takes seconds (64 GiB: more than a
+            # container's 10 s stop grace), and a stop killed meanwhile must not leave the
+            # pool's file holding memory in /dev/shm; the name lock, held until the end,
+            # keeps the next engine out until the room is there.
+            shm.unlink_segment(self.pool.name)
             self.pool.discard()
         for segment in self._segments:
             if segment.name not in kept:

@@ -39,6 +39,7 @@ from pegaflow.values import format_size, parse_size
 from tools.engine_process import ROOT, EngineProcess
 
 POLL_S = 5e-3
+STOP_TIMEOUT_S = 120.0  # a 64 GiB pool takes over 10 s to give back: measure the stop, do not kill it
 FAULT_METHODS = ("write faulted", "touch", "fallocate+touch", "populate", "populate+huge", "map_populate")
 
 
@@ -71,12 +72,15 @@ def start_once(args, name: str, log: Path, pin_chunk: str | None) -> dict:
             time.sleep(POLL_S)
         fully_ready_s = time.perf_counter() - started
     finally:
-        exit_code = engine.stop()
+        stop_started = time.perf_counter()
+        exit_code = engine.stop(timeout_s=STOP_TIMEOUT_S)
+        stop_s = time.perf_counter() - stop_started
     lines = engine.stderr_text().splitlines()
     done = [line for line in lines if " pinned in " in line]
     pin_s = stats["pool_pin_ns"] / 1e9
     return {"first_client_s": first_client_s, "fully_ready_s": fully_ready_s, "pin_s": pin_s,
             "pin_gbps": stats["pool_bytes_capacity"] / pin_s / 1e9, "exit_code": exit_code,
+            "stop_s": stop_s,
             "engine_log": done[-1].split(": ", 1)[-1] if done else "",
             "start_timeline": timeline(lines, started_at)}
 
@@ -188,7 +192,7 @@ def host_facts() -> dict:
 
 
 def summary(runs: list[dict]) -> dict:
-    keys = ("first_client_s", "fully_ready_s", "pin_s", "pin_gbps")
+    keys = ("first_client_s", "fully_ready_s", "pin_s", "pin_gbps", "stop_s")
     return {key: statistics.median(r[key] for r in runs) for key in keys}
 
 
@@ -212,10 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     background = summary(starts["background"])
     print(f"engine start, {args.backend} backend, {format_size(pool_bytes)} pool, median of "
           f"{args.repeats}:")
-    print(f"{'pinning':<18}{'first client s':>15}{'fully pinned s':>15}{'pin GB/s':>10}")
+    print(f"{'pinning':<18}{'first client s':>15}{'fully pinned s':>15}{'pin GB/s':>10}{'stop s':>8}")
     for mode, runs in starts.items():
         row = summary(runs)
-        print(f"{mode:<18}{row['first_client_s']:>15.3f}{row['fully_ready_s']:>15.3f}{row['pin_gbps']:>10.2f}")
+        print(f"{mode:<18}{row['first_client_s']:>15.3f}{row['fully_ready_s']:>15.3f}{row['pin_gbps']:>10.2f}"
+              f"{row['stop_s']:>8.2f}")
     print(f"engine: {starts['background'][-1]['engine_log']}")
     print("its start (seconds after the process began):")
     for at, line in starts["background"][0]["start_timeline"]:
@@ -232,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {"gpu": "none" if args.backend == "host" else gpu_name(), "pool_gib": pool_bytes / 2**30,
                   "backend": args.backend,
                   "first_client_s": background["first_client_s"], "pin_gbps": background["pin_gbps"],
-                  "fully_ready_s": background["fully_ready_s"],
+                  "fully_ready_s": background["fully_ready_s"], "stop_s": background["stop_s"],
                   "method": starts["background"][-1]["engine_log"],
                   "memory_write_gbps": max(written) if written else None,
                   "summary": {mode: summary(runs) for mode, runs in starts.items()},

@@ -113,6 +113,28 @@ def test_unlink_all_gives_the_pool_memory_back_only_when_no_copy_can_touch_it(re
     assert not [e for e in os.listdir("/dev/shm") if f".{name}." in e]
 
 
+def test_unlink_all_removes_the_pool_name_before_giving_its_memory_back(monkeypatch):
+    # 1. An engine's segments; how /dev/shm looks when the pool's memory is given back.
+    from engine.config import EngineConfig
+    from engine.segments import EngineSegments
+    from pegaflow import shm as shm_module
+    name = f"t{os.getpid()}_order"
+    segs = EngineSegments(EngineConfig(name=name, pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
+    pool_file = segs.pool.name.lstrip("/")
+    seen = []
+    real_discard = shm_module.Segment.discard
+
+    def discard(self):
+        seen.append((self.name, os.path.exists(f"/dev/shm/{pool_file}"), bool(segs._name_lock)))
+        real_discard(self)
+    monkeypatch.setattr(shm_module.Segment, "discard", discard)
+    # 2. A stop killed while the memory goes leaves no pool file behind: the name is gone
+    #    first, while the engine's name lock still keeps the next engine out.
+    segs.unlink_all()
+    assert seen == [(segs.pool.name, False, True)]
+    assert not [e for e in os.listdir("/dev/shm") if f".{name}." in e]
+
+
 def test_segments_kept_pool_is_not_counted_against_room_again(monkeypatch):
     # 1. Segments of an engine that keeps its pool, released at its stop: pool and table stay.
     from engine.config import EngineConfig
