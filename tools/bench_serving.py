@@ -204,7 +204,8 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     engine = None
     name = f"bench{os.getpid()}"
     if config == "pegaflow":
-        engine = EngineProcess(name, backend="cuda", pool_size=f"{args.host_gib}GiB", start_timeout_s=300)
+        engine = EngineProcess(name, *args.engine_arg, backend="cuda", pool_size=f"{args.host_gib}GiB",
+                               start_timeout_s=300, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
     trace_path, extra_env = log_dir / f"{tag}.trace.log", {}
     if config == "pegaflow" and args.trace:  # the connector's step timeline, into its own file
         logging_path = log_dir / f"{tag}.logging.json"
@@ -320,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", default="/tmp/bench_serving")
     p.add_argument("--trace", action="store_true",
                    help="pegaflow's step timeline of the steps that load, per phase (adds CUDA events)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
+                   help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write every figure here")
     args = p.parse_args(argv)
     log_dir = Path(args.log_dir)

@@ -2,7 +2,9 @@
 issues; this decides).
 
 - ``staged`` wherever it can be (``staged.can_stage``, aligned for the gather kernel, under
-  ``auto`` only for pages up to ``staged.AUTO_MAX_PAGE_BYTES``);
+  ``auto`` only for pages up to ``staged.AUTO_MAX_PAGE_BYTES`` and never for a fenced LOAD,
+  which ``--copy-backend staged`` stages too: its layers all land with the last sub-chunk,
+  copied by DMA instead of by SMs shared with vLLM's kernels);
 - else a fenced LOAD (the client waits on our events layer by layer) takes the kernel: it
   issues a layer in one launch, where the copy engine takes a descriptor per page;
 - else what ``auto`` measured for the op's page size and direction (``path_from_rates``),
@@ -30,7 +32,7 @@ def op_path(configured: str, dev, op: CopyOp, regions: list[Region]) -> str:
     ``paths``) under ``--copy-backend configured``."""
     path = configured
     if (path == STAGED or path == AUTO and op.page_bytes <= staged.AUTO_MAX_PAGE_BYTES) and \
-            dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes) and \
+            dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes, fenced=configured == STAGED) and \
             is_aligned_op(dev, op, regions):
         return STAGED
     if path == STAGED:

@@ -18,10 +18,12 @@ path" in ``docs/benchmarks.md``)::
 A device has one set of slots and one stream pair per direction, so loads never queue
 behind saves, and the stream order of a direction keeps its ops in turn.  The first
 sub-chunk of a SAVE waits for the client's events (per layer before that layer's
-gather); a LOAD's scatter waits for its client event.  What is not staged: a LOAD whose
-client waits layer by layer on our events (every layer would land with the last
-sub-chunk), an op over one layer or over layers that are not consecutive in the pool
-entry, and an entry larger than a slot.
+gather); a LOAD's scatter waits for its client event.  A LOAD whose client waits layer
+by layer on our events is staged only under ``--copy-backend staged``: every layer's
+event is recorded after the last sub-chunk's scatter, so no layer is ready before the
+whole load (under ``auto`` the kernel keeps those).  What is not staged: an op over one
+layer or over layers that are not consecutive in the pool entry, and an entry larger
+than a slot.
 """
 
 from __future__ import annotations
@@ -101,10 +103,11 @@ def run_bytes(op: CopyOp) -> int:
     return len(op.layers) * op.page_bytes
 
 
-def can_stage(op: CopyOp, slot_bytes: int) -> bool:
+def can_stage(op: CopyOp, slot_bytes: int, fenced: bool = False) -> bool:
     """Whether ``op`` takes the staged path: more than one layer, consecutive in the entry,
-    an entry's run fitting a slot, and no client waiting layer by layer on our events."""
-    if op.record_events is not None or len(op.layers) < 2 or run_bytes(op) > slot_bytes:
+    an entry's run fitting a slot, and no client waiting layer by layer on our events
+    unless ``fenced`` (then every layer's event is recorded once the last sub-chunk is in)."""
+    if op.record_events is not None and not fenced or len(op.layers) < 2 or run_bytes(op) > slot_bytes:
         return False
     first = op.layers[0].layer
     return all(p.layer == first + k for k, p in enumerate(op.layers))
@@ -211,4 +214,7 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
             driver.wait(gather, recorded(copy))
             pack(start, count, slot, j == 0)
             side.free_events[index] = recorded(gather)
+    if op.record_events is not None:  # a fenced LOAD: every layer is in with the last scatter
+        for k in range(len(op.layers)):
+            driver.record(client_events[op.record_events + k], gather)
     inflight.done = side.free_events[index]

@@ -287,7 +287,7 @@ def test_cuda_backend_load_records_event_compute_reads_after_it(setup, rng, path
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "copy-engine"])
+@pytest.mark.parametrize("path", ["kernel", "copy-engine", "staged"])
 def test_cuda_backend_all_layers_load_events_each_layer_in_order(setup, rng, path):
     owner, backend, entries = setup(path)
     dst, entry_ids = _stored_entries_and_poisoned_blocks(owner, entries, rng)

@@ -34,7 +34,7 @@ def _path_of(copy_backend: str, page_bytes: int, fenced: bool = False, misaligne
     ("auto", 1 << 20, False, False, "kernel"),        # big pages: page by page, the probe's choice
     ("auto", 64 << 10, True, False, "kernel"),        # a fenced load: the kernel, layer by layer
     ("staged", 1 << 20, False, False, "staged"),      # asked for: staged whatever the page size
-    ("staged", 64 << 10, True, False, "kernel"),      # asked for but impossible: as under auto
+    ("staged", 64 << 10, True, False, "staged"),      # asked for: a fenced load too, by DMA
     ("staged", 64 << 10, False, True, "copy-engine"),  # misaligned for the kernel: page by page
 ])
 def test_paths_stage_what_they_should(copy_backend, page_bytes, fenced, misaligned,

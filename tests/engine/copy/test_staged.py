@@ -170,10 +170,11 @@ def test_entry_runs_never_span_two_pinned_chunks():
     assert starts.tolist() == [0, 2, 6] and counts.tolist() == [2, 4, 2]
 
 
-def test_can_stage_only_unfenced_consecutive_layers_fitting_a_slot():
+def test_can_stage_consecutive_layers_fitting_a_slot_and_fenced_loads_only_when_asked():
     assert staged.can_stage(_op(Direction.SAVE, [1], [0]), ENTRY)
     assert staged.can_stage(_op(Direction.LOAD, [1], [0], layers=[1, 2]), ENTRY)
     assert not staged.can_stage(_op(Direction.LOAD, [1], [0], record_events=0), ENTRY)
+    assert staged.can_stage(_op(Direction.LOAD, [1], [0], record_events=0), ENTRY, fenced=True)
     assert not staged.can_stage(_op(Direction.SAVE, [1], [0], layers=[2]), ENTRY)
     assert not staged.can_stage(_op(Direction.SAVE, [1], [0], layers=[0, 2]), ENTRY)
     assert not staged.can_stage(_op(Direction.SAVE, [1], [0], layers=[1, 0]), ENTRY)
@@ -322,6 +323,31 @@ def test_load_writes_client_pages_only_after_its_event(gpu, seed):
            events=[f"client{i}" for i in range(4)], seed=seed)
     # 2. The loaded bytes land after the client's last use, never under it.
     assert np.array_equal(_client(gpu)[:, dst], _pool(gpu)[entries].transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fenced_load_records_each_layer_event_after_every_sub_chunk_landed(gpu, seed):
+    # 1. A fenced LOAD of every layer over three sub-chunks (two entries a slot); the
+    #    client's stream waits on layer k's event, then reads layer k of every block.
+    gpu.mem[POOL:POOL + NUM_ENTRIES * ENTRY] = np.arange(NUM_ENTRIES * ENTRY) % 251
+    dst, entries = np.array([2, 3, 8, 10, 11]), np.array([4, 5, 6, 9, 20])
+    _client(gpu)[:, dst] = POISON
+    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
+    op = _op(Direction.LOAD, dst, entries, record_events=2)
+    words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.slot_bytes)])
+    gpu.mem[WORDS:WORDS + 8 * len(words)] = words.astype(np.int64).view(np.uint8)
+    events = [f"client{i}" for i in range(2 + NUM_LAYERS)]
+    counter = iter(range(1 << 20))
+    staged.issue(staging, gpu, op, [Region(0, b"", CLIENT, NUM_LAYERS * LAYER_BYTES)] * NUM_LAYERS,
+                 POOL, WORDS, events, lambda: f"ev{next(counter)}", Inflight())
+    seen = {}
+    for layer in range(NUM_LAYERS):
+        gpu.wait("client stream", events[2 + layer])
+        gpu.enqueue("client stream", lambda k=layer: seen.__setitem__(k, _client(gpu)[k, dst].copy()))
+    gpu.run(seed)
+    # 2. Whatever order the GPU ran things in, each layer's event meant all of it was in.
+    for layer in range(NUM_LAYERS):
+        assert np.array_equal(seen[layer], _pool(gpu)[entries, layer]), layer
 
 
 def test_device_staging_failing_half_way_gives_everything_back(gpu, monkeypatch):
