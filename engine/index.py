@@ -7,12 +7,12 @@ pin the contiguous hit prefix, and end on RELEASE, on the LOAD that uses them, w
 their client goes away, or at expiry.
 
 A kept pool's entries that lie beyond the pool's ready (pinned) part wait outside the
-index, never looked up or copied, until ``grow`` reaches them (``adopt_table``).
+index, never looked up or copied, until ``grow`` reaches them (``kept_entries.py``); the
+records themselves are in ``entries.py``.
 """
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from collections import deque
@@ -20,42 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine import kept_entries
+from engine.entries import ORPHAN, Entry, Key, Lease, is_unused
 from engine.eviction import LruPolicy
 from engine.pool import PagePool
 from engine.pool_table import NoTable, PoolTable
-
-logger = logging.getLogger(__name__)
-
-Key = tuple[int, bytes]
-ORPHAN = -1
-
-
-@dataclass(slots=True)
-class Entry:
-    offset: int
-    entry_bytes: int
-    all_layers_mask: int
-    owner_slot: int  # ORPHAN once its client is gone: dropped if it can never complete
-    started_at: float = 0.0
-    done_mask: int = 0
-    pending_mask: int = 0
-    refs: int = 0
-    is_doomed: bool = False  # a DROP came while it was in use: never served, dropped when free
-    writer: tuple[int, int] = (0, 0)  # (client uid, SAVE request id) that reserved it
-
-    @property
-    def is_ready(self) -> bool:
-        return self.done_mask == self.all_layers_mask and not self.is_doomed
-
-
-@dataclass(slots=True)
-class Lease:
-    lease_id: int
-    slot: int
-    keys: list[Key]
-    expires_at: float
-    entries: list[Entry]  # of ``keys``, pinned while it lives
-    owner: int = 0        # the vLLM instance whose clients may use it (0: any)
 
 
 @dataclass(slots=True)
@@ -170,7 +139,7 @@ class BlockIndex:
             entry = self.entries[key]
             entry.refs -= 1
             assert entry.refs >= 0, f"refcount of {key!r} went negative"
-            if entry.is_doomed and _is_unused(entry):
+            if entry.is_doomed and is_unused(entry):
                 self._drop(key)
 
     def drop(self, keys: list[Key], writer: int, since_request: int) -> int:
@@ -186,7 +155,7 @@ class BlockIndex:
                     entry.writer[1] < since_request:
                 continue
             num_found += 1
-            if _is_unused(entry):
+            if is_unused(entry):
                 self._drop(key)
             else:
                 entry.is_doomed = True
@@ -235,52 +204,12 @@ class BlockIndex:
         return [e if e is not None and e.entry_bytes == entry_bytes else None for e in found]
 
     def adopt_table(self) -> int:
-        """Take in the READY entries a kept pool table lists (into an empty index); every
-        other record, and any the pool cannot place, is cleared.  Returns how many.  Those
-        beyond the pool's ready part are parked until ``grow`` reaches them."""
-        assert not self.entries and self.table.is_kept
-        ready = [(key, place) for key, place in self.table.ready_places().items()
-                 if place[2] > 0]  # a block of no layers: a record no engine writes
-        taken = self.pool.adopt([(offset, size) for _, (offset, size, _) in ready])
-        now, kept, parked = time.monotonic(), [], []
-        ready_bytes = self.pool.bytes_ready
-        for rank, ((key, (offset, size, num_layers)), ok) in enumerate(zip(ready, taken)):
-            if ok:
-                mask = (1 << num_layers) - 1
-                entry = Entry(offset, size, mask, ORPHAN, now, done_mask=mask)
-                if offset < ready_bytes:
-                    self.entries[key] = entry
-                    self.policy.insert(key)
-                else:
-                    parked.append((offset, rank, key, entry))
-                kept.append((offset, size))
-        if len(kept) < len(ready):
-            logger.warning("kept pool: %d of its %d READY records do not fit this pool's slabs: "
-                           "not taken in", len(ready) - len(kept), len(ready))
-        self.table.clear_except(kept)
-        self.parked = deque(sorted(parked, key=lambda p: p[0]))
-        return len(kept)
+        """Take in the entries a kept pool table lists (``kept_entries.adopt_table``)."""
+        return kept_entries.adopt_table(self)
 
     def grow(self, ready_bytes: int) -> int:
-        """The pool's first ``ready_bytes`` are pinned: their slabs may be allocated and the
-        kept entries there served (a key saved again meanwhile keeps its new entry).
-        Returns how many kept entries it took in; they rank below every entry in the
-        eviction order, in their own order."""
-        self.pool.grow(ready_bytes)
-        limit, parked, batch = self.pool.bytes_ready, self.parked, []
-        while parked and parked[0][0] < limit:  # an entry never crosses a slab's end
-            batch.append(parked.popleft())
-        batch.sort(key=lambda p: p[1])
-        taken = []
-        for _, _, key, entry in batch:
-            if key in self.entries:
-                self.table.free(entry.offset, entry.entry_bytes)
-                self.pool.free(entry.offset)
-            else:
-                self.entries[key] = entry
-                taken.append(key)
-        self.policy.insert_oldest(taken)
-        return len(taken)
+        """The pool's first ``ready_bytes`` are pinned (``kept_entries.grow``)."""
+        return kept_entries.grow(self, ready_bytes)
 
     def _evict_one(self) -> bool:
         victim = self.policy.pick(lambda key: self.entries[key].refs == 0)
@@ -314,7 +243,7 @@ class BlockIndex:
             entry.pending_mask &= ~mask
             entry.done_mask |= mask
             if entry.is_doomed:  # dropped by a client meanwhile: never served
-                if _is_unused(entry):
+                if is_unused(entry):
                     self._drop(key)
                 continue
             if not was_ready and entry.done_mask == entry.all_layers_mask:
@@ -331,16 +260,11 @@ class BlockIndex:
         """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""
         entry = self.entries[key]
         entry.pending_mask &= ~mask
-        if not _is_unused(entry):  # a block being written is not served: only doomed ones have refs
+        if not is_unused(entry):  # a block being written is not served: only doomed ones have refs
             return
         if entry.is_doomed or not entry.is_ready and (entry.done_mask == 0 or
                                                       entry.owner_slot == ORPHAN):
             self._drop(key)
-
-
-def _is_unused(entry: Entry) -> bool:
-    """Neither pinned (lease, load) nor being written: it may leave the index."""
-    return entry.refs == 0 and entry.pending_mask == 0
 
 
 def _position(keys: list[Key], key: Key) -> int:

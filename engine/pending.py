@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.clients import ClientState
-from engine.index import Key
+from engine.entries import Key
 from pegaflow.errors import CommandError
 from pegaflow.wire import Opcode, Status, hash_keys
 

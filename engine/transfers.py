@@ -21,7 +21,8 @@ import numpy as np
 
 from engine.clients import ClientState
 from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
-from engine.index import BlockIndex, Key
+from engine.entries import Key
+from engine.index import BlockIndex
 from engine.pending import ANSWERED_LATER, PendingCopy, chunk_bounds, command_keys
 from engine.stats import StatsWriter
 from pegaflow.errors import CommandError, PegaflowError

@@ -1,0 +1,42 @@
+"""The index's records: an entry (a block's place in the pool, its layers' progress, its
+pins) and a lease (the entries a LOOKUP pinned for the load that follows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Key = tuple[int, bytes]
+ORPHAN = -1
+
+
+@dataclass(slots=True)
+class Entry:
+    offset: int
+    entry_bytes: int
+    all_layers_mask: int
+    owner_slot: int  # ORPHAN once its client is gone: dropped if it can never complete
+    started_at: float = 0.0
+    done_mask: int = 0
+    pending_mask: int = 0
+    refs: int = 0
+    is_doomed: bool = False  # a DROP came while it was in use: never served, dropped when free
+    writer: tuple[int, int] = (0, 0)  # (client uid, SAVE request id) that reserved it
+
+    @property
+    def is_ready(self) -> bool:
+        return self.done_mask == self.all_layers_mask and not self.is_doomed
+
+
+@dataclass(slots=True)
+class Lease:
+    lease_id: int
+    slot: int
+    keys: list[Key]
+    expires_at: float
+    entries: list[Entry]  # of ``keys``, pinned while it lives
+    owner: int = 0        # the vLLM instance whose clients may use it (0: any)
+
+
+def is_unused(entry: Entry) -> bool:
+    """Neither pinned (lease, load) nor being written: it may leave the index."""
+    return entry.refs == 0 and entry.pending_mask == 0
