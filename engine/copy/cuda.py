@@ -18,41 +18,20 @@ never wait for a copy; ``unregister_client`` waits for the slot's copies, and
     poll()                     the ops whose completion event has fired (cuEventQuery)
     unregister_client(slot)    close its handles and events
 
-Ordering.  A SAVE layer stream first waits for ``client_event[op.wait_event]``, so it
-reads only bytes the client finished writing; a LOAD records ``client_event[b + k]``
-after layer k's copy, which the client's compute stream waits on.  Loads and saves
-have their own stream per layer, so a load never queues behind a save.  Inside one
-LOAD, layer k starts after layer k - ``layers_in_flight`` ends, so it delivers its layers
-in order.  Every SAVE of a device joins its path's chain with the same rule, so however
-many saves are queued, at most depth layer copies of a path run at once: the kernel's
-depth is ``layers_in_flight`` (it bounds the SMs taken from vLLM's compute), the copy
-engine's ``dma_layers_in_flight`` (no SMs; saves are not waited on layer by layer).
-Staged ops keep the same rules on their own streams (``staged.py``): a SAVE's first gathers
-wait for the client's events, a LOAD's first scatter for its event; a staged SAVE's bytes
-cross PCIe once its last layer is gathered, so it no longer overlaps the forward layer by
-layer (its copy runs behind the forward instead).
+Ordering.  A SAVE reads only bytes the client finished writing (it waits for the client's
+event first); a LOAD records the client's event of each layer once that layer is in, and
+the client's compute stream waits on it.  Loads and saves have their own stream per layer,
+so a load never queues behind a save; how deep each path runs: ``cuda_layers.py``.  Staged
+ops keep the same rules on their own streams (``staged.py``).
 
-Paths.  ``kernel``: one NVRTC gather/scatter launch per layer over the mapped pool
-(``kernels.py``).  ``copy-engine``: one ``cuMemcpyBatchAsync`` per layer (DMA, no SMs).
-Both take an op's pages in pool address order (the copy engine writes host memory faster
-in address order: "Pages in pool address order" in docs/benchmarks.md).  ``staged``
-(``staged.py``): the kernel packs the pages into pool layout in a device slot, then one
-DMA per run of consecutive pool entries, on the device's staging streams (its own pair per
-direction, not the layer streams: nothing waits on a staged op layer by layer); an op it
-cannot take (one layer, a fenced load, an entry larger than a slot) goes as under
-``auto``.  ``auto``: staged wherever it can be, for pages up to
-256 KiB (1 MiB pages cross PCIe as well one by one, and a slot holds only two of their
-entries); for other ops, at the first registration of a page size, the kernel and the
-copy engine copy up to 64 MiB of pool pages each way (read into device scratch, the same
-bytes written back).  Loads
-wait on the critical path: the copy engine is chosen where it reaches 97 % of the
-kernel's rate.  Saves overlap vLLM's compute, whose SMs the kernel would take (a prefill
-saved by the kernel takes longer: docs/benchmarks.md): the copy engine is chosen unless it
-is below half the kernel's rate.  A fenced LOAD (the client waits on
-our events layer by layer) takes the kernel: the client may wait on a layer only once
-every layer's copy is issued, and the kernel issues a layer in one launch where the
-copy engine takes one descriptor per page (issuing them can take longer than the whole
-copy overlapped with vLLM's forward: docs/benchmarks.md).
+Paths (which one an op takes: ``paths.py``).  ``kernel``: one NVRTC gather/scatter launch
+per layer over the mapped pool (``kernels.py``).  ``copy-engine``: one
+``cuMemcpyBatchAsync`` per layer (DMA, no SMs), pages in pool address order (the copy
+engine writes host memory faster in address order: docs/benchmarks.md).  ``staged``: the
+kernel packs the pages into pool layout in a device slot, then one DMA per run of
+consecutive pool entries.  ``auto`` measures kernel against copy engine at the first
+registration of a page size (``probe.py``): up to 64 MiB of pool pages each way, read into
+device scratch and the same bytes written back.
 
 Errors.  ``submit`` never raises: a bad op or a CUDA failure comes back from ``poll`` as
 ``CopyDone(token, error)``, and a failed op's issued copies are drained first.
@@ -62,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -77,14 +56,14 @@ from engine.copy.base import (
     CopyBackend,
     CopyDone,
     CopyOp,
-    Direction,
 )
 from engine.copy.checks import Region, check_op
 from engine.copy.cuda_clients import ClientMappings, check_region
 from engine.copy.cuda_device import Device, PinnedPool
+from engine.copy.cuda_layers import Inflight, copy_layer, issue_layers, stage_ids
 from engine.copy.kernels import StagingRing
-from engine.copy.paths import op_path, path_from_rates
-from engine.copy.probe import measure_paths
+from engine.copy.paths import op_path
+from engine.copy.probe import choose_path
 from pegaflow.cuda import driver
 from pegaflow.errors import CommandError, ConfigError, CudaError
 from pegaflow.wire import Status
@@ -92,18 +71,6 @@ from pegaflow.wire import Status
 logger = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 2.0  # after the server's own drain
-PROBE_DRAIN_S = 0.1  # copies in flight before auto's measurement (a REGISTER waits for it)
-
-
-@dataclass(slots=True)
-class _Inflight:
-    token: int
-    slot: int
-    device: int
-    staging: list | None
-    events: list = field(default_factory=list)   # engine events, recycled when done
-    streams: list = field(default_factory=list)
-    done: object = None
 
 
 class CudaBackend(CopyBackend):
@@ -135,7 +102,7 @@ class CudaBackend(CopyBackend):
         self._device(device)
         self._staging = StagingRing(staging_words)
         self._clients = ClientMappings()
-        self._inflight: list[_Inflight] = []
+        self._inflight: list[Inflight] = []
         self._ready: list[CopyDone] = []
         self.probes: list[dict] = []  # what ``auto`` measured and chose, for tools and logs
 
@@ -272,12 +239,12 @@ class CudaBackend(CopyBackend):
         path = op_path(self.copy_backend, dev, op, regions)
         staging = None
         if path == KERNEL:
-            staging = self._stage(op)
+            staging = stage_ids(self._staging, op)
         elif path == STAGED:
-            staging = self._stage(op, staged.local_offsets(op, dev.staging.slot_bytes))
+            staging = stage_ids(self._staging, op, staged.local_offsets(op, dev.staging.slot_bytes))
         if path in (KERNEL, STAGED) and staging is None:
             path = COPY_ENGINE  # staging ring full: DMA needs none
-        inflight = _Inflight(op.token, op.slot, dev.device, staging)
+        inflight = Inflight(op.token, op.slot, dev.device, staging)
         try:
             self._issue(dev, op, regions, path, inflight)
         except CudaError:
@@ -286,70 +253,18 @@ class CudaBackend(CopyBackend):
         self._inflight.append(inflight)
 
     def _issue(self, dev: Device, op: CopyOp, regions: list[Region], path: str,
-               f: _Inflight) -> None:
+               f: Inflight) -> None:
         events = self._clients.events(op.slot, dev.device)
         driver.use_device(dev.device)
         if path == STAGED:
             staged.issue(dev.staging, dev.kernel, op, regions, dev.pool_base,
                          self._staging.address(f.staging[0]), events, dev.event, f,
                          self._pinned.unit)
-            return
-        to_pool = op.direction == Direction.SAVE
-        depth = self.dma_layers_in_flight if to_pool and path == COPY_ENGINE else \
-            self.layers_in_flight
-        before = dev.save_chains[path] if to_pool else []  # behind this path's earlier saves
-        for k, (layer, region) in enumerate(zip(op.layers, regions)):
-            stream = dev.stream(layer.layer, op.direction)
-            f.streams.append(stream)
-            if k >= depth:
-                driver.wait(stream, f.events[k - depth])
-            elif len(before) + k >= depth:
-                driver.wait(stream, before[len(before) + k - depth])
-            if op.wait_event is not None:
-                driver.wait(stream, events[op.wait_event + (k if op.wait_per_layer else 0)])
-            client_base = region.base + layer.offset_bytes
-            pool_base = dev.pool_base + layer.layer * op.page_bytes
-            self._copy(dev, path, stream, op, client_base, layer.block_stride_bytes,
-                       pool_base, to_pool, f.staging)
-            if op.record_events is not None:
-                driver.record(events[op.record_events + k], stream)
-            f.events.append(dev.event())
-            driver.record(f.events[-1], stream)
-        last = f.streams[-1]
-        for event in f.events[max(0, len(f.events) - depth):-1]:
-            driver.wait(last, event)
-        if to_pool:
-            dev.save_chains[path] = (before + f.events)[-depth:]
-        f.done = dev.event()
-        f.events.append(f.done)
-        driver.record(f.done, last)
+        else:
+            issue_layers(dev, op, regions, path, f, events, self._staging, self.layers_in_flight,
+                         self.dma_layers_in_flight)
 
-    def _copy(self, dev: Device, path: str, stream, op: CopyOp, client_base: int,
-              client_stride: int, pool_base: int, to_pool: bool, staging: list | None) -> None:
-        if path == KERNEL:
-            n = len(op.block_ids)
-            ids = self._staging.address(staging[0])
-            dev.kernel.launch(stream, ids, ids + 8 * n, n, client_base, client_stride,
-                              pool_base, op.page_bytes, to_pool)
-            return
-        client = op.block_ids * client_stride + client_base  # int64 (CopyOp), no copy first
-        pool = op.entry_offsets + pool_base
-        dst, src = (pool, client) if to_pool else (client, pool)
-        driver.memcpy_batch_async(dst, src, op.page_bytes, stream)
-
-    def _stage(self, op: CopyOp, offsets: np.ndarray | None = None) -> list | None:
-        """A slice of the staging ring holding the op's block ids, then ``offsets`` (by
-        default its entry offsets), for the kernel to read; None if the ring is full."""
-        n = len(op.block_ids)
-        offsets = op.entry_offsets if offsets is None else offsets
-        entry = self._staging.try_alloc(n + len(offsets))
-        if entry is not None:
-            start = entry[0]
-            self._staging.words[start:start + n] = op.block_ids
-            self._staging.words[start + n:start + n + len(offsets)] = offsets
-        return entry
-
-    def _drain(self, f: _Inflight) -> None:
+    def _drain(self, f: Inflight) -> None:
         """After a failed enqueue: let what was issued finish, then recycle."""
         for stream in f.streams:
             try:
@@ -358,7 +273,7 @@ class CudaBackend(CopyBackend):
                 logger.exception("draining copy %d", f.token)
         self._release(f)
 
-    def _release(self, f: _Inflight) -> None:
+    def _release(self, f: Inflight) -> None:
         dev = self._devices[f.device]
         recycled = {id(event) for event in f.events}  # they may be reused: leave the chains
         for path, chain in dev.save_chains.items():
@@ -378,49 +293,6 @@ class CudaBackend(CopyBackend):
                         self._clients.num_events(op.slot))
 
     def _choose_path(self, dev: Device, page_bytes: int) -> None:
-        if (page_bytes, Direction.SAVE) in dev.paths:
-            return
-        if page_bytes % 16:
-            for direction in Direction:
-                dev.paths[(page_bytes, direction)] = COPY_ENGINE
-            return
-        pool_bytes = self._usable_bytes  # the probe reads and writes pinned pages only
-        # The probe's copies must not share the bus with real ones; copies that do not end
-        # (they wait on a client's stuck GPU work) must not stall the engine either: such a
-        # page size takes the copy engine until a registration finds nothing in flight.
-        if page_bytes in dev.unmeasured and self._inflight:
-            return
-        if pool_bytes >= page_bytes and not self._drain_all(PROBE_DRAIN_S):
-            if page_bytes not in dev.unmeasured:
-                logger.warning("auto: %d copies still running after %.1f s; %d-byte pages take "
-                               "the copy engine until a registration finds none in flight",
-                               len(self._inflight), PROBE_DRAIN_S, page_bytes)
-            dev.unmeasured.add(page_bytes)
-            return
-        dev.unmeasured.discard(page_bytes)
-        rates_by_direction = measure_paths(dev, pool_bytes, page_bytes, self._copy, self._stage,
-                                           self._staging.free)
-        for direction, rates in rates_by_direction.items():
-            kernel_gbps, dma_gbps = rates
-            path = path_from_rates(direction, kernel_gbps, dma_gbps)
-            dev.paths[(page_bytes, direction)] = path
-            self.probes.append({"device": dev.device, "page_bytes": page_bytes,
-                                "direction": direction.name, "kernel_gbps": kernel_gbps,
-                                "copy_engine_gbps": dma_gbps, "path": path})
-            logger.info("auto: %d-byte pages %s: kernel %.1f GB/s, copy engine %.1f GB/s -> %s",
-                        page_bytes, direction.name, kernel_gbps, dma_gbps, path)
-
-    def _drain_all(self, wait_s: float) -> bool:
-        """Whether every copy in flight ended within ``wait_s`` (polled, never blocking)."""
-        deadline = time.monotonic() + wait_s
-        try:
-            for f in self._inflight:
-                driver.use_device(f.device)
-                while not driver.event_done(f.done):
-                    if time.monotonic() >= deadline:
-                        return False
-                    time.sleep(1e-4)
-        except CudaError as exc:  # the failed copy is reported by the next poll
-            logger.warning("auto: a copy in flight failed (%s); not measuring now", exc)
-            return False
-        return True
+        ring = self._staging
+        choose_path(dev, page_bytes, self._usable_bytes, self._inflight, partial(copy_layer, ring),
+                    partial(stage_ids, ring), ring.free, self.probes)

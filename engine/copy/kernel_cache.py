@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from pegaflow.cuda import driver
+from pegaflow.cuda import driver, nvrtc
 from pegaflow.errors import CudaError
 
 logger = logging.getLogger(__name__)
@@ -29,8 +29,8 @@ def cache_dir() -> Path:
 
 def _key(source: str, name: str, device: int) -> str:
     major, minor = driver.compute_capability(device)
-    parts = [source, name, " ".join(driver.NVRTC_OPTIONS), f"sm_{major}{minor}",
-             "nvrtc %d.%d" % driver.nvrtc_version()]
+    parts = [source, name, " ".join(nvrtc.NVRTC_OPTIONS), f"sm_{major}{minor}",
+             "nvrtc %d.%d" % nvrtc.nvrtc_version()]
     return hashlib.blake2b("\0".join(parts).encode(), digest_size=16).hexdigest()
 
 
@@ -50,7 +50,7 @@ def load_kernel(source: str, name: str, device: int, load: Callable[[bytes], obj
             return load(cached), True
         except CudaError as exc:
             logger.warning("cached kernel %s does not load (%s): compiling it again", path, exc)
-    cubin = driver.compile_cubin(source, name, device)
+    cubin = nvrtc.compile_cubin(source, name, device)
     loaded = load(cubin)
     _store(path, cubin)
     return loaded, False

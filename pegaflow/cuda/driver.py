@@ -1,6 +1,6 @@
-"""Thin wrappers over the CUDA driver API (``cuda.bindings.driver``) and NVRTC.
+"""Thin wrappers over the CUDA driver API (``cuda.bindings.driver``); NVRTC is ``nvrtc.py``.
 
-Every call goes through ``check``, which turns a failed ``CUresult`` or ``nvrtcResult``
+Every call goes through ``check``, which turns a failed ``CUresult`` (or ``nvrtcResult``)
 into ``CudaError`` carrying the error's name.  Pointers are plain ints and IPC handles
 are 64 raw bytes, so the engine and the client speak through these without torch.
 
@@ -14,7 +14,7 @@ import ctypes
 import logging
 
 import numpy as np
-from cuda.bindings import driver, nvrtc
+from cuda.bindings import driver
 
 from pegaflow.errors import CudaError
 from pegaflow.wire import IPC_HANDLE_BYTES
@@ -284,36 +284,6 @@ def synchronize_event(event) -> None:
 
 def elapsed_ms(start, end) -> float:
     return check(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime")
-
-
-NVRTC_OPTIONS = ("-default-device", "--std=c++17", "-lineinfo")  # and the GPU's architecture
-
-
-def nvrtc_version() -> tuple[int, int]:
-    major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
-    return int(major), int(minor)
-
-
-def compile_cubin(source: str, name: str, device: int) -> bytes:
-    """NVRTC-compile ``source`` for ``device``'s architecture into a cubin."""
-    major, minor = compute_capability(device)
-    prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),
-                 "nvrtcCreateProgram")
-    try:
-        opts = [f"--gpu-architecture=sm_{major}{minor}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
-        (status,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if int(status) != 0:
-            size = check(nvrtc.nvrtcGetProgramLogSize(prog))
-            log = b" " * size
-            check(nvrtc.nvrtcGetProgramLog(prog, log))
-            raise CudaError(f"NVRTC failed on {name} (sm_{major}{minor}): "
-                            f"{log.decode(errors='replace')}")
-        size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin
-    finally:
-        check(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram")
 
 
 def load_function(image: bytes, name: str):

@@ -19,9 +19,9 @@ def compiler(monkeypatch, tmp_path):
         state["compiles"] += 1
         return f"cubin of {source} for sm_{state['arch'][0]}{state['arch'][1]}".encode()
 
-    monkeypatch.setattr(kernel_cache.driver, "compile_cubin", compile_cubin)
+    monkeypatch.setattr(kernel_cache.nvrtc, "compile_cubin", compile_cubin)
     monkeypatch.setattr(kernel_cache.driver, "compute_capability", lambda device: state["arch"])
-    monkeypatch.setattr(kernel_cache.driver, "nvrtc_version", lambda: state["nvrtc"])
+    monkeypatch.setattr(kernel_cache.nvrtc, "nvrtc_version", lambda: state["nvrtc"])
     return state
 
 
