@@ -9,6 +9,7 @@ import numpy as np
 
 from pegaflow import shm
 from pegaflow.errors import EngineNotRunningError, ShmError
+from pegaflow.pool_layout import POOL_RECORD, POOL_TABLE_HEADER, POOL_TABLE_VERSION, EntryState
 from pegaflow.shm import is_pid_alive
 from pegaflow.values import package_version
 from pegaflow.wire import (
@@ -17,14 +18,10 @@ from pegaflow.wire import (
     LATENCY_BUCKETS_S,
     LATENCY_OPCODES,
     MAGIC,
-    POOL_RECORD,
-    POOL_TABLE_HEADER,
-    POOL_TABLE_VERSION,
     STATS,
     STATS_COUNTER_NAMES,
     WIRE_VERSION,
     ClientRole,
-    EntryState,
     Opcode,
     Status,
 )

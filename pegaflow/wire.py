@@ -5,7 +5,7 @@ Segments (all created by the engine, see ``pegaflow.shm``)::
     control   CONTROL_HEADER | SLOT x num_slots          clients claim a slot here
     ring.<i>  RING_HEADER | SUBMISSION x n | COMPLETION x n | payload arena
     stats     STATS | CLIENT_STATS x num_slots            written by the engine only
-    pool.table POOL_TABLE_HEADER | POOL_RECORD x n        what each pool entry holds
+    pool.table POOL_TABLE_HEADER | POOL_RECORD x n        what each pool entry holds (pool_layout.py)
 
 A client writes SUBMISSIONs (and their variable-length payload: HASH records, int32
 block ids, REGION/LAYER records) and the engine answers each with exactly one
@@ -101,7 +101,8 @@ class CommandFlag(IntFlag):
     #                    e.g. a full CUDA graph replay)
 
 
-def _dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
+def struct_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
+    """A fixed-layout record: (name, format, offset) fields in ``itemsize`` bytes."""
     return np.dtype({
         "names": [f[0] for f in fields],
         "formats": [f[1] for f in fields],
@@ -110,7 +111,7 @@ def _dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
     })
 
 
-CONTROL_HEADER = _dtype([
+CONTROL_HEADER = struct_dtype([
     ("magic", "<u8", 0),
     ("version", "<u4", 8),
     ("num_slots", "<u4", 12),
@@ -125,14 +126,14 @@ CONTROL_HEADER = _dtype([
     ("is_serving", "<u4", 68),       # set once the engine accepts clients (its pool's first chunk pinned)
 ], 128)
 
-SLOT = _dtype([
+SLOT = struct_dtype([
     ("state", "<u4", 0),
     ("pid", "<u4", 4),
     ("generation", "<u8", 8),
     ("claim_ns", "<u8", 16),
 ], 32)
 
-RING_HEADER = _dtype([
+RING_HEADER = struct_dtype([
     ("magic", "<u8", 0),
     ("version", "<u4", 8),
     ("ring_slots", "<u4", 12),
@@ -143,7 +144,7 @@ RING_HEADER = _dtype([
     ("client_closed", "<u4", 40),    # set by a client that unmapped its ring: it reads no more
 ], 64)
 
-SUBMISSION = _dtype([
+SUBMISSION = struct_dtype([
     ("seq", "<u8", 0),
     ("request_id", "<u8", 8),
     ("opcode", "<u2", 16),
@@ -159,7 +160,7 @@ SUBMISSION = _dtype([
     ("arg", "<u8", 56),
 ], 64)
 
-COMPLETION = _dtype([
+COMPLETION = struct_dtype([
     ("seq", "<u8", 0),
     ("request_id", "<u8", 8),
     ("opcode", "<u2", 16),
@@ -170,12 +171,12 @@ COMPLETION = _dtype([
     ("value3", "<u8", 40),
 ], 48)
 
-HASH = _dtype([
+HASH = struct_dtype([
     ("digest", f"V{HASH_BYTES}", 0),
     ("length", "u1", HASH_BYTES),
 ], 40)
 
-REGION = _dtype([
+REGION = struct_dtype([
     ("kind", "<u4", 0),
     ("device", "<u4", 4),
     ("num_layers", "<u4", 8),
@@ -187,13 +188,13 @@ REGION = _dtype([
     ("shm_name", f"S{SHM_NAME_BYTES}", 104),
 ], 232)
 
-LAYER = _dtype([
+LAYER = struct_dtype([
     ("layer", "<u4", 0),
     ("offset_bytes", "<i8", 8),
     ("block_stride_bytes", "<i8", 16),
 ], 24)
 
-EVENT_HANDLE = _dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
+EVENT_HANDLE = struct_dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
 
 BLOCK_ID = np.dtype("<i4")
 
@@ -223,7 +224,7 @@ _OPCODE_COUNTERS_AT = 8 * len(_STATS_COUNTERS)
 _STATUS_COUNTERS_AT = _OPCODE_COUNTERS_AT + 8 * NUM_OPCODE_COUNTERS
 _LATENCY_AT = _STATUS_COUNTERS_AT + 8 * NUM_STATUS_COUNTERS
 _LATENCY_SUM_AT = _LATENCY_AT + 8 * NUM_LATENCY_BUCKETS * len(LATENCY_OPCODES)
-STATS = _dtype(
+STATS = struct_dtype(
     [(name, "<u8", 8 * i) for i, name in enumerate(_STATS_COUNTERS)]
     + [("commands_by_opcode", f"({NUM_OPCODE_COUNTERS},)<u8", _OPCODE_COUNTERS_AT),
        ("errors_by_status", f"({NUM_STATUS_COUNTERS},)<u8", _STATUS_COUNTERS_AT),
@@ -236,7 +237,7 @@ STATS_COUNTER_NAMES = tuple(_STATS_COUNTERS)
 # One record per client slot after STATS; zeroed when the slot is freed.  ``rank``,
 # ``namespace`` and ``role`` are what the client said at ATTACH (a worker: its TP/PP rank
 # index and namespace; a scheduler: its first rank's namespace).
-CLIENT_STATS = _dtype([
+CLIENT_STATS = struct_dtype([
     ("pid", "<u4", 0),
     ("role", "<u2", 4),
     ("rank", "<u2", 6),
@@ -248,39 +249,6 @@ CLIENT_STATS = _dtype([
     ("inflight_copies", "<u8", 48),
     ("is_attached", "<u4", 56),
 ], 64)
-
-
-class EntryState(IntEnum):
-    """A pool table record's state: FREE records describe nothing."""
-
-    FREE = 0
-    WRITING = 1  # reserved for a key, not every layer copied yet
-    READY = 2    # every layer of the key's block is in the pool at ``offset``
-
-
-POOL_TABLE_VERSION = 1
-
-# The pool's slot table, beside the pool: one record per place an entry can take, so that
-# what the pool holds (and where) can be read without the engine's memory.  Record
-# ``slab * records_per_slab + i`` describes entry ``i`` of slab ``slab``.
-POOL_TABLE_HEADER = _dtype([
-    ("magic", "<u8", 0),
-    ("version", "<u4", 8),
-    ("pool_bytes", "<u8", 16),
-    ("slab_bytes", "<u8", 24),
-    ("records_per_slab", "<u8", 32),
-    ("num_records", "<u8", 40),
-], 64)
-
-POOL_RECORD = _dtype([
-    ("offset", "<u8", 0),        # byte offset of the entry in the pool segment
-    ("entry_bytes", "<u8", 8),   # every layer of one block: num_layers * page_bytes
-    ("namespace", "<u8", 16),
-    ("state", "u1", 24),         # EntryState
-    ("key", "S33", 25),          # the block hash as the index keys it: digest, then length
-    ("num_layers", "<u2", 58),   # layers of the block (all of them are in the pool when READY)
-    ("last_used", "<u8", 64),    # the table's touch count when it was last used (lookups, saves)
-], 72)
 
 
 def _fingerprint() -> int:
@@ -304,8 +272,6 @@ assert COMPLETION.itemsize == 48
 assert HASH.itemsize == 40
 assert REGION.itemsize == 232
 assert LAYER.itemsize == 24
-assert POOL_TABLE_HEADER.itemsize == 64
-assert POOL_RECORD.itemsize == 72
 assert CLIENT_STATS.itemsize == 64
 assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS
                              + (NUM_LATENCY_BUCKETS + 1) * len(LATENCY_OPCODES))
