@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from engine.client_table import ClientTable
 from engine.clients import ClientState
 from engine.config import EngineConfig
 from engine.copy import make_backend
@@ -38,13 +39,10 @@ from engine.pool import PagePool
 from engine.pool_table import NoTable, PoolTable
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
-from pegaflow import shm
 from pegaflow.errors import PegaflowError
-from pegaflow.ring import RingConsumer, RingProducer
-from pegaflow.shm import is_pid_alive
 from pegaflow.values import format_size
 from pegaflow.waits import Doorbell, sleep_until
-from pegaflow.wire import CLIENT_STATS, STATS, Opcode, SlotState, Status
+from pegaflow.wire import CLIENT_STATS, STATS, Opcode, Status
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +98,7 @@ class EngineServer:
         self._pin_seen = PinProgress()  # the pinner's progress the pool has grown by
         self._is_pinning = True
         self._take_pinned()
-        self.clients: dict[int, ClientState] = {}
-        self._attached: tuple[ClientState, ...] = ()  # self.clients' values, for the hot loop
+        self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher)
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
         self.is_stopping = False
         self._next_housekeeping = 0.0
@@ -138,7 +135,7 @@ class EngineServer:
     def run_once(self, now: float) -> bool:
         if now >= self._next_claim_check:
             self._next_claim_check = now + CLAIM_CHECK_S
-            self._accept_claims()
+            self.table.accept_claims()
             if self._is_pinning:
                 self._take_pinned()
         did_work = self._drain_rings()
@@ -155,11 +152,11 @@ class EngineServer:
         if self.backend.num_inflight():
             time.sleep(20e-6)
             return
-        if self.clients or self.index.leases or self.index.writing:
+        if self.table.clients or self.index.leases or self.index.writing:
             deadline = self._next_housekeeping
         else:  # a claim rings the doorbell, so does a stop: each wake-up costs CPU, skip them
             deadline = now + UNATTENDED_SLEEP_S
-        if any(c.backlog for c in self._attached):
+        if any(c.backlog for c in self.table.attached):
             deadline = min(deadline, now + HELD_BACK_POLL_S)  # reading answers rings no doorbell
         # No spin first: serve_forever has spun for idle_spin_s before calling this.
         if sleep_until(self._has_submissions, self.doorbell, deadline):
@@ -173,13 +170,13 @@ class EngineServer:
             self._is_pinning and self.pinner.progress is not self._pin_seen) or any(
             (c.backlog and c.completions.has_room())
             or (c.submissions.is_ready() and len(c.backlog) < MAX_UNREAD_ANSWERS)
-            for c in self._attached))
+            for c in self.table.attached))
 
     def _drain_rings(self) -> bool:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
         did_work = False
         dispatcher = self.dispatcher
-        for client in self._attached:  # a snapshot: a DETACH may retire a client meanwhile
+        for client in self.table.attached:  # a snapshot: a DETACH may retire a client meanwhile
             if client.backlog:
                 queued = len(client.backlog)
                 is_flushed = client.flush()
@@ -201,7 +198,7 @@ class EngineServer:
                 # above): handing them back after the answer keeps it off the answer's path.
                 submissions.release()
                 if rec.opcode == _DETACH and client.is_detached:  # accepted, not refused
-                    self._retire(client)
+                    self.table.retire(client)
                     # its slot is freed by housekeeping: within housekeeping_s, not 2.5 s
                     self._next_housekeeping = min(self._next_housekeeping,
                                                   time.monotonic() + self.config.housekeeping_s)
@@ -239,77 +236,15 @@ class EngineServer:
         logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
         self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.INTERNAL)
 
-    def _accept_claims(self) -> None:
-        """Claimed slots become ACTIVE, under the control lock: a client that gives up on
-        its attach frees its slot under the same lock, only while it is still CLAIMED."""
-        if not self.segments.has_claims():
-            return
-        lock = self.segments.lock
-        if not lock.try_acquire():
-            return  # a client holds it for a moment: the next pass accepts
-        try:
-            self._accept_claimed_slots()
-        finally:
-            lock.release()
-
-    def _accept_claimed_slots(self) -> None:
-        for slot in self.segments.claimed_slots().tolist():
-            view = self.segments.rings[slot]
-            self.segments.reset_ring(view)
-            bell = Doorbell(self.segments.completion_bells[slot], view.client_sleeping)
-            bell.drain()
-            self.clients[slot] = ClientState(slot, view, RingConsumer(view.submissions),
-                                             RingProducer(view.completions, bell),
-                                             pid=int(self.segments.slots["pid"][slot]),
-                                             ring_name=shm.ipc_name(self.config.name, f"ring.{slot}"))
-            self.segments.slots["state"][slot] = SlotState.ACTIVE
-            self._clients_changed()
-            logger.info("client slot %d claimed by pid %d", slot, self.clients[slot].pid)
-
-    def _retire(self, client: ClientState, force: bool = False) -> None:
-        """A DETACHed client: its slot is free once it has read its last completion (or
-        closed its ring without waiting for it, e.g. after a DETACH deadline)."""
-        is_read = client.completions.is_consumed(client.completions.position - 1)
-        if client.num_inflight or client.pending_detach or (client.submissions.is_ready() and not force) or not (
-                force or client.closed_by_client or (is_read and not client.backlog)):
-            return
-        self._drop(client)
-        logger.info("client slot %d (pid %d) detached", client.slot, client.pid)
-
-    def _drop(self, client: ClientState) -> None:
-        """Free the slot of a client whose memory, leases and blocks are already released."""
-        self.clients.pop(client.slot, None)
-        self.stats.client_gone(client.slot)
-        self.segments.free_slot(client.slot)
-        self._clients_changed()
-
-    def _clients_changed(self) -> None:
-        self._attached = tuple(self.clients.values())
-        self.stats.set("clients_attached", len(self.clients))
-
     def _housekeeping(self, now: float) -> None:
         is_timed = self.index.leases or self.index.writing or any(
-            c.is_detached for c in self._attached)
+            c.is_detached for c in self.table.attached)
         self._next_housekeeping = now + (self.config.housekeeping_s if is_timed else
                                          max(self.config.housekeeping_s, LIVENESS_ONLY_S))
         self.index.expire_leases(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
-        for client in list(self.clients.values()):
-            is_alive = is_pid_alive(client.pid)
-            if client.is_detached:
-                self._retire(client, force=not is_alive)
-            elif not is_alive or client.closed_by_client:
-                self._reclaim_dead(client, "is gone" if not is_alive else "closed its ring")
+        self.table.check_alive()
         self.stats.set("heartbeat_ns", time.time_ns())
-
-    def _reclaim_dead(self, client: ClientState, why: str = "is gone") -> None:
-        if client.num_inflight:
-            return  # its copies still touch its memory; reclaim once they are done
-        logger.warning("client slot %d: pid %d %s; reclaiming its slot, leases and memory",
-                       client.slot, client.pid, why)
-        self.dispatcher.release_client(client)
-        client.backlog.clear()
-        self._drop(client)
 
     def shutdown(self) -> None:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
@@ -321,7 +256,7 @@ class EngineServer:
             for done in self.backend.poll():
                 self.dispatcher.on_copy_done(done)
             time.sleep(1e-3)
-        for client in self.clients.values():
+        for client in self.table.clients.values():
             while (rec := client.submissions.try_get()) is not None:
                 self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
             client.flush()

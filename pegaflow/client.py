@@ -45,26 +45,6 @@ class _HeaderWords:
         self.is_stopping = memoryview(raw[CONTROL_HEADER.fields["is_stopping"][1]:][:4]).cast("I")
 
 
-def serving_engine_epoch(engine_name: str) -> int:
-    """The epoch of the engine serving under ``engine_name`` (0: none is, or it is still
-    starting, stopping, dead, or of another wire version).  Attaches nothing but the
-    control segment, and only for the call."""
-    try:
-        control = shm.attach_segment(shm.ipc_name(engine_name, "control"))
-    except PegaflowError:
-        return 0
-    try:
-        header = read_control_header(control)
-    except PegaflowError:
-        return 0
-    finally:
-        control.close()
-    if not int(header["is_serving"]) or int(header["is_stopping"]) or \
-            not is_pid_alive(int(header["engine_pid"])):
-        return 0
-    return int(header["epoch"])
-
-
 class EngineClient(EngineCommands):
     """One attached client; not thread-safe (use one per thread that talks to the engine)."""
 

@@ -1,5 +1,6 @@
-"""The client's side of the control segment: read its header, claim a free client slot
-under the control lock, wait for the engine to accept it, or give it back.
+"""The client's side of the control segment: read its header (and which engine serves
+under a name), claim a free client slot under the control lock, wait for the engine to
+accept it, or give it back.
 
 The engine accepts a claim (CLAIMED -> ACTIVE) under the same lock, so a client that gives
 up frees its slot only while it is still CLAIMED; one accepted meanwhile is freed by the
@@ -15,8 +16,9 @@ import time
 import numpy as np
 
 from pegaflow import shm
-from pegaflow.errors import EngineNotRunningError, EngineTimeoutError, NoFreeSlotError, WireVersionError
+from pegaflow.errors import EngineNotRunningError, EngineTimeoutError, NoFreeSlotError, PegaflowError, WireVersionError
 from pegaflow.locks import ControlLock
+from pegaflow.shm import is_pid_alive
 from pegaflow.waits import poll_until
 from pegaflow.wire import CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT, WIRE_VERSION, SlotState
 
@@ -37,6 +39,26 @@ def read_control_header(segment: shm.Segment) -> np.void:
             f"(fingerprint {int(header['fingerprint']):#x}); this client speaks "
             f"{WIRE_VERSION} ({FINGERPRINT:#x}): run a matching pegaflow on both sides")
     return header
+
+
+def serving_engine_epoch(engine_name: str) -> int:
+    """The epoch of the engine serving under ``engine_name`` (0: none is, or it is still
+    starting, stopping, dead, or of another wire version).  Attaches nothing but the
+    control segment, and only for the call."""
+    try:
+        control = shm.attach_segment(shm.ipc_name(engine_name, "control"))
+    except PegaflowError:
+        return 0
+    try:
+        header = read_control_header(control)
+    except PegaflowError:
+        return 0
+    finally:
+        control.close()
+    if not int(header["is_serving"]) or int(header["is_stopping"]) or \
+            not is_pid_alive(int(header["engine_pid"])):
+        return 0
+    return int(header["epoch"])
 
 
 def _slot_table(control: shm.Segment, num_slots: int) -> np.ndarray:

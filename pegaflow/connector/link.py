@@ -17,8 +17,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from pegaflow.client import EngineClient, serving_engine_epoch
+from pegaflow.client import EngineClient
 from pegaflow.errors import CommandError, EngineGoneError, PegaflowError
+from pegaflow.slots import serving_engine_epoch
 from pegaflow.wire import ClientRole, Status
 
 logger = logging.getLogger(__name__)
