@@ -229,7 +229,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             engine_stats = {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
     finally:
         if engine is not None:
-            engine.stop()
+            engine.stop(timeout_s=120.0)  # a large pool takes seconds to give back
     later = [r for rnd in rounds[1:] for r in rnd]
     phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
     timeline = None
@@ -240,7 +240,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
         timeline = {"later_rounds": step_timeline.summarize(steps, *_window(later)),
                     "shared_prefix": step_timeline.summarize(steps, *_window(prefix)),
                     "first_admission_ms": [step_timeline.first_admission_ms(schedule, _window(rnd)[0])
-                                           for rnd in rounds[1:]]}
+                                           if rnd else None for rnd in rounds[1:]]}
     return {"config": config, "tag": tag, "rounds": [summarize(rnd) for rnd in rounds],
             "later_rounds": summarize(later),
             "later_rounds_wall_s": round(sum(summarize(rnd)["wall_s"] for rnd in rounds[1:]), 4),

@@ -31,8 +31,9 @@ def op_path(configured: str, dev, op: CopyOp, regions: list[Region]) -> str:
     """The path of ``op`` on device ``dev`` (its ``staging``, ``pool_base`` and measured
     ``paths``) under ``--copy-backend configured``."""
     path = configured
+    allow_fenced = configured == STAGED
     if (path == STAGED or path == AUTO and op.page_bytes <= staged.AUTO_MAX_PAGE_BYTES) and \
-            dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes, fenced=configured == STAGED) and \
+            dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes, allow_fenced) and \
             is_aligned_op(dev, op, regions):
         return STAGED
     if path == STAGED:

@@ -103,11 +103,11 @@ def run_bytes(op: CopyOp) -> int:
     return len(op.layers) * op.page_bytes
 
 
-def can_stage(op: CopyOp, slot_bytes: int, fenced: bool = False) -> bool:
+def can_stage(op: CopyOp, slot_bytes: int, allow_fenced: bool = False) -> bool:
     """Whether ``op`` takes the staged path: more than one layer, consecutive in the entry,
     an entry's run fitting a slot, and no client waiting layer by layer on our events
-    unless ``fenced`` (then every layer's event is recorded once the last sub-chunk is in)."""
-    if op.record_events is not None and not fenced or len(op.layers) < 2 or run_bytes(op) > slot_bytes:
+    unless ``allow_fenced`` (then every layer's event is recorded once the last sub-chunk is in)."""
+    if op.record_events is not None and not allow_fenced or len(op.layers) < 2 or run_bytes(op) > slot_bytes:
         return False
     first = op.layers[0].layer
     return all(p.layer == first + k for k, p in enumerate(op.layers))
@@ -214,7 +214,8 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
             driver.wait(gather, recorded(copy))
             pack(start, count, slot, j == 0)
             side.free_events[index] = recorded(gather)
+    inflight.done = side.free_events[index]
     if op.record_events is not None:  # a fenced LOAD: every layer is in with the last scatter
         for k in range(len(op.layers)):
             driver.record(client_events[op.record_events + k], gather)
-    inflight.done = side.free_events[index]
+        inflight.done = recorded(gather)  # done once the client's events are recorded too

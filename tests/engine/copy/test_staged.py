@@ -174,7 +174,7 @@ def test_can_stage_consecutive_layers_fitting_a_slot_and_fenced_loads_only_when_
     assert staged.can_stage(_op(Direction.SAVE, [1], [0]), ENTRY)
     assert staged.can_stage(_op(Direction.LOAD, [1], [0], layers=[1, 2]), ENTRY)
     assert not staged.can_stage(_op(Direction.LOAD, [1], [0], record_events=0), ENTRY)
-    assert staged.can_stage(_op(Direction.LOAD, [1], [0], record_events=0), ENTRY, fenced=True)
+    assert staged.can_stage(_op(Direction.LOAD, [1], [0], record_events=0), ENTRY, allow_fenced=True)
     assert not staged.can_stage(_op(Direction.SAVE, [1], [0], layers=[2]), ENTRY)
     assert not staged.can_stage(_op(Direction.SAVE, [1], [0], layers=[0, 2]), ENTRY)
     assert not staged.can_stage(_op(Direction.SAVE, [1], [0], layers=[1, 0]), ENTRY)
