@@ -10,11 +10,15 @@ stored meanwhile.  This keeps the SAVEs of that many steps (request id and hash 
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 import numpy as np
 
+from pegaflow.errors import PegaflowError
 from pegaflow.wire import HASH
+
+logger = logging.getLogger(__name__)
 
 RECENT_SAVE_STEPS = 3  # the step that read bad pages, the one planned before it was known, margin
 
@@ -45,3 +49,27 @@ class RecentSaves:
             return None
         hashes = np.concatenate([r for _, r in sent], dtype=HASH)  # dtype=: keeps HASH's padding
         return hashes, min(request_id for request_id, _ in sent)
+
+    def drop_stored(self, link, namespace: int, rank: int) -> None:
+        """A load failed on some rank in a recent step: the engine forgets what this rank's
+        SAVEs of the steps held stored (over ``link``, an ``EngineLink``), before this
+        step's saves recompute the rewound blocks.  A lookup needs every rank's blocks, so
+        such a block was served meanwhile only if the failing rank held it already."""
+        num_steps = len(self)
+        taken = self.take()
+        client = link.current()  # never a new connection: the engine takes DROPs of the writer only
+        if taken is None:
+            return
+        hashes, since_request = taken
+        if client is None:
+            logger.warning("pegaflow worker rank %d: a load failed on some rank, but the link "
+                           "that stored this rank's last %d saves (%d blocks) is gone: they "
+                           "cannot be dropped", rank, num_steps, len(hashes))
+            return
+        logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the "
+                       "blocks this rank stored in the last %d steps (%d sent; computed from "
+                       "its pages)", rank, num_steps, len(hashes))
+        try:  # the engine drops only what these SAVEs stored, not what they deduplicated
+            client.drop_nowait(namespace, hashes, since_request)
+        except PegaflowError as exc:
+            link.fail(exc)

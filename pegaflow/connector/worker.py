@@ -106,35 +106,11 @@ class WorkerSide:
         self._is_save_sent = False
         self._taint.acknowledge(meta.rewound_block_ids)
         if self._recent_saves is not None:
-            if meta.rewound_block_ids:
-                self._drop_recent_saves()
+            if meta.rewound_block_ids:  # a load failed on some rank lately
+                self._recent_saves.drop_stored(self.link, self.namespace, self.rank)
             self._recent_saves.new_step()
         self.saves.held |= meta.held_req_ids
         self.saves.new_step(meta.step)
-
-    def _drop_recent_saves(self) -> None:
-        """A load failed on some rank in a recent step (``recent_saves``): the engine forgets
-        what this rank's SAVEs of those steps stored, before this step's saves recompute
-        the rewound blocks.  A lookup needs every rank's blocks, so such a block was served
-        meanwhile only if the failing rank held it already."""
-        num_steps = len(self._recent_saves)
-        taken = self._recent_saves.take()
-        client = self.link.current()  # never a new connection: the engine takes DROPs of the writer only
-        if taken is None:
-            return
-        hashes, since_request = taken
-        if client is None:
-            logger.warning("pegaflow worker rank %d: a load failed on some rank, but the link "
-                           "that stored this rank's last %d saves (%d blocks) is gone: they "
-                           "cannot be dropped", self.rank, num_steps, len(hashes))
-            return
-        logger.warning("pegaflow worker rank %d: a load failed on some rank; dropping the "
-                       "blocks this rank stored in the last %d steps (%d sent; computed from "
-                       "its pages)", self.rank, num_steps, len(hashes))
-        try:  # the engine drops only what these SAVEs stored, not what they deduplicated
-            client.drop_nowait(self.namespace, hashes, since_request)
-        except PegaflowError as exc:
-            self.link.fail(exc)
 
     def start_load_kv(self, runs_layer_hooks: bool = True) -> None:
         """Submit this step's loads.  ``runs_layer_hooks`` False: vLLM will not call
