@@ -18,45 +18,15 @@ import posix_ipc
 
 from engine.config import MAX_SLOTS, EngineConfig
 from engine.pool_table import PoolTable, table_bytes
+from engine.room import check_room
 from pegaflow import shm
-from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError, ShmError
+from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
 from pegaflow.locks import ControlLock, lock_path, open_lock_file
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.shm import is_pid_alive
-from pegaflow.values import format_size
 from pegaflow.wire import CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS, WIRE_VERSION, SlotState
 
 logger = logging.getLogger(__name__)
-
-
-def _mem_available(meminfo: str) -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def check_room(num_bytes: int, pool_bytes: int, shm_dir: str = "/dev/shm",
-               meminfo: str = "/proc/meminfo") -> None:
-    """Refuse to start when ``shm_dir`` has no room for ``num_bytes`` of segments or the
-    host's available memory cannot hold the pool: either would kill the engine with
-    SIGBUS (or the OOM killer) once the pool fills, long after a clean start."""
-    if os.path.isdir(shm_dir):
-        stat = os.statvfs(shm_dir)
-        free = stat.f_bavail * stat.f_frsize
-        if num_bytes > free:
-            raise ShmError(f"the engine needs {format_size(num_bytes)} of shared memory but {shm_dir} has "
-                           f"{format_size(free)} free: lower --pool-size, or give {shm_dir} more room "
-                           f"(in a container: --shm-size, or --ipc=host)")
-    available = _mem_available(meminfo)
-    if available is not None and pool_bytes > available:
-        raise ShmError(f"--pool-size {format_size(pool_bytes)} is more than the host's available memory "
-                       f"({format_size(available)}): lower --pool-size")
 
 
 KEPT = ("pool", "pool.table")  # what --keep-pool leaves for the next engine

@@ -32,7 +32,7 @@ import numpy as np
 import posix_ipc
 
 from engine import fault_in
-from engine.segments import check_room
+from engine.room import check_room
 from pegaflow import shm
 from pegaflow.engine_stats import read_stats
 from pegaflow.values import format_size, parse_size
