@@ -1,7 +1,5 @@
-"""Whether the host has room for an engine: /dev/shm for its segments, memory for its pool.
-
-Checked before anything is created: either shortfall would otherwise kill the engine with
-SIGBUS (or the OOM killer) once the pool fills, long after a clean start."""
+"""Whether the host has room for an engine: /dev/shm for its segments, memory for its pool
+(checked before anything is created)."""
 
 from __future__ import annotations
 

@@ -36,10 +36,9 @@ from engine.room import check_room
 from pegaflow import shm
 from pegaflow.engine_stats import read_stats
 from pegaflow.values import format_size, parse_size
-from tools.engine_process import ROOT, EngineProcess
+from tools.engine_process import LARGE_POOL_STOP_S, ROOT, EngineProcess
 
 POLL_S = 5e-3
-STOP_TIMEOUT_S = 120.0  # a 64 GiB pool takes over 10 s to give back: measure the stop, do not kill it
 FAULT_METHODS = ("write faulted", "touch", "fallocate+touch", "populate", "populate+huge", "map_populate")
 
 
@@ -73,7 +72,7 @@ def start_once(args, name: str, log: Path, pin_chunk: str | None) -> dict:
         fully_ready_s = time.perf_counter() - started
     finally:
         stop_started = time.perf_counter()
-        exit_code = engine.stop(timeout_s=STOP_TIMEOUT_S)
+        exit_code = engine.stop(timeout_s=LARGE_POOL_STOP_S)
         stop_s = time.perf_counter() - stop_started
     lines = engine.stderr_text().splitlines()
     done = [line for line in lines if " pinned in " in line]

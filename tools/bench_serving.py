@@ -200,7 +200,7 @@ class Server:
 
 
 def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
-    from tools.engine_process import EngineProcess
+    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     engine = None
     name = f"bench{os.getpid()}"
     if config == "pegaflow":
@@ -229,7 +229,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             engine_stats = {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
     finally:
         if engine is not None:
-            engine.stop(timeout_s=120.0)  # a large pool takes seconds to give back
+            engine.stop(timeout_s=LARGE_POOL_STOP_S)
     later = [r for rnd in rounds[1:] for r in rnd]
     phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
     timeline = None

@@ -20,6 +20,7 @@ from pegaflow.client import EngineClient
 from pegaflow.errors import PegaflowError
 
 ROOT = Path(__file__).resolve().parent.parent
+LARGE_POOL_STOP_S = 120.0  # a 64 GiB pool takes over 10 s to give back: wait for it, do not kill it
 
 
 class EngineStartError(RuntimeError):

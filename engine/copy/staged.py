@@ -214,8 +214,9 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
             driver.wait(gather, recorded(copy))
             pack(start, count, slot, j == 0)
             side.free_events[index] = recorded(gather)
-    inflight.done = side.free_events[index]
-    if op.record_events is not None:  # a fenced LOAD: every layer is in with the last scatter
-        for k in range(len(op.layers)):
-            driver.record(client_events[op.record_events + k], gather)
-        inflight.done = recorded(gather)  # done once the client's events are recorded too
+    if op.record_events is None:
+        inflight.done = side.free_events[index]
+        return
+    for k in range(len(op.layers)):  # a fenced LOAD: every layer is in with the last scatter
+        driver.record(client_events[op.record_events + k], gather)
+    inflight.done = recorded(gather)  # done once the client's events are recorded too

@@ -140,8 +140,7 @@ class SchedulerSide:
                 meta.loads.append(state.pending_load)
                 state.is_async_loading = state.pending_load.is_async
                 state.pending_load = None
-        log_schedule(self._step, scheduler_output, len(meta.loads), sum(len(s.block_ids) for s in meta.loads),
-                     sum(len(s.block_ids) for s in meta.saves))
+        log_schedule(self._step, scheduler_output, meta)
         return meta
 
     def _plan_save(self, meta: PegaConnectorMetadata, state: RequestState, num_tokens: int) -> None:

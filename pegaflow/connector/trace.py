@@ -94,9 +94,10 @@ class StepTrace:
         logger.debug("%s (ms after start_load_kv): %s", label, ", ".join(parts))
 
 
-def log_schedule(step: int, scheduler_output, num_loads: int, num_load_blocks: int,
-                 num_save_blocks: int) -> None:
-    """One line per scheduler step (DEBUG): new and running requests, tokens, loads, saves."""
+def log_schedule(step: int, scheduler_output, meta) -> None:
+    """One line per scheduler step (DEBUG): new and running requests, tokens, and the loads
+    and saves ``meta`` (the step's ``PegaConnectorMetadata``) plans; nothing is counted
+    unless DEBUG is on."""
     if not logger.isEnabledFor(logging.DEBUG):
         return
     logger.debug("sched step %d at monotonic %.6f: %d new, %d running, %d tokens, %d finished, "
@@ -104,4 +105,5 @@ def log_schedule(step: int, scheduler_output, num_loads: int, num_load_blocks: i
                  len(scheduler_output.scheduled_new_reqs), len(scheduler_output.scheduled_cached_reqs.req_ids),
                  getattr(scheduler_output, "total_num_scheduled_tokens", 0),
                  len(getattr(scheduler_output, "finished_req_ids", None) or ()),
-                 num_loads, num_load_blocks, num_save_blocks)
+                 len(meta.loads), sum(len(s.block_ids) for s in meta.loads),
+                 sum(len(s.block_ids) for s in meta.saves))

@@ -65,9 +65,13 @@ def test_step_timeline_parses_the_scheduler_lines_and_finds_a_rounds_first_admis
         return SimpleNamespace(scheduled_new_reqs=[object()] * new,
                                scheduled_cached_reqs=SimpleNamespace(req_ids=["r"] * running),
                                total_num_scheduled_tokens=tokens, finished_req_ids={"done"})
+
+    def meta(load_blocks: list[int], save_blocks: list[int]):
+        return SimpleNamespace(loads=[SimpleNamespace(block_ids=range(n)) for n in load_blocks],
+                               saves=[SimpleNamespace(block_ids=range(n)) for n in save_blocks])
     since = time.monotonic()
-    log_schedule(1, output(0, 4, 4), 0, 0, 0)
-    log_schedule(2, output(3, 0, 240), 3, 1512, 15)
+    log_schedule(1, output(0, 4, 4), meta([], []))
+    log_schedule(2, output(3, 0, 240), meta([504, 504, 504], [10, 5]))
     schedule = step_timeline.parse_schedule(["noise"] + [r.getMessage() for r in caplog.records])
     assert [(s["step"], s["new"], s["running"], s["tokens"], s["finished"]) for s in schedule] == [
         (1, 0, 4, 4, 1), (2, 3, 0, 240, 1)]
@@ -80,5 +84,5 @@ def test_step_timeline_parses_the_scheduler_lines_and_finds_a_rounds_first_admis
 def test_step_timeline_scheduler_line_costs_nothing_unless_debug(caplog):
     from pegaflow.connector.trace import log_schedule
     caplog.set_level(logging.INFO, logger=step_timeline.TRACE_LOGGER)
-    log_schedule(1, object(), 0, 0, 0)  # not read at all: no attribute is touched
+    log_schedule(1, object(), object())  # not read at all: no attribute is touched
     assert not caplog.records

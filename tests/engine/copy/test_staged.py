@@ -132,9 +132,11 @@ def _op(direction, block_ids, entry_ids, layers=range(NUM_LAYERS), **kw) -> Copy
                   np.asarray(entry_ids, np.int64) * ENTRY, **kw)
 
 
-def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=(), seed: int = 0) -> Inflight:
+def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=(), seed: int = 0,
+           then=None) -> Inflight:
     """``staged.issue`` as the backend calls it (ids and local offsets in memory first),
-    then the GPU runs it all under ``seed``'s order."""
+    then ``then()`` (the client's own work queued after it), then the GPU runs it all
+    under ``seed``'s order."""
     words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.slot_bytes)])
     gpu.mem[WORDS:WORDS + 8 * len(words)] = words.astype(np.int64).view(np.uint8)
     regions = regions or [Region(0, b"", CLIENT, NUM_LAYERS * LAYER_BYTES)] * len(op.layers)
@@ -142,6 +144,8 @@ def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=(), seed: int
     inflight = Inflight()
     staged.issue(staging, gpu, op, regions, POOL, WORDS, list(events),
                  lambda: f"ev{next(counter)}", inflight)
+    if then is not None:
+        then()
     gpu.run(seed)
     return inflight
 
@@ -333,18 +337,14 @@ def test_fenced_load_records_each_layer_event_after_every_sub_chunk_landed(gpu, 
     dst, entries = np.array([2, 3, 8, 10, 11]), np.array([4, 5, 6, 9, 20])
     _client(gpu)[:, dst] = POISON
     staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
-    op = _op(Direction.LOAD, dst, entries, record_events=2)
-    words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.slot_bytes)])
-    gpu.mem[WORDS:WORDS + 8 * len(words)] = words.astype(np.int64).view(np.uint8)
-    events = [f"client{i}" for i in range(2 + NUM_LAYERS)]
-    counter = iter(range(1 << 20))
-    staged.issue(staging, gpu, op, [Region(0, b"", CLIENT, NUM_LAYERS * LAYER_BYTES)] * NUM_LAYERS,
-                 POOL, WORDS, events, lambda: f"ev{next(counter)}", Inflight())
-    seen = {}
-    for layer in range(NUM_LAYERS):
-        gpu.wait("client stream", events[2 + layer])
-        gpu.enqueue("client stream", lambda k=layer: seen.__setitem__(k, _client(gpu)[k, dst].copy()))
-    gpu.run(seed)
+    events, seen = [f"client{i}" for i in range(2 + NUM_LAYERS)], {}
+
+    def client_reads_each_layer_after_its_event():
+        for layer in range(NUM_LAYERS):
+            gpu.wait("client stream", events[2 + layer])
+            gpu.enqueue("client stream", lambda k=layer: seen.__setitem__(k, _client(gpu)[k, dst].copy()))
+    _issue(gpu, staging, _op(Direction.LOAD, dst, entries, record_events=2), events=events, seed=seed,
+           then=client_reads_each_layer_after_its_event)
     # 2. Whatever order the GPU ran things in, each layer's event meant all of it was in.
     for layer in range(NUM_LAYERS):
         assert np.array_equal(seen[layer], _pool(gpu)[entries, layer]), layer
