@@ -10,17 +10,27 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from engine.entries import ORPHAN, Entry
+from engine.entries import ORPHAN, Entry, Key
+from engine.eviction import LruPolicy
+from engine.pool import PagePool
+from engine.pool_table import PoolTable
 
-if TYPE_CHECKING:
-    from engine.index import BlockIndex
+
+class KeptIndex(Protocol):
+    """What of ``engine.index.BlockIndex`` a kept pool's adoption reads and fills."""
+
+    entries: dict[Key, Entry]
+    table: PoolTable
+    pool: PagePool
+    policy: LruPolicy
+    parked: deque
 
 logger = logging.getLogger(__name__)
 
 
-def adopt_table(index: BlockIndex) -> int:
+def adopt_table(index: KeptIndex) -> int:
     """Take in the READY entries a kept pool table lists (into an empty index); every
     other record, and any the pool cannot place, is cleared.  Returns how many.  Those
     beyond the pool's ready part are parked until ``grow`` reaches them."""
@@ -48,7 +58,7 @@ def adopt_table(index: BlockIndex) -> int:
     return len(kept)
 
 
-def grow(index: BlockIndex, ready_bytes: int) -> int:
+def grow(index: KeptIndex, ready_bytes: int) -> int:
     """The pool's first ``ready_bytes`` are pinned: their slabs may be allocated and the
     kept entries there served (a key saved again meanwhile keeps its new entry).
     Returns how many kept entries it took in; they rank below every entry in the

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from pegaflow import shm
+from pegaflow.answers import Answers
 from pegaflow.arena import PayloadArena
 from pegaflow.commands import EngineCommands
 from pegaflow.completion import Completion, checked, completion_of
@@ -52,10 +53,7 @@ class EngineClient(EngineCommands):
         self.engine_name = engine_name
         self.default_timeout_s = default_timeout_s
         self._next_request_id = 1
-        self._done: dict[int, Completion] = {}
-        self._abandoned: set[int] = set()
-        self._unwanted: set[int] = set()  # answers nobody waits for (RELEASE)
-        self._orphans: list[Completion] = []
+        self.answers = Answers()  # read, not yet asked for
         self.slot = -1
         self.epoch = 0
         self.engine_pid = 0
@@ -192,35 +190,18 @@ class EngineClient(EngineCommands):
 
     def try_take(self, request_id: int) -> Completion | None:
         for completion in self.poll():
-            self._keep(completion)
-        return self._done.pop(request_id, None)
-
-    def _keep(self, completion: Completion) -> None:
-        if completion.request_id in self._unwanted:
-            self._unwanted.discard(completion.request_id)
-            if not completion.is_ok:
-                logger.debug("engine answered request %d with %s", completion.request_id,
-                             completion.status)
-        elif completion.request_id in self._abandoned:
-            self._abandoned.discard(completion.request_id)
-            self._orphans.append(completion)
-        else:
-            self._done[completion.request_id] = completion
+            self.answers.keep(completion)
+        return self.answers.take(request_id)
 
     def abandon(self, request_id: int) -> None:
         """Stop waiting for ``request_id``; its answer, when it comes, goes to ``take_orphans``."""
-        done = self._done.pop(request_id, None)
-        if done is not None:
-            self._orphans.append(done)
-        else:
-            self._abandoned.add(request_id)
+        self.answers.abandon(request_id)
 
     def take_orphans(self) -> list[Completion]:
         """Answers that arrived for abandoned requests (a lookup's lease to release, say)."""
         for completion in self.poll():
-            self._keep(completion)
-        orphans, self._orphans = self._orphans, []
-        return orphans
+            self.answers.keep(completion)
+        return self.answers.take_orphans()
 
     def wait(self, request_id: int, timeout_s: float | None = None) -> Completion:
         """The completion of ``request_id``; EngineTimeoutError / EngineGoneError after the deadline.
@@ -228,7 +209,7 @@ class EngineClient(EngineCommands):
         Completions are read in ring order up to the one asked for; those of other
         requests are kept (or dropped or orphaned) as ``try_take`` would.
         """
-        done = self._done.pop(request_id, None)
+        done = self.answers.take(request_id)
         if done is not None:
             return done
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
@@ -239,10 +220,9 @@ class EngineClient(EngineCommands):
             record = consumer.get_values(min(deadline, now + 0.5))
             if record is not None:
                 completion = completion_of(record)
-                if (completion.request_id == request_id and request_id not in self._abandoned
-                        and request_id not in self._unwanted):
+                if completion.request_id == request_id and self.answers.is_awaited(request_id):
                     return completion
-                self._keep(completion)
+                self.answers.keep(completion)
                 continue
             if time.monotonic() >= deadline:
                 self.check_engine()

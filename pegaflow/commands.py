@@ -21,8 +21,8 @@ def _records(hashes) -> np.ndarray:
 
 
 class EngineCommands:
-    """Mixed into ``EngineClient``, which provides ``submit``, ``call``, ``wait`` and the set
-    of answers to drop on arrival (``_unwanted``)."""
+    """Mixed into ``EngineClient``, which provides ``submit``, ``call``, ``wait`` and the
+    answers kept until asked for (``answers``: a fire-and-forget answer is ignored there)."""
 
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""
@@ -45,7 +45,7 @@ class EngineCommands:
 
     def release_nowait(self, lease_id: int) -> None:
         """End a lease, fire and forget: its answer is dropped on arrival."""
-        self._unwanted.add(self.release(lease_id))
+        self.answers.ignore(self.release(lease_id))
 
     def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
@@ -68,7 +68,7 @@ class EngineCommands:
 
     def drop_nowait(self, namespace: int, hashes, since_request: int = 0) -> None:
         """``submit_drop``, fire and forget: its answer is dropped on arrival."""
-        self._unwanted.add(self.submit_drop(namespace, hashes, since_request))
+        self.answers.ignore(self.submit_drop(namespace, hashes, since_request))
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,

@@ -77,14 +77,15 @@ class _Noop:
 
 def _pegaflow(num_layers: int):
     worker = WorkerSide(ConnectorConfig(), namespace=1, rank=0, num_blocks=4096)
-    worker.memory, worker.link._client = _Events(), _Client()
+    worker.memory = _Events()
+    worker.link.use(_Client())
     names = [f"model.layers.{i}.self_attn.attn" for i in range(num_layers)]
     for i, name in enumerate(names):
         worker.layers.virtual[name] = (i,)
         worker.layers.save_layers.add(name)
     worker.layers.num_virtual = num_layers
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
-    scheduler.link._client = _Client()
+    scheduler.link.use(_Client())
     request = SimpleNamespace(request_id="r", num_tokens=1256, block_hashes=[b"h" * 32] * 78)
     state = scheduler.requests["r"] = RequestState(request)
     state.block_ids, state.num_saved_blocks = list(range(79)), 78

@@ -243,6 +243,9 @@ def main() -> int:
                    help="enforce_eager in every phase (default: vLLM's default compilation)")
     p.add_argument("--tpot-only", action="store_true",
                    help="only TPOT: saving, the connector idle (no save, no load), no connector")
+    p.add_argument("--copy-backends", nargs="+", choices=["auto", "kernel", "copy-engine", "staged"],
+                   help="run the pegaflow phase once per engine copy path, each with a fresh engine "
+                        "(the first one's figures are the table's; default: the engine's default)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none"], help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
@@ -251,11 +254,18 @@ def main() -> int:
         Path(args.phase_out).write_text(json.dumps(run_phase(args)))
         return 0
     from tools.engine_process import EngineProcess
-    engine = None
-    if not args.engine_name:
-        engine = EngineProcess(f"ttft{os.getpid()}", backend="cuda", pool_size=args.pool_size,
-                               start_timeout_s=300)
-        args.engine_name = engine.name
+    backends = args.copy_backends or [None]
+    engine, given_engine = None, args.engine_name
+
+    def start(backend: str | None):
+        extra = ("--copy-backend", backend) if backend else ()
+        started = EngineProcess(f"ttft{os.getpid()}", *extra, backend="cuda", pool_size=args.pool_size,
+                                start_timeout_s=300)
+        args.engine_name = started.name
+        return started
+
+    if not given_engine:
+        engine = start(backends[0])
     if args.tpot_only:
         try:
             tpot = {phase: _spawn(args, phase)["tpot_ms"] for phase in ("pegaflow", "idle", "none")}
@@ -264,17 +274,28 @@ def main() -> int:
                 engine.stop()
         print(json.dumps(summarize_tpot(tpot, _gpu_name())))
         return 0
+    from pegaflow.engine_stats import read_stats
+    by_backend = {}
     try:
-        peg = _spawn(args, "pegaflow")
-        if engine is not None:
-            from pegaflow.engine_stats import read_stats
-            peg["engine_stats"] = read_stats(engine.name)
+        for i, backend in enumerate(backends):
+            if i and not given_engine:  # each copy path its own fresh engine
+                engine.stop()
+                engine = start(backend)
+            by_backend[backend or "default"] = peg = _spawn(args, "pegaflow")
+            peg["engine_stats"] = read_stats(args.engine_name)
         native = _spawn(args, "native")
         none = _spawn(args, "none")
     finally:
         if engine is not None:
             engine.stop()
+    peg = by_backend[backends[0] or "default"]
     result = summarize(peg, native, none, _gpu_name())
+    result["copy_backend"] = backends[0] or "engine default"
+    for name, phase in by_backend.items():  # --copy-backends: each path's own warm figures
+        warm, warm_p90 = _stats(phase["warm_ms"])
+        result[f"warm_pegaflow_ms_median_{name}"], result[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
+        result[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]
+        result[f"outputs_identical_{name}"] = phase["cold_tokens"] == phase["warm_tokens"] == none["cold_tokens"]
     result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
     result["compilation"] = "eager" if args.eager else "vLLM default (CUDA graphs)"
     if args.json:
@@ -293,6 +314,9 @@ def main() -> int:
           f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
           f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "
           f"{result['warm_batch8_pegaflow_ms']:.0f} ms; outputs identical: {result['outputs_identical']}")
+    for name in by_backend:
+        print(f"copy path {name}: warm {result['warm_pegaflow_ms_median_' + name]:.1f} ms "
+              f"(p90 {result['warm_pegaflow_ms_p90_' + name]:.1f}), cold {result['cold_ms_median_' + name]:.1f} ms")
     return 0
 
 

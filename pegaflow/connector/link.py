@@ -103,6 +103,11 @@ class EngineLink:
         """The live client, without trying to connect."""
         return self._client
 
+    def use(self, client) -> None:
+        """Take ``client`` as the live connection, as if just connected (tools and tests
+        drive the connector with a client of their own this way)."""
+        self._client = client
+
     def fail(self, exc: Exception) -> None:
         """An operation failed: drop the connection and retry later."""
         self._mark_down(exc)

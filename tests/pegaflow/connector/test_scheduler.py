@@ -45,7 +45,7 @@ def test_scheduler_lookup_of_many_ranks_waits_once_not_once_per_rank():
     scheduler = SchedulerSide(ConnectorConfig(lookup_timeout_ms=1000), namespaces=list(range(1, 9)),
                               block_size=16)
     client = SlowClient()
-    scheduler.link._client = client
+    scheduler.link.use(client)
     request = SimpleNamespace(request_id="r", num_tokens=64, block_hashes=[b"h" * 32] * 4)
     # 2. vLLM is told to ask again (None) once one FIRST_WAIT_S is spent, not 8 of them.
     assert scheduler.get_num_new_matched_tokens(request, 0) == (None, False)
@@ -97,7 +97,7 @@ def test_scheduler_lookup_answer_kept_too_long_is_asked_again():
     from pegaflow.connector.scheduler import LOOKUP_MAX_AGE_S
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
     client = AnsweringClient()
-    scheduler.link._client = client
+    scheduler.link.use(client)
     request = SimpleNamespace(request_id="r", num_tokens=80, block_hashes=[b"h" * 32] * 5)
     assert scheduler.get_num_new_matched_tokens(request, 0) == (64, False)
     assert scheduler.get_num_new_matched_tokens(request, 0) == (64, False) and client.lookups == 1
@@ -114,7 +114,7 @@ def test_scheduler_tells_the_workers_once_which_failed_blocks_it_has_rewound():
     # Failed blocks reported by a step's output: the next step's metadata names them (the
     # workers stop holding back saves on their account), the step after does not.
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
-    scheduler.link._client = AnsweringClient()
+    scheduler.link.use(AnsweringClient())
     output = SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}, scheduled_new_reqs=[],
                              scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],
                                                                    resumed_req_ids=set(),

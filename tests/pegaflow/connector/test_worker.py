@@ -36,7 +36,7 @@ def test_worker_save_deadline_revokes_the_saves_before_the_blocks_are_reused():
     # 1. A preempted request's save is outstanding on an engine that never answers.
     worker = WorkerSide(ConnectorConfig(command_timeout_ms=50), namespace=1, rank=0, num_blocks=8)
     client = StuckClient()
-    worker.link._client = client
+    worker.link.use(client)
     worker.saves.sent(11, ("req-a",))
     # 2. Past the deadline the worker lets vLLM reuse the blocks: the link revokes the
     #    saves (the engine must store nothing it copies later), then drops the connection.
@@ -50,7 +50,7 @@ def test_worker_async_load_deadline_revokes_before_vllm_reuses_the_blocks():
     from pegaflow.connector.metadata import LoadSpec
     worker = WorkerSide(ConnectorConfig(command_timeout_ms=50), namespace=1, rank=0, num_blocks=8)
     client = StuckClient()
-    worker.link._client = client
+    worker.link.use(client)
     spec = LoadSpec("req-b", (3, 4), (b"h" * 32, b"i" * 32), (0,), True)
     worker.loads.asyncs[21] = (spec, time.monotonic() - 1.0)
     # 2. The worker reports it finished with load errors (vLLM recomputes and may reuse
@@ -94,7 +94,7 @@ def _worker_with_a_load(memory):
     worker = WorkerSide(ConnectorConfig(num_load_slots=2), namespace=1, rank=0, num_blocks=8)
     worker.layers.num_virtual, worker.memory = 4, memory
     client = LoadClient(memory)
-    worker.link._client = client
+    worker.link.use(client)
     meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
     meta.loads.append(LoadSpec("req-c", (5, 6), (b"j" * 32, b"k" * 32), (0,), False))
     worker.bind(meta)
@@ -139,7 +139,7 @@ def _step_with_a_fenced_load(gone: bool):
     memory = FencedMemory()
     worker, _ = _worker_with_a_load(memory)
     client = AcceptingClient(memory)
-    worker.link._client = client
+    worker.link.use(client)
     worker.start_load_kv()
     worker.wait_for_layer_load("layer")  # the load is accepted: vLLM's stream waits on events
     client.gone = gone
@@ -176,12 +176,12 @@ def test_worker_fenced_loads_of_a_dropped_connection_are_recomputed_even_after_a
     memory = FencedMemory()
     worker, _ = _worker_with_a_load(memory)
     first = AcceptingClient(memory)
-    worker.link._client = first
+    worker.link.use(first)
     worker.start_load_kv()
     worker.wait_for_layer_load("layer")
     worker.link.fail(RuntimeError("ring full"))
     second = AcceptingClient(memory)
-    worker.link._client = second
+    worker.link.use(second)
     # 2. The new connection says nothing about the copies of the old one: the loads are
     #    reported failed, and the new connection is left alone.
     worker.get_finished(set())
@@ -216,7 +216,7 @@ def test_worker_saves_of_blocks_whose_load_failed_are_dropped_for_every_request(
     worker.memory = SimpleNamespace(has_events=False)
     worker.layers.save_layers = {"layer"}
     client = SavingClient()
-    worker.link._client = client
+    worker.link.use(client)
 
     def step(loads, saves, rewound=()):
         meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set(),
@@ -259,7 +259,7 @@ def test_worker_load_never_sent_gives_its_lease_back():
     worker = WorkerSide(ConnectorConfig(num_load_slots=2), namespace=1, rank=1, num_blocks=8)
     worker.layers.num_virtual, worker.memory = 4, FencedMemory(fail=True)
     client = ReleasingClient()
-    worker.link._client = client
+    worker.link.use(client)
     meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
     meta.loads.append(LoadSpec("req-e", (5,), (b"j" * 32,), (70, 71), False))
     worker.bind(meta)
@@ -293,7 +293,7 @@ def _rank_steps(num_ranks: int):
     worker.memory = SimpleNamespace(has_events=False)
     worker.layers.save_layers = {"layer"}
     client = DroppingClient()
-    worker.link._client = client
+    worker.link.use(client)
 
     def step(saves, rewound=()):
         meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set(),
@@ -377,7 +377,7 @@ def _full_graph_worker(num_load_slots=2):
     worker.layers.virtual = {f"l{i}": (i,) for i in range(4)}
     worker.layers.save_layers = set(worker.layers.virtual)
     client = FencedSavingClient(memory)
-    worker.link._client = client
+    worker.link.use(client)
     meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
     meta.saves.append(SaveSpec("req-s", (2, 3), (b"s" * 32, b"t" * 32)))
     return worker, client, memory, meta
@@ -440,7 +440,7 @@ def test_worker_step_whose_engine_was_replaced_mid_step_saves_nothing_computed_f
     memory = FullGraphMemory()
     worker, _ = _worker_with_a_load(memory)
     first = FencedSavingClient(memory)
-    worker.link._client = first
+    worker.link.use(first)
     worker.layers.virtual = {"layer": (0, 1, 2, 3)}
     worker.layers.save_layers = {"layer"}
     worker._meta.saves.append(SaveSpec("req-c", (5, 6, 7), (b"j" * 32, b"k" * 32, b"l" * 32)))
@@ -448,7 +448,7 @@ def test_worker_step_whose_engine_was_replaced_mid_step_saves_nothing_computed_f
     worker.wait_for_layer_load("layer")
     worker.save_kv_layer("layer")
     second = FencedSavingClient(memory)
-    worker.link._client = second  # what a reconnect inside client() leaves
+    worker.link.use(second)  # what a reconnect inside client() leaves
     # 2. The save is held back (its blocks were computed from those pages) and vLLM is told
     #    the load failed, so it recomputes; nothing goes to the new engine.
     worker.wait_for_save()
