@@ -155,8 +155,9 @@ OPTIONS: tuple[Option, ...] = (
            _choice("backend", _BACKENDS)),
     Option("copy-backend", "copy_backend", "auto", "cuda copy path: kernel (SMs read and write the "
            "pool over PCIe), copy-engine (one DMA per page), staged (pages packed in device memory, "
-           "one DMA per run of pool entries; layer-wise loads too); auto stages what it can and "
-           "picks between the others by a measurement per page size", _choice("copy-backend", COPY_PATHS)),
+           "one DMA per run of pool entries, whatever the page size); auto stages what it can "
+           "(pages up to 256 KiB) and picks between the others by a measurement per page size",
+           _choice("copy-backend", COPY_PATHS)),
     Option("device-staging", "device_staging_bytes", f"{DEVICE_STAGING_BYTES >> 20}MiB",
            "GPU memory the staged path takes on each GPU the engine serves (two slots each way); "
            "0 turns it off", parse_size),

@@ -250,7 +250,8 @@ def run_engine(conn, args, rows: list[dict]) -> dict:
     for seed, path in enumerate(args.paths, start=100):
         extra = ("--copy-backend", path, "--slab-size", "64MiB", "--log-level", args.engine_log_level)
         with EngineProcess(name, *extra, backend="cuda", pool_size=f"{pool_mib}MiB",
-                           start_timeout_s=TIMEOUT_S):
+                           start_timeout_s=TIMEOUT_S) as engine:
+            engine.wait_pool_pinned(TIMEOUT_S)  # a SAVE into a part-grown pool stores only its part
             conn.send((name, HEADLINE_TOKENS, HEADLINE_BLOCK, args.runs + 1, seed))
             if not conn.poll(TIMEOUT_S * 4):
                 raise RuntimeError("the client process did not answer")

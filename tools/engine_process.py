@@ -82,6 +82,20 @@ class EngineProcess:
         finally:
             client.close()
 
+    def wait_pool_pinned(self, timeout_s: float = 120.0) -> None:
+        """Until the whole pool is pinned and in use (an engine serves once its first chunk
+        is; a benchmark that must not meet a part-grown pool waits for the rest)."""
+        from pegaflow.engine_stats import read_stats
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = read_stats(self.name)
+            if stats["pool_bytes_ready"] >= stats["pool_bytes_capacity"]:
+                return
+            if self.proc.poll() is not None or time.monotonic() >= deadline:
+                raise EngineStartError(f"engine {self.name}: pool {stats['pool_bytes_ready']} of "
+                                       f"{stats['pool_bytes_capacity']} bytes pinned after {timeout_s}s")
+            time.sleep(0.05)
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
         """Send ``sig`` (if still running) and reap; killed past ``timeout_s``. The exit code."""
         if self.proc.poll() is None:

@@ -2,11 +2,13 @@
 issues; this decides).
 
 - ``staged`` wherever it can be (``staged.can_stage``, aligned for the gather kernel, under
-  ``auto`` only for pages up to ``staged.AUTO_MAX_PAGE_BYTES`` and never for a fenced LOAD,
-  which ``--copy-backend staged`` stages too: its layers all land with the last sub-chunk,
-  copied by DMA instead of by SMs shared with vLLM's kernels);
-- else a fenced LOAD (the client waits on our events layer by layer) takes the kernel: it
-  issues a layer in one launch, where the copy engine takes a descriptor per page;
+  ``auto`` only for pages up to ``staged.AUTO_MAX_PAGE_BYTES``), a fenced LOAD (the client
+  waits on our events layer by layer) included: its layers all land with the last
+  sub-chunk, copied by DMA instead of by SMs shared with vLLM's kernels, which made a warm
+  10k-token prompt 44.0 ms against 49.5 ms by the kernel layer by layer (docs/benchmarks.md,
+  "Time to first token");
+- else a fenced LOAD takes the kernel: it issues a layer in one launch, where the copy
+  engine takes a descriptor per page;
 - else what ``auto`` measured for the op's page size and direction (``path_from_rates``),
   the copy engine where nothing was measured (it takes no SMs from vLLM);
 - the kernel only where every address, stride and size suits its 16-byte words.
@@ -31,9 +33,8 @@ def op_path(configured: str, dev, op: CopyOp, regions: list[Region]) -> str:
     """The path of ``op`` on device ``dev`` (its ``staging``, ``pool_base`` and measured
     ``paths``) under ``--copy-backend configured``."""
     path = configured
-    allow_fenced = configured == STAGED
     if (path == STAGED or path == AUTO and op.page_bytes <= staged.AUTO_MAX_PAGE_BYTES) and \
-            dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes, allow_fenced) and \
+            dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes, allow_fenced=True) and \
             is_aligned_op(dev, op, regions):
         return STAGED
     if path == STAGED:

@@ -32,7 +32,8 @@ def _path_of(copy_backend: str, page_bytes: int, fenced: bool = False, misaligne
     ("auto", 64 << 10, False, False, "staged"),
     ("auto", 256 << 10, False, False, "staged"),
     ("auto", 1 << 20, False, False, "kernel"),        # big pages: page by page, the probe's choice
-    ("auto", 64 << 10, True, False, "kernel"),        # a fenced load: the kernel, layer by layer
+    ("auto", 64 << 10, True, False, "staged"),        # a fenced load too: by DMA, not SMs
+    ("auto", 1 << 20, True, False, "kernel"),         # big pages, fenced: a layer in one launch
     ("staged", 1 << 20, False, False, "staged"),      # asked for: staged whatever the page size
     ("staged", 64 << 10, True, False, "staged"),      # asked for: a fenced load too, by DMA
     ("staged", 64 << 10, False, True, "copy-engine"),  # misaligned for the kernel: page by page
