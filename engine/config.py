@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 MAX_SLOTS = 4096
 MAX_IDLE_SPIN_S = 1.0
 MAX_PIN_THREADS = 256
+MAX_DISK_THREADS = 256
+DISK_ADMISSIONS = ("evicted", "reused")
 # Pinned before the engine serves, and the unit pinned in the background: at ~3 GB/s (the
 # H200 host, small pages) 256 MiB takes ~0.1 s, well inside a 1 s start, and a 64 GiB
 # pool is 256 registrations.
@@ -53,6 +55,10 @@ class EngineConfig:
     pin_threads: int = 0  # 0: one per core, up to 16
     pin_rate_bytes: int = 0  # bytes a second; 0: no limit
     housekeeping_s: float = 1.0
+    disk_paths: tuple[str, ...] = ()  # the disk tier's directories (none: no disk tier)
+    disk_bytes: int = 0  # per path; 0: 90 % of the path's free space at start
+    disk_admission: str = "evicted"
+    disk_threads: int = 8
 
     def __post_init__(self) -> None:
         check_engine_name(self.name)
@@ -91,6 +97,14 @@ class EngineConfig:
                               f"(or auto)")
         if self.pin_rate_bytes < 0:
             raise ConfigError(f"--pin-rate {self.pin_rate_bytes}: must not be negative")
+        if self.disk_bytes < 0:
+            raise ConfigError(f"--disk-size {self.disk_bytes}: must not be negative")
+        if self.disk_admission not in DISK_ADMISSIONS:
+            raise ConfigError(f"--disk-admission {self.disk_admission!r}: choose {', '.join(DISK_ADMISSIONS)}")
+        if not 1 <= self.disk_threads <= MAX_DISK_THREADS:
+            raise ConfigError(f"--disk-threads {self.disk_threads}: must lie in [1, {MAX_DISK_THREADS}]")
+        if len(set(self.disk_paths)) != len(self.disk_paths):
+            raise ConfigError(f"--disk-path names a directory twice: {','.join(self.disk_paths)}")
         if not 0 <= self.idle_spin_s <= MAX_IDLE_SPIN_S:
             raise ConfigError(f"--idle-spin-ms {self.idle_spin_s * 1e3:g}: must lie in "
                               f"[0, {MAX_IDLE_SPIN_S * 1e3:g}]")
@@ -131,6 +145,10 @@ def _choice(option_flag: str, choices: tuple[str, ...], upper: bool = False):
             raise ConfigError(f"--{option_flag} {text!r}: choose {', '.join(choices)}")
         return value
     return parse
+
+
+def _disk_paths(text: str) -> tuple[str, ...]:
+    return tuple(os.path.abspath(os.path.expanduser(p.strip())) for p in text.split(",") if p.strip())
 
 
 def _pin_threads(text: str) -> int:
@@ -184,6 +202,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("pin-rate", "pin_rate_bytes", "0", "the most bytes a second the background pinning "
            "takes, e.g. 2GiB (0: no limit), to leave memory bandwidth to what runs beside it",
            parse_size),
+    Option("disk-path", "disk_paths", "", "the disk tier: directories (comma-separated, one per "
+           "drive) where blocks evicted from the pool are kept, one file each with its key and "
+           "checksum; read back into the pool on a hit, and taken in again by the next engine on "
+           "the same paths (empty: no disk tier)", _disk_paths),
+    Option("disk-size", "disk_bytes", "0", "bytes of blocks each --disk-path holds, e.g. 500GiB "
+           "(0: 90 % of the path's free space at start)", parse_size),
+    Option("disk-admission", "disk_admission", "evicted", "which blocks go to disk: evicted (every "
+           "block about to leave the pool) or reused (only those a lookup hit at least once)",
+           _choice("disk-admission", DISK_ADMISSIONS)),
+    Option("disk-threads", "disk_threads", "8", "threads doing the disk tier's reads and writes "
+           "(requests in flight)", int),
     Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True)),
 )
 

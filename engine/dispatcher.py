@@ -5,7 +5,9 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
     ATTACH(arg=pid)            the handshake after a slot is claimed
     REGISTER(region, layers)   a region of KV memory and where each layer's pages are
     REGISTER_EVENTS(handles)   the client's pool of IPC events (cuda)
-    LOOKUP(ns, hashes)         -> value = contiguous READY prefix, value2 = lease id
+    LOOKUP(ns, hashes)         -> value = contiguous READY prefix (on through blocks the disk
+                               tier holds: their reads start), value2 = lease id, value3 =
+                               how many come from disk (a LOAD of them waits for the reads)
     RELEASE(arg=lease)         ends a lease
     SAVE(ns, ids, hashes)      client pages -> pool, ``layer`` or ALL_LAYERS; answered when copied
     LOAD(ns, ids, hashes)      pool -> client pages; answered when copied, or when issued if
@@ -57,6 +59,7 @@ class Dispatcher:
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
         self.transfers = Transfers(index, backend, stats, self.reply, self.on_copy_done)
+        self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -75,6 +78,14 @@ class Dispatcher:
         client = self.transfers.on_copy_done(done)
         if client.pending_detach and client.num_inflight == 0:
             self._finish_detach(client)
+
+    def resume_parked_loads(self) -> None:
+        """LOADs that waited for blocks read from disk: handled now that the reads are over."""
+        for client, rec, payload in self.transfers.take_parked():
+            self.gauges_stale = True
+            self.handle(client, rec, payload)
+            if client.pending_detach and client.num_inflight == 0:
+                self._finish_detach(client)
 
     def handle(self, client: ClientState, rec, payload: np.ndarray | None) -> None:
         """Check ``rec``, run its handler and answer it (now, or once its copies end);
@@ -202,15 +213,19 @@ class Dispatcher:
     def _lookup(self, client, rec, payload):
         num_items = rec.num_items
         num_hits, lease_id = self.index.lookup(client.slot, self._hash_keys(rec, payload), client.instance)
+        num_disk = self.index.leases[lease_id].num_disk if lease_id else 0
         self.stats.add("lookups")
         self.stats.add("lookup_blocks", num_items)
         self.stats.add("lookup_hit_blocks", num_hits)
         self.stats.add_client(client.slot, "lookups", 1)
         self.stats.add_client(client.slot, "lookup_hit_blocks", num_hits)
-        return Status.OK, (num_hits, lease_id, 0)
+        return Status.OK, (num_hits, lease_id, num_disk)
 
     def _drop(self, client, rec, payload):
-        num_found = self.index.drop(self._hash_keys(rec, payload), client.uid, rec.arg)
+        keys = self._hash_keys(rec, payload)
+        num_found = self.index.drop(keys, client.uid, rec.arg)
+        if self.disk is not None:  # a copy on disk is as bad (who stored it is not known there)
+            num_found += self.disk.forget([k for k in keys if k not in self.index.entries])
         if num_found:
             logger.info("slot %d (pid %d): dropped %d stored blocks it computed from bad data",
                         client.slot, client.pid, num_found)

@@ -21,6 +21,8 @@ class Entry:
     refs: int = 0
     is_doomed: bool = False  # a DROP came while it was in use: never served, dropped when free
     writer: tuple[int, int] = (0, 0)  # (client uid, SAVE request id) that reserved it
+    is_promoting: bool = False  # being read from the disk tier: a LOAD of it waits
+    num_hits: int = 0  # lookups that found it (the disk tier's ``reused`` admission)
 
     @property
     def is_ready(self) -> bool:
@@ -35,6 +37,7 @@ class Lease:
     expires_at: float
     entries: list[Entry]  # of ``keys``, pinned while it lives
     owner: int = 0        # the vLLM instance whose clients may use it (0: any)
+    num_disk: int = 0     # of them being read from the disk tier when it was made
 
 
 def is_unused(entry: Entry) -> bool:

@@ -13,23 +13,32 @@ from collections.abc import Callable, Hashable
 class LruPolicy:
     def __init__(self) -> None:
         self._order: OrderedDict[Hashable, None] = OrderedDict()
+        self.num_changes = 0  # any insert, touch or removal: a scan of the order is stale
 
     def insert(self, key: Hashable) -> None:
+        self.num_changes += 1
         self._order[key] = None
         self._order.move_to_end(key)
 
     def insert_oldest(self, keys: list[Hashable]) -> None:
         """``keys`` (least recently used first), all used less recently than any key held."""
+        self.num_changes += 1
         for key in reversed(keys):
             self._order[key] = None
             self._order.move_to_end(key, last=False)
 
     def touch(self, key: Hashable) -> None:
+        self.num_changes += 1
         if key in self._order:
             self._order.move_to_end(key)
 
     def remove(self, key: Hashable) -> None:
+        self.num_changes += 1
         self._order.pop(key, None)
+
+    def oldest(self):
+        """Keys from the least recently used on (do not change the policy while iterating)."""
+        return iter(self._order)
 
     def pick(self, is_evictable: Callable[[Hashable], bool]) -> Hashable | None:
         """The least recently used key that ``is_evictable``, or None."""

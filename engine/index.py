@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,9 @@ class BlockIndex:
     # A kept pool's READY entries beyond the pool's ready part, by offset: (offset, LRU
     # rank, key, entry); taken in by ``grow``.
     parked: deque = field(default_factory=deque)
+    # The disk tier's (``engine/disk/tier.py``): reserve and start reading the run of keys
+    # it holds at the head of the given ones; returns their entries, pinned, not READY yet.
+    promote: Callable[[list[Key], int], list[Entry]] | None = None
 
     def get_ready(self, key: Key) -> Entry | None:
         entry = self.entries.get(key)
@@ -53,23 +57,36 @@ class BlockIndex:
 
     def lookup(self, slot: int, keys: list[Key], owner: int = 0) -> tuple[int, int]:
         """Pin the READY prefix of ``keys`` under a new lease of ``owner`` (a vLLM instance;
-        0: any client's): (num hits, lease id or 0)."""
-        get, hits = self.entries.get, []
+        0: any client's): (num hits, lease id or 0).  With a disk tier the prefix goes on
+        through blocks being read from disk, and through those the disk holds (their reads
+        start now); the lease's ``num_disk`` counts them."""
+        get, hits, entry = self.entries.get, [], None
         for key in keys:
             entry = get(key)
-            if entry is None or not entry.is_ready:
+            if entry is None or not (entry.is_ready or entry.is_promoting and not entry.is_doomed):
                 break
             hits.append(entry)
+        for hit in hits:
+            hit.refs += 1
+            hit.num_hits += 1
+        num_disk = sum(hit.is_promoting for hit in hits)
+        if entry is None and len(hits) < len(keys) and self.promote is not None:
+            fetched = self.promote(keys[len(hits):], slot)  # pinned already
+            hits += fetched
+            num_disk += len(fetched)
         if not hits:
             return 0, 0
         hit_keys = keys[:len(hits)]
-        for entry in hits:
-            entry.refs += 1
         self.touch_chain(hit_keys, hits)
         lease_id = self._new_lease_id()
         self.leases[lease_id] = Lease(lease_id, slot, hit_keys, time.monotonic() + self.lease_ttl_s,
-                                      hits, owner)
+                                      hits, owner, num_disk)
         return len(hits), lease_id
+
+    def is_promoting(self, lease_id: int) -> bool:
+        """Whether a block of lease ``lease_id`` is still being read from disk."""
+        lease = self.leases.get(lease_id)
+        return lease is not None and lease.num_disk > 0 and any(e.is_promoting for e in lease.entries)
 
     def _new_lease_id(self) -> int:
         """A random 63-bit id: a capability the scheduler hands its workers with the load

@@ -31,6 +31,7 @@ from engine.clients import ClientState
 from engine.config import EngineConfig
 from engine.copy import make_backend
 from engine.copy.base import CopyBackend
+from engine.disk.open import open_disk_tier
 from engine.dispatcher import NO_PAYLOAD, Dispatcher
 from engine.fault_in import default_threads
 from engine.index import BlockIndex
@@ -100,6 +101,15 @@ class EngineServer:
         self._take_pinned()
         self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher)
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
+        try:  # its paths are checked and its files taken in before the engine serves
+            self.disk = open_disk_tier(config, self.index, self.segments.pool, self.stats,
+                                       self.doorbell.ring)
+        except BaseException:
+            self.pinner.stop()
+            self.backend.close()
+            self.segments.unlink_all()
+            raise
+        self.dispatcher.disk = self.disk
         self.is_stopping = False
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
@@ -138,7 +148,12 @@ class EngineServer:
             self.table.accept_claims()
             if self._is_pinning:
                 self._take_pinned()
+            if self.disk is not None:
+                self.disk.spill()
         did_work = self._drain_rings()
+        if self.disk is not None and self.disk.num_inflight and self.disk.poll():
+            self.dispatcher.resume_parked_loads()
+            did_work = True
         if self.dispatcher.pending:  # only copies in flight can finish
             for done in self.backend.poll():
                 self.dispatcher.on_copy_done(done)
@@ -167,6 +182,7 @@ class EngineServer:
         # some (_sleep looks every HELD_BACK_POLL_S: reading rings no doorbell); a client
         # held back for its unread answers has no command taken meanwhile (else: a spin).
         return (self.is_stopping or self.segments.has_claims() or (
+            self.disk is not None and self.disk.store.has_results()) or (
             self._is_pinning and self.pinner.progress is not self._pin_seen) or any(
             (c.backlog and c.completions.has_room())
             or (c.submissions.is_ready() and len(c.backlog) < MAX_UNREAD_ANSWERS)
@@ -251,6 +267,12 @@ class EngineServer:
         logger.info("engine %r stopping", self.config.name)
         self.segments.mark_stopping()
         pinner_stopped = self.pinner.stop()  # before the backend closes: it unpins only what is over
+        for client, rec, _ in self.dispatcher.transfers.parked:  # waiting for disk reads
+            client.num_inflight -= 1
+            self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
+        self.dispatcher.transfers.parked.clear()
+        if self.disk is not None:
+            self.disk.close()  # its writes read the pool: before the pool goes
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
         while self.backend.num_inflight() and time.monotonic() < deadline:
             for done in self.backend.poll():

@@ -40,6 +40,9 @@ class Transfers:
         # The dispatcher's on_copy_done (which calls ours): for copies this class polls itself.
         self.on_copy_finished = on_copy_finished
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
+        # LOADs of leases whose blocks are still being read from disk: (client, rec, payload),
+        # each counted in its client's copies in flight (its slot and memory stay) until resumed
+        self.parked: list[tuple[ClientState, object, np.ndarray]] = []
         self._tokens = itertools.count(1)
 
     def _blocks(self, client: ClientState, rec, payload: np.ndarray):
@@ -133,6 +136,10 @@ class Transfers:
     def load(self, client, rec, payload):
         if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_foreign_lease(rec.arg, client.instance):
             raise CommandError(Status.UNKNOWN_LEASE, f"lease {rec.arg} is another vLLM instance's")
+        if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_promoting(rec.arg):
+            self.parked.append((client, rec, payload))  # resumed once the disk's reads are over
+            client.num_inflight += 1
+            return ANSWERED_LATER, None
         try:
             return self._start_load(client, rec, payload)
         except CommandError:
@@ -175,6 +182,16 @@ class Transfers:
             self.reply(pending.client, pending.request_id, Opcode.LOAD, Status.OK, len(keys),
                        (len(keys), 0, 0), pending.received_at)
         return self._seal(pending)
+
+    def take_parked(self) -> list[tuple[ClientState, object, np.ndarray]]:
+        """The parked LOADs whose leases have no block left being read (or that are gone)."""
+        ready, waiting = [], []
+        for item in self.parked:
+            (waiting if self.index.is_promoting(item[1].arg) else ready).append(item)
+        self.parked = waiting
+        for client, _, _ in ready:
+            client.num_inflight -= 1
+        return ready
 
     def _stored_offsets(self, keys: list[Key], entry_bytes: int) -> np.ndarray:
         """The pool offsets of ``keys``, every one stored with this geometry (one pass: a

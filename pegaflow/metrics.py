@@ -47,6 +47,20 @@ METRICS = {
     "leases_active": (False, "lookup leases pinning blocks for a coming LOAD"),
     "clients_attached": (False, "client slots in use (a vLLM scheduler or worker each)"),
     "inflight_copies": (False, "SAVE and LOAD copies in flight on the backend"),
+    "disk_bytes_used": (False, "bytes of KV blocks the disk tier holds"),
+    "disk_bytes_capacity": (False, "bytes the disk tier may hold (all its paths; 0: no disk tier)"),
+    "disk_blocks_used": (False, "KV blocks the disk tier holds"),
+    "disk_blocks_written": (True, "blocks written from the pool to the disk tier"),
+    "disk_bytes_written": (True, "bytes written to the disk tier"),
+    "disk_write_ns": (True, "nanoseconds the disk tier's threads spent writing (summed over threads)"),
+    "disk_blocks_read": (True, "blocks read back from the disk tier into the pool (promoted)"),
+    "disk_bytes_read": (True, "bytes read from the disk tier"),
+    "disk_read_ns": (True, "nanoseconds the disk tier's threads spent reading (summed over threads)"),
+    "disk_checksum_failures": (True, "disk blocks found corrupt (checksum or key): dropped, served as misses"),
+    "disk_io_errors": (True, "disk tier reads and writes that failed (a miss; the block stays in the pool)"),
+    "disk_writes_refused": (True, "blocks the disk tier had no room for"),
+    "disk_evictions": (True, "blocks evicted from the disk tier to make room"),
+    "lookup_disk_blocks": (True, "blocks LOOKUPs found on disk (read into the pool for the LOAD)"),
 }
 
 

@@ -48,6 +48,7 @@ def format_once(s: dict) -> str:
              f"pool    {format_size(s['pool_bytes_used'])} / {format_size(s['pool_bytes_capacity'])}, "
              f"{s['pool_blocks_used']} blocks, {s['evictions']} evictions",
              *pool_ready_lines(s),
+             *disk_lines(s),
              f"saved   {s['blocks_saved']} blocks ({format_size(s['bytes_saved'])}), "
              f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped",
              f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
@@ -68,6 +69,22 @@ def format_once(s: dict) -> str:
                      f"{c['blocks_saved']:>9} {c['blocks_loaded']:>9} {c['lookups']:>8} "
                      f"{c['lookup_hit_blocks']:>9} {c['inflight_copies']:>8}")
     return "\n".join(lines)
+
+
+def _gbps(num_bytes: int, ns: int) -> str:
+    return f"{num_bytes / ns:.2f} GB/s" if ns else "-"
+
+
+def disk_lines(s: dict) -> list[str]:
+    """The disk tier, if the engine has one: what it holds, wrote, read back and refused."""
+    if not s["disk_bytes_capacity"]:
+        return []
+    return [f"disk    {format_size(s['disk_bytes_used'])} / {format_size(s['disk_bytes_capacity'])}, "
+            f"{s['disk_blocks_used']} blocks, {s['disk_evictions']} evictions; written "
+            f"{s['disk_blocks_written']} ({_gbps(s['disk_bytes_written'], s['disk_write_ns'])} per "
+            f"thread), read back {s['disk_blocks_read']} ({_gbps(s['disk_bytes_read'], s['disk_read_ns'])} "
+            f"per thread); {s['disk_checksum_failures']} corrupt, {s['disk_io_errors']} I/O errors, "
+            f"{s['disk_writes_refused']} writes refused (no room)"]
 
 
 def pool_ready_lines(s: dict) -> list[str]:

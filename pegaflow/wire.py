@@ -21,7 +21,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 7
+WIRE_VERSION = 8
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -46,7 +46,9 @@ class Opcode(IntEnum):
 # What an OK answer's value, value2, value3 mean, per opcode (the rest answer zeros);
 # pegaflow.client decodes them into named results (``Completion.result``).
 RESULT_FIELDS: dict[Opcode, tuple[str, ...]] = {
-    Opcode.LOOKUP: ("num_hit_blocks", "lease_id"),     # the READY prefix found, its lease (0: none)
+    # the prefix found (in the pool, or on disk and being read into it), its lease (0: none),
+    # how many of its blocks come from disk (their LOAD waits for the reads)
+    Opcode.LOOKUP: ("num_hit_blocks", "lease_id", "num_disk_blocks"),
     Opcode.SAVE: ("num_stored", "num_deduped", "num_dropped"),  # copied, held already, no room
     Opcode.LOAD: ("num_loaded",),
     Opcode.PING: ("num_inflight",),                    # the engine's copies in flight
@@ -211,6 +213,14 @@ _STATS_COUNTERS = [
     "evictions", "lease_expiries",
     "pool_bytes_used", "pool_bytes_capacity", "pool_bytes_ready", "pool_pin_ns", "pool_blocks_used",
     "leases_active", "clients_attached", "inflight_copies",
+    # the disk tier (all 0 without one): bytes and blocks on disk, blocks written from the
+    # pool and read (promoted) back into it, their bytes and I/O time, blocks found corrupt
+    # (checksum or key) and I/O errors (each a miss), writes refused for room
+    "disk_bytes_used", "disk_bytes_capacity", "disk_blocks_used",
+    "disk_blocks_written", "disk_bytes_written", "disk_write_ns",
+    "disk_blocks_read", "disk_bytes_read", "disk_read_ns",
+    "disk_checksum_failures", "disk_io_errors", "disk_writes_refused", "disk_evictions",
+    "lookup_disk_blocks",
 ]
 NUM_OPCODE_COUNTERS = 16
 NUM_STATUS_COUNTERS = 16

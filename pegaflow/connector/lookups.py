@@ -94,6 +94,7 @@ class Lookups:
             self.release(leases)
             return True
         state.num_hit_tokens, state.lease_ids = num_hits * self.block_size, leases
+        state.is_from_disk = any(a.is_ok and a.result.num_disk_blocks for a in answers)
         return True
 
     def _late(self, state, client, deadline: float) -> bool:

@@ -34,6 +34,7 @@ class RequestState:
     looked_up_at: float = 0.0
     num_hit_tokens: int = 0
     lease_ids: tuple[int, ...] = ()
+    is_from_disk: bool = False  # some of the hit is read from the engine's disk tier first
     block_ids: list[int] = field(default_factory=list)
     num_saved_blocks: int = 0
     pending_load: LoadSpec | None = None
@@ -74,12 +75,17 @@ class SchedulerSide:
         if state.lookup_at_tokens != num_computed_tokens or is_stale:
             self.lookups.release_leases(state)
             state.lookup_at_tokens, state.looked_up_at = num_computed_tokens, time.monotonic()
-            state.num_hit_tokens, state.lease_ids = 0, ()
+            state.num_hit_tokens, state.lease_ids, state.is_from_disk = 0, (), False
             self.lookups.start(state, request, num_computed_tokens)
         if state.lookup is not None and not self.lookups.finish(state):
             self.stats.add("lookup_deferrals")
             return None, False
-        return state.num_hit_tokens, self.config.is_async_load and state.num_hit_tokens > 0
+        return state.num_hit_tokens, self._is_async(state)
+
+    def _is_async(self, state) -> bool:
+        """Load between steps (vLLM waits for it outside the forward): under load_mode async,
+        and for a hit read from disk first, so a slow read never stalls a step."""
+        return state.num_hit_tokens > 0 and (self.config.is_async_load or state.is_from_disk)
 
     # -- plans ----------------------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class SchedulerSide:
         state.pending_load = LoadSpec(
             request.request_id, tuple(block_ids[first:first + count]),
             tuple(request.block_hashes[first:first + count]), state.lease_ids,
-            self.config.is_async_load)
+            self._is_async(state))
         state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
         # The loaded blocks are stored already: never save them back (if their load fails,
         # the GPU holds garbage under their hashes until vLLM recomputes them).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.config import OPTIONS, EngineConfig, config_from_args
@@ -204,7 +206,9 @@ def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
 _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "cuda",
             "copy-backend": "kernel", "device-staging": "8MiB", "max-clients": "7", "ring-slots": "64",
             "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on",
-            "pin-chunk": "64MiB", "pin-threads": "3", "pin-rate": "1GiB", "log-level": "debug"}
+            "pin-chunk": "64MiB", "pin-threads": "3", "pin-rate": "1GiB", "log-level": "debug",
+            "disk-path": "/tmp/pfd0,/tmp/pfd1", "disk-size": "2GiB", "disk-admission": "reused",
+            "disk-threads": "3"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
@@ -225,6 +229,15 @@ def test_options_readme_lists_every_flag_with_its_env_var():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for option in OPTIONS:
         assert f"`--{option.flag}`" in readme and f"`{option.env}`" in readme, option.flag
+
+
+def test_config_disk_paths_are_absolute_and_distinct(clean_env):
+    config = config_from_args(["--disk-path", " a/b , /c "], environ={})
+    assert config.disk_paths == (os.path.abspath("a/b"), "/c")
+    with pytest.raises(ConfigError, match="twice"):
+        config_from_args(["--disk-path", "/c,/c/"], environ={})
+    with pytest.raises(ConfigError, match="disk-admission"):
+        config_from_args(["--disk-admission", "all"], environ={})
 
 
 def test_warn_unknown_env_names_the_likely_setting(caplog):

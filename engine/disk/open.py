@@ -1,0 +1,57 @@
+"""The disk tier as an engine configures it: its paths sized, its files taken in, its
+policy wired to the index (or None without ``--disk-path``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from pegaflow.errors import ConfigError
+from pegaflow.values import format_size
+
+logger = logging.getLogger(__name__)
+
+AUTO_SHARE = 0.9  # --disk-size 0: this share of each path's free space at start
+
+
+def disk_size(paths: list[Path], size_bytes: int) -> int:
+    """The bytes each path may hold: ``size_bytes``, or (0) 90 % of the least free space
+    among the paths, the blocks already there counted as free."""
+    if size_bytes:
+        return size_bytes
+    free = []
+    for path in paths:
+        held = sum(f.stat().st_size for f in (path / "pegaflow-blocks").rglob("*.blk")) \
+            if (path / "pegaflow-blocks").is_dir() else 0
+        free.append(int((shutil.disk_usage(path).free + held) * AUTO_SHARE))
+    return min(free)
+
+
+def open_disk_tier(config, index, pool_segment, stats, wake: Callable[[], None]):
+    if not config.disk_paths:
+        return None
+    from engine.disk.store import DiskStore  # only with a disk tier (it needs xxhash)
+    from engine.disk.tier import DiskTier
+    paths = [Path(p) for p in config.disk_paths]
+    for path in paths:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--disk-path {path}: {exc.strerror}") from exc
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"--disk-path {path}: not writable by this user")
+    size = disk_size(paths, config.disk_bytes)
+    store = DiskStore(paths, size, config.disk_threads, wake=wake)
+    num_blocks = store.scan()
+    tier = DiskTier(store, index, pool_segment.array(np.uint8, pool_segment.size), stats,
+                    config.disk_admission)
+    tier.update_stats()
+    logger.info("disk tier: %d paths of %s each (%s), %d blocks (%s) taken in; admission %s",
+                len(paths), format_size(size), ", ".join(map(str, paths)), num_blocks,
+                format_size(store.bytes_used), config.disk_admission)
+    return tier

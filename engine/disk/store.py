@@ -1,0 +1,377 @@
+"""The disk tier's storage: one file per block under one or more paths, with an LRU index.
+
+Mechanism only; the engine's main thread decides what moves.  Every method runs on the main
+thread; ``num_threads`` worker threads do the file I/O and checksums and queue a DiskDone::
+
+    scan()                     at start: index the blocks the files hold, remove leftovers
+    try_write(key, src, token) queue a write (evicting the disk LRU to make room); the key is
+                               on disk once its DiskDone has been polled OK
+    try_read(key, dst, token)  queue a read into dst; the key is not evicted until it is polled
+    poll() -> [DiskDone]       the results that arrived, the index brought up to date
+    touch / remove / contains / entry_bytes / block_meta / is_busy
+
+A buffer handed to try_write or try_read must stay valid (and a write's unchanged) until the
+DiskDone of its token is polled.  Each path holds at most ``size_bytes`` of files; a write
+reserves its file's bytes when it is queued.  The LRU is rebuilt from the files' mtimes at
+scan, so across a restart it is write order.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.disk import blockfile
+from engine.disk.blockfile import BLOCKS_DIR, HEADER_BYTES
+from engine.entries import Key
+from pegaflow.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class DiskDone:
+    token: int
+    key: Key
+    is_read: bool
+    error: str | None
+    is_corrupt: bool
+    num_bytes: int  # data bytes moved: 0 on error
+    elapsed_ns: int
+
+
+@dataclass(slots=True)
+class DiskCounters:
+    blocks_written: int = 0
+    blocks_read: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    write_ns: int = 0
+    read_ns: int = 0
+    checksum_failures: int = 0
+    io_errors: int = 0
+    writes_refused: int = 0  # no room: larger than a path, or every candidate victim being read
+    evictions: int = 0
+
+
+@dataclass(slots=True)
+class _Block:
+    path_index: int
+    file_bytes: int
+    num_layers: int = 0
+    num_readers: int = 0
+    is_doomed: bool = False  # removed: unlinked once its reads (or its write) end
+
+
+@dataclass(slots=True)
+class _Job:
+    token: int
+    key: Key
+    is_read: bool
+    path: Path
+    buf: memoryview
+    num_layers: int = 0
+
+
+class DiskStore:
+    def __init__(self, paths: list[Path], size_bytes: int, num_threads: int = 8,
+                 wake: Callable[[], None] | None = None) -> None:
+        self._paths = [Path(path) for path in paths]
+        if not self._paths or len(set(self._paths)) != len(self._paths):
+            raise ConfigError(f"disk tier paths must be distinct and at least one: {paths}")
+        if size_bytes <= 0 or num_threads < 1:
+            raise ConfigError(f"disk tier size {size_bytes} bytes or {num_threads} threads is unusable")
+        if size_bytes <= HEADER_BYTES:
+            logger.warning("disk tier: %d bytes per path hold no block (each takes %d bytes of header "
+                           "beside its data): every write is refused", size_bytes, HEADER_BYTES)
+        for path in self._paths:
+            (path / BLOCKS_DIR).mkdir(parents=True, exist_ok=True)
+        self._size_bytes = size_bytes
+        self._wake = wake
+        self._used_bytes = [0] * len(self._paths)
+        self._blocks: collections.OrderedDict[Key, _Block] = collections.OrderedDict()  # oldest first
+        self._writing: dict[Key, _Block] = {}
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._results: collections.deque[DiskDone] = collections.deque()
+        self._num_inflight = 0
+        self._is_closed = False
+        self._errnos_seen: set[int] = set()
+        self._errnos_lock = threading.Lock()
+        self.counters = DiskCounters()
+        self._threads = [threading.Thread(target=self._work, name=f"pegaflow-disk-{i}", daemon=True)
+                         for i in range(num_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of block files on all paths, writes in flight included."""
+        return sum(self._used_bytes)
+
+    @property
+    def bytes_total(self) -> int:
+        return self._size_bytes * len(self._paths)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks whose files are indexed (removed ones included until their reads end)."""
+        return len(self._blocks)
+
+    def has_results(self) -> bool:
+        """Whether finished I/O waits to be polled (never blocks)."""
+        return bool(self._results)
+
+    def num_inflight(self) -> int:
+        return self._num_inflight
+
+    def contains(self, key: Key) -> bool:
+        block = self._blocks.get(key)
+        return block is not None and not block.is_doomed
+
+    def entry_bytes(self, key: Key) -> int | None:
+        return self._blocks[key].file_bytes - HEADER_BYTES if self.contains(key) else None
+
+    def block_meta(self, key: Key) -> tuple[int, int] | None:
+        """(entry_bytes, num_layers) of a block on disk, None if it is not."""
+        if not self.contains(key):
+            return None
+        block = self._blocks[key]
+        return block.file_bytes - HEADER_BYTES, block.num_layers
+
+    def is_busy(self, key: Key) -> bool:
+        """A write, a read or a removal of ``key`` is under way."""
+        block = self._blocks.get(key)
+        return key in self._writing or block is not None and (block.num_readers > 0 or block.is_doomed)
+
+    def touch(self, key: Key) -> None:
+        if key in self._blocks:
+            self._blocks.move_to_end(key)
+
+    def try_write(self, key: Key, src, token: int, num_layers: int = 0) -> bool:
+        """Queue a write of ``src`` as ``key``'s file (``num_layers`` is kept for ``block_meta``);
+        False if the key is on disk or being written, or there is no room (writes_refused)."""
+        view = memoryview(src).cast("B")
+        if self._is_closed or key in self._blocks or key in self._writing:
+            return False
+        file_bytes = HEADER_BYTES + view.nbytes
+        path_index = self._make_room(file_bytes)
+        if path_index is None:
+            self.counters.writes_refused += 1
+            return False
+        self._used_bytes[path_index] += file_bytes
+        self._writing[key] = _Block(path_index, file_bytes, num_layers)
+        self._submit(_Job(token, key, False, self._path_of(path_index, key), view, num_layers))
+        return True
+
+    def try_read(self, key: Key, dst, token: int) -> bool:
+        """Queue a read of ``key`` into ``dst``; it also makes ``key`` the most recently used."""
+        view = memoryview(dst).cast("B")
+        if view.readonly:
+            raise TypeError("a disk read needs a writable buffer")
+        block = self._blocks.get(key)
+        if self._is_closed or block is None or block.is_doomed or block.file_bytes != HEADER_BYTES + view.nbytes:
+            return False
+        block.num_readers += 1
+        self._blocks.move_to_end(key)
+        self._submit(_Job(token, key, True, self._path_of(block.path_index, key), view))
+        return True
+
+    def remove(self, key: Key) -> bool:
+        """Forget ``key`` and unlink its file (after its reads or its write end); False if unknown."""
+        block = self._blocks.get(key) or self._writing.get(key)
+        if block is None or block.is_doomed:
+            return False
+        if key in self._blocks:
+            self._forget(key)
+        else:
+            block.is_doomed = True
+        return True
+
+    def poll(self) -> list[DiskDone]:
+        done_list = []
+        while self._results:
+            done = self._results.popleft()
+            self._num_inflight -= 1
+            if done.is_read:
+                self._finish_read(done)
+            else:
+                self._finish_write(done)
+            done_list.append(done)
+        return done_list
+
+    def scan(self) -> int:
+        """Rebuild the index from the files under every path; the number of blocks indexed."""
+        assert self._num_inflight == 0, "scan runs before any I/O"
+        self._blocks.clear()
+        self._used_bytes = [0] * len(self._paths)
+        found: list[tuple[blockfile.FoundBlock, int]] = []
+        num_leftovers = [0] * len(self._paths)
+        for path_index, path in enumerate(self._paths):
+            blocks, leftovers = blockfile.list_blocks(path)
+            found.extend((block, path_index) for block in blocks)
+            num_leftovers[path_index] = sum(self._unlink(leftover) for leftover in leftovers)
+        found.sort(key=lambda item: item[0].mtime_ns)
+        for block, path_index in found:
+            if block.key in self._blocks:  # the same block on two paths: keep the older
+                num_leftovers[path_index] += self._unlink(self._path_of(path_index, block.key))
+                continue
+            self._blocks[block.key] = _Block(path_index, block.file_bytes, block.num_layers)
+            self._used_bytes[path_index] += block.file_bytes
+        for path_index, path in enumerate(self._paths):
+            num_evicted = self._shrink(path_index)
+            num_kept = sum(block.path_index == path_index for block in self._blocks.values())
+            logger.info("disk tier %s: %d blocks (%d of %d bytes) taken in, %d leftover files removed, "
+                        "%d blocks evicted to fit", path, num_kept, self._used_bytes[path_index],
+                        self._size_bytes, num_leftovers[path_index], num_evicted)
+        return len(self._blocks)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the workers once the queued I/O ends, waiting at most ``timeout_s``."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        for _ in self._threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        num_alive = sum(thread.is_alive() for thread in self._threads)
+        if num_alive:
+            logger.warning("%d disk workers still busy %.1f s after close", num_alive, timeout_s)
+
+    def _path_of(self, path_index: int, key: Key) -> Path:
+        return blockfile.block_path(self._paths[path_index], key)
+
+    def _submit(self, job: _Job) -> None:
+        self._num_inflight += 1
+        self._jobs.put(job)
+
+    def _make_room(self, file_bytes: int) -> int | None:
+        """The path to write ``file_bytes`` to (most free first), its LRU victims evicted; None if
+        no path can make room (all or nothing: nothing is evicted then)."""
+        if file_bytes > self._size_bytes:
+            return None
+        for path_index in sorted(range(len(self._paths)), key=self._used_bytes.__getitem__):
+            num_needed = self._used_bytes[path_index] + file_bytes - self._size_bytes
+            victims = self._pick_victims(path_index, num_needed)
+            if victims is not None:
+                for key in victims:
+                    self._evict(key)
+                return path_index
+        return None
+
+    def _pick_victims(self, path_index: int, num_needed: int) -> list[Key] | None:
+        """The oldest blocks of the path, none being read, freeing ``num_needed`` bytes."""
+        victims: list[Key] = []
+        num_freed = 0
+        for key, block in self._blocks.items():
+            if num_freed >= num_needed:
+                break
+            if block.path_index == path_index and block.num_readers == 0:
+                victims.append(key)
+                num_freed += block.file_bytes
+        return victims if num_freed >= num_needed else None
+
+    def _shrink(self, path_index: int) -> int:
+        victims = self._pick_victims(path_index, self._used_bytes[path_index] - self._size_bytes) or []
+        for key in victims:
+            self._evict(key)
+        return len(victims)
+
+    def _evict(self, key: Key) -> None:
+        self.counters.evictions += 1
+        self._drop(key)
+
+    def _forget(self, key: Key) -> None:
+        """Mark ``key`` removed; drop it (and its file) now unless reads of it are in flight."""
+        block = self._blocks[key]
+        block.is_doomed = True
+        if block.num_readers == 0:
+            self._drop(key)
+
+    def _drop(self, key: Key) -> None:
+        block = self._blocks.pop(key)
+        self._used_bytes[block.path_index] -= block.file_bytes
+        self._unlink(self._path_of(block.path_index, key))
+
+    def _unlink(self, path: Path) -> int:
+        """Remove one file on the main thread; 1 if it was there."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:  # deleted underneath already: the goal is met
+            return 0
+        except OSError as exc:
+            self.counters.io_errors += 1
+            self._log_os_error(exc, "unlink")
+            return 0
+        return 1
+
+    def _finish_write(self, done: DiskDone) -> None:
+        block = self._writing.pop(done.key)
+        if done.error is not None:
+            self.counters.io_errors += 1
+            self._used_bytes[block.path_index] -= block.file_bytes
+            return
+        self.counters.blocks_written += 1
+        self.counters.bytes_written += done.num_bytes
+        self.counters.write_ns += done.elapsed_ns
+        self._blocks[done.key] = block
+        if block.is_doomed:
+            self._forget(done.key)
+
+    def _finish_read(self, done: DiskDone) -> None:
+        block = self._blocks[done.key]  # a read in flight keeps its block indexed
+        block.num_readers -= 1
+        if done.error is None:
+            self.counters.blocks_read += 1
+            self.counters.bytes_read += done.num_bytes
+            self.counters.read_ns += done.elapsed_ns
+        elif done.is_corrupt:
+            self.counters.checksum_failures += 1
+            level = logging.WARNING if self.counters.checksum_failures == 1 else logging.DEBUG
+            logger.log(level, "disk block %s is corrupt (%s): removed; further ones are counted in "
+                       "checksum_failures", self._path_of(block.path_index, done.key), done.error)
+        else:
+            self.counters.io_errors += 1
+        if done.error is not None or block.is_doomed:
+            self._forget(done.key)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._results.append(self._run(job))
+            if self._wake is not None:
+                self._wake()
+
+    def _run(self, job: _Job) -> DiskDone:
+        start_ns = time.perf_counter_ns()
+        error, is_corrupt = None, False
+        try:
+            if job.is_read:
+                error = blockfile.read_block(job.path, job.key, job.buf)
+                is_corrupt = error is not None
+            else:
+                blockfile.write_block(job.path, job.key, job.buf, job.num_layers)
+        except OSError as exc:
+            error = str(exc)
+            self._log_os_error(exc, "read" if job.is_read else "write")
+        except Exception as exc:  # a worker's boundary: the main thread must still get its answer
+            logger.exception("disk %s of %s failed", "read" if job.is_read else "write", job.path)
+            error = repr(exc)
+        num_bytes = job.buf.nbytes if error is None else 0
+        return DiskDone(job.token, job.key, job.is_read, error, is_corrupt, num_bytes,
+                        time.perf_counter_ns() - start_ns)
+
+    def _log_os_error(self, exc: OSError, action: str) -> None:
+        """The first error of each errno at WARNING, the rest at DEBUG (they are counted)."""
+        with self._errnos_lock:
+            is_first = exc.errno not in self._errnos_seen
+            self._errnos_seen.add(exc.errno)
+        logger.log(logging.WARNING if is_first else logging.DEBUG,
+                   "disk %s failed: %s (further errors of errno %s are logged at DEBUG)", action, exc, exc.errno)

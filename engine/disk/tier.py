@@ -1,0 +1,163 @@
+"""The disk tier's policy: which pool blocks go to disk, and disk blocks back into the pool.
+
+Mechanism is ``store.py`` (files, checksums, I/O threads); this decides, on the engine's
+one thread, and keeps the index in step::
+
+    spill()             while the pool is within its spill window of full, the coldest
+                        READY blocks not on disk yet (under ``reused``: only those a lookup
+                        hit) are written from their pool pages, each pinned meanwhile, so
+                        that eviction mostly drops blocks the disk holds
+    promote(keys, slot) a lookup's prefix goes on where the disk holds it: a pool entry is
+                        reserved for each block of that run and its read started; the
+                        entries come back pinned (the lease's) and ``is_promoting``
+    poll()              finished I/O: a block read back and checked becomes READY (a LOAD
+                        waiting on it goes on), one that fails is doomed (its LOAD answers
+                        MISSING_BLOCK: vLLM recomputes it); a written block is on disk
+    forget(keys)        a DROP: the disk's copies go too
+
+A block is on disk, in the pool, or both; the two tiers evict by their own LRU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import numpy as np
+
+from engine.disk.store import DiskStore
+from engine.entries import ORPHAN, Entry, Key
+from engine.index import BlockIndex
+from engine.stats import StatsWriter
+
+logger = logging.getLogger(__name__)
+
+MAX_WRITES_IN_FLIGHT = 64
+MAX_PROMOTE_BLOCKS = 4096  # one lookup's reads at most (the rest of its prefix: a miss)
+# Spilled: the coldest blocks, up to 1/8 of the pool (at least SPILL_WINDOW_MIN) and at most
+# SPILL_SCAN_BLOCKS looked at per pass (a pass runs only after the LRU order or the writes
+# changed): eviction takes the coldest, so those are the ones the disk must hold first.
+SPILL_WINDOW_SHARE = 8
+SPILL_WINDOW_MIN = 64 << 20
+SPILL_SCAN_BLOCKS = 256
+
+
+class DiskTier:
+    def __init__(self, store: DiskStore, index: BlockIndex, pool: np.ndarray, stats: StatsWriter,
+                 admission: str = "evicted"):
+        self.store = store
+        self.index = index
+        self.pool = pool  # the pool segment's bytes (uint8), entries at their offsets
+        self.stats = stats
+        self.is_reused_only = admission == "reused"
+        self._tokens = itertools.count(1)
+        self._writes: dict[int, tuple[Key, Entry]] = {}
+        self._reads: dict[int, tuple[Key, Entry]] = {}
+        self._scanned_at = -1  # the LRU order's change count at the last spill pass
+        self._num_refused = 0
+        index.promote = self.promote
+        stats.set("disk_bytes_capacity", store.bytes_total)
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._writes) + len(self._reads)
+
+    def _page(self, entry: Entry) -> np.ndarray:
+        return self.pool[entry.offset:entry.offset + entry.entry_bytes]
+
+    def spill(self) -> int:
+        """Start writes of the coldest blocks the disk lacks; returns how many."""
+        pool, index = self.index.pool, self.index
+        window = max(pool.bytes_ready // SPILL_WINDOW_SHARE, SPILL_WINDOW_MIN)
+        if len(self._writes) >= MAX_WRITES_IN_FLIGHT or pool.bytes_used + window < pool.bytes_ready \
+                or index.policy.num_changes == self._scanned_at:
+            return 0
+        self._scanned_at = index.policy.num_changes
+        num_started, seen_bytes, store = 0, 0, self.store
+        for num_seen, key in enumerate(index.policy.oldest()):
+            entry = index.entries[key]
+            seen_bytes += entry.entry_bytes
+            if seen_bytes > window or num_seen >= SPILL_SCAN_BLOCKS or len(self._writes) >= MAX_WRITES_IN_FLIGHT:
+                break  # (a write that ends makes the next pass look again)
+            if entry.refs or entry.is_doomed or store.contains(key) or \
+                    self.is_reused_only and entry.num_hits == 0:
+                continue
+            token = next(self._tokens)
+            if store.try_write(key, self._page(entry), token, entry.all_layers_mask.bit_length()):
+                entry.refs += 1  # its pages stay put until written
+                self._writes[token] = (key, entry)
+                num_started += 1
+        if store.counters.writes_refused != self._num_refused:  # (no I/O result will say so)
+            self._num_refused = store.counters.writes_refused
+            self.update_stats()
+        return num_started
+
+    def promote(self, keys: list[Key], slot: int) -> list[Entry]:
+        """Pool entries for the run of ``keys`` the disk holds, their reads started."""
+        store, run = self.store, []
+        for key in keys[:MAX_PROMOTE_BLOCKS]:
+            meta = store.block_meta(key)
+            if meta is None:
+                break
+            run.append((key, meta))
+        fetched = []
+        for key, (entry_bytes, num_layers) in run:  # one at a time: sizes may differ
+            entry = self.index.reserve(key, entry_bytes, num_layers, ORPHAN)
+            if entry is None or entry.refs or entry.pending_mask or entry.done_mask:
+                break  # the pool is full of blocks in use (or the key came in meanwhile)
+            token = next(self._tokens)
+            if not store.try_read(key, self._page(entry), token):
+                self.index.abandon_layers(key, 0)
+                break
+            entry.pending_mask, entry.is_promoting = entry.all_layers_mask, True
+            entry.refs += 1  # the lease's
+            self._reads[token] = (key, entry)
+            fetched.append(entry)
+        if fetched:
+            self.stats.add("lookup_disk_blocks", len(fetched))
+        return fetched
+
+    def poll(self) -> bool:
+        """Take in finished reads and writes; True if any finished."""
+        finished = self.store.poll()
+        for done in finished:
+            if done.is_read:
+                self._read_done(done)
+            else:
+                self._write_done(done)
+        if finished:
+            self.update_stats()
+        return bool(finished)
+
+    def _write_done(self, done) -> None:
+        key, entry = self._writes.pop(done.token)
+        self._scanned_at = -1  # room for the next write: look again
+        if entry.is_doomed:  # a DROP came while it was written: the disk must not keep it
+            self.store.remove(key)
+        self.index.unpin([key])  # (pinned, it never left the index)
+
+    def _read_done(self, done) -> None:
+        key, entry = self._reads.pop(done.token)
+        entry.is_promoting = False
+        if done.error is None and not entry.is_doomed:
+            self.index.mark_layers_done([key], entry.all_layers_mask)
+            return
+        entry.is_doomed = True  # never served: dropped when its lease or load lets go
+        self.index.abandon_layers(key, entry.all_layers_mask)
+
+    def forget(self, keys: list[Key]) -> int:
+        """Remove the disk's copies of ``keys`` (blocks found bad); returns how many."""
+        return sum(self.store.remove(key) for key in keys)
+
+    def update_stats(self) -> None:
+        store, c, stats = self.store, self.store.counters, self.stats
+        for name, value in (("disk_bytes_used", store.bytes_used), ("disk_blocks_used", store.num_blocks),
+                            ("disk_blocks_written", c.blocks_written), ("disk_bytes_written", c.bytes_written),
+                            ("disk_write_ns", c.write_ns), ("disk_blocks_read", c.blocks_read),
+                            ("disk_bytes_read", c.bytes_read), ("disk_read_ns", c.read_ns),
+                            ("disk_checksum_failures", c.checksum_failures), ("disk_io_errors", c.io_errors),
+                            ("disk_writes_refused", c.writes_refused), ("disk_evictions", c.evictions)):
+            stats.set(name, value)
+
+    def close(self) -> None:
+        self.store.close()

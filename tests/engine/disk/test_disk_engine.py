@@ -1,0 +1,139 @@
+"""The disk tier in a real engine (host backend): blocks evicted from a small pool come back
+from disk byte for byte, survive an engine restart, and a corrupt, missing or unwritable
+block is a miss, never served, with the pool's blocks untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pegaflow.wire import Status
+from tests.conftest import unique_engine_name
+
+NAMESPACE = 9
+POOL = dict(pool_size="2MiB")  # 1 MiB slabs of 16 KiB entries: 128 blocks
+
+
+def _disk(path: Path, *more: str) -> dict:
+    return dict(POOL, extra=("--disk-path", str(path), *more))
+
+
+def _store_rounds(client, rng, rounds: int) -> list[tuple[list[bytes], np.ndarray]]:
+    """``rounds`` x 64 blocks saved under new hashes (the client holds 64 blocks)."""
+    return [client.store(rng, NAMESPACE, list(range(64))) for _ in range(rounds)]
+
+
+def _load(client, hashes: list[bytes]):
+    """LOOKUP then LOAD by its lease into blocks 0.. of the client: (lookup, load, bytes)."""
+    found = client.client.lookup(NAMESPACE, hashes)
+    dst = list(range(found.num_hit_blocks))
+    client.pages[:, dst] = 0
+    done = client.load(NAMESPACE, dst, hashes[:len(dst)], lease_id=found.lease_id) if dst else None
+    return found, done, client.pages[:, dst].copy()
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted((path / "pegaflow-blocks").rglob("*.blk"))
+
+
+def _wait_written(engine, count: int) -> dict:
+    return engine.wait_stats(lambda s: s["disk_blocks_written"] >= count, 10.0)
+
+
+def test_disk_tier_blocks_evicted_from_the_pool_come_back_byte_exact(engine_factory, kv_client, rng, tmp_path):
+    # 1. 64 blocks saved go to disk (the pool is within the spill window of full from the start).
+    engine = engine_factory(**_disk(tmp_path / "d"))
+    client = kv_client(engine)
+    first_hashes, first_bytes = client.store(rng, NAMESPACE, list(range(64)))
+    _wait_written(engine, 64)
+    # 2. Three more rounds (192 blocks) through the 128-block pool evict the first ones.
+    _store_rounds(client, rng, 3)
+    assert engine.wait_stats(lambda s: s["evictions"] >= 64, 10.0)
+    # 3. A lookup finds them all, on disk; the load of its lease brings the saved bytes.
+    found, done, loaded = _load(client, first_hashes)
+    assert found.num_hit_blocks == 64 and found.num_disk_blocks > 0
+    assert done.is_ok and np.array_equal(loaded, first_bytes)
+    stats = engine.fresh_stats()
+    assert stats["disk_blocks_read"] >= found.num_disk_blocks and stats["disk_checksum_failures"] == 0
+    assert stats["lookup_disk_blocks"] >= found.num_disk_blocks
+
+
+def test_disk_tier_blocks_outlive_an_engine_restart(engine_factory, kv_client, rng, tmp_path):
+    # 1. An engine writes 64 blocks to disk and stops.
+    name = unique_engine_name("disk")
+    first = engine_factory(name, **_disk(tmp_path / "d"))
+    hashes, saved = kv_client(first).store(rng, NAMESPACE, list(range(64)))
+    _wait_written(first, 64)
+    assert first.stop() == 0
+    # 2. A new engine on the same path takes them in and serves them from disk, exactly.
+    second = engine_factory(name, **_disk(tmp_path / "d"))
+    assert "64 blocks" in second.stderr_text()
+    found, done, loaded = _load(kv_client(second), hashes)
+    assert found.num_hit_blocks == 64 and found.num_disk_blocks == 64
+    assert done.is_ok and np.array_equal(loaded, saved)
+
+
+def test_disk_tier_flipped_byte_is_a_miss_never_served(engine_factory, kv_client, rng, tmp_path):
+    # 1. Blocks on disk, a fresh engine (an empty pool), one byte of one block's data flipped.
+    name = unique_engine_name("diskc")
+    first = engine_factory(name, **_disk(tmp_path / "d"))
+    hashes, saved = kv_client(first).store(rng, NAMESPACE, [0, 1, 2, 3])
+    _wait_written(first, 4)
+    assert first.stop() == 0
+    files = _files(tmp_path / "d")
+    assert len(files) == 4
+    victim = files[0]
+    with victim.open("r+b") as f:
+        f.seek(victim.stat().st_size - 100)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x40]))
+    second = engine_factory(name, **_disk(tmp_path / "d"))
+    client = kv_client(second)
+    # 2. The load of a prefix through the bad block fails (vLLM recomputes), the bytes it
+    #    brought are never handed over as the block's; the checksum failure is counted.
+    found, done, _ = _load(client, hashes)
+    assert found.num_disk_blocks == 4
+    assert done.status == Status.MISSING_BLOCK
+    stats = second.fresh_stats()
+    assert stats["disk_checksum_failures"] == 1 and not victim.exists()
+    # 3. Asked again, the bad block is a miss; the good ones are served exactly.
+    found, done, loaded = _load(client, hashes)
+    bad = next(i for i, h in enumerate(hashes) if h.hex() in victim.name)
+    assert found.num_hit_blocks == bad
+    assert done is None or (done.is_ok and np.array_equal(loaded, saved[:, :bad]))
+
+
+def test_disk_tier_file_deleted_underneath_is_a_miss(engine_factory, kv_client, rng, tmp_path):
+    name = unique_engine_name("diskd")
+    first = engine_factory(name, **_disk(tmp_path / "d"))
+    hashes, _ = kv_client(first).store(rng, NAMESPACE, [0, 1])
+    _wait_written(first, 2)
+    assert first.stop() == 0
+    for path in _files(tmp_path / "d"):
+        path.unlink()
+    second = engine_factory(name, **_disk(tmp_path / "d"))
+    assert kv_client(second).num_hits(NAMESPACE, hashes) == 0  # nothing taken in, nothing served
+
+
+def test_disk_tier_too_small_for_a_block_refuses_writes_and_keeps_the_pool(engine_factory, kv_client, rng,
+                                                                          tmp_path):
+    # A disk of 4 KiB holds no 16 KiB block: every write is refused, the pool serves as before.
+    engine = engine_factory(**_disk(tmp_path / "d", "--disk-size", "4KiB"))
+    client = kv_client(engine)
+    hashes, saved = client.store(rng, NAMESPACE, [0, 1, 2, 3])
+    stats = engine.wait_stats(lambda s: s["disk_writes_refused"] >= 4, 10.0)
+    assert stats["disk_blocks_written"] == 0 and stats["disk_bytes_used"] == 0
+    found, done, loaded = _load(client, hashes)
+    assert found.num_hit_blocks == 4 and found.num_disk_blocks == 0
+    assert done.is_ok and np.array_equal(loaded, saved)
+
+
+def test_disk_tier_unwritable_path_is_a_clear_start_error(engine_factory, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    engine = engine_factory(wait=False, **_disk(blocker / "d"))
+    assert engine.proc.wait(30) != 0
+    engine.is_clean_exit_expected = False
+    assert "--disk-path" in engine.stderr_text()
