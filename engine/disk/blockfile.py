@@ -17,6 +17,7 @@ import contextlib
 import errno
 import mmap
 import os
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -80,11 +81,26 @@ def block_path(root: Path, key: Key) -> Path:
     return root / BLOCKS_DIR / f"{namespace:016x}" / hex_hash[:2] / f"{hex_hash}{BLOCK_SUFFIX}"
 
 
-def encode_header(key: Key, entry_bytes: int, data_checksum: int, num_layers: int = 0) -> np.ndarray:
-    """The header of ``key``'s file, as a page-aligned HEADER_BYTES uint8 array."""
+_local = threading.local()
+
+
+def _header_buffer() -> np.ndarray:
+    """This thread's page-aligned header buffer, made once: an mmap and munmap per block
+    would cost a page fault each, and the munmap a TLB shootdown across every thread."""
+    buf = getattr(_local, "header", None)
+    if buf is None:
+        buf = _local.header = aligned_buffer(HEADER_BYTES)
+    return buf
+
+
+def encode_header(key: Key, entry_bytes: int, data_checksum: int, num_layers: int = 0,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """The header of ``key``'s file, as a page-aligned HEADER_BYTES uint8 array (``out``, or
+    a new one)."""
     namespace, block_hash = key
     assert len(block_hash) == KEY_HASH_BYTES, f"a block key's hash has {KEY_HASH_BYTES} bytes"
-    raw = aligned_buffer(HEADER_BYTES)
+    raw = aligned_buffer(HEADER_BYTES) if out is None else out
+    raw[:] = 0
     record = raw.view(BLOCK_HEADER)[0]
     record["magic"] = MAGIC
     record["version"] = BLOCK_VERSION
@@ -119,7 +135,7 @@ def write_block(path: Path, key: Key, src: memoryview, num_layers: int = 0) -> b
     """Write ``key``'s file from ``src`` (tmp file, then rename); True if O_DIRECT was used.
 
     Raises OSError; the tmp file is gone then and no file of ``key`` was made."""
-    header = encode_header(key, src.nbytes, checksum(src), num_layers)
+    header = encode_header(key, src.nbytes, checksum(src), num_layers, _header_buffer())
     tmp_path = path.with_name(path.name + TMP_SUFFIX)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     try:
@@ -141,7 +157,7 @@ def write_block(path: Path, key: Key, src: memoryview, num_layers: int = 0) -> b
 def read_block(path: Path, key: Key, dst: memoryview) -> str | None:
     """Read ``key``'s data into ``dst``: None if it checks out, else what is wrong with the file
     (another key, another size, a short file, a checksum mismatch).  Raises OSError."""
-    header = aligned_buffer(HEADER_BYTES)
+    header = _header_buffer()
     num_bytes, _ = _transfer(path, os.O_RDONLY, [memoryview(header), dst], is_write=False)
     try:
         file_key, entry_bytes, expected, _ = decode_header(header[:num_bytes])

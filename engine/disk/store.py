@@ -21,30 +21,17 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import queue
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.disk import blockfile
 from engine.disk.blockfile import BLOCKS_DIR, HEADER_BYTES
+from engine.disk.workers import DiskDone, DiskJob, IoWorkers
 from engine.entries import Key
 from pegaflow.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class DiskDone:
-    token: int
-    key: Key
-    is_read: bool
-    error: str | None
-    is_corrupt: bool
-    num_bytes: int  # data bytes moved: 0 on error
-    elapsed_ns: int
 
 
 @dataclass(slots=True)
@@ -70,16 +57,6 @@ class _Block:
     is_doomed: bool = False  # removed: unlinked once its reads (or its write) end
 
 
-@dataclass(slots=True)
-class _Job:
-    token: int
-    key: Key
-    is_read: bool
-    path: Path
-    buf: memoryview
-    num_layers: int = 0
-
-
 class DiskStore:
     def __init__(self, paths: list[Path], size_bytes: int, num_threads: int = 8,
                  wake: Callable[[], None] | None = None) -> None:
@@ -94,21 +71,13 @@ class DiskStore:
         for path in self._paths:
             (path / BLOCKS_DIR).mkdir(parents=True, exist_ok=True)
         self._size_bytes = size_bytes
-        self._wake = wake
         self._used_bytes = [0] * len(self._paths)
         self._blocks: collections.OrderedDict[Key, _Block] = collections.OrderedDict()  # oldest first
         self._writing: dict[Key, _Block] = {}
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._results: collections.deque[DiskDone] = collections.deque()
         self._num_inflight = 0
         self._is_closed = False
-        self._errnos_seen: set[int] = set()
-        self._errnos_lock = threading.Lock()
         self.counters = DiskCounters()
-        self._threads = [threading.Thread(target=self._work, name=f"pegaflow-disk-{i}", daemon=True)
-                         for i in range(num_threads)]
-        for thread in self._threads:
-            thread.start()
+        self._workers = IoWorkers(num_threads, wake)
 
     @property
     def bytes_used(self) -> int:
@@ -126,7 +95,7 @@ class DiskStore:
 
     def has_results(self) -> bool:
         """Whether finished I/O waits to be polled (never blocks)."""
-        return bool(self._results)
+        return self._workers.has_results()
 
     def num_inflight(self) -> int:
         return self._num_inflight
@@ -167,7 +136,7 @@ class DiskStore:
             return False
         self._used_bytes[path_index] += file_bytes
         self._writing[key] = _Block(path_index, file_bytes, num_layers)
-        self._submit(_Job(token, key, False, self._path_of(path_index, key), view, num_layers))
+        self._submit(DiskJob(token, key, False, self._path_of(path_index, key), view, num_layers))
         return True
 
     def try_read(self, key: Key, dst, token: int) -> bool:
@@ -180,7 +149,7 @@ class DiskStore:
             return False
         block.num_readers += 1
         self._blocks.move_to_end(key)
-        self._submit(_Job(token, key, True, self._path_of(block.path_index, key), view))
+        self._submit(DiskJob(token, key, True, self._path_of(block.path_index, key), view))
         return True
 
     def remove(self, key: Key) -> bool:
@@ -196,8 +165,7 @@ class DiskStore:
 
     def poll(self) -> list[DiskDone]:
         done_list = []
-        while self._results:
-            done = self._results.popleft()
+        for done in self._workers.take_results():
             self._num_inflight -= 1
             if done.is_read:
                 self._finish_read(done)
@@ -237,21 +205,14 @@ class DiskStore:
         if self._is_closed:
             return
         self._is_closed = True
-        for _ in self._threads:
-            self._jobs.put(None)
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        num_alive = sum(thread.is_alive() for thread in self._threads)
-        if num_alive:
-            logger.warning("%d disk workers still busy %.1f s after close", num_alive, timeout_s)
+        self._workers.close(timeout_s)
 
     def _path_of(self, path_index: int, key: Key) -> Path:
         return blockfile.block_path(self._paths[path_index], key)
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: DiskJob) -> None:
         self._num_inflight += 1
-        self._jobs.put(job)
+        self._workers.submit(job)
 
     def _make_room(self, file_bytes: int) -> int | None:
         """The path to write ``file_bytes`` to (most free first), its LRU victims evicted; None if
@@ -309,7 +270,7 @@ class DiskStore:
             return 0
         except OSError as exc:
             self.counters.io_errors += 1
-            self._log_os_error(exc, "unlink")
+            self._workers.log_os_error(exc, "unlink")
             return 0
         return 1
 
@@ -342,36 +303,3 @@ class DiskStore:
             self.counters.io_errors += 1
         if done.error is not None or block.is_doomed:
             self._forget(done.key)
-
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            self._results.append(self._run(job))
-            if self._wake is not None:
-                self._wake()
-
-    def _run(self, job: _Job) -> DiskDone:
-        start_ns = time.perf_counter_ns()
-        error, is_corrupt = None, False
-        try:
-            if job.is_read:
-                error = blockfile.read_block(job.path, job.key, job.buf)
-                is_corrupt = error is not None
-            else:
-                blockfile.write_block(job.path, job.key, job.buf, job.num_layers)
-        except OSError as exc:
-            error = str(exc)
-            self._log_os_error(exc, "read" if job.is_read else "write")
-        except Exception as exc:  # a worker's boundary: the main thread must still get its answer
-            logger.exception("disk %s of %s failed", "read" if job.is_read else "write", job.path)
-            error = repr(exc)
-        num_bytes = job.buf.nbytes if error is None else 0
-        return DiskDone(job.token, job.key, job.is_read, error, is_corrupt, num_bytes,
-                        time.perf_counter_ns() - start_ns)
-
-    def _log_os_error(self, exc: OSError, action: str) -> None:
-        """The first error of each errno at WARNING, the rest at DEBUG (they are counted)."""
-        with self._errnos_lock:
-            is_first = exc.errno not in self._errnos_seen
-            self._errnos_seen.add(exc.errno)
-        logger.log(logging.WARNING if is_first else logging.DEBUG,
-                   "disk %s failed: %s (further errors of errno %s are logged at DEBUG)", action, exc, exc.errno)

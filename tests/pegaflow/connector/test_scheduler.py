@@ -215,3 +215,26 @@ def test_scheduler_finished_request_with_a_finish_save_is_held_whatever_was_done
                                                       kv_connector_worker_meta=SavesDone(50)))
     # Block 2's KV was computed in its last step and never planned: saved by the next step.
     assert scheduler.request_finished(request, ([5, 6, 7],)) == (True, None)
+
+
+class DiskAnsweringClient(AnsweringClient):
+    """All 4 blocks hit, the last 2 of them being read from the engine's disk tier."""
+
+    def wait(self, request_id, timeout_s):
+        return Completion(request_id, Opcode.LOOKUP, Status.OK, 4, 4, 100 + request_id, 2)
+
+
+def test_scheduler_hit_read_from_disk_loads_between_steps_even_layer_by_layer():
+    # 1. Layer-wise loading (the default): a hit wholly in the pool loads in the forward.
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    scheduler.link.use(AnsweringClient())
+    pooled = SimpleNamespace(request_id="p", num_tokens=80, block_hashes=[b"p" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(pooled, 0) == (64, False)
+    # 2. A hit partly on disk loads asynchronously: vLLM waits for it outside the forward,
+    #    so a slow read never stalls a step; its load spec says so to the workers.
+    scheduler.link.use(DiskAnsweringClient())
+    on_disk = SimpleNamespace(request_id="d", num_tokens=80, block_hashes=[b"d" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(on_disk, 0) == (64, True)
+    blocks = SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14],))
+    scheduler.update_state_after_alloc(on_disk, blocks, num_external_tokens=64)
+    assert scheduler.requests["d"].pending_load.is_async

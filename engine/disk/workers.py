@@ -1,0 +1,111 @@
+"""The disk tier's I/O threads: each takes a job (read or write one block file), does the
+file I/O and the checksum, and queues a DiskDone for the main thread to poll.
+
+Nothing here touches the store's index: results are applied by ``DiskStore.poll`` on the
+engine's thread.  ``wake`` (the engine's doorbell) is called after each result is queued.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.disk import blockfile
+from engine.entries import Key
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class DiskDone:
+    token: int
+    key: Key
+    is_read: bool
+    error: str | None
+    is_corrupt: bool
+    num_bytes: int  # data bytes moved: 0 on error
+    elapsed_ns: int
+
+
+@dataclass(slots=True)
+class DiskJob:
+    token: int
+    key: Key
+    is_read: bool
+    path: Path
+    buf: memoryview
+    num_layers: int = 0
+
+
+class IoWorkers:
+    def __init__(self, num_threads: int, wake: Callable[[], None] | None = None) -> None:
+        self._wake = wake
+        self._jobs: queue.SimpleQueue[DiskJob | None] = queue.SimpleQueue()
+        self._results: collections.deque[DiskDone] = collections.deque()
+        self._errnos_seen: set[int] = set()
+        self._errnos_lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._work, name=f"pegaflow-disk-{i}", daemon=True)
+                         for i in range(num_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, job: DiskJob) -> None:
+        self._jobs.put(job)
+
+    def has_results(self) -> bool:
+        return bool(self._results)
+
+    def take_results(self):
+        """The results queued so far, oldest first (never blocks)."""
+        while self._results:
+            yield self._results.popleft()
+
+    def close(self, timeout_s: float) -> None:
+        """Stop the threads once the queued jobs end, waiting at most ``timeout_s``."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        num_alive = sum(thread.is_alive() for thread in self._threads)
+        if num_alive:
+            logger.warning("%d disk workers still busy %.1f s after close", num_alive, timeout_s)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._results.append(self._run(job))
+            if self._wake is not None:
+                self._wake()
+
+    def _run(self, job: DiskJob) -> DiskDone:
+        start_ns = time.perf_counter_ns()
+        error, is_corrupt = None, False
+        try:
+            if job.is_read:
+                error = blockfile.read_block(job.path, job.key, job.buf)
+                is_corrupt = error is not None
+            else:
+                blockfile.write_block(job.path, job.key, job.buf, job.num_layers)
+        except OSError as exc:
+            error = str(exc)
+            self.log_os_error(exc, "read" if job.is_read else "write")
+        except Exception as exc:  # a worker's boundary: the main thread must still get its answer
+            logger.exception("disk %s of %s failed", "read" if job.is_read else "write", job.path)
+            error = repr(exc)
+        num_bytes = job.buf.nbytes if error is None else 0
+        return DiskDone(job.token, job.key, job.is_read, error, is_corrupt, num_bytes,
+                        time.perf_counter_ns() - start_ns)
+
+    def log_os_error(self, exc: OSError, action: str) -> None:
+        """The first error of each errno at WARNING, the rest at DEBUG (they are counted)."""
+        with self._errnos_lock:
+            is_first = exc.errno not in self._errnos_seen
+            self._errnos_seen.add(exc.errno)
+        logger.log(logging.WARNING if is_first else logging.DEBUG,
+                   "disk %s failed: %s (further errors of errno %s are logged at DEBUG)", action, exc, exc.errno)

@@ -1,0 +1,56 @@
+"""PegaKVConnector with vLLM's real Scheduler against an engine with a disk tier (host
+backend): a prefix evicted from the engine's pool is served from disk, through an
+asynchronous load even in layer-wise mode, byte for byte."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from pegaflow.engine_stats import read_stats
+from tests.pegaflow.connector.test_connector_scheduler import PROMPT, _assert_loaded_bytes, _warm
+from tests.pegaflow.connector.vllm_harness import BLOCK, VllmInstance, make_request
+from tools.engine_process import EngineProcess
+
+pytestmark = pytest.mark.vllm
+
+
+def _wait(engine_name: str, predicate, timeout_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while not predicate(stats := read_stats(engine_name)):
+        assert time.monotonic() < deadline, f"engine stats never got there: {stats}"
+        time.sleep(0.01)
+    return stats
+
+
+def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path):
+    # A pool of 10 blocks (24 KiB each: 3 layers of 8 KiB pages), a disk tier beside it.
+    name = f"cdisk{os.getpid()}_{os.urandom(2).hex()}"
+    with EngineProcess(name, "--slab-size", "128KiB", "--disk-path", str(tmp_path / "d"),
+                       pool_size="256KiB") as engine:
+        # 1. A first vLLM computes the prompt: its 5 blocks are saved and written to disk.
+        _warm(engine.name, PROMPT)
+        _wait(engine.name, lambda s: s["disk_blocks_written"] >= 5)
+        # 2. Two other prompts (10 blocks) push it out of the pool.
+        for i, base in enumerate((5000, 9000)):
+            _warm(engine.name, list(range(base, base + 5 * BLOCK + 3)), req_id=f"other{i}")
+        _wait(engine.name, lambda s: s["evictions"] >= 5)
+        # 3. A fresh vLLM (layer-wise loading, poisoned KV memory) asks for the prompt: the
+        #    engine finds it on disk, the connector loads it between steps.
+        second = VllmInstance(engine.name)
+        try:
+            second.poison()
+            second.add(make_request("again", PROMPT))
+            (load,) = second.step_until_admitted("again").loads
+            assert load.is_async and len(load.block_ids) == 5
+            second.run_until_done()
+            assert second.external_hits() == 5 * BLOCK
+            # 4. Every byte is what the first vLLM saved.
+            _assert_loaded_bytes(second, load)
+        finally:
+            second.close()
+        stats = read_stats(engine.name)
+        assert stats["lookup_disk_blocks"] >= 5 and stats["disk_blocks_read"] >= 5
+        assert stats["disk_checksum_failures"] == 0

@@ -1,0 +1,174 @@
+"""Disk tier throughput: blocks written from and read back into page-aligned memory (as the
+pool's pages are) by the tier's store, with its I/O threads, checksums and one file per
+block, against a raw sequential direct-I/O write and read of the same file system (``dd
+oflag=direct`` / ``iflag=direct``) measured in the same run, phases interleaved.
+
+    python -m tools.bench_disk --dir /nvme/pegaflow-bench [--json]
+
+Sets (``--sets name:blocks``): a 10k-token Llama-3.1-8B prefix (625 blocks of 2 MiB: 32
+layers x 64 KiB) and a multi-GB working set.  Every read is checked against what was
+written.  The directory's file system must have room for the largest set twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SETS = ("prefix_10k:625", "working_4gib:2048")
+
+
+def _settle(store, count: int, timeout_s: float = 600.0) -> list:
+    done, deadline = [], time.monotonic() + timeout_s
+    while len(done) < count:
+        done += store.poll()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count - len(done)} of {count} disk operations unfinished")
+        time.sleep(1e-3)
+    return done
+
+
+def tier_write(directory: Path, data: np.ndarray, block_bytes: int, threads: int) -> float:
+    """Seconds the store takes to write every block of ``data`` (a fresh directory)."""
+    from engine.disk.store import DiskStore
+    shutil.rmtree(directory, ignore_errors=True)
+    store = DiskStore([directory], data.nbytes * 2, threads)
+    try:
+        count = data.nbytes // block_bytes
+        t0 = time.perf_counter()
+        for i in range(count):
+            if not store.try_write(_key(i), data[i * block_bytes:(i + 1) * block_bytes], i, 32):
+                raise RuntimeError(f"write {i} refused")
+        errors = [d.error for d in _settle(store, count) if d.error]
+        seconds = time.perf_counter() - t0
+    finally:
+        store.close()
+    if errors:
+        raise RuntimeError(f"{len(errors)} writes failed: {errors[0]}")
+    return seconds
+
+
+def tier_read(directory: Path, expected: np.ndarray, block_bytes: int, threads: int) -> float:
+    """Seconds a new store (files taken in by ``scan``) takes to read every block back;
+    the bytes are checked against ``expected``."""
+    from engine.disk.blockfile import aligned_buffer
+    from engine.disk.store import DiskStore
+    store = DiskStore([directory], expected.nbytes * 2, threads)
+    dst = aligned_buffer(expected.nbytes)
+    try:
+        count = store.scan()
+        if count != expected.nbytes // block_bytes:
+            raise RuntimeError(f"scan found {count} blocks")
+        t0 = time.perf_counter()
+        for i in range(count):
+            store.try_read(_key(i), dst[i * block_bytes:(i + 1) * block_bytes], i)
+        errors = [d.error for d in _settle(store, count) if d.error]
+        seconds = time.perf_counter() - t0
+    finally:
+        store.close()
+    if errors or not np.array_equal(dst, expected):
+        raise RuntimeError(f"read back wrong: {errors[:1] or 'bytes differ'}")
+    return seconds
+
+
+def _key(i: int) -> tuple[int, bytes]:
+    return 1, i.to_bytes(32, "little") + bytes([32])
+
+
+def raw(directory: Path, num_bytes: int, block_bytes: int, write: bool) -> tuple[float, bool]:
+    """Seconds of one sequential ``dd`` of ``num_bytes`` (direct I/O where the file system
+    takes it) and whether it was direct."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / "raw.bin"
+    count = num_bytes // block_bytes
+    for direct in (True, False):
+        if write:
+            cmd = ["dd", "if=/dev/zero", f"of={target}", f"bs={block_bytes}", f"count={count}"]
+            cmd += ["oflag=direct"] if direct else ["conv=fdatasync"]
+        else:
+            cmd = ["dd", f"if={target}", "of=/dev/null", f"bs={block_bytes}", f"count={count}"]
+            cmd += ["iflag=direct"] if direct else []
+        t0 = time.perf_counter()
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode == 0:
+            return time.perf_counter() - t0, direct
+    raise RuntimeError(f"dd failed: {result.stderr.strip()}")
+
+
+def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: int, repeats: int) -> dict:
+    from engine.disk.blockfile import aligned_buffer
+    data = aligned_buffer(count * block_bytes)
+    data[:] = np.random.default_rng(0).integers(0, 256, data.nbytes, dtype=np.uint8)
+    times: dict[str, list[float]] = {"raw_write": [], "tier_write": [], "raw_read": [], "tier_read": []}
+    is_direct = True
+    tier_dir, raw_dir = directory / f"{name}-tier", directory / f"{name}-raw"
+    for _ in range(repeats):  # interleaved: raw write, tier write, raw read, tier read
+        seconds, direct = raw(raw_dir, data.nbytes, block_bytes, write=True)
+        times["raw_write"].append(seconds)
+        times["tier_write"].append(tier_write(tier_dir, data, block_bytes, threads))
+        seconds, direct_read = raw(raw_dir, data.nbytes, block_bytes, write=False)
+        times["raw_read"].append(seconds)
+        times["tier_read"].append(tier_read(tier_dir, data, block_bytes, threads))
+        is_direct = is_direct and direct and direct_read
+    shutil.rmtree(tier_dir, ignore_errors=True)
+    shutil.rmtree(raw_dir, ignore_errors=True)
+    return summarize_set(name, count, block_bytes, times, is_direct)
+
+
+def summarize_set(name: str, count: int, block_bytes: int, times: dict[str, list[float]], is_direct: bool) -> dict:
+    num_bytes = count * block_bytes
+    gbps = {kind: [num_bytes / s / 1e9 for s in values] for kind, values in times.items()}
+    med = {kind: statistics.median(values) for kind, values in gbps.items()}
+    return {"set": name, "blocks": count, "block_bytes": block_bytes, "bytes": num_bytes,
+            "raw_is_direct": is_direct, **{f"{k}_gbps": v for k, v in med.items()},
+            **{f"{k}_gbps_each": v for k, v in gbps.items()},
+            "read_ratio_vs_raw": med["tier_read"] / med["raw_read"],
+            "write_ratio_vs_raw": med["tier_write"] / med["raw_write"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", default=str(ROOT / ".bench-disk"), help="a directory on the drive to measure")
+    p.add_argument("--sets", nargs="+", default=list(DEFAULT_SETS), help="name:blocks")
+    p.add_argument("--block-mib", type=float, default=2.0, help="bytes of one block (MiB)")
+    p.add_argument("--threads", type=int, default=8, help="the store's I/O threads (--disk-threads)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    directory, block_bytes = Path(args.dir), int(args.block_mib * 2**20)
+    rows = []
+    try:
+        for spec in args.sets:
+            name, count = spec.split(":")
+            rows.append(run_set(directory, name, int(count), block_bytes, args.threads, args.repeats))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    result = {"dir": str(directory), "threads": args.threads, "repeats": args.repeats, "sets": rows,
+              "date": time.strftime("%Y-%m-%d"),
+              "command": "python -m tools.bench_disk " + " ".join(sys.argv[1:])}
+    last = rows[-1]  # the largest set's ratios are the headline
+    result["read_ratio_vs_raw"], result["write_ratio_vs_raw"] = last["read_ratio_vs_raw"], last["write_ratio_vs_raw"]
+    print(f"{'set':<14}{'blocks':>7}{'GB':>7}{'raw write':>11}{'tier write':>11}{'x raw':>7}"
+          f"{'raw read':>10}{'tier read':>11}{'x raw':>7}", file=sys.stderr if args.json else sys.stdout)
+    for r in rows:
+        print(f"{r['set']:<14}{r['blocks']:>7}{r['bytes'] / 1e9:>7.2f}{r['raw_write_gbps']:>11.2f}"
+              f"{r['tier_write_gbps']:>11.2f}{r['write_ratio_vs_raw']:>7.2f}{r['raw_read_gbps']:>10.2f}"
+              f"{r['tier_read_gbps']:>11.2f}{r['read_ratio_vs_raw']:>7.2f}"
+              f"{'' if r['raw_is_direct'] else '  (raw not direct)'}",
+              file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
