@@ -83,7 +83,13 @@ class Dispatcher:
         """LOADs that waited for blocks read from disk: handled now that the reads are over."""
         for client, rec, payload in self.transfers.take_parked():
             self.gauges_stale = True
-            self.handle(client, rec, payload)
+            if not client.is_attached:  # detached meanwhile: refused, and its lease ends here
+                self.index.release(rec.arg)
+            try:
+                self.handle(client, rec, payload)
+            except Exception:  # boundary, as in the server's loop: answered, the engine goes on
+                logger.exception("slot %d: internal error resuming a LOAD", client.slot)
+                self.reply(client, rec.request_id, rec.opcode, Status.INTERNAL)
             if client.pending_detach and client.num_inflight == 0:
                 self._finish_detach(client)
 
@@ -224,8 +230,8 @@ class Dispatcher:
     def _drop(self, client, rec, payload):
         keys = self._hash_keys(rec, payload)
         num_found = self.index.drop(keys, client.uid, rec.arg)
-        if self.disk is not None:  # a copy on disk is as bad (who stored it is not known there)
-            num_found += self.disk.forget([k for k in keys if k not in self.index.entries])
+        if self.disk is not None:  # who wrote a disk copy is not known: each named goes
+            self.disk.forget(keys)
         if num_found:
             logger.info("slot %d (pid %d): dropped %d stored blocks it computed from bad data",
                         client.slot, client.pid, num_found)

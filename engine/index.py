@@ -168,9 +168,9 @@ class BlockIndex:
         entries, num_found = self.entries, 0
         for key in keys:
             entry = entries.get(key)
-            if entry is None or entry.is_doomed or entry.writer[0] != writer or \
-                    entry.writer[1] < since_request:
-                continue
+            if entry is None or entry.is_doomed or entry.writer != (0, 0) and (
+                    entry.writer[0] != writer or entry.writer[1] < since_request):
+                continue  # (0, 0): its writer is not known (read back from disk): dropped too
             num_found += 1
             if is_unused(entry):
                 self._drop(key)
@@ -246,7 +246,7 @@ class BlockIndex:
     def drop_stale_writes(self, older_than: float) -> int:
         """Drop entries still incomplete (nothing in flight) that started before ``older_than``:
         a client saved some layers of a block and never the rest."""
-        stale = [k for k, e in self.writing.items() if e.pending_mask == 0 and e.started_at < older_than]
+        stale = [k for k, e in self.writing.items() if is_unused(e) and e.started_at < older_than]
         for key in stale:
             self._drop(key)
         return len(stale)

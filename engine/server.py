@@ -271,8 +271,7 @@ class EngineServer:
             client.num_inflight -= 1
             self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
         self.dispatcher.transfers.parked.clear()
-        if self.disk is not None:
-            self.disk.close()  # its writes read the pool: before the pool goes
+        is_disk_stopped = self.disk is None or self.disk.close()  # its I/O uses the pool's pages
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
         while self.backend.num_inflight() and time.monotonic() < deadline:
             for done in self.backend.poll():
@@ -282,9 +281,10 @@ class EngineServer:
             while (rec := client.submissions.try_get()) is not None:
                 self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
             client.flush()
-        if not pinner_stopped:  # it may still register or write the pool: leave both to the exit
-            logger.error("engine %r: the pool's pinning thread is still running; the pool stays "
-                         "mapped until the process exits", self.config.name)
+        if not pinner_stopped or not is_disk_stopped:  # a thread may still use the pool: leave it to the exit
+            logger.error("engine %r: the pool's %s thread is still running; the pool stays "
+                         "mapped until the process exits", self.config.name,
+                         "pinning" if not pinner_stopped else "disk I/O")
             self.segments.unlink_all(release_pool=False)
             return
         self.backend.close()

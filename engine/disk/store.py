@@ -200,12 +200,13 @@ class DiskStore:
                         self._size_bytes, num_leftovers[path_index], num_evicted)
         return len(self._blocks)
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the workers once the queued I/O ends, waiting at most ``timeout_s``."""
+    def close(self, timeout_s: float = 5.0, drop_queued: bool = False) -> bool:
+        """Stop the workers once the queued I/O ends (``drop_queued``: once the I/O under way
+        ends), waiting at most ``timeout_s``; False if a worker may still be running."""
         if self._is_closed:
-            return
+            return True
         self._is_closed = True
-        self._workers.close(timeout_s)
+        return self._workers.close(timeout_s, drop_queued)
 
     def _path_of(self, path_index: int, key: Key) -> Path:
         return blockfile.block_path(self._paths[path_index], key)

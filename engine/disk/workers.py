@@ -8,6 +8,7 @@ engine's thread.  ``wake`` (the engine's doorbell) is called after each result i
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import queue
 import threading
@@ -46,7 +47,10 @@ class DiskJob:
 class IoWorkers:
     def __init__(self, num_threads: int, wake: Callable[[], None] | None = None) -> None:
         self._wake = wake
-        self._jobs: queue.SimpleQueue[DiskJob | None] = queue.SimpleQueue()
+        # (0 read | 1 write | 2 stop, sequence, job): a lookup's reads, which a LOAD waits on,
+        # go before the writes of blocks on their way out of the pool
+        self._jobs: queue.PriorityQueue[tuple[int, int, DiskJob | None]] = queue.PriorityQueue()
+        self._sequence = itertools.count()
         self._results: collections.deque[DiskDone] = collections.deque()
         self._errnos_seen: set[int] = set()
         self._errnos_lock = threading.Lock()
@@ -56,7 +60,7 @@ class IoWorkers:
             thread.start()
 
     def submit(self, job: DiskJob) -> None:
-        self._jobs.put(job)
+        self._jobs.put((0 if job.is_read else 1, next(self._sequence), job))
 
     def has_results(self) -> bool:
         return bool(self._results)
@@ -66,19 +70,30 @@ class IoWorkers:
         while self._results:
             yield self._results.popleft()
 
-    def close(self, timeout_s: float) -> None:
-        """Stop the threads once the queued jobs end, waiting at most ``timeout_s``."""
+    def close(self, timeout_s: float, drop_queued: bool = False) -> bool:
+        """Stop the threads once the queued jobs end (or, ``drop_queued``, once those under way
+        end: the rest never run), waiting at most ``timeout_s``; whether they all stopped."""
+        num_dropped = 0
+        while drop_queued:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            num_dropped += 1
         for _ in self._threads:
-            self._jobs.put(None)
+            self._jobs.put((2, next(self._sequence), None))
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         num_alive = sum(thread.is_alive() for thread in self._threads)
         if num_alive:
             logger.warning("%d disk workers still busy %.1f s after close", num_alive, timeout_s)
+        if num_dropped:
+            logger.info("disk tier: %d queued reads and writes dropped at close", num_dropped)
+        return num_alive == 0
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while (job := self._jobs.get()[2]) is not None:
             self._results.append(self._run(job))
             if self._wake is not None:
                 self._wake()

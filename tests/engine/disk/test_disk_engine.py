@@ -137,3 +137,38 @@ def test_disk_tier_unwritable_path_is_a_clear_start_error(engine_factory, tmp_pa
     assert engine.proc.wait(30) != 0
     engine.is_clean_exit_expected = False
     assert "--disk-path" in engine.stderr_text()
+
+
+def test_disk_tier_dropped_blocks_leave_the_disk_too(engine_factory, kv_client, rng, tmp_path):
+    # 1. Blocks in the pool and on disk, leased by a lookup, when their writer finds them
+    #    computed from bad data.
+    name = unique_engine_name("diskx")
+    first = engine_factory(name, **_disk(tmp_path / "d"))
+    client = kv_client(first)
+    hashes, _ = client.store(rng, NAMESPACE, [0, 1, 2])
+    _wait_written(first, 3)
+    leased = client.client.lookup(NAMESPACE, hashes)
+    assert client.client.wait(client.client.submit_drop(NAMESPACE, hashes)).is_ok
+    assert client.release(leased.lease_id).is_ok
+    # 2. Neither tier serves them: not now, not after the pool forgot them (a restart).
+    assert client.num_hits(NAMESPACE, hashes) == 0
+    assert _files(tmp_path / "d") == []
+    assert first.stop() == 0
+    second = engine_factory(name, **_disk(tmp_path / "d"))
+    assert kv_client(second).num_hits(NAMESPACE, hashes) == 0
+
+
+def test_disk_tier_block_read_back_can_still_be_dropped_by_its_writer(engine_factory, kv_client, rng, tmp_path):
+    # 1. A block served from disk after a restart (whose SAVE it was is not known there).
+    name = unique_engine_name("diskr")
+    first = engine_factory(name, **_disk(tmp_path / "d"))
+    hashes, _ = kv_client(first).store(rng, NAMESPACE, [0, 1])
+    _wait_written(first, 2)
+    assert first.stop() == 0
+    second = engine_factory(name, **_disk(tmp_path / "d"))
+    client = kv_client(second)
+    found, done, _ = _load(client, hashes)
+    assert found.num_disk_blocks == 2 and done.is_ok
+    # 2. A DROP of it is obeyed: the copy read back into the pool goes, and the disk's.
+    assert client.client.wait(client.client.submit_drop(NAMESPACE, hashes)).value == 2
+    assert client.num_hits(NAMESPACE, hashes) == 0 and _files(tmp_path / "d") == []

@@ -110,3 +110,33 @@ def test_tier_block_read_back_corrupt_is_never_ready(tier, tmp_path):
     tier.index.release(lease_id)
     assert key(0) not in tier.index.entries
     assert tier.index.lookup(SLOT, [key(0)]) == (0, 0)
+
+
+def test_tier_disk_block_that_cannot_be_a_pool_entry_is_removed_not_leased(tier):
+    # A block file whose header names no layers (or a size no slab holds) is never read
+    # into the pool: the lookup misses, nothing stays pinned, the file goes.
+    src = np.zeros(ENTRY_BYTES, np.uint8)
+    assert tier.store.try_write(key(5), src, 1, 0)
+    while not tier.store.contains(key(5)):
+        tier.store.poll()
+        time.sleep(1e-3)
+    assert tier.index.lookup(SLOT, [key(5)]) == (0, 0)
+    assert not tier.store.contains(key(5)) and key(5) not in tier.index.entries
+
+
+def test_index_stale_write_still_leased_is_not_dropped(tier, tmp_path):
+    # A block read back from disk that failed stays in the index while a lease holds it,
+    # however old: dropping it there would let the lease's release unpin another entry.
+    _store(tier, 0)
+    tier.spill()
+    _settle(tier)
+    for i in range(10, 10 + CAPACITY):
+        _store(tier, i)
+    next(tmp_path.rglob("*.blk")).unlink()  # the read will fail
+    _, first = tier.index.lookup(SLOT, [key(0)])
+    _, second = tier.index.lookup(SLOT, [key(0)])  # leases the promoting entry too
+    _settle(tier)
+    tier.index.release(first)
+    assert tier.index.drop_stale_writes(time.monotonic() + 3600) == 0
+    tier.index.release(second)  # would unpin a missing key (KeyError) had it been dropped
+    assert key(0) not in tier.index.entries
