@@ -79,12 +79,17 @@ class Dispatcher:
         if client.pending_detach and client.num_inflight == 0:
             self._finish_detach(client)
 
-    def resume_parked_loads(self) -> None:
-        """LOADs that waited for blocks read from disk: handled now that the reads are over."""
-        for client, rec, payload in self.transfers.take_parked():
+    def resume_parked_loads(self, now: float) -> None:
+        """LOADs that waited for blocks read from disk: handled now that the reads are over,
+        or answered MISSING_BLOCK past their deadline (the reads go on into the pool)."""
+        for client, rec, payload, is_late in self.transfers.take_parked(now):
             self.gauges_stale = True
-            if not client.is_attached:  # detached meanwhile: refused, and its lease ends here
+            if not client.is_attached or is_late:  # refused: its lease ends here
                 self.index.release(rec.arg)
+            if is_late:
+                self.stats.add("disk_late_loads")
+                self.reply(client, rec.request_id, rec.opcode, Status.MISSING_BLOCK)
+                continue
             try:
                 self.handle(client, rec, payload)
             except Exception:  # boundary, as in the server's loop: answered, the engine goes on

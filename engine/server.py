@@ -152,7 +152,7 @@ class EngineServer:
                 self.disk.spill()
         did_work = self._drain_rings()
         if self.disk is not None and self.disk.num_inflight and self.disk.poll():
-            self.dispatcher.resume_parked_loads()
+            self.dispatcher.resume_parked_loads(now)
             did_work = True
         if self.dispatcher.pending:  # only copies in flight can finish
             for done in self.backend.poll():
@@ -257,6 +257,8 @@ class EngineServer:
             c.is_detached for c in self.table.attached)
         self._next_housekeeping = now + (self.config.housekeeping_s if is_timed else
                                          max(self.config.housekeeping_s, LIVENESS_ONLY_S))
+        if self.dispatcher.transfers.parked:  # LOADs waiting for disk reads past their deadline
+            self.dispatcher.resume_parked_loads(now)
         self.index.expire_leases(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
         self.table.check_alive()
@@ -267,7 +269,7 @@ class EngineServer:
         logger.info("engine %r stopping", self.config.name)
         self.segments.mark_stopping()
         pinner_stopped = self.pinner.stop()  # before the backend closes: it unpins only what is over
-        for client, rec, _ in self.dispatcher.transfers.parked:  # waiting for disk reads
+        for client, rec, _, _ in self.dispatcher.transfers.parked:  # waiting for disk reads
             client.num_inflight -= 1
             self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
         self.dispatcher.transfers.parked.clear()

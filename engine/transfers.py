@@ -30,6 +30,10 @@ from pegaflow.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opc
 
 logger = logging.getLogger(__name__)
 
+# A LOAD waiting for disk reads longer than this is answered MISSING_BLOCK (vLLM recomputes):
+# the connector gives up on the engine after command_timeout_ms (5 s) of an async load.
+PARKED_LOAD_DEADLINE_S = 3.0
+
 class Transfers:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter,
                  reply: Callable[..., None], on_copy_finished: Callable[[CopyDone], None]):
@@ -40,9 +44,10 @@ class Transfers:
         # The dispatcher's on_copy_done (which calls ours): for copies this class polls itself.
         self.on_copy_finished = on_copy_finished
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
-        # LOADs of leases whose blocks are still being read from disk: (client, rec, payload),
-        # each counted in its client's copies in flight (its slot and memory stay) until resumed
-        self.parked: list[tuple[ClientState, object, np.ndarray]] = []
+        # LOADs of leases whose blocks are still being read from disk: (client, rec, payload,
+        # parked at), each counted in its client's copies in flight (its slot and memory stay)
+        # until resumed
+        self.parked: list[tuple[ClientState, object, np.ndarray, float]] = []
         self._tokens = itertools.count(1)
 
     def _blocks(self, client: ClientState, rec, payload: np.ndarray):
@@ -137,7 +142,7 @@ class Transfers:
         if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_foreign_lease(rec.arg, client.instance):
             raise CommandError(Status.UNKNOWN_LEASE, f"lease {rec.arg} is another vLLM instance's")
         if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_promoting(rec.arg):
-            self.parked.append((client, rec, payload))  # resumed once the disk's reads are over
+            self.parked.append((client, rec, payload, time.monotonic()))  # resumed once the reads end
             client.num_inflight += 1
             return ANSWERED_LATER, None
         try:
@@ -183,13 +188,19 @@ class Transfers:
                        (len(keys), 0, 0), pending.received_at)
         return self._seal(pending)
 
-    def take_parked(self) -> list[tuple[ClientState, object, np.ndarray]]:
-        """The parked LOADs whose leases have no block left being read (or that are gone)."""
-        ready, waiting = [], []
-        for item in self.parked:
-            (waiting if self.index.is_promoting(item[1].arg) else ready).append(item)
+    def take_parked(self, now: float) -> list[tuple[ClientState, object, np.ndarray, bool]]:
+        """The parked LOADs whose leases have no block left being read (or that are gone),
+        and those parked since before ``now - PARKED_LOAD_DEADLINE_S`` (True: late)."""
+        ready, waiting, late_before = [], [], now - PARKED_LOAD_DEADLINE_S
+        for client, rec, payload, parked_at in self.parked:
+            if not self.index.is_promoting(rec.arg):
+                ready.append((client, rec, payload, False))
+            elif parked_at < late_before:
+                ready.append((client, rec, payload, True))
+            else:
+                waiting.append((client, rec, payload, parked_at))
         self.parked = waiting
-        for client, _, _ in ready:
+        for client, *_ in ready:
             client.num_inflight -= 1
         return ready
 

@@ -61,6 +61,7 @@ METRICS = {
     "disk_writes_refused": (True, "blocks the disk tier had no room for"),
     "disk_evictions": (True, "blocks evicted from the disk tier to make room"),
     "lookup_disk_blocks": (True, "blocks LOOKUPs found on disk (read into the pool for the LOAD)"),
+    "disk_late_loads": (True, "LOADs answered MISSING_BLOCK after waiting too long for disk reads"),
 }
 
 

@@ -220,7 +220,7 @@ _STATS_COUNTERS = [
     "disk_blocks_written", "disk_bytes_written", "disk_write_ns",
     "disk_blocks_read", "disk_bytes_read", "disk_read_ns",
     "disk_checksum_failures", "disk_io_errors", "disk_writes_refused", "disk_evictions",
-    "lookup_disk_blocks",
+    "lookup_disk_blocks", "disk_late_loads",
 ]
 NUM_OPCODE_COUNTERS = 16
 NUM_STATUS_COUNTERS = 16

@@ -3,6 +3,7 @@ policy wired to the index (or None without ``--disk-path``)."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -17,6 +18,7 @@ from pegaflow.values import format_size
 logger = logging.getLogger(__name__)
 
 AUTO_SHARE = 0.9  # --disk-size 0: this share of each path's free space at start
+LOCK_NAME = "pegaflow-blocks.lock"
 
 
 def disk_size(paths: list[Path], size_bytes: int) -> int:
@@ -32,6 +34,22 @@ def disk_size(paths: list[Path], size_bytes: int) -> int:
     return min(free)
 
 
+def lock_path(path: Path) -> int:
+    """Hold ``path`` for this engine (an flock the kernel drops when it dies): two engines on
+    one path would evict and remove each other's blocks.  Returns the lock's fd."""
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"--disk-path {path} is in use by another engine (pid {owner}): give each "
+                          f"engine paths of its own") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def open_disk_tier(config, index, pool_segment, stats, wake: Callable[[], None]):
     if not config.disk_paths:
         return None
@@ -45,11 +63,19 @@ def open_disk_tier(config, index, pool_segment, stats, wake: Callable[[], None])
             raise ConfigError(f"--disk-path {path}: {exc.strerror}") from exc
         if not os.access(path, os.W_OK):
             raise ConfigError(f"--disk-path {path}: not writable by this user")
-    size = disk_size(paths, config.disk_bytes)
-    store = DiskStore(paths, size, config.disk_threads, wake=wake)
-    num_blocks = store.scan()
+    locks = []
+    try:
+        for path in paths:
+            locks.append(lock_path(path))
+        size = disk_size(paths, config.disk_bytes)
+        store = DiskStore(paths, size, config.disk_threads, wake=wake)
+        num_blocks = store.scan()
+    except BaseException:
+        for fd in locks:
+            os.close(fd)
+        raise
     tier = DiskTier(store, index, pool_segment.array(np.uint8, pool_segment.size), stats,
-                    config.disk_admission)
+                    config.disk_admission, locks)
     tier.update_stats()
     logger.info("disk tier: %d paths of %s each (%s), %d blocks (%s) taken in; admission %s",
                 len(paths), format_size(size), ", ".join(map(str, paths)), num_blocks,

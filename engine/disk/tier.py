@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 
 import numpy as np
@@ -39,6 +40,9 @@ MAX_WRITES_IN_FLIGHT = 64
 # gives up on the engine; 2 GiB is 1.3 s at the 1.5 GB/s of the H200 machine's disk.
 MAX_PROMOTE_BYTES = 2 << 30
 WRITE_ERROR_PAUSE_S = 1.0  # after a failed write (a full disk, say) no spill for this long
+_WRITE_ENDED, _PAUSED = -1, -2  # what ``_scanned_at`` holds when no pass has looked since
+SPILL_INTERVAL_S = 10e-3  # a pass looks at up to SPILL_SCAN_BLOCKS entries (~45 us): at most
+#                           this often, and 64 writes in flight keep a drive busy meanwhile
 # Spilled: the coldest blocks, up to 1/8 of the pool (at least SPILL_WINDOW_MIN) and at most
 # SPILL_SCAN_BLOCKS looked at per pass (a pass runs only after the LRU order or the writes
 # changed): eviction takes the coldest, so those are the ones the disk must hold first.
@@ -49,18 +53,19 @@ SPILL_SCAN_BLOCKS = 256
 
 class DiskTier:
     def __init__(self, store: DiskStore, index: BlockIndex, pool: np.ndarray, stats: StatsWriter,
-                 admission: str = "evicted"):
+                 admission: str = "evicted", locks: list[int] | None = None):
         self.store = store
         self.index = index
         self.pool = pool  # the pool segment's bytes (uint8), entries at their offsets
         self.stats = stats
         self.is_reused_only = admission == "reused"
+        self.locks = locks or []  # the paths' lock fds (``open.lock_path``), held until closed
         self._tokens = itertools.count(1)
         self._writes: dict[int, tuple[Key, Entry]] = {}
         self._reads: dict[int, tuple[Key, Entry]] = {}
-        self._scanned_at = -1  # the LRU order's change count at the last spill pass
+        self._scanned_at = _WRITE_ENDED  # the LRU order's change count at the last spill pass
         self._num_refused = 0
-        self._paused_until = 0.0  # spilling waits after a failed write
+        self._next_spill = 0.0  # the next spill pass, not before (later after a failed write)
         index.promote = self.promote
         stats.set("disk_bytes_capacity", store.bytes_total)
 
@@ -75,10 +80,12 @@ class DiskTier:
         """Start writes of the coldest blocks the disk lacks; returns how many."""
         pool, index = self.index.pool, self.index
         window = max(pool.bytes_ready // SPILL_WINDOW_SHARE, SPILL_WINDOW_MIN)
+        now = time.monotonic()
         if len(self._writes) >= MAX_WRITES_IN_FLIGHT or pool.bytes_used + window < pool.bytes_ready \
-                or index.policy.num_changes == self._scanned_at or time.monotonic() < self._paused_until:
+                or index.policy.num_changes == self._scanned_at \
+                or now < self._next_spill and self._scanned_at != _WRITE_ENDED:
             return 0
-        self._scanned_at = index.policy.num_changes
+        self._scanned_at, self._next_spill = index.policy.num_changes, now + SPILL_INTERVAL_S
         num_started, seen_bytes, store = 0, 0, self.store
         for num_seen, key in enumerate(index.policy.oldest()):
             entry = index.entries[key]
@@ -143,9 +150,10 @@ class DiskTier:
 
     def _write_done(self, done) -> None:
         key, entry = self._writes.pop(done.token)
-        self._scanned_at = -1  # room for the next write: look again
         if done.error is not None:  # a full or failing disk: do not rewrite the same blocks at once
-            self._paused_until = time.monotonic() + WRITE_ERROR_PAUSE_S
+            self._next_spill, self._scanned_at = time.monotonic() + WRITE_ERROR_PAUSE_S, _PAUSED
+        elif self._scanned_at != _PAUSED:
+            self._scanned_at = _WRITE_ENDED  # room for the next write: look again now
         if entry.is_doomed:  # a DROP came while it was written: the disk must not keep it
             self.store.remove(key)
         self.index.unpin([key])  # (pinned, it never left the index)
@@ -174,5 +182,11 @@ class DiskTier:
             stats.set(name, value)
 
     def close(self) -> bool:
-        """Stop the I/O (queued jobs are dropped); False if a thread may still touch the pool."""
-        return self.store.close(drop_queued=True)
+        """Stop the I/O (queued jobs are dropped); False if a thread may still touch the pool
+        (the paths stay locked then, until the process exits)."""
+        is_stopped = self.store.close(drop_queued=True)
+        if is_stopped:
+            for fd in self.locks:
+                os.close(fd)
+            self.locks = []
+        return is_stopped

@@ -172,3 +172,11 @@ def test_disk_tier_block_read_back_can_still_be_dropped_by_its_writer(engine_fac
     # 2. A DROP of it is obeyed: the copy read back into the pool goes, and the disk's.
     assert client.client.wait(client.client.submit_drop(NAMESPACE, hashes)).value == 2
     assert client.num_hits(NAMESPACE, hashes) == 0 and _files(tmp_path / "d") == []
+
+
+def test_disk_tier_path_of_a_running_engine_is_refused_to_another(engine_factory, tmp_path):
+    engine_factory(**_disk(tmp_path / "d"))
+    second = engine_factory(wait=False, **_disk(tmp_path / "d"))
+    assert second.proc.wait(30) != 0
+    second.is_clean_exit_expected = False
+    assert "is in use by another engine" in second.stderr_text()

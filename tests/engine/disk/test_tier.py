@@ -140,3 +140,27 @@ def test_index_stale_write_still_leased_is_not_dropped(tier, tmp_path):
     assert tier.index.drop_stale_writes(time.monotonic() + 3600) == 0
     tier.index.release(second)  # would unpin a missing key (KeyError) had it been dropped
     assert key(0) not in tier.index.entries
+
+
+def test_transfers_load_parked_on_disk_reads_is_late_past_its_deadline(tier):
+    # 1. A block on disk only; a lookup starts its read (not polled: still promoting).
+    from types import SimpleNamespace
+
+    from engine.transfers import PARKED_LOAD_DEADLINE_S, Transfers
+    _store(tier, 0)
+    tier.spill()
+    _settle(tier)
+    for i in range(10, 10 + CAPACITY):
+        _store(tier, i)
+    _, lease_id = tier.index.lookup(SLOT, [key(0)])
+    transfers = Transfers(tier.index, None, tier.stats, reply=None, on_copy_finished=None)
+    client = SimpleNamespace(num_inflight=1)
+    rec = SimpleNamespace(arg=lease_id)
+    # 2. Parked just now it waits; parked longer ago than the deadline it comes back late.
+    now = time.monotonic()
+    transfers.parked = [(client, rec, None, now)]
+    assert transfers.take_parked(now) == [] and client.num_inflight == 1
+    transfers.parked = [(client, rec, None, now - PARKED_LOAD_DEADLINE_S - 1)]
+    assert transfers.take_parked(now) == [(client, rec, None, True)] and client.num_inflight == 0
+    _settle(tier)  # the read goes on into the pool
+    assert tier.index.leases[lease_id].entries[0].is_ready
