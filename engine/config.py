@@ -29,7 +29,7 @@ MAX_SLOTS = 4096
 MAX_IDLE_SPIN_S = 1.0
 MAX_PIN_THREADS = 256
 MAX_DISK_THREADS = 256
-DISK_ADMISSIONS = ("evicted", "reused")
+DISK_ADMISSIONS = ("evicted", "reused", "all")
 # Pinned before the engine serves, and the unit pinned in the background: at ~3 GB/s (the
 # H200 host, small pages) 256 MiB takes ~0.1 s, well inside a 1 s start, and a 64 GiB
 # pool is 256 registrations.
@@ -209,7 +209,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("disk-size", "disk_bytes", "0", "bytes of blocks each --disk-path holds, e.g. 500GiB "
            "(0: 90 % of the path's free space at start)", parse_size),
     Option("disk-admission", "disk_admission", "evicted", "which blocks go to disk: evicted (every "
-           "block about to leave the pool) or reused (only those a lookup hit at least once)",
+           "block about to leave the pool), reused (only those a lookup hit at least once) or all "
+           "(every block as it is stored: the whole cache outlives a restart)",
            _choice("disk-admission", DISK_ADMISSIONS)),
     Option("disk-threads", "disk_threads", "8", "threads doing the disk tier's reads and writes "
            "(requests in flight)", int),

@@ -50,6 +50,7 @@ class BlockIndex:
     # The disk tier's (``engine/disk/tier.py``): reserve and start reading the run of keys
     # it holds at the head of the given ones; returns their entries, pinned, not READY yet.
     promote: Callable[[list[Key], int], list[Entry]] | None = None
+    on_ready: Callable[[list[Key]], None] | None = None  # told the keys that became READY
 
     def get_ready(self, key: Key) -> Entry | None:
         entry = self.entries.get(key)
@@ -253,7 +254,7 @@ class BlockIndex:
 
     def mark_layers_done(self, keys: list[Key], mask: int) -> int:
         """Those layers of ``keys`` are in the pool; returns how many entries became READY."""
-        entries, policy, ready = self.entries, self.policy, []
+        entries, policy, ready, ready_keys = self.entries, self.policy, [], []
         for key in keys:
             entry = entries[key]
             was_ready = entry.done_mask == entry.all_layers_mask
@@ -267,10 +268,13 @@ class BlockIndex:
                 policy.insert(key)
                 self.writing.pop(key, None)
                 ready.append(entry)
+                ready_keys.append(key)
             elif entry.owner_slot == ORPHAN and not entry.pending_mask:
                 self._drop(key)
         if ready:  # one block size: reserve_many gives no other
             self.table.ready([e.offset for e in ready], ready[0].entry_bytes)
+            if self.on_ready is not None:
+                self.on_ready(ready_keys)
         return len(ready)
 
     def abandon_layers(self, key: Key, mask: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def _llm(args, kind: str):
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
     if args.no_async_scheduling:
         common["async_scheduling"] = False
-    if kind == "pegaflow":
+    if kind in ("pegaflow", "disk"):
         return LLM(**common, enable_prefix_caching=False,
                    kv_transfer_config=kv_transfer_config(args.engine_name))
     if kind == "idle":  # the connector in vLLM's path, neither saving nor loading
@@ -134,6 +135,10 @@ def run_phase(args) -> dict:
     if args.tpot_only:
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
         return result
+    if args.phase == "disk":  # a new engine whose pool is empty and whose disk holds the prompts
+        _timed(result, "disk", _time_each(llm, prompts, 1))
+        _timed(result, "pool", _time_each(llm, prompts, 1))  # read back into its pool by then
+        return result
     _timed(result, "cold", _time_each(llm, prompts, 1))
     if args.phase == "pegaflow":
         _timed(result, "warm", _time_each(llm, prompts, 1))
@@ -160,6 +165,25 @@ def _spawn(args, phase: str) -> dict:
         return json.loads(Path(out).read_text())
     finally:
         Path(out).unlink(missing_ok=True)
+
+
+def _disk_phase(args, engine, start) -> dict:
+    """Once the engine has written every block it stored to disk: a new engine on the same
+    disk (its pool empty) serves a vLLM the prompts from disk, then from its pool."""
+    from pegaflow.engine_stats import read_stats
+    deadline = time.monotonic() + 300
+    while (s := read_stats(engine.name))["disk_blocks_written"] < s["blocks_saved"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the disk tier wrote {s['disk_blocks_written']} of {s['blocks_saved']} blocks")
+        time.sleep(0.1)
+    engine.stop(timeout_s=120)
+    fresh = start(None, keep_disk=True)
+    try:
+        result = _spawn(args, "disk")
+        result["engine_stats"] = read_stats(fresh.name)
+    finally:
+        fresh.stop(timeout_s=120)
+    return result
 
 
 def _passthrough(args) -> list[str]:
@@ -247,7 +271,10 @@ def main() -> int:
                    help="run the pegaflow phase once per engine copy path, each with a fresh engine "
                         "(the first one's figures are the table's; default: the engine's default)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none"], help=argparse.SUPPRESS)
+    p.add_argument("--disk-path", default="",
+                   help="also measure warm TTFT from the engine's disk tier here: every block is "
+                        "written to disk, then a new engine (empty pool) serves the prompts from it")
+    p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk"], help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
@@ -257,8 +284,12 @@ def main() -> int:
     backends = args.copy_backends or [None]
     engine, given_engine = None, args.engine_name
 
-    def start(backend: str | None):
+    def start(backend: str | None, keep_disk: bool = False):
         extra = ("--copy-backend", backend) if backend else ()
+        if args.disk_path:  # every block written to disk as it is stored
+            if not keep_disk:
+                shutil.rmtree(Path(args.disk_path) / "pegaflow-blocks", ignore_errors=True)
+            extra += ("--disk-path", args.disk_path, "--disk-admission", "all")
         started = EngineProcess(f"ttft{os.getpid()}", *extra, backend="cuda", pool_size=args.pool_size,
                                 start_timeout_s=300)
         args.engine_name = started.name
@@ -283,6 +314,7 @@ def main() -> int:
                 engine = start(backend)
             by_backend[backend or "default"] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
+        disk = _disk_phase(args, engine, start) if args.disk_path and engine is not None else None
         native = _spawn(args, "native")
         none = _spawn(args, "none")
     finally:
@@ -290,6 +322,12 @@ def main() -> int:
             engine.stop()
     peg = by_backend[backends[0] or "default"]
     result = summarize(peg, native, none, _gpu_name())
+    if disk is not None:
+        result["warm_from_disk_ms"], result["warm_from_disk_ms_p90"] = _stats(disk["disk_ms"])
+        result["warm_from_pool_ms"], result["cold_ms"] = _stats(peg["warm_ms"])[0], _stats(peg["cold_ms"])[0]
+        result["warm_from_pool_after_disk_ms"] = _stats(disk["pool_ms"])[0]
+        result["disk_engine_stats"] = disk["engine_stats"]
+        result["outputs_identical_disk"] = disk["disk_tokens"] == disk["pool_tokens"] == none["cold_tokens"]
     result["copy_backend"] = backends[0] or "engine default"
     for name, phase in by_backend.items():  # --copy-backends: each path's own warm figures
         warm, warm_p90 = _stats(phase["warm_ms"])
@@ -314,6 +352,10 @@ def main() -> int:
           f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
           f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "
           f"{result['warm_batch8_pegaflow_ms']:.0f} ms; outputs identical: {result['outputs_identical']}")
+    if disk is not None:
+        print(f"warm from disk {result['warm_from_disk_ms']:.1f} ms (p90 {result['warm_from_disk_ms_p90']:.1f}), "
+              f"from pool {result['warm_from_pool_ms']:.1f} ms, cold {result['cold_ms']:.1f} ms; outputs "
+              f"identical: {result['outputs_identical_disk']}")
     for name in by_backend:
         print(f"copy path {name}: warm {result['warm_pegaflow_ms_median_' + name]:.1f} ms "
               f"(p90 {result['warm_pegaflow_ms_p90_' + name]:.1f}), cold {result['cold_ms_median_' + name]:.1f} ms")

@@ -20,6 +20,7 @@ A block is on disk, in the pool, or both; the two tiers evict by their own LRU.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -59,6 +60,10 @@ class DiskTier:
         self.pool = pool  # the pool segment's bytes (uint8), entries at their offsets
         self.stats = stats
         self.is_reused_only = admission == "reused"
+        self._fresh: collections.deque[Key] | None = None  # under ``all``: READY, not yet written
+        if admission == "all":
+            self._fresh = collections.deque()
+            index.on_ready = self._fresh.extend
         self.locks = locks or []  # the paths' lock fds (``open.lock_path``), held until closed
         self._tokens = itertools.count(1)
         self._writes: dict[int, tuple[Key, Entry]] = {}
@@ -77,7 +82,10 @@ class DiskTier:
         return self.pool[entry.offset:entry.offset + entry.entry_bytes]
 
     def spill(self) -> int:
-        """Start writes of the coldest blocks the disk lacks; returns how many."""
+        """Start writes of the coldest blocks the disk lacks (under ``all``: of every block
+        stored since); returns how many."""
+        if self._fresh is not None:
+            return self._write_fresh()
         pool, index = self.index.pool, self.index
         window = max(pool.bytes_ready // SPILL_WINDOW_SHARE, SPILL_WINDOW_MIN)
         now = time.monotonic()
@@ -103,6 +111,21 @@ class DiskTier:
         if store.counters.writes_refused != self._num_refused:  # (no I/O result will say so)
             self._num_refused = store.counters.writes_refused
             self.update_stats()
+        return num_started
+
+    def _write_fresh(self) -> int:
+        fresh, entries, store, num_started = self._fresh, self.index.entries, self.store, 0
+        while fresh and len(self._writes) < MAX_WRITES_IN_FLIGHT and time.monotonic() >= self._next_spill:
+            key = fresh.popleft()
+            entry = entries.get(key)
+            if entry is None or not entry.is_ready or store.contains(key):
+                continue  # evicted or dropped since, or read back from disk
+            token = next(self._tokens)
+            if not store.try_write(key, self._page(entry), token, entry.all_layers_mask.bit_length()):
+                continue  # being written, or no room (counted by the store)
+            entry.refs += 1  # a READY entry's pages never change: pinned only against eviction
+            self._writes[token] = (key, entry)
+            num_started += 1
         return num_started
 
     def promote(self, keys: list[Key], slot: int) -> list[Entry]:

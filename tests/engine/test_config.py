@@ -207,7 +207,7 @@ _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "
             "copy-backend": "kernel", "device-staging": "8MiB", "max-clients": "7", "ring-slots": "64",
             "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on",
             "pin-chunk": "64MiB", "pin-threads": "3", "pin-rate": "1GiB", "log-level": "debug",
-            "disk-path": "/tmp/pfd0,/tmp/pfd1", "disk-size": "2GiB", "disk-admission": "reused",
+            "disk-path": "/tmp/pfd0,/tmp/pfd1", "disk-size": "2GiB", "disk-admission": "all",
             "disk-threads": "3"}
 
 
@@ -237,7 +237,7 @@ def test_config_disk_paths_are_absolute_and_distinct(clean_env):
     with pytest.raises(ConfigError, match="twice"):
         config_from_args(["--disk-path", "/c,/c/"], environ={})
     with pytest.raises(ConfigError, match="disk-admission"):
-        config_from_args(["--disk-admission", "all"], environ={})
+        config_from_args(["--disk-admission", "everything"], environ={})
 
 
 def test_warn_unknown_env_names_the_likely_setting(caplog):

@@ -164,3 +164,24 @@ def test_transfers_load_parked_on_disk_reads_is_late_past_its_deadline(tier):
     assert transfers.take_parked(now) == [(client, rec, None, True)] and client.num_inflight == 0
     _settle(tier)  # the read goes on into the pool
     assert tier.index.leases[lease_id].entries[0].is_ready
+
+
+def test_tier_admission_all_writes_every_block_as_it_is_stored(tmp_path):
+    # A pool far from full: under ``evicted`` nothing would be written yet; under ``all``
+    # each block goes to disk as soon as it is READY, once.
+    pool_bytes = 64 * ENTRY_BYTES
+    index = BlockIndex(PagePool(pool_bytes, pool_bytes), lease_ttl_s=60.0)
+    store = DiskStore([tmp_path], 1 << 22, num_threads=2)
+    tier = DiskTier(store, index, np.zeros(pool_bytes, np.uint8), StatsWriter(np.zeros(1, STATS)), "all")
+    try:
+        saved = [_store(tier, i) for i in range(3)]
+        assert tier.spill() == 3 and tier.spill() == 0
+        _settle(tier)
+        assert all(store.contains(key(i)) for i in range(3)) and store.counters.blocks_written == 3
+        dst = np.zeros(ENTRY_BYTES, np.uint8)
+        assert store.try_read(key(1), dst, 99)
+        while not (done := store.poll()):
+            time.sleep(1e-3)
+        assert done[0].error is None and np.array_equal(dst, saved[1])
+    finally:
+        tier.close()
