@@ -25,6 +25,16 @@ def _wait(engine_name: str, predicate, timeout_s: float = 10.0) -> dict:
     return stats
 
 
+def _run_until_done(vllm: VllmInstance, timeout_s: float = 30.0) -> None:
+    """Step until every request ends; a step that schedules nothing (vLLM waiting for an
+    asynchronous load from disk) is followed by a short pause, not by the next at once."""
+    deadline = time.monotonic() + timeout_s
+    while vllm.scheduler.requests:
+        assert time.monotonic() < deadline, f"requests still running: {list(vllm.scheduler.requests)}"
+        if not vllm.step().output.total_num_scheduled_tokens:
+            time.sleep(0.005)
+
+
 def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path):
     # A pool of 10 blocks (24 KiB each: 3 layers of 8 KiB pages), a disk tier beside it.
     name = f"cdisk{os.getpid()}_{os.urandom(2).hex()}"
@@ -45,7 +55,7 @@ def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path):
             second.add(make_request("again", PROMPT))
             (load,) = second.step_until_admitted("again").loads
             assert load.is_async and len(load.block_ids) == 5
-            second.run_until_done()
+            _run_until_done(second)
             assert second.external_hits() == 5 * BLOCK
             # 4. Every byte is what the first vLLM saved.
             _assert_loaded_bytes(second, load)
