@@ -41,6 +41,15 @@ def _wait_written(engine, count: int) -> dict:
     return engine.wait_stats(lambda s: s["disk_blocks_written"] >= count, 10.0)
 
 
+def _on_disk_then_stopped(engine_factory, kv_client, rng, path: Path, name: str, block_ids: list[int]):
+    """An engine of ``name`` stores ``block_ids``, writes them to disk and stops: (hashes, bytes)."""
+    first = engine_factory(name, **_disk(path))
+    hashes, saved = kv_client(first).store(rng, NAMESPACE, block_ids)
+    _wait_written(first, len(block_ids))
+    assert first.stop() == 0
+    return hashes, saved
+
+
 def test_disk_tier_blocks_evicted_from_the_pool_come_back_byte_exact(engine_factory, kv_client, rng, tmp_path):
     # 1. 64 blocks saved go to disk (the pool is within the spill window of full from the start).
     engine = engine_factory(**_disk(tmp_path / "d"))
@@ -62,10 +71,7 @@ def test_disk_tier_blocks_evicted_from_the_pool_come_back_byte_exact(engine_fact
 def test_disk_tier_blocks_outlive_an_engine_restart(engine_factory, kv_client, rng, tmp_path):
     # 1. An engine writes 64 blocks to disk and stops.
     name = unique_engine_name("disk")
-    first = engine_factory(name, **_disk(tmp_path / "d"))
-    hashes, saved = kv_client(first).store(rng, NAMESPACE, list(range(64)))
-    _wait_written(first, 64)
-    assert first.stop() == 0
+    hashes, saved = _on_disk_then_stopped(engine_factory, kv_client, rng, tmp_path / "d", name, list(range(64)))
     # 2. A new engine on the same path takes them in and serves them from disk, exactly.
     second = engine_factory(name, **_disk(tmp_path / "d"))
     assert "64 blocks" in second.stderr_text()
@@ -77,10 +83,7 @@ def test_disk_tier_blocks_outlive_an_engine_restart(engine_factory, kv_client, r
 def test_disk_tier_flipped_byte_is_a_miss_never_served(engine_factory, kv_client, rng, tmp_path):
     # 1. Blocks on disk, a fresh engine (an empty pool), one byte of one block's data flipped.
     name = unique_engine_name("diskc")
-    first = engine_factory(name, **_disk(tmp_path / "d"))
-    hashes, saved = kv_client(first).store(rng, NAMESPACE, [0, 1, 2, 3])
-    _wait_written(first, 4)
-    assert first.stop() == 0
+    hashes, saved = _on_disk_then_stopped(engine_factory, kv_client, rng, tmp_path / "d", name, [0, 1, 2, 3])
     files = _files(tmp_path / "d")
     assert len(files) == 4
     victim = files[0]
@@ -107,10 +110,7 @@ def test_disk_tier_flipped_byte_is_a_miss_never_served(engine_factory, kv_client
 
 def test_disk_tier_file_deleted_underneath_is_a_miss(engine_factory, kv_client, rng, tmp_path):
     name = unique_engine_name("diskd")
-    first = engine_factory(name, **_disk(tmp_path / "d"))
-    hashes, _ = kv_client(first).store(rng, NAMESPACE, [0, 1])
-    _wait_written(first, 2)
-    assert first.stop() == 0
+    hashes, _ = _on_disk_then_stopped(engine_factory, kv_client, rng, tmp_path / "d", name, [0, 1])
     for path in _files(tmp_path / "d"):
         path.unlink()
     second = engine_factory(name, **_disk(tmp_path / "d"))
@@ -161,10 +161,7 @@ def test_disk_tier_dropped_blocks_leave_the_disk_too(engine_factory, kv_client, 
 def test_disk_tier_block_read_back_can_still_be_dropped_by_its_writer(engine_factory, kv_client, rng, tmp_path):
     # 1. A block served from disk after a restart (whose SAVE it was is not known there).
     name = unique_engine_name("diskr")
-    first = engine_factory(name, **_disk(tmp_path / "d"))
-    hashes, _ = kv_client(first).store(rng, NAMESPACE, [0, 1])
-    _wait_written(first, 2)
-    assert first.stop() == 0
+    hashes, _ = _on_disk_then_stopped(engine_factory, kv_client, rng, tmp_path / "d", name, [0, 1])
     second = engine_factory(name, **_disk(tmp_path / "d"))
     client = kv_client(second)
     found, done, _ = _load(client, hashes)

@@ -46,6 +46,17 @@ def _store(tier: DiskTier, i: int) -> np.ndarray:
     return page.copy()
 
 
+def _on_disk_only(tier: DiskTier, i: int) -> np.ndarray:
+    """Block ``i`` saved, written to disk, then pushed out of the pool by CAPACITY others."""
+    saved = _store(tier, i)
+    tier.spill()
+    _settle(tier)
+    for j in range(10, 10 + CAPACITY):
+        _store(tier, j)
+    assert key(i) not in tier.index.entries and tier.store.contains(key(i))
+    return saved
+
+
 def _settle(tier: DiskTier) -> None:
     deadline = time.monotonic() + 10
     while tier.num_inflight:
@@ -91,11 +102,7 @@ def test_tier_evicted_block_comes_back_from_disk_exact_and_is_pinned_while_read(
 
 def test_tier_block_read_back_corrupt_is_never_ready(tier, tmp_path):
     # 1. One block on disk, evicted from the pool, one byte of its file flipped.
-    _store(tier, 0)
-    tier.spill()
-    _settle(tier)
-    for i in range(10, 10 + CAPACITY):
-        _store(tier, i)
+    _on_disk_only(tier, 0)
     path = next(tmp_path.rglob("*.blk"))
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 1
@@ -127,11 +134,7 @@ def test_tier_disk_block_that_cannot_be_a_pool_entry_is_removed_not_leased(tier)
 def test_index_stale_write_still_leased_is_not_dropped(tier, tmp_path):
     # A block read back from disk that failed stays in the index while a lease holds it,
     # however old: dropping it there would let the lease's release unpin another entry.
-    _store(tier, 0)
-    tier.spill()
-    _settle(tier)
-    for i in range(10, 10 + CAPACITY):
-        _store(tier, i)
+    _on_disk_only(tier, 0)
     next(tmp_path.rglob("*.blk")).unlink()  # the read will fail
     _, first = tier.index.lookup(SLOT, [key(0)])
     _, second = tier.index.lookup(SLOT, [key(0)])  # leases the promoting entry too
@@ -147,11 +150,7 @@ def test_transfers_load_parked_on_disk_reads_is_late_past_its_deadline(tier):
     from types import SimpleNamespace
 
     from engine.transfers import PARKED_LOAD_DEADLINE_S, Transfers
-    _store(tier, 0)
-    tier.spill()
-    _settle(tier)
-    for i in range(10, 10 + CAPACITY):
-        _store(tier, i)
+    _on_disk_only(tier, 0)
     _, lease_id = tier.index.lookup(SLOT, [key(0)])
     transfers = Transfers(tier.index, None, tier.stats, reply=None, on_copy_finished=None)
     client = SimpleNamespace(num_inflight=1)
