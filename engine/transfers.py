@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 # the connector gives up on the engine after command_timeout_ms (5 s) of an async load.
 PARKED_LOAD_DEADLINE_S = 3.0
 
+
 class Transfers:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter,
                  reply: Callable[..., None], on_copy_finished: Callable[[CopyDone], None]):
