@@ -2,8 +2,7 @@
 
 Two vLLM instances share blocks only when model, its weights' files, quantization,
 config overrides, load format, dtypes, layer count, KV heads, head size, block size, KV
-layout, TP/PP size and rank all agree (the TP rank not for MLA, whose ranks hold the same
-latent).  The scheduler and each worker compute it from the
+layout, TP/PP size and rank all agree.  The scheduler and each worker compute it from the
 same config, so a lookup and a load always agree.  Weights replaced in place under the
 same local path change it (their files' sizes and times are part of it); a hub model
 is identified by name and revision only.
@@ -124,20 +123,5 @@ def _legacy_layout() -> str:
     return str(get_kv_cache_layout())
 
 
-# KV cache specs whose bytes are the same on every TP rank: MLA's latent is not split by
-# heads, each rank holds all of it (vLLM's MLA backends replicate it across TP).
-TP_REPLICATED_SPECS = ("MLAAttentionSpec",)
-
-
-def is_tp_replicated(base_fields: dict) -> bool:
-    groups = base_fields.get("groups") or []
-    return bool(groups) and all(g["type"] in TP_REPLICATED_SPECS for g in groups)
-
-
 def rank_namespace(base_fields: dict, tp_rank: int, pp_rank: int = 0) -> int:
-    """One namespace per rank, except where every TP rank holds the same bytes (MLA): the
-    ranks of a pipeline stage then share one, so the engine stores one copy per block (the
-    second rank's SAVE finds it stored) and every rank is served from it."""
-    if is_tp_replicated(base_fields):
-        tp_rank = 0
     return namespace_of({**base_fields, "tp_rank": tp_rank, "pp_rank": pp_rank})

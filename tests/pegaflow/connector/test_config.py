@@ -169,23 +169,12 @@ def test_rank_namespace_each_tp_and_pp_rank_differs():
     assert rank_namespace(BASE_FIELDS, 1, 0) == rank_namespace(dict(BASE_FIELDS), 1)
 
 
-def test_rank_namespace_mla_ranks_of_a_stage_share_one():
-    # MLA's latent is the same on every TP rank: one namespace per pipeline stage, so the
-    # engine keeps one copy of each block for all of them.
-    mla = kv_fields(*_fake_configs(spec_type="MLAAttentionSpec", tp_size=2, pp_size=2))
-    assert rank_namespace(mla, 0, 0) == rank_namespace(mla, 1, 0) != rank_namespace(mla, 0, 1)
-    # A dense model keeps one namespace per rank, and never shares one with an MLA model.
-    dense = kv_fields(*_fake_configs(tp_size=2))
-    assert rank_namespace(dense, 0) != rank_namespace(dense, 1)
-    assert rank_namespace(mla, 0, 0) != rank_namespace(kv_fields(*_fake_configs(tp_size=2, pp_size=2)), 0, 0)
-
-
 def _fake_configs(**overrides):
     """The attributes kv_fields reads of VllmConfig and KVCacheConfig, with ``overrides``."""
     values = dict(model="/m/llama", revision=None, dtype="torch.bfloat16", cache_dtype="auto",
                   kv_cache_layout="LBNHC", hash_algo="sha256", tp_size=1, pp_size=1,
                   block_size=16, num_kv_heads=8, head_size=128, spec_dtype="torch.bfloat16", num_layers=4,
-                  quantization=None, hf_overrides={}, load_format="auto", seed=0, spec_type=None)
+                  quantization=None, hf_overrides={}, load_format="auto", seed=0)
     values.update(overrides)
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(model=values["model"], revision=values["revision"], dtype=values["dtype"],
@@ -196,9 +185,8 @@ def _fake_configs(**overrides):
                                      prefix_caching_hash_algo=values["hash_algo"]),
         parallel_config=SimpleNamespace(tensor_parallel_size=values["tp_size"],
                                         pipeline_parallel_size=values["pp_size"]))
-    spec_class = type(values["spec_type"], (SimpleNamespace,), {}) if values["spec_type"] else SimpleNamespace
-    spec = spec_class(block_size=values["block_size"], num_kv_heads=values["num_kv_heads"],
-                      head_size=values["head_size"], dtype=values["spec_dtype"])
+    spec = SimpleNamespace(block_size=values["block_size"], num_kv_heads=values["num_kv_heads"],
+                           head_size=values["head_size"], dtype=values["spec_dtype"])
     group = SimpleNamespace(kv_cache_spec=spec, layer_names=[f"l{i}" for i in range(values["num_layers"])])
     return vllm_config, SimpleNamespace(kv_cache_groups=[group])
 
