@@ -207,10 +207,10 @@ OPTIONS: tuple[Option, ...] = (
            "checksum; read back into the pool on a hit, and taken in again by the next engine on "
            "the same paths (empty: no disk tier)", _disk_paths),
     Option("disk-size", "disk_bytes", "0", "bytes of blocks each --disk-path holds, e.g. 500GiB "
-           "(0: 90 % of the path's free space at start)", parse_size),
+           "(0: 90 % of the least free space among the paths at start)", parse_size),
     Option("disk-admission", "disk_admission", "evicted", "which blocks go to disk: evicted (every "
            "block about to leave the pool), reused (only those a lookup hit at least once) or all "
-           "(every block as it is stored: the whole cache outlives a restart)",
+           "(every block as it is stored: what was written before a stop outlives it)",
            _choice("disk-admission", DISK_ADMISSIONS)),
     Option("disk-threads", "disk_threads", "8", "threads doing the disk tier's reads and writes "
            "(requests in flight)", int),

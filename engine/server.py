@@ -269,10 +269,8 @@ class EngineServer:
         logger.info("engine %r stopping", self.config.name)
         self.segments.mark_stopping()
         pinner_stopped = self.pinner.stop()  # before the backend closes: it unpins only what is over
-        for client, rec, _, _ in self.dispatcher.transfers.parked:  # waiting for disk reads
-            client.num_inflight -= 1
+        for client, rec in self.dispatcher.transfers.parked.take_all():  # waiting for disk reads
             self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
-        self.dispatcher.transfers.parked.clear()
         is_disk_stopped = self.disk is None or self.disk.close()  # its I/O uses the pool's pages
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
         while self.backend.num_inflight() and time.monotonic() < deadline:

@@ -23,16 +23,13 @@ from engine.clients import ClientState
 from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
 from engine.entries import Key
 from engine.index import BlockIndex
+from engine.parked_loads import ParkedLoads
 from engine.pending import ANSWERED_LATER, PendingCopy, chunk_bounds, command_keys
 from engine.stats import StatsWriter
 from pegaflow.errors import CommandError, PegaflowError
 from pegaflow.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opcode, Status
 
 logger = logging.getLogger(__name__)
-
-# A LOAD waiting for disk reads longer than this is answered MISSING_BLOCK (vLLM recomputes):
-# the connector gives up on the engine after command_timeout_ms (5 s) of an async load.
-PARKED_LOAD_DEADLINE_S = 3.0
 
 
 class Transfers:
@@ -45,10 +42,7 @@ class Transfers:
         # The dispatcher's on_copy_done (which calls ours): for copies this class polls itself.
         self.on_copy_finished = on_copy_finished
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
-        # LOADs of leases whose blocks are still being read from disk: (client, rec, payload,
-        # parked at), each counted in its client's copies in flight (its slot and memory stay)
-        # until resumed
-        self.parked: list[tuple[ClientState, object, np.ndarray, float]] = []
+        self.parked = ParkedLoads()  # LOADs waiting for the disk tier's reads
         self._tokens = itertools.count(1)
 
     def _blocks(self, client: ClientState, rec, payload: np.ndarray):
@@ -143,8 +137,7 @@ class Transfers:
         if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_foreign_lease(rec.arg, client.instance):
             raise CommandError(Status.UNKNOWN_LEASE, f"lease {rec.arg} is another vLLM instance's")
         if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_promoting(rec.arg):
-            self.parked.append((client, rec, payload, time.monotonic()))  # resumed once the reads end
-            client.num_inflight += 1
+            self.parked.park(client, rec, payload, time.monotonic())  # resumed once the reads end
             return ANSWERED_LATER, None
         try:
             return self._start_load(client, rec, payload)
@@ -190,20 +183,8 @@ class Transfers:
         return self._seal(pending)
 
     def take_parked(self, now: float) -> list[tuple[ClientState, object, np.ndarray, bool]]:
-        """The parked LOADs whose leases have no block left being read (or that are gone),
-        and those parked since before ``now - PARKED_LOAD_DEADLINE_S`` (True: late)."""
-        ready, waiting, late_before = [], [], now - PARKED_LOAD_DEADLINE_S
-        for client, rec, payload, parked_at in self.parked:
-            if not self.index.is_promoting(rec.arg):
-                ready.append((client, rec, payload, False))
-            elif parked_at < late_before:
-                ready.append((client, rec, payload, True))
-            else:
-                waiting.append((client, rec, payload, parked_at))
-        self.parked = waiting
-        for client, *_ in ready:
-            client.num_inflight -= 1
-        return ready
+        """Parked LOADs to go on, or late (``ParkedLoads.take``)."""
+        return self.parked.take(now, self.index.is_promoting)
 
     def _stored_offsets(self, keys: list[Key], entry_bytes: int) -> np.ndarray:
         """The pool offsets of ``keys``, every one stored with this geometry (one pass: a

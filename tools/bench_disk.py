@@ -18,6 +18,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -137,14 +138,17 @@ def summarize_set(name: str, count: int, block_bytes: int, times: dict[str, list
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dir", default=str(ROOT / ".bench-disk"), help="a directory on the drive to measure")
+    p.add_argument("--dir", default=str(ROOT / ".bench-disk"),
+                   help="a directory on the drive to measure (the bench works in a new folder inside it)")
     p.add_argument("--sets", nargs="+", default=list(DEFAULT_SETS), help="name:blocks")
     p.add_argument("--block-mib", type=float, default=2.0, help="bytes of one block (MiB)")
     p.add_argument("--threads", type=int, default=8, help="the store's I/O threads (--disk-threads)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    directory, block_bytes = Path(args.dir), int(args.block_mib * 2**20)
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    # Everything goes in a folder of our own under --dir, removed at the end (never --dir).
+    directory, block_bytes = Path(tempfile.mkdtemp(prefix="pegaflow-bench-", dir=args.dir)), int(args.block_mib * 2**20)
     rows = []
     try:
         for spec in args.sets:

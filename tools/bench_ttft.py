@@ -167,22 +167,23 @@ def _spawn(args, phase: str) -> dict:
         Path(out).unlink(missing_ok=True)
 
 
-def _disk_phase(args, engine, start) -> dict:
+def _disk_phase(engine, start, args) -> dict:
     """Once the engine has written every block it stored to disk: a new engine on the same
     disk (its pool empty) serves a vLLM the prompts from disk, then from its pool."""
     from pegaflow.engine_stats import read_stats
+    from tools.engine_process import LARGE_POOL_STOP_S
     deadline = time.monotonic() + 300
     while (s := read_stats(engine.name))["disk_blocks_written"] < s["blocks_saved"]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the disk tier wrote {s['disk_blocks_written']} of {s['blocks_saved']} blocks")
         time.sleep(0.1)
-    engine.stop(timeout_s=120)
+    engine.stop(timeout_s=LARGE_POOL_STOP_S)
     fresh = start(None, keep_disk=True)
     try:
         result = _spawn(args, "disk")
         result["engine_stats"] = read_stats(fresh.name)
     finally:
-        fresh.stop(timeout_s=120)
+        fresh.stop(timeout_s=LARGE_POOL_STOP_S)
     return result
 
 
@@ -272,24 +273,30 @@ def main() -> int:
                         "(the first one's figures are the table's; default: the engine's default)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--disk-path", default="",
-                   help="also measure warm TTFT from the engine's disk tier here: every block is "
-                        "written to disk, then a new engine (empty pool) serves the prompts from it")
+                   help="also measure warm TTFT from the engine's disk tier, in a new folder under this "
+                        "directory: every block is written to disk as it is stored (in every pegaflow "
+                        "phase: their figures then include that), then a new engine (empty pool) serves "
+                        "the prompts from it")
     p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk"], help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
         Path(args.phase_out).write_text(json.dumps(run_phase(args)))
         return 0
-    from tools.engine_process import EngineProcess
+    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     backends = args.copy_backends or [None]
     engine, given_engine = None, args.engine_name
 
+    if given_engine and (args.copy_backends or args.disk_path):
+        p.error("--copy-backends and --disk-path start engines of their own: leave out --engine-name")
+    disk_dir = tempfile.mkdtemp(prefix="pegaflow-ttft-", dir=args.disk_path) if args.disk_path else ""
+
     def start(backend: str | None, keep_disk: bool = False):
         extra = ("--copy-backend", backend) if backend else ()
-        if args.disk_path:  # every block written to disk as it is stored
+        if disk_dir:  # every block written to disk as it is stored, in a folder of our own
             if not keep_disk:
-                shutil.rmtree(Path(args.disk_path) / "pegaflow-blocks", ignore_errors=True)
-            extra += ("--disk-path", args.disk_path, "--disk-admission", "all")
+                shutil.rmtree(Path(disk_dir) / "pegaflow-blocks", ignore_errors=True)
+            extra += ("--disk-path", disk_dir, "--disk-admission", "all")
         started = EngineProcess(f"ttft{os.getpid()}", *extra, backend="cuda", pool_size=args.pool_size,
                                 start_timeout_s=300)
         args.engine_name = started.name
@@ -310,16 +317,18 @@ def main() -> int:
     try:
         for i, backend in enumerate(backends):
             if i and not given_engine:  # each copy path its own fresh engine
-                engine.stop()
+                engine.stop(timeout_s=LARGE_POOL_STOP_S)
                 engine = start(backend)
             by_backend[backend or "default"] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
-        disk = _disk_phase(args, engine, start) if args.disk_path and engine is not None else None
+        disk = _disk_phase(engine, start, args) if disk_dir else None
         native = _spawn(args, "native")
         none = _spawn(args, "none")
     finally:
         if engine is not None:
-            engine.stop()
+            engine.stop(timeout_s=LARGE_POOL_STOP_S)
+        if disk_dir:
+            shutil.rmtree(disk_dir, ignore_errors=True)
     peg = by_backend[backends[0] or "default"]
     result = summarize(peg, native, none, _gpu_name())
     if disk is not None:

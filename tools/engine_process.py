@@ -88,10 +88,13 @@ class EngineProcess:
         from pegaflow.engine_stats import read_stats
         deadline = time.monotonic() + timeout_s
         while True:
+            if self.proc.poll() is not None:
+                raise EngineStartError(f"engine {self.name} exited with {self.proc.returncode} "
+                                       f"while pinning its pool")
             stats = read_stats(self.name)
             if stats["pool_bytes_ready"] >= stats["pool_bytes_capacity"]:
                 return
-            if self.proc.poll() is not None or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 raise EngineStartError(f"engine {self.name}: pool {stats['pool_bytes_ready']} of "
                                        f"{stats['pool_bytes_capacity']} bytes pinned after {timeout_s}s")
             time.sleep(0.05)

@@ -19,9 +19,10 @@ A device has one set of slots and one stream pair per direction, so loads never 
 behind saves, and the stream order of a direction keeps its ops in turn.  The first
 sub-chunk of a SAVE waits for the client's events (per layer before that layer's
 gather); a LOAD's scatter waits for its client event.  A LOAD whose client waits layer
-by layer on our events is staged only under ``--copy-backend staged``: every layer's
-event is recorded after the last sub-chunk's scatter, so no layer is ready before the
-whole load (under ``auto`` the kernel keeps those).  What is not staged: an op over one
+by layer on our events is staged too (``paths.py``): every layer's event is recorded
+after the last sub-chunk's scatter, so no layer is ready before the whole load.  Such
+loads share the direction's one stream pair with the unfenced (asynchronous) ones.  What
+is not staged: an op over one
 layer or over layers that are not consecutive in the pool entry, and an entry larger
 than a slot.
 """

@@ -149,18 +149,19 @@ def test_transfers_load_parked_on_disk_reads_is_late_past_its_deadline(tier):
     # 1. A block on disk only; a lookup starts its read (not polled: still promoting).
     from types import SimpleNamespace
 
-    from engine.transfers import PARKED_LOAD_DEADLINE_S, Transfers
+    from engine.parked_loads import PARKED_LOAD_DEADLINE_S
+    from engine.transfers import Transfers
     _on_disk_only(tier, 0)
     _, lease_id = tier.index.lookup(SLOT, [key(0)])
     transfers = Transfers(tier.index, None, tier.stats, reply=None, on_copy_finished=None)
-    client = SimpleNamespace(num_inflight=1)
+    client = SimpleNamespace(num_inflight=0)
     rec = SimpleNamespace(arg=lease_id)
-    # 2. Parked just now it waits; parked longer ago than the deadline it comes back late.
+    # 2. Parked just now it waits (counted in flight); past the deadline it comes back late.
     now = time.monotonic()
-    transfers.parked = [(client, rec, None, now)]
+    transfers.parked.park(client, rec, None, now)
     assert transfers.take_parked(now) == [] and client.num_inflight == 1
-    transfers.parked = [(client, rec, None, now - PARKED_LOAD_DEADLINE_S - 1)]
-    assert transfers.take_parked(now) == [(client, rec, None, True)] and client.num_inflight == 0
+    assert transfers.take_parked(now + PARKED_LOAD_DEADLINE_S + 1) == [(client, rec, None, True)]
+    assert client.num_inflight == 0 and len(transfers.parked) == 0
     _settle(tier)  # the read goes on into the pool
     assert tier.index.leases[lease_id].entries[0].is_ready
 

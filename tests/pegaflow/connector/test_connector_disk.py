@@ -35,6 +35,17 @@ def _run_until_done(vllm: VllmInstance, timeout_s: float = 30.0) -> None:
             time.sleep(0.005)
 
 
+def _step_until_admitted(vllm: VllmInstance, req_id: str, timeout_s: float = 30.0):
+    """``VllmInstance.step_until_admitted`` by the clock (a loaded machine is slow to answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = vllm.step()
+        if record.loads or any(r.req_id == req_id for r in record.output.scheduled_new_reqs):
+            return record
+        assert time.monotonic() < deadline, f"{req_id} not admitted within {timeout_s} s"
+        time.sleep(0.002)
+
+
 def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path):
     # A pool of 10 blocks (24 KiB each: 3 layers of 8 KiB pages), a disk tier beside it.
     name = f"cdisk{os.getpid()}_{os.urandom(2).hex()}"
@@ -53,7 +64,7 @@ def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path):
         try:
             second.poison()
             second.add(make_request("again", PROMPT))
-            (load,) = second.step_until_admitted("again").loads
+            (load,) = _step_until_admitted(second, "again").loads
             assert load.is_async and len(load.block_ids) == 5
             _run_until_done(second)
             assert second.external_hits() == 5 * BLOCK
