@@ -61,6 +61,7 @@ class DiskStore:
     def __init__(self, paths: list[Path], size_bytes: int, num_threads: int = 8,
                  wake: Callable[[], None] | None = None) -> None:
         self._paths = [Path(path) for path in paths]
+        self._roots = [str(path) for path in self._paths]  # for block_path_text
         if not self._paths or len(set(self._paths)) != len(self._paths):
             raise ConfigError(f"disk tier paths must be distinct and at least one: {paths}")
         if size_bytes <= 0 or num_threads < 1:
@@ -208,8 +209,8 @@ class DiskStore:
         self._is_closed = True
         return self._workers.close(timeout_s, drop_queued)
 
-    def _path_of(self, path_index: int, key: Key) -> Path:
-        return blockfile.block_path(self._paths[path_index], key)
+    def _path_of(self, path_index: int, key: Key) -> str:
+        return blockfile.block_path_text(self._roots[path_index], key)
 
     def _submit(self, job: DiskJob) -> None:
         self._num_inflight += 1
@@ -263,7 +264,7 @@ class DiskStore:
         self._used_bytes[block.path_index] -= block.file_bytes
         self._unlink(self._path_of(block.path_index, key))
 
-    def _unlink(self, path: Path) -> int:
+    def _unlink(self, path: Path | str) -> int:
         """Remove one file on the main thread; 1 if it was there."""
         try:
             os.unlink(path)

@@ -143,21 +143,34 @@ class DiskTier:
             run.append((key, meta))
             num_bytes += meta[0]
         fetched = []
-        for key, (entry_bytes, num_layers) in run:  # one at a time: sizes may differ
-            entry = self.index.reserve(key, entry_bytes, num_layers, ORPHAN)
+        for meta, keys_of_size in _runs_of_one_size(run):  # (one reserve for each)
+            entries = self.index.reserve_many(keys_of_size, *meta, ORPHAN)
+            started = self._start_reads(keys_of_size, entries)
+            fetched += started
+            if len(started) < len(keys_of_size):
+                break
+        if fetched:
+            self.stats.add("lookup_disk_blocks", len(fetched))
+        return fetched
+
+    def _start_reads(self, keys: list[Key], entries: list[Entry | None]) -> list[Entry]:
+        """Reads into the entries just reserved for ``keys``, up to the first that cannot
+        start; the entries after it are given back (pinned only those started)."""
+        started, index = [], self.index
+        for key, entry in zip(keys, entries):
             if entry is None or entry.refs or entry.pending_mask or entry.done_mask:
                 break  # the pool is full of blocks in use (or the key came in meanwhile)
             token = next(self._tokens)
-            if not store.try_read(key, self._page(entry), token):
-                self.index.abandon_layers(key, 0)
+            if not self.store.try_read(key, self._page(entry), token):
                 break
             entry.pending_mask, entry.is_promoting = entry.all_layers_mask, True
             entry.refs += 1  # the lease's
             self._reads[token] = (key, entry)
-            fetched.append(entry)
-        if fetched:
-            self.stats.add("lookup_disk_blocks", len(fetched))
-        return fetched
+            started.append(entry)
+        for key, entry in zip(keys[len(started):], entries[len(started):]):
+            if entry is not None and not (entry.refs or entry.pending_mask or entry.done_mask):
+                index.abandon_layers(key, 0)  # reserved here, never read: dropped again
+        return started
 
     def poll(self) -> bool:
         """Take in finished reads and writes; True if any finished."""
@@ -213,3 +226,13 @@ class DiskTier:
                 os.close(fd)
             self.locks = []
         return is_stopped
+
+
+def _runs_of_one_size(run: list[tuple[Key, tuple[int, int]]]):
+    """``(key, (entry_bytes, num_layers))`` pairs cut where the size changes:
+    ``((entry_bytes, num_layers), [keys])`` each, in order."""
+    start = 0
+    for i in range(1, len(run) + 1):
+        if i == len(run) or run[i][1] != run[start][1]:
+            yield run[start][1], [key for key, _ in run[start:i]]
+            start = i

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from engine.disk import blockfile
 from engine.entries import Key
@@ -39,7 +38,7 @@ class DiskJob:
     token: int
     key: Key
     is_read: bool
-    path: Path
+    path: str  # the block file (a string: named on the engine thread)
     buf: memoryview
     num_layers: int = 0
 

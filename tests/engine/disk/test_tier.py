@@ -185,3 +185,21 @@ def test_tier_admission_all_writes_every_block_as_it_is_stored(tmp_path):
         assert done[0].error is None and np.array_equal(dst, saved[1])
     finally:
         tier.close()
+
+
+def test_tier_promotion_stops_at_a_block_the_pool_holds_and_gives_back_the_rest(tier):
+    # 1. Blocks 0 and 2 on disk only; block 1 on disk and back in the pool (READY).
+    for i in (0, 1, 2):
+        _store(tier, i)
+    tier.spill()
+    _settle(tier)
+    for j in range(10, 10 + CAPACITY):
+        _store(tier, j)
+    _store(tier, 1)
+    # 2. The lookup's run through the disk stops at block 1: only block 0 is read, the entry
+    #    reserved for block 2 goes back, block 1 keeps no pin of this lookup.
+    num_hits, lease_id = tier.index.lookup(SLOT, [key(0), key(1), key(2)])
+    assert num_hits == 1 and tier.index.leases[lease_id].num_disk == 1
+    assert key(2) not in tier.index.entries and tier.index.entries[key(1)].refs == 0
+    _settle(tier)
+    assert tier.index.leases[lease_id].entries[0].is_ready
