@@ -3,7 +3,8 @@
 Process R computes every prompt with no connector (the reference).  Process A, with the
 connector, computes the base prompts cold and saves them.  Process B, a fresh vLLM with
 its own prefix cache off, runs the base prompts, prompts that extend them, prompts that
-share only part of them, and a batch of them together: its prefixes come from the engine
+share only part of them, and a batch of them together (also from a new engine whose pool
+is empty and whose disk tier holds them): its prefixes come from the engine
 (the engine's counters and vLLM's per-request count of tokens it did not compute say so)
 and its greedy tokens and top-5 logprobs equal R's bit for bit.  Corrupting one page in the pool makes the check
 fail; an engine gone mid-run still yields exact outputs (vLLM recomputes).
@@ -16,6 +17,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,4 +156,33 @@ def test_e2e_engine_gone_still_exact(reference, tmp_path):
         # 2. A new engine of that name removes what the killed one left in /dev/shm.
         EngineProcess(name, backend="cuda", pool_size="64MiB", start_timeout_s=120).stop()
     assert result["cached_tokens"] == 0
+    assert _max_logprob_diff(_flatten(result), ref) == 0.0
+
+
+def _disk_engine(name: str, disk: str) -> EngineProcess:
+    """An engine whose disk tier writes every block as it is stored."""
+    return EngineProcess(name, "--disk-path", disk, "--disk-admission", "all", backend="cuda",
+                         pool_size="2GiB", start_timeout_s=120)
+
+
+def test_e2e_prefixes_served_from_disk_equal_no_cache_run(reference, tmp_path):
+    pytest.importorskip("xxhash")  # the disk tier's checksums
+    prompts, ref = reference
+    name, disk = f"e2ed{os.getpid()}", str(tmp_path / "disk")
+    # 1. A computes the base prompts cold; every block it saves is written to disk; the
+    #    engine stops.
+    with _disk_engine(name, disk) as first:
+        _run(tmp_path, "A", [[x] for x in prompts["base"]], first.name)
+        deadline = time.monotonic() + 60
+        while (stats := read_stats(first.name))["disk_blocks_written"] < stats["blocks_saved"]:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.1)
+    assert stats["disk_blocks_written"] >= sum(len(x) // BLOCK for x in prompts["base"])
+    # 2. A new engine on that disk, its pool empty, serves B: its prefixes come from disk.
+    with _disk_engine(name, disk) as second:
+        result = _run(tmp_path, "B", _b_batches(prompts), second.name, "--no-prefix-caching")
+        stats = read_stats(second.name)
+    assert stats["disk_blocks_read"] > 0 and stats["lookup_disk_blocks"] > 0
+    assert stats["disk_checksum_failures"] == 0 and result["cached_tokens"] > 0
+    # 3. Tokens and top-5 logprobs equal the no-cache run exactly.
     assert _max_logprob_diff(_flatten(result), ref) == 0.0
