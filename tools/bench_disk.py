@@ -112,6 +112,8 @@ def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: i
     times: dict[str, list[float]] = {"raw_write": [], "tier_write": [], "raw_read": [], "tier_read": []}
     is_direct = True
     tier_dir, raw_dir = directory / f"{name}-tier", directory / f"{name}-raw"
+    tier_write(tier_dir, data[:8 * block_bytes], block_bytes, threads)  # warm-up (not timed):
+    tier_read(tier_dir, data[:8 * block_bytes], block_bytes, threads)   # threads, imports, dirs
     for _ in range(repeats):  # interleaved: raw write, tier write, raw read, tier read
         seconds, direct = raw(raw_dir, data.nbytes, block_bytes, write=True)
         times["raw_write"].append(seconds)
