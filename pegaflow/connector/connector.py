@@ -17,6 +17,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from pegaflow.connector.config import ConnectorConfig
+from pegaflow.connector.drafter import drafter_layers
 from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.memory import CudaMemory, HostMemory
 from pegaflow.connector.metadata import PegaConnectorMetadata
@@ -140,6 +141,11 @@ class PegaKVConnector(KVConnectorBase_V1):
     # -- worker side ----------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict) -> None:
+        drafter = drafter_layers(self._vllm_config, kv_caches)
+        if drafter:
+            logger.info("pegaflow: %d of %d KV layers are the speculative drafter's: not stored "
+                        "(the target's are; outputs stay exact)", len(drafter), len(kv_caches))
+            kv_caches = {name: t for name, t in kv_caches.items() if name not in drafter}
         tensors = {name: _tensor_info(name, t) for name, t in kv_caches.items()}
         devices = {t.device.type for t in kv_caches.values()}
         if devices == {"cuda"}:
