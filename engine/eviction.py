@@ -32,6 +32,14 @@ class LruPolicy:
         if key in self._order:
             self._order.move_to_end(key)
 
+    def touch_all(self, keys) -> None:
+        """``touch`` each of ``keys`` in turn (the last one ends the most recently used)."""
+        self.num_changes += 1
+        order = self._order
+        for key in keys:
+            if key in order:
+                order.move_to_end(key)
+
     def remove(self, key: Hashable) -> None:
         self.num_changes += 1
         self._order.pop(key, None)

@@ -69,12 +69,15 @@ class BlockIndex:
             hits.append(entry)
         for hit in hits:
             hit.refs += 1
-            hit.num_hits += 1
-        num_disk = sum(hit.is_promoting for hit in hits)
-        if entry is None and len(hits) < len(keys) and self.promote is not None:
-            fetched = self.promote(keys[len(hits):], slot)  # pinned already
-            hits += fetched
-            num_disk += len(fetched)
+        num_disk = 0
+        if self.promote is not None:  # a disk tier: its admission counts hits, and its reads
+            for hit in hits:
+                hit.num_hits += 1
+            num_disk = sum(hit.is_promoting for hit in hits)
+            if entry is None and len(hits) < len(keys):
+                fetched = self.promote(keys[len(hits):], slot)  # pinned already
+                hits += fetched
+                num_disk += len(fetched)
         if not hits:
             return 0, 0
         hit_keys = keys[:len(hits)]
@@ -130,9 +133,7 @@ class BlockIndex:
         recently used, so eviction takes a chain from its tail (a lookup stops at the
         first miss: a chain without its head is lost whole).  ``entries``: theirs, where
         the caller has them already."""
-        touch = self.policy.touch
-        for key in reversed(keys):
-            touch(key)
+        self.policy.touch_all(reversed(keys))
         if not self.table.is_kept:
             return  # (finding the entries costs more than the calls it would feed)
         if entries is None:
@@ -254,7 +255,8 @@ class BlockIndex:
 
     def mark_layers_done(self, keys: list[Key], mask: int) -> int:
         """Those layers of ``keys`` are in the pool; returns how many entries became READY."""
-        entries, policy, ready, ready_keys = self.entries, self.policy, [], []
+        entries, policy, ready = self.entries, self.policy, []
+        ready_keys = [] if self.on_ready is not None else None
         for key in keys:
             entry = entries[key]
             was_ready = entry.done_mask == entry.all_layers_mask
@@ -268,12 +270,13 @@ class BlockIndex:
                 policy.insert(key)
                 self.writing.pop(key, None)
                 ready.append(entry)
-                ready_keys.append(key)
+                if ready_keys is not None:
+                    ready_keys.append(key)
             elif entry.owner_slot == ORPHAN and not entry.pending_mask:
                 self._drop(key)
         if ready:  # one block size: reserve_many gives no other
             self.table.ready([e.offset for e in ready], ready[0].entry_bytes)
-            if self.on_ready is not None:
+            if ready_keys is not None:
                 self.on_ready(ready_keys)
         return len(ready)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SETS = ("prefix_10k:625", "working_4gib:2048")
+DD_TIMEOUT_S = 600.0  # one raw pass (a drive that stalls fails the bench, not hangs it)
 
 
 def _settle(store, count: int, timeout_s: float = 600.0) -> list:
@@ -99,7 +100,7 @@ def raw(directory: Path, num_bytes: int, block_bytes: int, write: bool) -> tuple
             cmd = ["dd", f"if={target}", "of=/dev/null", f"bs={block_bytes}", f"count={count}"]
             cmd += ["iflag=direct"] if direct else []
         t0 = time.perf_counter()
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=DD_TIMEOUT_S)
         if result.returncode == 0:
             return time.perf_counter() - t0, direct
     raise RuntimeError(f"dd failed: {result.stderr.strip()}")

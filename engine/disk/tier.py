@@ -103,30 +103,38 @@ class DiskTier:
             if entry.refs or entry.is_doomed or store.contains(key) or \
                     self.is_reused_only and entry.num_hits == 0:
                 continue
-            token = next(self._tokens)
-            if store.try_write(key, self._page(entry), token, entry.all_layers_mask.bit_length()):
-                entry.refs += 1  # its pages stay put until written
-                self._writes[token] = (key, entry)
-                num_started += 1
-        if store.counters.writes_refused != self._num_refused:  # (no I/O result will say so)
-            self._num_refused = store.counters.writes_refused
-            self.update_stats()
+            num_started += self._start_write(key, entry)
+        self._note_refused()
         return num_started
 
     def _write_fresh(self) -> int:
         fresh, entries, store, num_started = self._fresh, self.index.entries, self.store, 0
-        while fresh and len(self._writes) < MAX_WRITES_IN_FLIGHT and time.monotonic() >= self._next_spill:
+        if time.monotonic() < self._next_spill:
+            return 0
+        while fresh and len(self._writes) < MAX_WRITES_IN_FLIGHT:
             key = fresh.popleft()
             entry = entries.get(key)
             if entry is None or not entry.is_ready or store.contains(key):
                 continue  # evicted or dropped since, or read back from disk
-            token = next(self._tokens)
-            if not store.try_write(key, self._page(entry), token, entry.all_layers_mask.bit_length()):
-                continue  # being written, or no room (counted by the store)
-            entry.refs += 1  # a READY entry's pages never change: pinned only against eviction
-            self._writes[token] = (key, entry)
-            num_started += 1
+            num_started += self._start_write(key, entry)
+        self._note_refused()
         return num_started
+
+    def _start_write(self, key: Key, entry: Entry) -> bool:
+        """Queue ``entry``'s write, pinned until it ends (a READY entry's pages never change:
+        the pin only keeps eviction off them); False if the store refused it."""
+        token = next(self._tokens)
+        if not self.store.try_write(key, self._page(entry), token, entry.all_layers_mask.bit_length()):
+            return False  # being written, or no room (counted by the store)
+        entry.refs += 1
+        self._writes[token] = (key, entry)
+        return True
+
+    def _note_refused(self) -> None:
+        """Refused writes have no I/O result to bring the stats up to date: do it here."""
+        if self.store.counters.writes_refused != self._num_refused:
+            self._num_refused = self.store.counters.writes_refused
+            self.update_stats()
 
     def promote(self, keys: list[Key], slot: int) -> list[Entry]:
         """Pool entries for the run of ``keys`` the disk holds, their reads started."""
