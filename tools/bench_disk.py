@@ -1,7 +1,11 @@
 """Disk tier throughput: blocks written from and read back into page-aligned memory (as the
 pool's pages are) by the tier's store, with its I/O threads, checksums and one file per
-block, against a raw sequential direct-I/O write and read of the same file system (``dd
-oflag=direct`` / ``iflag=direct``) measured in the same run, phases interleaved.
+block, against a raw sequential direct-I/O write and read of one file on the same file system
+(single stream, one block a request, as ``dd oflag=direct`` / ``iflag=direct``; of the same
+random bytes) measured in the same run, phases interleaved.  Two more
+read columns tell a slow read's cause apart: ``pool read`` (a thread pool of direct ``preadv``
+of the raw file, one block each: parallel reads without one file per block) and the tier's
+read at each of ``--read-threads``.
 
     python -m tools.bench_disk --dir /nvme/pegaflow-bench [--json]
 
@@ -13,10 +17,11 @@ written.  The directory's file system must have room for the largest set twice.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +31,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SETS = ("prefix_10k:625", "working_4gib:2048")
-DD_TIMEOUT_S = 600.0  # one raw pass (a drive that stalls fails the bench, not hangs it)
 
 
 def _settle(store, count: int, timeout_s: float = 600.0) -> list:
@@ -86,42 +90,82 @@ def _key(i: int) -> tuple[int, bytes]:
     return 1, i.to_bytes(32, "little") + bytes([32])
 
 
-def raw(directory: Path, num_bytes: int, block_bytes: int, write: bool) -> tuple[float, bool]:
-    """Seconds of one sequential ``dd`` of ``num_bytes`` (direct I/O where the file system
-    takes it) and whether it was direct."""
+def raw(directory: Path, data: np.ndarray, block_bytes: int, write: bool) -> tuple[float, bool]:
+    """Seconds of one sequential single-stream pass over one file of ``data``'s bytes, one
+    ``block_bytes`` request at a time (what ``dd bs=... oflag=direct`` / ``iflag=direct``
+    does), direct I/O where the file system takes it; and whether it was direct.  The
+    bytes are ``data``'s, not zeros: a virtual disk may store zero-filled writes as holes
+    and read them back faster than data.  A read is checked against ``data``."""
+    from engine.disk.blockfile import aligned_buffer
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / "raw.bin"
-    count = num_bytes // block_bytes
-    for direct in (True, False):
-        if write:
-            cmd = ["dd", "if=/dev/zero", f"of={target}", f"bs={block_bytes}", f"count={count}"]
-            cmd += ["oflag=direct"] if direct else ["conv=fdatasync"]
-        else:
-            cmd = ["dd", f"if={target}", "of=/dev/null", f"bs={block_bytes}", f"count={count}"]
-            cmd += ["iflag=direct"] if direct else []
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if write else os.O_RDONLY
+    try:
+        fd, direct = os.open(target, flags | getattr(os, "O_DIRECT", 0), 0o644), hasattr(os, "O_DIRECT")
+    except OSError:  # tmpfs and the like refuse O_DIRECT
+        fd, direct = os.open(target, flags, 0o644), False
+    buf = data if write else aligned_buffer(data.nbytes)
+    try:
         t0 = time.perf_counter()
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=DD_TIMEOUT_S)
-        if result.returncode == 0:
-            return time.perf_counter() - t0, direct
-    raise RuntimeError(f"dd failed: {result.stderr.strip()}")
+        for offset in range(0, data.nbytes, block_bytes):
+            view = memoryview(buf[offset:offset + block_bytes])
+            num = os.pwritev(fd, [view], offset) if write else os.preadv(fd, [view], offset)
+            if num != view.nbytes:
+                raise RuntimeError(f"raw {'write' if write else 'read'} moved {num} of {view.nbytes} bytes")
+        if write and not direct:
+            os.fsync(fd)
+        seconds = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    if not write and not np.array_equal(buf, data):
+        raise RuntimeError("raw read back wrong bytes")
+    return seconds, direct
 
 
-def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: int, repeats: int) -> dict:
+def pool_read(directory: Path, num_bytes: int, block_bytes: int, threads: int) -> float:
+    """Seconds ``threads`` threads take to read the raw file, one direct ``preadv`` of
+    ``block_bytes`` per block (no checksum, no file per block)."""
+    from engine.disk.blockfile import aligned_buffer
+    dst = aligned_buffer(num_bytes)
+    try:
+        fd = os.open(directory / "raw.bin", os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    except OSError:  # a file system without direct I/O (tmpfs): as ``raw`` does, buffered
+        fd = os.open(directory / "raw.bin", os.O_RDONLY)
+    try:
+        def read(i: int) -> int:
+            return os.preadv(fd, [memoryview(dst[i * block_bytes:(i + 1) * block_bytes])], i * block_bytes)
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            num_read = sum(pool.map(read, range(num_bytes // block_bytes)))
+        seconds = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    if num_read != num_bytes:
+        raise RuntimeError(f"pool read {num_read} of {num_bytes} bytes")
+    return seconds
+
+
+def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: int, repeats: int,
+            read_threads: tuple[int, ...] = ()) -> dict:
     from engine.disk.blockfile import aligned_buffer
     data = aligned_buffer(count * block_bytes)
     data[:] = np.random.default_rng(0).integers(0, 256, data.nbytes, dtype=np.uint8)
-    times: dict[str, list[float]] = {"raw_write": [], "tier_write": [], "raw_read": [], "tier_read": []}
+    times: dict[str, list[float]] = {"raw_write": [], "tier_write": [], "raw_read": [], "tier_read": [],
+                                     "pool_read": [], **{f"tier_read_t{n}": [] for n in read_threads}}
     is_direct = True
     tier_dir, raw_dir = directory / f"{name}-tier", directory / f"{name}-raw"
     tier_write(tier_dir, data[:8 * block_bytes], block_bytes, threads)  # warm-up (not timed):
     tier_read(tier_dir, data[:8 * block_bytes], block_bytes, threads)   # threads, imports, dirs
     for _ in range(repeats):  # interleaved: raw write, tier write, raw read, tier read
-        seconds, direct = raw(raw_dir, data.nbytes, block_bytes, write=True)
+        seconds, direct = raw(raw_dir, data, block_bytes, write=True)
         times["raw_write"].append(seconds)
         times["tier_write"].append(tier_write(tier_dir, data, block_bytes, threads))
-        seconds, direct_read = raw(raw_dir, data.nbytes, block_bytes, write=False)
+        seconds, direct_read = raw(raw_dir, data, block_bytes, write=False)
         times["raw_read"].append(seconds)
         times["tier_read"].append(tier_read(tier_dir, data, block_bytes, threads))
+        times["pool_read"].append(pool_read(raw_dir, data.nbytes, block_bytes, threads))
+        for n in read_threads:
+            times[f"tier_read_t{n}"].append(tier_read(tier_dir, data, block_bytes, n))
         is_direct = is_direct and direct and direct_read
     shutil.rmtree(tier_dir, ignore_errors=True)
     shutil.rmtree(raw_dir, ignore_errors=True)
@@ -130,7 +174,7 @@ def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: i
 
 def summarize_set(name: str, count: int, block_bytes: int, times: dict[str, list[float]], is_direct: bool) -> dict:
     num_bytes = count * block_bytes
-    gbps = {kind: [num_bytes / s / 1e9 for s in values] for kind, values in times.items()}
+    gbps = {kind: [num_bytes / s / 1e9 for s in values] for kind, values in times.items() if values}
     med = {kind: statistics.median(values) for kind, values in gbps.items()}
     return {"set": name, "blocks": count, "block_bytes": block_bytes, "bytes": num_bytes,
             "raw_is_direct": is_direct, **{f"{k}_gbps": v for k, v in med.items()},
@@ -146,6 +190,8 @@ def main() -> int:
     p.add_argument("--sets", nargs="+", default=list(DEFAULT_SETS), help="name:blocks")
     p.add_argument("--block-mib", type=float, default=2.0, help="bytes of one block (MiB)")
     p.add_argument("--threads", type=int, default=8, help="the store's I/O threads (--disk-threads)")
+    p.add_argument("--read-threads", type=int, nargs="*", default=[],
+                   help="also time the tier's read with each of these thread counts")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -156,7 +202,8 @@ def main() -> int:
     try:
         for spec in args.sets:
             name, count = spec.split(":")
-            rows.append(run_set(directory, name, int(count), block_bytes, args.threads, args.repeats))
+            rows.append(run_set(directory, name, int(count), block_bytes, args.threads, args.repeats,
+                                tuple(args.read_threads)))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     result = {"dir": str(directory), "threads": args.threads, "repeats": args.repeats, "sets": rows,
@@ -165,12 +212,14 @@ def main() -> int:
     last = rows[-1]  # the largest set's ratios are the headline
     result["read_ratio_vs_raw"], result["write_ratio_vs_raw"] = last["read_ratio_vs_raw"], last["write_ratio_vs_raw"]
     print(f"{'set':<14}{'blocks':>7}{'GB':>7}{'raw write':>11}{'tier write':>11}{'x raw':>7}"
-          f"{'raw read':>10}{'tier read':>11}{'x raw':>7}", file=sys.stderr if args.json else sys.stdout)
+          f"{'raw read':>10}{'tier read':>11}{'x raw':>7}{'pool read':>11}", file=sys.stderr if args.json else sys.stdout)
     for r in rows:
         print(f"{r['set']:<14}{r['blocks']:>7}{r['bytes'] / 1e9:>7.2f}{r['raw_write_gbps']:>11.2f}"
               f"{r['tier_write_gbps']:>11.2f}{r['write_ratio_vs_raw']:>7.2f}{r['raw_read_gbps']:>10.2f}"
-              f"{r['tier_read_gbps']:>11.2f}{r['read_ratio_vs_raw']:>7.2f}"
-              f"{'' if r['raw_is_direct'] else '  (raw not direct)'}",
+              f"{r['tier_read_gbps']:>11.2f}{r['read_ratio_vs_raw']:>7.2f}{r['pool_read_gbps']:>11.2f}"
+              + "".join(f"  t{k[len('tier_read_t'):-len('_gbps')]} {v:.2f}" for k, v in r.items()
+                        if k.startswith("tier_read_t") and k.endswith("_gbps"))
+              +               f"{'' if r['raw_is_direct'] else '  (raw not direct)'}",
               file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result))
