@@ -5,7 +5,8 @@ block, against a raw sequential direct-I/O write and read of one file on the sam
 random bytes) measured in the same run, phases interleaved.  Two more
 read columns tell a slow read's cause apart: ``pool read`` (a thread pool of direct ``preadv``
 of the raw file, one block each: parallel reads without one file per block) and the tier's
-read at each of ``--read-threads``.
+read at each of ``--read-threads``; where KvikIO is installed, ``kvikio read``: KvikIO's
+own thread pool reading the tier's block files into the same memory.
 
     python -m tools.bench_disk --dir /nvme/pegaflow-bench [--json]
 
@@ -86,6 +87,40 @@ def tier_read(directory: Path, expected: np.ndarray, block_bytes: int, threads: 
     return seconds
 
 
+class KvikioUnusable(RuntimeError):
+    """KvikIO imports but cannot read on this machine."""
+
+
+def kvikio_read(directory: Path, expected: np.ndarray, block_bytes: int, threads: int) -> float | None:
+    """Seconds KvikIO (its own thread pool of ``threads``) takes to read every block file's
+    data into the same kind of memory (no checksum, no index); None without KvikIO."""
+    try:
+        import kvikio
+        import kvikio.defaults
+    except ImportError:
+        return None
+    from engine.disk.blockfile import HEADER_BYTES, aligned_buffer, block_path_text
+    dst = aligned_buffer(expected.nbytes)
+    count = expected.nbytes // block_bytes
+    try:
+        with kvikio.defaults.set({"num_threads": threads, "task_size": block_bytes}):
+            files = [kvikio.CuFile(block_path_text(str(directory), _key(i)), "r") for i in range(count)]
+            try:
+                t0 = time.perf_counter()
+                futures = [f.pread(dst[i * block_bytes:(i + 1) * block_bytes], block_bytes, HEADER_BYTES)
+                           for i, f in enumerate(files)]
+                num_read = sum(future.get() for future in futures)
+                seconds = time.perf_counter() - t0
+            finally:
+                for f in files:
+                    f.close()
+    except RuntimeError as exc:  # KvikIO installed but unusable here (no libcuda, no cuFile)
+        raise KvikioUnusable(str(exc)) from exc
+    if num_read != expected.nbytes or not np.array_equal(dst, expected):
+        raise RuntimeError("KvikIO read back wrong bytes")
+    return seconds
+
+
 def _key(i: int) -> tuple[int, bytes]:
     return 1, i.to_bytes(32, "little") + bytes([32])
 
@@ -151,8 +186,10 @@ def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: i
     data = aligned_buffer(count * block_bytes)
     data[:] = np.random.default_rng(0).integers(0, 256, data.nbytes, dtype=np.uint8)
     times: dict[str, list[float]] = {"raw_write": [], "tier_write": [], "raw_read": [], "tier_read": [],
-                                     "pool_read": [], **{f"tier_read_t{n}": [] for n in read_threads}}
+                                     "pool_read": [], "kvikio_read": [],
+                                     **{f"tier_read_t{n}": [] for n in read_threads}}
     is_direct = True
+    use_kvikio = True
     tier_dir, raw_dir = directory / f"{name}-tier", directory / f"{name}-raw"
     tier_write(tier_dir, data[:8 * block_bytes], block_bytes, threads)  # warm-up (not timed):
     tier_read(tier_dir, data[:8 * block_bytes], block_bytes, threads)   # threads, imports, dirs
@@ -164,6 +201,13 @@ def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: i
         times["raw_read"].append(seconds)
         times["tier_read"].append(tier_read(tier_dir, data, block_bytes, threads))
         times["pool_read"].append(pool_read(raw_dir, data.nbytes, block_bytes, threads))
+        if use_kvikio:
+            try:
+                if (seconds := kvikio_read(tier_dir, data, block_bytes, threads)) is not None:
+                    times["kvikio_read"].append(seconds)
+            except KvikioUnusable as exc:
+                print(f"bench_disk: KvikIO column left out: {exc}", file=sys.stderr)
+                use_kvikio = False
         for n in read_threads:
             times[f"tier_read_t{n}"].append(tier_read(tier_dir, data, block_bytes, n))
         is_direct = is_direct and direct and direct_read
@@ -212,11 +256,13 @@ def main() -> int:
     last = rows[-1]  # the largest set's ratios are the headline
     result["read_ratio_vs_raw"], result["write_ratio_vs_raw"] = last["read_ratio_vs_raw"], last["write_ratio_vs_raw"]
     print(f"{'set':<14}{'blocks':>7}{'GB':>7}{'raw write':>11}{'tier write':>11}{'x raw':>7}"
-          f"{'raw read':>10}{'tier read':>11}{'x raw':>7}{'pool read':>11}", file=sys.stderr if args.json else sys.stdout)
+          f"{'raw read':>10}{'tier read':>11}{'x raw':>7}{'pool read':>11}{'kvikio':>8}",
+          file=sys.stderr if args.json else sys.stdout)
     for r in rows:
         print(f"{r['set']:<14}{r['blocks']:>7}{r['bytes'] / 1e9:>7.2f}{r['raw_write_gbps']:>11.2f}"
               f"{r['tier_write_gbps']:>11.2f}{r['write_ratio_vs_raw']:>7.2f}{r['raw_read_gbps']:>10.2f}"
               f"{r['tier_read_gbps']:>11.2f}{r['read_ratio_vs_raw']:>7.2f}{r['pool_read_gbps']:>11.2f}"
+              f"{r.get('kvikio_read_gbps', float('nan')):>8.2f}"
               + "".join(f"  t{k[len('tier_read_t'):-len('_gbps')]} {v:.2f}" for k, v in r.items()
                         if k.startswith("tier_read_t") and k.endswith("_gbps"))
               +               f"{'' if r['raw_is_direct'] else '  (raw not direct)'}",
