@@ -5,8 +5,9 @@ block, against a raw sequential direct-I/O write and read of one file on the sam
 random bytes) measured in the same run, phases interleaved.  Two more
 read columns tell a slow read's cause apart: ``pool read`` (a thread pool of direct ``preadv``
 of the raw file, one block each: parallel reads without one file per block) and the tier's
-read at each of ``--read-threads``; where KvikIO is installed, ``kvikio read``: KvikIO's
-own thread pool reading the tier's block files into the same memory.
+read at each of ``--read-threads`` (and its write at each of ``--write-threads``); where
+KvikIO is installed, ``kvikio read``: KvikIO's own thread pool reading the tier's block
+files into the same memory.
 
     python -m tools.bench_disk --dir /nvme/pegaflow-bench [--json]
 
@@ -181,13 +182,14 @@ def pool_read(directory: Path, num_bytes: int, block_bytes: int, threads: int) -
 
 
 def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: int, repeats: int,
-            read_threads: tuple[int, ...] = ()) -> dict:
+            read_threads: tuple[int, ...] = (), write_threads: tuple[int, ...] = ()) -> dict:
     from engine.disk.blockfile import aligned_buffer
     data = aligned_buffer(count * block_bytes)
     data[:] = np.random.default_rng(0).integers(0, 256, data.nbytes, dtype=np.uint8)
     times: dict[str, list[float]] = {"raw_write": [], "tier_write": [], "raw_read": [], "tier_read": [],
                                      "pool_read": [], "kvikio_read": [],
-                                     **{f"tier_read_t{n}": [] for n in read_threads}}
+                                     **{f"tier_read_t{n}": [] for n in read_threads},
+                                     **{f"tier_write_t{n}": [] for n in write_threads}}
     is_direct = True
     use_kvikio = True
     tier_dir, raw_dir = directory / f"{name}-tier", directory / f"{name}-raw"
@@ -210,6 +212,8 @@ def run_set(directory: Path, name: str, count: int, block_bytes: int, threads: i
                 use_kvikio = False
         for n in read_threads:
             times[f"tier_read_t{n}"].append(tier_read(tier_dir, data, block_bytes, n))
+        for n in write_threads:
+            times[f"tier_write_t{n}"].append(tier_write(tier_dir, data, block_bytes, n))
         is_direct = is_direct and direct and direct_read
     shutil.rmtree(tier_dir, ignore_errors=True)
     shutil.rmtree(raw_dir, ignore_errors=True)
@@ -236,6 +240,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=8, help="the store's I/O threads (--disk-threads)")
     p.add_argument("--read-threads", type=int, nargs="*", default=[],
                    help="also time the tier's read with each of these thread counts")
+    p.add_argument("--write-threads", type=int, nargs="*", default=[],
+                   help="also time the tier's write with each of these thread counts")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -247,7 +253,7 @@ def main() -> int:
         for spec in args.sets:
             name, count = spec.split(":")
             rows.append(run_set(directory, name, int(count), block_bytes, args.threads, args.repeats,
-                                tuple(args.read_threads)))
+                                tuple(args.read_threads), tuple(args.write_threads)))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     result = {"dir": str(directory), "threads": args.threads, "repeats": args.repeats, "sets": rows,
@@ -263,8 +269,8 @@ def main() -> int:
               f"{r['tier_write_gbps']:>11.2f}{r['write_ratio_vs_raw']:>7.2f}{r['raw_read_gbps']:>10.2f}"
               f"{r['tier_read_gbps']:>11.2f}{r['read_ratio_vs_raw']:>7.2f}{r['pool_read_gbps']:>11.2f}"
               f"{r.get('kvikio_read_gbps', float('nan')):>8.2f}"
-              + "".join(f"  t{k[len('tier_read_t'):-len('_gbps')]} {v:.2f}" for k, v in r.items()
-                        if k.startswith("tier_read_t") and k.endswith("_gbps"))
+              + "".join(f"  {k[len('tier_'):-len('_gbps')]} {v:.2f}" for k, v in r.items()
+                        if k.startswith(("tier_read_t", "tier_write_t")) and k.endswith("_gbps"))
               +               f"{'' if r['raw_is_direct'] else '  (raw not direct)'}",
               file=sys.stderr if args.json else sys.stdout)
     if args.json:

@@ -161,7 +161,10 @@ def _spawn(args, phase: str) -> dict:
         out = f.name
     cmd = [sys.executable, "-m", "tools.bench_ttft", "--phase", phase, "--phase-out", out] + _passthrough(args)
     try:  # stdout carries only our JSON; a phase that hangs fails the bench
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S)
+        # vLLM 0.26 seeds its block hashes per process unless PYTHONHASHSEED is set: the disk
+        # phase's vLLM must hash the prompts as the first one did
+        env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"))
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S, env=env)
         return json.loads(Path(out).read_text())
     finally:
         Path(out).unlink(missing_ok=True)
@@ -202,22 +205,27 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
 
 
-def summarize(peg: dict, native: dict, none: dict, gpu: str) -> dict:
+def summarize(peg: dict, native: dict | None, none: dict, gpu: str) -> dict:
+    """The table's figures; ``native`` None (--skip-native): its columns are left out."""
     cold, cold_p90 = _stats(peg["cold_ms"])
     warm, warm_p90 = _stats(peg["warm_ms"])
-    nat, nat_p90 = _stats(native["warm_ms"])
     hit, hit_p90 = _stats(none["gpu_hit_ms"])
     timings = [("cold", peg, "cold"), ("cold_none", none, "cold"), ("warm_pegaflow", peg, "warm"),
-               ("warm_native", native, "warm"), ("gpu_hit", none, "gpu_hit"),
-               ("gpu_hit_native_phase", native, "gpu_hit")]
+               ("gpu_hit", none, "gpu_hit")]
+    native_figures, native_tokens = {}, []
+    if native is not None:
+        nat, nat_p90 = _stats(native["warm_ms"])
+        timings += [("warm_native", native, "warm"), ("gpu_hit_native_phase", native, "gpu_hit")]
+        native_figures = {"warm_native_ms_median": nat, "warm_native_ms_p90": nat_p90,
+                          "gpu_hit_native_phase_ms_median": _stats(native["gpu_hit_ms"])[0],
+                          "warm_pegaflow_over_native": warm / nat}
+        native_tokens = [native["cold_tokens"], native["warm_tokens"]]
     return {
         "gpu": gpu, "cold_ms_median": cold, "cold_ms_p90": cold_p90,
         "warm_pegaflow_ms_median": warm, "warm_pegaflow_ms_p90": warm_p90,
-        "warm_native_ms_median": nat, "warm_native_ms_p90": nat_p90,
         "gpu_hit_ms_median": hit, "gpu_hit_ms_p90": hit_p90,
         "cold_none_ms_median": _stats(none["cold_ms"])[0],
-        "gpu_hit_native_phase_ms_median": _stats(native["gpu_hit_ms"])[0],
-        "warm_pegaflow_over_native": warm / nat,
+        **native_figures,
         "warm_batch8_pegaflow_ms": peg["warm_batch_ms"], "cold_batch8_ms": none["cold_batch_ms"],
         "tpot_saving_ms": statistics.median(peg["tpot_ms"]),
         "tpot_none_ms": statistics.median(none["tpot_ms"]),
@@ -231,8 +239,8 @@ def summarize(peg: dict, native: dict, none: dict, gpu: str) -> dict:
         **{f"{name}_{kind}_ms_median": statistics.median(phase[f"{key}_{kind}_ms"])
            for name, phase, key in timings for kind in ("engine", "queue", "step")
            if phase.get(f"{key}_{kind}_ms")},
-        "outputs_identical": peg["cold_tokens"] == peg["warm_tokens"] == native["cold_tokens"]
-        == native["warm_tokens"] == none["cold_tokens"] == none["gpu_hit_tokens"],
+        "outputs_identical": all(tokens == none["cold_tokens"] for tokens in
+                                 [peg["cold_tokens"], peg["warm_tokens"], *native_tokens, none["gpu_hit_tokens"]]),
     }
 
 
@@ -277,6 +285,8 @@ def main() -> int:
                         "directory: every block is written to disk as it is stored (in every pegaflow "
                         "phase: their figures then include that), then a new engine (empty pool) serves "
                         "the prompts from it")
+    p.add_argument("--skip-native", action="store_true",
+                   help="leave out the vLLM native offload phase (and its columns)")
     p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk"], help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -322,7 +332,7 @@ def main() -> int:
             by_backend[backend or "default"] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
         disk = _disk_phase(engine, start, args) if disk_dir else None
-        native = _spawn(args, "native")
+        native = None if args.skip_native else _spawn(args, "native")
         none = _spawn(args, "none")
     finally:
         if engine is not None:
@@ -335,7 +345,12 @@ def main() -> int:
         result["warm_from_disk_ms"], result["warm_from_disk_ms_p90"] = _stats(disk["disk_ms"])
         result["warm_from_pool_ms"], result["cold_ms"] = _stats(peg["warm_ms"])[0], _stats(peg["cold_ms"])[0]
         result["warm_from_pool_after_disk_ms"] = _stats(disk["pool_ms"])[0]
-        result["disk_engine_stats"] = disk["engine_stats"]
+        result["disk_engine_stats"] = stats = disk["engine_stats"]
+        result["disk_blocks_read"] = stats["disk_blocks_read"]
+        result["lookup_disk_blocks"] = stats["lookup_disk_blocks"]
+        if not stats["lookup_disk_blocks"]:
+            print("bench_ttft: the disk phase found nothing on disk: its figure is a recompute, not a "
+                  "read from disk", file=sys.stderr)
         result["outputs_identical_disk"] = disk["disk_tokens"] == disk["pool_tokens"] == none["cold_tokens"]
     result["copy_backend"] = backends[0] or "engine default"
     for name, phase in by_backend.items():  # --copy-backends: each path's own warm figures
@@ -351,13 +366,15 @@ def main() -> int:
     print(f"{'case':<34}{'median ms':>10}{'p90 ms':>10}")
     for label, key in [("cold (pegaflow saving)", "cold_ms"), ("warm from pegaflow", "warm_pegaflow_ms"),
                        ("warm from vLLM native offload", "warm_native_ms"), ("GPU prefix-cache hit", "gpu_hit_ms")]:
-        print(f"{label:<34}{result[key + '_median']:>10.1f}{result[key + '_p90']:>10.1f}")
+        if key + "_median" in result:  # (native: not with --skip-native)
+            print(f"{label:<34}{result[key + '_median']:>10.1f}{result[key + '_p90']:>10.1f}")
     print(f"{'cold, no connector':<34}{result['cold_none_ms_median']:>10.1f}")
     for name in ("cold", "warm_pegaflow", "warm_native", "gpu_hit"):
         print(f"vLLM's own {name}: first token {result.get(name + '_engine_ms_median', 0):.1f} ms, "
               f"queued {result.get(name + '_queue_ms_median', 0):.1f} ms, "
               f"step {result.get(name + '_step_ms_median', 0):.1f} ms")
-    print(f"pegaflow / native warm: {result['warm_pegaflow_over_native']:.2f}x; "
+    over_native = result.get("warm_pegaflow_over_native", float("nan"))
+    print(f"pegaflow / native warm: {over_native:.2f}x; "
           f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
           f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "
           f"{result['warm_batch8_pegaflow_ms']:.0f} ms; outputs identical: {result['outputs_identical']}")

@@ -10,7 +10,9 @@ def test_bench_disk_summary_ratios_are_tier_over_raw_medians():
 
 def test_bench_disk_small_set_round_trips_and_cleans_up(tmp_path):
     # A tiny set through the real store and dd: every block read back is checked in run_set.
-    row = run_set(tmp_path / "b", "tiny", 4, 64 << 10, threads=2, repeats=1, read_threads=(1, 3))
+    row = run_set(tmp_path / "b", "tiny", 4, 64 << 10, threads=2, repeats=1, read_threads=(1, 3),
+                  write_threads=(1,))
     assert row["blocks"] == 4 and row["tier_read_gbps"] > 0 and row["raw_read_gbps"] > 0
     assert row["pool_read_gbps"] > 0 and row["tier_read_t1_gbps"] > 0 and len(row["tier_read_t3_gbps_each"]) == 1
+    assert row["tier_write_t1_gbps"] > 0
     assert not (tmp_path / "b" / "tiny-tier").exists() and not (tmp_path / "b" / "tiny-raw").exists()

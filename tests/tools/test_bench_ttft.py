@@ -55,3 +55,38 @@ def test_bench_ttft_summarize_tpot_separates_saving_from_the_connector_itself():
     assert abs(result["tpot_ratio_saving_vs_none"] - 1.2) < 1e-12
     assert abs(result["tpot_ratio_saving_vs_idle"] - 12 / 11) < 1e-12
     assert abs(result["tpot_ratio_idle_vs_none"] - 1.1) < 1e-12
+
+
+def test_bench_ttft_summarize_without_native_leaves_its_columns_out():
+    # --skip-native: no native figures, the rest (and the identity check) as before.
+    peg, _, none = _phases()
+    result = summarize(peg, None, none, "test-gpu")
+    assert "warm_native_ms_median" not in result and "warm_pegaflow_over_native" not in result
+    assert result["warm_pegaflow_ms_median"] == 50.0 and result["outputs_identical"] is True
+    peg["cold_tokens"] = [[5], [9]]
+    assert summarize(peg, None, none, "test-gpu")["outputs_identical"] is False
+
+
+def test_bench_ttft_phases_run_with_one_hash_seed(monkeypatch, tmp_path):
+    # vLLM 0.26 hashes blocks with a per-process seed unless PYTHONHASHSEED is set: every phase
+    # (and so the disk phase's new vLLM) gets the same one.
+    import argparse
+    import json
+    import subprocess
+
+    import tools.bench_ttft as bench
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(kwargs["env"].get("PYTHONHASHSEED"))
+        out = cmd[cmd.index("--phase-out") + 1]
+        with open(out, "w") as f:
+            json.dump({"ok": True}, f)
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    args = argparse.Namespace(tpot_only=False, eager=True, no_async_scheduling=False, model="m", num_prompts=1,
+                              prompt_tokens=10, decode_tokens=1, decode_prompts=1, engine_name="e",
+                              gpu_memory_utilization=0.5, native_offload_gib=1.0)
+    assert bench._spawn(args, "pegaflow") == {"ok": True} and bench._spawn(args, "disk") == {"ok": True}
+    assert seen == ["0", "0"]
