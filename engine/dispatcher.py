@@ -58,7 +58,7 @@ class Dispatcher:
         # Whether the index may have changed since the gauges were last written: set by
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
-        self.transfers = Transfers(index, backend, stats, self.reply, self.on_copy_done)
+        self.transfers = Transfers(index, backend, stats, self.reply)
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,

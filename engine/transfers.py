@@ -34,13 +34,11 @@ logger = logging.getLogger(__name__)
 
 class Transfers:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter,
-                 reply: Callable[..., None], on_copy_finished: Callable[[CopyDone], None]):
+                 reply: Callable[..., None]):
         self.index = index
         self.backend = backend
         self.stats = stats
         self.reply = reply  # the dispatcher's: the one way a command is answered
-        # The dispatcher's on_copy_done (which calls ours): for copies this class polls itself.
-        self.on_copy_finished = on_copy_finished
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
         self.parked = ParkedLoads()  # LOADs waiting for the disk tier's reads
         self._tokens = itertools.count(1)
@@ -173,10 +171,7 @@ class Transfers:
                 self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
                                                    client.page_bytes, block_ids, offsets,
                                                    wait_event=wait_event, record_events=record_events))
-        if record_events is not None:
-            for done in self.backend.poll():  # a refusal at submit must not be answered OK
-                self.on_copy_finished(done)  # any client's: its DETACH may be waiting on it
-        if record_events is not None and pending.error is None and keys:
+        if record_events is not None and pending.error is None and keys:  # (a refusal set error)
             pending.is_answered = True  # the client's events fence the data, not our answer
             self.reply(pending.client, pending.request_id, Opcode.LOAD, Status.OK, len(keys),
                        (len(keys), 0, 0), pending.received_at)

@@ -132,7 +132,8 @@ class CopyBackend(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, op: CopyOp) -> None:
-        """Enqueue ``op``; its completion comes back through ``poll``."""
+        """Enqueue ``op``; its completion comes back through ``poll``.  A ``PegaflowError``
+        refuses it: it is not in flight then, and ``poll`` never reports it."""
 
     @abc.abstractmethod
     def poll(self) -> list[CopyDone]:

@@ -65,8 +65,7 @@ from engine.copy.kernels import StagingRing
 from engine.copy.paths import op_path
 from engine.copy.probe import choose_path
 from pegaflow.cuda import driver
-from pegaflow.errors import CommandError, ConfigError, CudaError
-from pegaflow.wire import Status
+from pegaflow.errors import ConfigError, CudaError
 
 logger = logging.getLogger(__name__)
 
@@ -172,14 +171,9 @@ class CudaBackend(CopyBackend):
         self._clients.close_slot(slot)
 
     def submit(self, op: CopyOp) -> None:
-        try:
-            self._enqueue(op)
-        except CommandError as exc:
-            logger.warning("copy %d refused: %s", op.token, exc)
-            self._ready.append(CopyDone(op.token, f"{Status(exc.status).name}: {exc}"))
-        except CudaError as exc:
-            logger.error("copy %d failed at submit: %s", op.token, exc)
-            self._ready.append(CopyDone(op.token, f"CudaError: {exc}"))
+        """Issue ``op``'s copies; a CommandError (an op that fails its checks: nothing issued)
+        or a CudaError refuses it (the caller answers its command, ``poll`` never reports it)."""
+        self._enqueue(op)
 
     def poll(self) -> list[CopyDone]:
         ready, self._ready = self._ready, []

@@ -342,11 +342,12 @@ def test_dispatcher_lease_of_one_vllm_instance_is_refused_to_another(engine, kv_
 def _held_dispatcher(refuse: bool = False):
     """A dispatcher on one in-memory client (one layer of 16 blocks, 4 IPC events) whose
     backend holds every copy until the test ends it with ``on_copy_done`` (or, with
-    ``refuse``, reports every copy failed at its next poll, as a refusal at submit)."""
+    ``refuse``, refuses every copy at submit, as the CUDA backend refuses an op that fails
+    its checks)."""
     from types import SimpleNamespace
 
     from engine.clients import ClientState
-    from engine.copy.base import CopyBackend, CopyDone, LayerPlacement
+    from engine.copy.base import CopyBackend, LayerPlacement
     from engine.dispatcher import Dispatcher
     from engine.index import BlockIndex
     from engine.pool import PagePool
@@ -366,12 +367,14 @@ def _held_dispatcher(refuse: bool = False):
         def unregister_client(self, slot): self.unregistered.append(slot)
         def submit(self, op):
             self.ops[op.token] = op
-            (self.refused if refuse else self.held).append(op.token)
-        def num_inflight(self): return len(self.held) + len(self.refused)
+            if refuse:
+                self.refused.append(op.token)
+                raise CommandError(Status.BLOCK_OUT_OF_RANGE, "refused at submit")
+            self.held.append(op.token)
+        def num_inflight(self): return len(self.held)
 
         def poll(self):
-            done, self.refused = [CopyDone(t, "refused at submit") for t in self.refused], []
-            return done
+            return []
 
     class Segment:
         def __init__(self, size): self.buf, self.name = np.zeros(size, np.uint8), "mem"
@@ -498,8 +501,8 @@ def test_dispatcher_fenced_load_is_answered_at_issue_once():
 
 
 def test_dispatcher_fenced_load_refused_at_submit_is_not_answered_ok():
-    # A copy the backend refuses at submit (reported at its first poll) must not be
-    # answered OK: the client would wait on events nobody records.
+    # A copy the backend refuses at submit must not be answered OK: the client would wait
+    # on events nobody records.
     h = _held_dispatcher(refuse=True)
     hashes = [b"h" * 32]
     keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
@@ -509,6 +512,9 @@ def test_dispatcher_fenced_load_refused_at_submit_is_not_answered_ok():
     answer = h.completions.try_get()
     assert (answer.request_id, answer.status) == (3, Status.COPY_FAILED)
     assert h.completions.try_get() is None
+    # Nothing of it stays in flight or pinned.
+    assert h.client.num_inflight == 0 and h.dispatcher.pending == {}
+    assert h.dispatcher.index.entries[keys[0]].refs == 0
 
 
 def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client, rng, make_hashes):
@@ -631,7 +637,7 @@ def test_dispatcher_register_of_a_registered_region_id_is_refused(shared_engine,
     np.testing.assert_array_equal(kv.pages[:, [2, 3]], expected)
 
 
-def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_another_clients_load_polls_it():
+def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_that_copy_ends():
     # 1. Client A's SAVE is in flight when A says DETACH: its answer waits for the copy.
     from engine.copy.base import CopyDone
     h = _held_dispatcher()
@@ -641,19 +647,21 @@ def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_another_clients_lo
     h.send(3, Opcode.DETACH)
     (save_token,) = h.backend.held
     assert h.completions.try_get() is None  # neither the SAVE nor the DETACH is answered yet
-    # 2. B's fenced LOAD polls the backend inside its own handling, and the poll reports A's
-    #    copy done: A's DETACH must be answered then, and A's memory let go.
-    h.backend.held.remove(save_token)
-    h.backend.refused.append(save_token)  # reported by the next poll (as "refused")
+    # 2. B's fenced LOAD goes ahead as usual meanwhile (answered at once: its events fence
+    #    the data) and leaves A's copy alone: A still waits, its memory still registered.
     b.send(4, Opcode.LOAD, _save_payload([5], [b"y" * 32]), 1, event_index=0)
+    assert b.completions.try_get().status == Status.OK
+    assert h.completions.try_get() is None and h.backend.unregistered == []
+    # 3. A's copy ends: its SAVE and DETACH are answered, and A's memory let go.
+    h.backend.held.remove(save_token)
+    h.dispatcher.on_copy_done(CopyDone(save_token))
     answers = []
     while (answer := h.completions.try_get()) is not None:
         answers.append((answer.request_id, answer.opcode))
-    assert (3, Opcode.DETACH) in answers
+    assert answers == [(2, Opcode.SAVE), (3, Opcode.DETACH)]
     assert h.backend.unregistered == [0] and h.client.num_inflight == 0
-    # 3. B's own LOAD went ahead as usual.
-    assert b.completions.try_get().status == Status.OK
-    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
+    for token in list(h.backend.held):
+        h.dispatcher.on_copy_done(CopyDone(token))
 
 
 def test_dispatcher_full_pool_evicts_a_saved_chain_from_its_tail(engine_factory, kv_client, rng,

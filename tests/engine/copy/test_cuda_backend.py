@@ -28,8 +28,9 @@ from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
 from pegaflow import shm  # noqa: E402
 from pegaflow.cuda.ipc import EventPool, export_allocation, region_record  # noqa: E402
+from pegaflow.errors import CommandError  # noqa: E402
 from pegaflow.host_memory import layer_records  # noqa: E402
-from pegaflow.wire import ALL_LAYERS  # noqa: E402
+from pegaflow.wire import ALL_LAYERS, Status  # noqa: E402
 from tests.spawn import start_child  # noqa: E402
 
 NUM_LAYERS, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD = 4, 64, 16, 2, 64
@@ -329,12 +330,13 @@ def test_cuda_backend_attach_pool_leaves_its_bytes_unchanged(pool, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_cuda_backend_out_of_range_block_reports_error_not_raise(setup):
+def test_cuda_backend_out_of_range_block_is_refused_at_submit(setup):
     _, backend, entries = setup("kernel")
     bad = _op(Direction.LOAD, [1 << 24], [0])  # 128 GiB past the region: past any allocation
-    backend.submit(bad)
-    error = _wait(backend, bad.token)[bad.token]
-    assert error is not None and "BLOCK_OUT_OF_RANGE" in error
+    with pytest.raises(CommandError) as info:
+        backend.submit(bad)
+    assert info.value.status == Status.BLOCK_OUT_OF_RANGE
+    assert backend.num_inflight() == 0 and backend.poll() == []  # nothing of it in flight
     assert (entries == POISON).all()
 
 

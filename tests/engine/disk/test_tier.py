@@ -153,7 +153,7 @@ def test_transfers_load_parked_on_disk_reads_is_late_past_its_deadline(tier):
     from engine.transfers import Transfers
     _on_disk_only(tier, 0)
     _, lease_id = tier.index.lookup(SLOT, [key(0)])
-    transfers = Transfers(tier.index, None, tier.stats, reply=None, on_copy_finished=None)
+    transfers = Transfers(tier.index, None, tier.stats, reply=None)
     client = SimpleNamespace(num_inflight=0)
     rec = SimpleNamespace(arg=lease_id)
     # 2. Parked just now it waits (counted in flight); past the deadline it comes back late.
