@@ -202,9 +202,10 @@ class Transfers:
         if pending.error is None:
             try:
                 self.backend.submit(op)
-            except PegaflowError as exc:
-                logger.error("slot %d: %s of %d blocks failed to start: %s", pending.client.slot,
-                             pending.opcode.name, len(keys), exc)
+            except PegaflowError as exc:  # refused: a bad op (the client's) or a CUDA error
+                level = logging.WARNING if isinstance(exc, CommandError) else logging.ERROR
+                logger.log(level, "slot %d: %s of %d blocks refused at submit: %s", pending.client.slot,
+                           pending.opcode.name, len(keys), exc)
                 pending.error = str(exc)
             except BaseException:
                 self._finish_chunk(pending, keys, "internal error")  # unpin / unmark, then raise
