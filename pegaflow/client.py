@@ -20,10 +20,16 @@ from pegaflow.answers import Answers
 from pegaflow.arena import PayloadArena
 from pegaflow.commands import EngineCommands
 from pegaflow.completion import Completion, checked, completion_of
-from pegaflow.errors import CommandError, EngineGoneError, EngineNotRunningError, EngineTimeoutError, PegaflowError
+from pegaflow.errors import (
+    CommandError,
+    EngineGoneError,
+    EngineNotRunningError,
+    EngineTimeoutError,
+    PegaflowError,
+)
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.shm import is_pid_alive
-from pegaflow.slots import claim_slot, give_back_slot, read_control_header, wait_slot_active
+from pegaflow.slots import claim_slot, give_back_slot, open_control, wait_slot_active
 from pegaflow.waits import Doorbell, poll_until
 from pegaflow.wire import (
     ALL_LAYERS,
@@ -100,8 +106,7 @@ class EngineClient(EngineCommands):
             self._control = None
 
     def _attach(self, timeout_s: float, identity: tuple[int, int, int, int], wait_for_start: bool) -> None:
-        self._control = shm.attach_segment(shm.ipc_name(self.engine_name, "control"))
-        header = read_control_header(self._control)
+        self._control, header = open_control(self.engine_name, time.monotonic() + timeout_s if wait_for_start else None)
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
         if int(header["is_stopping"]) or not is_pid_alive(self.engine_pid):
             raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) is not running")

@@ -22,6 +22,10 @@ class EngineNotRunningError(ShmError):
     """No engine of that name runs on this host (its control segment is absent)."""
 
 
+class EngineStartingError(EngineNotRunningError):
+    """The engine has made its segments but not written them yet: it started a moment ago."""
+
+
 class EngineDeadError(EngineNotRunningError):
     """The engine's segments are there, its process is not (it crashed)."""
 

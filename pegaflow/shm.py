@@ -17,7 +17,7 @@ import re
 import numpy as np
 import posix_ipc
 
-from pegaflow.errors import ConfigError, EngineNotRunningError, ForeignSegmentError, ShmError
+from pegaflow.errors import ConfigError, EngineNotRunningError, EngineStartingError, ForeignSegmentError, ShmError
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def attach_segment(name: str, readonly: bool = False) -> Segment:
         raise
     if mem.size == 0:  # its creator has not sized it yet: still starting
         mem.close_fd()
-        raise EngineNotRunningError(f"shared-memory segment {name} is not initialised yet")
+        raise EngineStartingError(f"shared-memory segment {name} is not initialised yet")
     return Segment(name, mem, readonly=readonly, is_owner=False)
 
 

@@ -16,7 +16,13 @@ import time
 import numpy as np
 
 from pegaflow import shm
-from pegaflow.errors import EngineNotRunningError, EngineTimeoutError, NoFreeSlotError, PegaflowError, WireVersionError
+from pegaflow.errors import (
+    EngineStartingError,
+    EngineTimeoutError,
+    NoFreeSlotError,
+    PegaflowError,
+    WireVersionError,
+)
 from pegaflow.locks import ControlLock
 from pegaflow.shm import is_pid_alive
 from pegaflow.waits import poll_until
@@ -25,12 +31,36 @@ from pegaflow.wire import CONTROL_HEADER, FINGERPRINT, MAGIC, RING_HEADER, SLOT,
 logger = logging.getLogger(__name__)
 
 CLAIM_LOCK_TIMEOUT_S = 2.0
+START_POLL_S = 0.01  # how often a client looks again at an engine whose segments are not written yet
+
+
+def open_control(engine_name: str, deadline: float | None) -> tuple[shm.Segment, np.void]:
+    """Engine ``engine_name``'s control segment, mapped, and its header.  A segment its engine
+    has made but not written yet (it started a moment ago) is waited for until ``deadline``
+    (None: refused at once), mapped anew each time: an engine that lost a race for the name
+    unlinks its own."""
+    name = shm.ipc_name(engine_name, "control")
+    while True:
+        segment = None
+        try:
+            segment = shm.attach_segment(name)
+            return segment, read_control_header(segment)
+        except EngineStartingError:
+            if segment is not None:
+                segment.close()
+            if deadline is None or time.monotonic() >= deadline:
+                raise
+        except BaseException:
+            if segment is not None:
+                segment.close()
+            raise
+        time.sleep(START_POLL_S)
 
 
 def read_control_header(segment: shm.Segment) -> np.void:
     header = segment.array(CONTROL_HEADER, 1)[0].copy()
     if int(header["magic"]) == 0:
-        raise EngineNotRunningError(f"{segment.name}: the engine is still starting")
+        raise EngineStartingError(f"{segment.name}: the engine is still starting")
     if int(header["magic"]) != MAGIC:
         raise WireVersionError(f"{segment.name} is not a pegaflow control segment")
     if int(header["version"]) != WIRE_VERSION or int(header["fingerprint"]) != FINGERPRINT:
