@@ -106,11 +106,12 @@ class EngineClient(EngineCommands):
             self._control = None
 
     def _attach(self, timeout_s: float, identity: tuple[int, int, int, int], wait_for_start: bool) -> None:
-        self._control, header = open_control(self.engine_name, time.monotonic() + timeout_s if wait_for_start else None)
+        deadline = time.monotonic() + timeout_s  # one for the whole attach
+        self._control, header = open_control(self.engine_name, deadline if wait_for_start else None)
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
         if int(header["is_stopping"]) or not is_pid_alive(self.engine_pid):
             raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) is not running")
-        if not int(header["is_serving"]) and not (wait_for_start and self._wait_serving(timeout_s)):
+        if not int(header["is_serving"]) and not (wait_for_start and self._wait_serving(deadline - time.monotonic())):
             raise EngineNotRunningError(f"engine {self.engine_name!r} (pid {self.engine_pid}) "
                                         f"is still starting")
         self._words = _HeaderWords(self._control)

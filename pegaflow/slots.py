@@ -41,20 +41,21 @@ def open_control(engine_name: str, deadline: float | None) -> tuple[shm.Segment,
     unlinks its own."""
     name = shm.ipc_name(engine_name, "control")
     while True:
-        segment = None
         try:
-            segment = shm.attach_segment(name)
-            return segment, read_control_header(segment)
+            return _attach_control(name)
         except EngineStartingError:
-            if segment is not None:
-                segment.close()
             if deadline is None or time.monotonic() >= deadline:
                 raise
-        except BaseException:
-            if segment is not None:
-                segment.close()
-            raise
         time.sleep(START_POLL_S)
+
+
+def _attach_control(name: str) -> tuple[shm.Segment, np.void]:
+    segment = shm.attach_segment(name)
+    try:
+        return segment, read_control_header(segment)
+    except BaseException:
+        segment.close()
+        raise
 
 
 def read_control_header(segment: shm.Segment) -> np.void:

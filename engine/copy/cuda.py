@@ -170,11 +170,6 @@ class CudaBackend(CopyBackend):
                 driver.synchronize_event(f.done)
         self._clients.close_slot(slot)
 
-    def submit(self, op: CopyOp) -> None:
-        """Issue ``op``'s copies; a CommandError (an op that fails its checks: nothing issued)
-        or a CudaError refuses it (the caller answers its command, ``poll`` never reports it)."""
-        self._enqueue(op)
-
     def poll(self) -> list[CopyDone]:
         ready, self._ready = self._ready, []
         pending, current = [], None
@@ -223,7 +218,10 @@ class CudaBackend(CopyBackend):
             dev.close()
         self._devices.clear()
 
-    def _enqueue(self, op: CopyOp) -> None:
+    def submit(self, op: CopyOp) -> None:
+        """Issue ``op``'s copies; a CommandError (an op that fails its checks: nothing issued)
+        or a CudaError (its copies issued so far drained) refuses it: the caller answers its
+        command, ``poll`` never reports it."""
         regions = self._validate(op)
         if len(op.block_ids) == 0:
             self._ready.append(CopyDone(op.token))

@@ -359,7 +359,7 @@ def _held_dispatcher(refuse: bool = False):
         name = "held"
 
         def __init__(self):
-            self.held, self.unregistered, self.refused, self.ops = [], [], [], {}
+            self.held, self.unregistered, self.ops = [], [], {}
 
         def open_pool(self, pool): pass
         def register_region(self, *args): pass
@@ -368,7 +368,6 @@ def _held_dispatcher(refuse: bool = False):
         def submit(self, op):
             self.ops[op.token] = op
             if refuse:
-                self.refused.append(op.token)
                 raise CommandError(Status.BLOCK_OUT_OF_RANGE, "refused at submit")
             self.held.append(op.token)
         def num_inflight(self): return len(self.held)

@@ -1,13 +1,6 @@
 from tools.bench_admission import Workload, run_policy, servable
 
 
-def _prefix_len(chain, stored):
-    hit = 0
-    while hit < len(chain) and chain[hit] in stored:
-        hit += 1
-    return hit
-
-
 def test_bench_admission_workload_conversations_grow_and_documents_are_seen_once():
     workload = Workload(users=3, context_blocks=5, rounds=2, round_blocks=1, prefixes=2, prefix_blocks=4,
                         prefix_requests=4, tail_blocks=1, documents=3, document_blocks=9)

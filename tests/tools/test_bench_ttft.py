@@ -67,7 +67,7 @@ def test_bench_ttft_summarize_without_native_leaves_its_columns_out():
     assert summarize(peg, None, none, "test-gpu")["outputs_identical"] is False
 
 
-def test_bench_ttft_phases_run_with_one_hash_seed(monkeypatch, tmp_path):
+def test_bench_ttft_phases_run_with_one_hash_seed(monkeypatch):
     # vLLM 0.26 hashes blocks with a per-process seed unless PYTHONHASHSEED is set: every phase
     # (and so the disk phase's new vLLM) gets the same one.
     import argparse
