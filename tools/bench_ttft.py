@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pegaflow.connector.config import LOAD_MODES
+
 ROOT = Path(__file__).resolve().parent.parent
 PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
 
@@ -42,9 +44,12 @@ def _llm(args, kind: str):
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
     if args.no_async_scheduling:
         common["async_scheduling"] = False
-    if kind in ("pegaflow", "disk"):
+    if kind == "pegaflow":
         return LLM(**common, enable_prefix_caching=False,
                    kv_transfer_config=kv_transfer_config(args.engine_name))
+    if kind == "disk":
+        return LLM(**common, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config(
+            args.engine_name, disk_load_mode=args.disk_load_mode))
     if kind == "idle":  # the connector in vLLM's path, neither saving nor loading
         return LLM(**common, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config(
             args.engine_name, enable_save=False, enable_load=False))
@@ -92,6 +97,24 @@ def _time_batch(llm, prompts, max_tokens: int) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def _beside(llm, fresh: list[int], hit: list[int], args) -> dict:
+    """A new request (computed, then ``decode_tokens`` decoded) sent together with a prompt
+    whose prefix is to be read from disk: the new one's first-token latency and TPOT say
+    whether the disk read held it up."""
+    from vllm import SamplingParams, TokensPrompt
+    decode = SamplingParams(max_tokens=args.decode_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+    t0 = time.perf_counter()
+    new, loaded = llm.generate([TokensPrompt(prompt_token_ids=fresh), TokensPrompt(prompt_token_ids=hit)],
+                               [decode, one], use_tqdm=False)
+    wall = (time.perf_counter() - t0) * 1e3
+    metrics, generated = new.metrics, len(new.outputs[0].token_ids)
+    return {"new_ttft_ms": metrics.first_token_latency * 1e3,
+            "new_tpot_ms": (metrics.last_token_ts - metrics.first_token_ts) * 1e3 / max(generated - 1, 1),
+            "hit_ttft_ms": loaded.metrics.first_token_latency * 1e3, "wall_ms": wall,
+            "hit_tokens": list(loaded.outputs[0].token_ids)}
+
+
 def _tpot_ms(llm, prompts, args) -> list[float]:
     """Per-output-token time of each request (ms): vLLM's own first -> last token
     timestamps over ``decode_tokens`` tokens, so the prefill is not in it."""
@@ -136,7 +159,12 @@ def run_phase(args) -> dict:
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
         return result
     if args.phase == "disk":  # a new engine whose pool is empty and whose disk holds the prompts
-        _timed(result, "disk", _time_each(llm, prompts, 1))
+        *alone, last = prompts
+        _timed(result, "disk", _time_each(llm, alone, 1))
+        # Its own seed per mode: the engine of an earlier mode wrote its new request to disk.
+        seed = 5 + LOAD_MODES.index(args.disk_load_mode)
+        result["beside"] = _beside(llm, _prompts(seed, 1, args.prompt_tokens // 10, vocab)[0], last, args)
+        result["disk_tokens"].append(result["beside"].pop("hit_tokens"))
         _timed(result, "pool", _time_each(llm, prompts, 1))  # read back into its pool by then
         return result
     _timed(result, "cold", _time_each(llm, prompts, 1))
@@ -170,9 +198,10 @@ def _spawn(args, phase: str) -> dict:
         Path(out).unlink(missing_ok=True)
 
 
-def _disk_phase(engine, start, args) -> dict:
-    """Once the engine has written every block it stored to disk: a new engine on the same
-    disk (its pool empty) serves a vLLM the prompts from disk, then from its pool."""
+def _disk_phases(engine, start, args) -> dict[str, dict]:
+    """Once the engine has written every block it stored to disk: per connector
+    ``disk_load_mode``, a new engine on the same disk (its pool empty) serves a new vLLM the
+    prompts from disk, then from its pool."""
     from pegaflow.engine_stats import read_stats
     from tools.engine_process import LARGE_POOL_STOP_S
     deadline = time.monotonic() + 300
@@ -181,12 +210,34 @@ def _disk_phase(engine, start, args) -> dict:
             raise RuntimeError(f"the disk tier wrote {s['disk_blocks_written']} of {s['blocks_saved']} blocks")
         time.sleep(0.1)
     engine.stop(timeout_s=LARGE_POOL_STOP_S)
-    fresh = start(None, keep_disk=True)
-    try:
-        result = _spawn(args, "disk")
-        result["engine_stats"] = read_stats(fresh.name)
-    finally:
-        fresh.stop(timeout_s=LARGE_POOL_STOP_S)
+    results = {}
+    for mode in args.disk_load_modes:
+        fresh = start(None, keep_disk=True)
+        try:
+            args.disk_load_mode = mode
+            results[mode] = _spawn(args, "disk")
+            results[mode]["engine_stats"] = read_stats(fresh.name)
+        finally:
+            fresh.stop(timeout_s=LARGE_POOL_STOP_S)
+    return results
+
+
+def summarize_disk(peg: dict, disks: dict[str, dict], none: dict) -> dict:
+    """The disk tier's figures: the first ``disk_load_mode``'s under the plain keys, each
+    mode's under keys ending in its name; outputs must equal no connector's in every one."""
+    first = disks[next(iter(disks))]
+    result = {"warm_from_pool_ms": _stats(peg["warm_ms"])[0], "cold_ms": _stats(peg["cold_ms"])[0],
+              "outputs_identical_disk": all(d["disk_tokens"] == d["pool_tokens"] == none["cold_tokens"]
+                                            for d in disks.values())}
+    for suffix, disk in [("", first), *((f"_{mode}", d) for mode, d in disks.items())]:
+        stats = disk["engine_stats"]
+        result[f"warm_from_disk_ms{suffix}"], result[f"warm_from_disk_ms_p90{suffix}"] = _stats(disk["disk_ms"])
+        result[f"warm_from_pool_after_disk_ms{suffix}"] = _stats(disk["pool_ms"])[0]
+        result[f"disk_blocks_read{suffix}"] = stats["disk_blocks_read"]
+        result[f"lookup_disk_blocks{suffix}"] = stats["lookup_disk_blocks"]
+        result[f"disk_engine_stats{suffix}"] = stats
+        for key, value in disk["beside"].items():  # a new request sent with a disk hit
+            result[f"beside_disk_{key}{suffix}"] = value
     return result
 
 
@@ -197,7 +248,8 @@ def _passthrough(args) -> list[str]:
             "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
             "--decode-prompts", str(args.decode_prompts), "--engine-name", args.engine_name,
             "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-            "--native-offload-gib", str(args.native_offload_gib), *flags]
+            "--native-offload-gib", str(args.native_offload_gib),
+            "--disk-load-mode", args.disk_load_mode, *flags]
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -285,6 +337,10 @@ def main() -> int:
                         "directory: every block is written to disk as it is stored (in every pegaflow "
                         "phase: their figures then include that), then a new engine (empty pool) serves "
                         "the prompts from it")
+    p.add_argument("--disk-load-modes", nargs="+", choices=LOAD_MODES, default=["async"],
+                   help="with --disk-path: run the disk phase once per connector disk_load_mode, each "
+                        "with a new engine on the same disk (the first one's figures are the plain keys)")
+    p.add_argument("--disk-load-mode", default="async", help=argparse.SUPPRESS)
     p.add_argument("--skip-native", action="store_true",
                    help="leave out the vLLM native offload phase (and its columns)")
     p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk"], help=argparse.SUPPRESS)
@@ -331,7 +387,7 @@ def main() -> int:
                 engine = start(backend)
             by_backend[backend or "default"] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
-        disk = _disk_phase(engine, start, args) if disk_dir else None
+        disks = _disk_phases(engine, start, args) if disk_dir else None
         native = None if args.skip_native else _spawn(args, "native")
         none = _spawn(args, "none")
     finally:
@@ -341,17 +397,12 @@ def main() -> int:
             shutil.rmtree(disk_dir, ignore_errors=True)
     peg = by_backend[backends[0] or "default"]
     result = summarize(peg, native, none, _gpu_name())
-    if disk is not None:
-        result["warm_from_disk_ms"], result["warm_from_disk_ms_p90"] = _stats(disk["disk_ms"])
-        result["warm_from_pool_ms"], result["cold_ms"] = _stats(peg["warm_ms"])[0], _stats(peg["cold_ms"])[0]
-        result["warm_from_pool_after_disk_ms"] = _stats(disk["pool_ms"])[0]
-        result["disk_engine_stats"] = stats = disk["engine_stats"]
-        result["disk_blocks_read"] = stats["disk_blocks_read"]
-        result["lookup_disk_blocks"] = stats["lookup_disk_blocks"]
-        if not stats["lookup_disk_blocks"]:
-            print("bench_ttft: the disk phase found nothing on disk: its figure is a recompute, not a "
-                  "read from disk", file=sys.stderr)
-        result["outputs_identical_disk"] = disk["disk_tokens"] == disk["pool_tokens"] == none["cold_tokens"]
+    if disks is not None:
+        result.update(summarize_disk(peg, disks, none))
+        for mode in disks:
+            if not result[f"lookup_disk_blocks_{mode}"]:
+                print(f"bench_ttft: the disk phase ({mode}) found nothing on disk: its figure is a "
+                      "recompute, not a read from disk", file=sys.stderr)
     result["copy_backend"] = backends[0] or "engine default"
     for name, phase in by_backend.items():  # --copy-backends: each path's own warm figures
         warm, warm_p90 = _stats(phase["warm_ms"])
@@ -378,10 +429,12 @@ def main() -> int:
           f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
           f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "
           f"{result['warm_batch8_pegaflow_ms']:.0f} ms; outputs identical: {result['outputs_identical']}")
-    if disk is not None:
-        print(f"warm from disk {result['warm_from_disk_ms']:.1f} ms (p90 {result['warm_from_disk_ms_p90']:.1f}), "
-              f"from pool {result['warm_from_pool_ms']:.1f} ms, cold {result['cold_ms']:.1f} ms; outputs "
-              f"identical: {result['outputs_identical_disk']}")
+    for mode in disks or ():
+        print(f"warm from disk ({mode} load) {result['warm_from_disk_ms_' + mode]:.1f} ms "
+              f"(p90 {result['warm_from_disk_ms_p90_' + mode]:.1f}), from pool {result['warm_from_pool_ms']:.1f} "
+              f"ms, cold {result['cold_ms']:.1f} ms; outputs identical: {result['outputs_identical_disk']}; "
+              f"a new request sent with a disk hit: first token {result['beside_disk_new_ttft_ms_' + mode]:.1f} "
+              f"ms, TPOT {result['beside_disk_new_tpot_ms_' + mode]:.2f} ms")
     for name in by_backend:
         print(f"copy path {name}: warm {result['warm_pegaflow_ms_median_' + name]:.1f} ms "
               f"(p90 {result['warm_pegaflow_ms_p90_' + name]:.1f}), cold {result['cold_ms_median_' + name]:.1f} ms")

@@ -19,6 +19,7 @@ ENV_VARS = {
     "enable_save": "PEGAFLOW_ENABLE_SAVE", "enable_load": "PEGAFLOW_ENABLE_LOAD",
     "lookup_timeout_ms": "PEGAFLOW_LOOKUP_TIMEOUT_MS", "command_timeout_ms": "PEGAFLOW_COMMAND_TIMEOUT_MS",
     "reconnect_interval_s": "PEGAFLOW_RECONNECT_INTERVAL_S", "num_load_slots": "PEGAFLOW_NUM_LOAD_SLOTS",
+    "disk_load_mode": "PEGAFLOW_DISK_LOAD_MODE",
 }
 LOAD_MODES = ("layerwise", "async")
 
@@ -33,11 +34,13 @@ class ConnectorConfig:
     command_timeout_ms: float = 5000.0
     reconnect_interval_s: float = 5.0
     num_load_slots: int = 64
+    disk_load_mode: str = "async"  # how a hit the engine reads from its disk tier first loads
 
     def __post_init__(self) -> None:
         check_engine_name(self.engine_name)
-        if self.load_mode not in LOAD_MODES:
-            raise ConfigError(f"load_mode={self.load_mode!r}: choose one of {', '.join(LOAD_MODES)}")
+        for key in ("load_mode", "disk_load_mode"):
+            if getattr(self, key) not in LOAD_MODES:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: choose one of {', '.join(LOAD_MODES)}")
         for key in ("lookup_timeout_ms", "command_timeout_ms", "reconnect_interval_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")

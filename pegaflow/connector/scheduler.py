@@ -84,8 +84,11 @@ class SchedulerSide:
 
     def _is_async(self, state) -> bool:
         """Load between steps (vLLM waits for it outside the forward): under load_mode async,
-        and for a hit read from disk first, so a slow read never stalls a step."""
-        return state.num_hit_tokens > 0 and (self.config.is_async_load or state.is_from_disk)
+        and for a hit read from disk first unless disk_load_mode is layerwise (then the
+        step that loads it waits, on the CPU, for the engine's reads)."""
+        config = self.config
+        return state.num_hit_tokens > 0 and (
+            config.is_async_load or (state.is_from_disk and config.disk_load_mode == "async"))
 
     # -- plans ----------------------------------------------------------------------------
 

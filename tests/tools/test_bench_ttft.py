@@ -87,6 +87,29 @@ def test_bench_ttft_phases_run_with_one_hash_seed(monkeypatch):
     monkeypatch.setattr(subprocess, "run", fake_run)
     args = argparse.Namespace(tpot_only=False, eager=True, no_async_scheduling=False, model="m", num_prompts=1,
                               prompt_tokens=10, decode_tokens=1, decode_prompts=1, engine_name="e",
-                              gpu_memory_utilization=0.5, native_offload_gib=1.0)
+                              gpu_memory_utilization=0.5, native_offload_gib=1.0,
+                              disk_load_mode="layerwise")
     assert bench._spawn(args, "pegaflow") == {"ok": True} and bench._spawn(args, "disk") == {"ok": True}
     assert seen == ["0", "0"]
+
+
+def test_bench_ttft_summarize_disk_keeps_each_load_mode_apart():
+    from tools.bench_ttft import summarize_disk
+    peg, _, none = _phases()
+    tokens = none["cold_tokens"]
+
+    def disk(ms, blocks):
+        return {"disk_ms": ms, "pool_ms": [41.0, 43.0], "disk_tokens": tokens, "pool_tokens": tokens,
+                "engine_stats": {"disk_blocks_read": blocks, "lookup_disk_blocks": blocks},
+                "beside": {"new_ttft_ms": ms[0] / 10, "new_tpot_ms": 7.0}}
+    # 1. Two modes: the first one's figures under the plain keys, each under its own name.
+    disks = {"async": disk([900.0, 910.0], 10), "layerwise": disk([700.0, 720.0], 12)}
+    result = summarize_disk(peg, disks, none)
+    assert result["warm_from_disk_ms"] == result["warm_from_disk_ms_async"] == 905.0
+    assert result["warm_from_disk_ms_layerwise"] == 710.0 and result["disk_blocks_read_layerwise"] == 12
+    assert result["beside_disk_new_ttft_ms_layerwise"] == 70.0 and result["beside_disk_new_ttft_ms"] == 90.0
+    assert (result["warm_from_pool_ms"], result["cold_ms"]) == (50.0, 305.0)
+    assert result["warm_from_pool_after_disk_ms_async"] == 42.0 and result["outputs_identical_disk"] is True
+    # 2. A token of one mode that differs from no connector's: not identical.
+    disks["layerwise"]["pool_tokens"] = [[5], [9]]
+    assert summarize_disk(peg, disks, none)["outputs_identical_disk"] is False

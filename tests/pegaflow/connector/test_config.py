@@ -37,12 +37,13 @@ def test_connector_config_every_option_read_from_its_env_var():
         "PEGAFLOW_NAME": "eng-2", "PEGAFLOW_LOAD_MODE": "async", "PEGAFLOW_ENABLE_SAVE": "false",
         "PEGAFLOW_ENABLE_LOAD": "0", "PEGAFLOW_LOOKUP_TIMEOUT_MS": "7.5",
         "PEGAFLOW_COMMAND_TIMEOUT_MS": "900", "PEGAFLOW_RECONNECT_INTERVAL_S": "0.25",
-        "PEGAFLOW_NUM_LOAD_SLOTS": "8",
+        "PEGAFLOW_NUM_LOAD_SLOTS": "8", "PEGAFLOW_DISK_LOAD_MODE": "layerwise",
     }
     # 2. Each reaches its field, converted to the field's type.
     assert ConnectorConfig.from_sources({}, environ=environ) == ConnectorConfig(
         engine_name="eng-2", load_mode="async", enable_save=False, enable_load=False,
-        lookup_timeout_ms=7.5, command_timeout_ms=900.0, reconnect_interval_s=0.25, num_load_slots=8)
+        lookup_timeout_ms=7.5, command_timeout_ms=900.0, reconnect_interval_s=0.25, num_load_slots=8,
+        disk_load_mode="layerwise")
 
 
 def test_connector_config_environ_none_reads_process_env(monkeypatch):
@@ -74,12 +75,18 @@ def test_connector_config_unknown_key_raises_config_error_listing_it():
         ConnectorConfig.from_sources({"load_mod": "async"}, environ={})
 
 
+@pytest.mark.parametrize("key", ["load_mode", "disk_load_mode"])
 @pytest.mark.parametrize("source", ["extra", "env"])
-def test_connector_config_bad_load_mode_raises_config_error(source):
-    # 1. load_mode must be layerwise or async, whichever source it came from.
-    extra, environ = ({"load_mode": "eager"}, {}) if source == "extra" else ({}, {"PEGAFLOW_LOAD_MODE": "eager"})
-    with pytest.raises(ConfigError, match="load_mode"):
+def test_connector_config_bad_load_mode_raises_config_error(source, key):
+    # 1. load_mode and disk_load_mode must be layerwise or async, whichever source it came from.
+    extra, environ = ({key: "eager"}, {}) if source == "extra" else ({}, {_env_name(key): "eager"})
+    with pytest.raises(ConfigError, match=key):
         ConnectorConfig.from_sources(extra, environ=environ)
+
+
+def test_connector_config_disk_hits_load_between_steps_by_default():
+    # 1. A slow disk read delays only its own request unless told otherwise.
+    assert ConnectorConfig.from_sources({}, environ={}).disk_load_mode == "async"
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "eng.1", "has space", "x" * 65])

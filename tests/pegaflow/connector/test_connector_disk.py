@@ -1,6 +1,6 @@
 """PegaKVConnector with vLLM's real Scheduler against an engine with a disk tier (host
-backend): a prefix evicted from the engine's pool is served from disk, through an
-asynchronous load even in layer-wise mode, byte for byte."""
+backend): a prefix evicted from the engine's pool is served from disk byte for byte, through
+an asynchronous load even in layer-wise mode, or in the step under disk_load_mode layerwise."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def _step_until_admitted(vllm: VllmInstance, req_id: str, timeout_s: float = 30.
         time.sleep(0.002)
 
 
-def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path):
+@pytest.mark.parametrize("disk_load_mode", ["async", "layerwise"])
+def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path, disk_load_mode):
     # A pool of 10 blocks (24 KiB each: 3 layers of 8 KiB pages), a disk tier beside it.
     name = f"cdisk{os.getpid()}_{os.urandom(2).hex()}"
     with EngineProcess(name, "--slab-size", "128KiB", "--disk-path", str(tmp_path / "d"),
@@ -59,13 +60,14 @@ def test_connector_prefix_evicted_to_disk_is_served_from_it_exactly(tmp_path):
             _warm(engine.name, list(range(base, base + 5 * BLOCK + 3)), req_id=f"other{i}")
         _wait(engine.name, lambda s: s["evictions"] >= 5)
         # 3. A fresh vLLM (layer-wise loading, poisoned KV memory) asks for the prompt: the
-        #    engine finds it on disk, the connector loads it between steps.
-        second = VllmInstance(engine.name)
+        #    engine finds it on disk; the connector loads it between steps, or under
+        #    disk_load_mode layerwise in the step (which waits for the engine's reads).
+        second = VllmInstance(engine.name, extra={"disk_load_mode": disk_load_mode})
         try:
             second.poison()
             second.add(make_request("again", PROMPT))
             (load,) = _step_until_admitted(second, "again").loads
-            assert load.is_async and len(load.block_ids) == 5
+            assert load.is_async == (disk_load_mode == "async") and len(load.block_ids) == 5
             _run_until_done(second)
             assert second.external_hits() == 5 * BLOCK
             # 4. Every byte is what the first vLLM saved.

@@ -238,3 +238,20 @@ def test_scheduler_hit_read_from_disk_loads_between_steps_even_layer_by_layer():
     blocks = SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14],))
     scheduler.update_state_after_alloc(on_disk, blocks, num_external_tokens=64)
     assert scheduler.requests["d"].pending_load.is_async
+
+
+def test_scheduler_hit_read_from_disk_loads_in_the_step_under_disk_load_mode_layerwise():
+    # 1. disk_load_mode layerwise: a hit partly on disk loads inside the forward, like one
+    #    wholly in the pool (the step waits for the engine's reads).
+    scheduler = SchedulerSide(ConnectorConfig(disk_load_mode="layerwise"), namespaces=[1], block_size=16)
+    scheduler.link.use(DiskAnsweringClient())
+    on_disk = SimpleNamespace(request_id="d", num_tokens=80, block_hashes=[b"d" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(on_disk, 0) == (64, False)
+    blocks = SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14],))
+    scheduler.update_state_after_alloc(on_disk, blocks, num_external_tokens=64)
+    assert not scheduler.requests["d"].pending_load.is_async
+    # 2. load_mode async still loads every hit between steps, whatever disk_load_mode says.
+    scheduler = SchedulerSide(ConnectorConfig(load_mode="async", disk_load_mode="layerwise"),
+                              namespaces=[1], block_size=16)
+    scheduler.link.use(DiskAnsweringClient())
+    assert scheduler.get_num_new_matched_tokens(on_disk, 0) == (64, True)
