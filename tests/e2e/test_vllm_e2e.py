@@ -4,7 +4,7 @@ Process R computes every prompt with no connector (the reference).  Process A, w
 connector, computes the base prompts cold and saves them.  Process B, a fresh vLLM with
 its own prefix cache off, runs the base prompts, prompts that extend them, prompts that
 share only part of them, and a batch of them together (also from a new engine whose pool
-is empty and whose disk tier holds them): its prefixes come from the engine
+is empty and whose disk tier holds them, and from an engine whose pool was filled past them): its prefixes come from the engine
 (the engine's counters and vLLM's per-request count of tokens it did not compute say so)
 and its greedy tokens and top-5 logprobs equal R's bit for bit.  Corrupting one page in the pool makes the check
 fail; an engine gone mid-run still yields exact outputs (vLLM recomputes).
@@ -159,10 +159,10 @@ def test_e2e_engine_gone_still_exact(reference, tmp_path):
     assert _max_logprob_diff(_flatten(result), ref) == 0.0
 
 
-def _disk_engine(name: str, disk: str) -> EngineProcess:
-    """An engine whose disk tier writes every block as it is stored."""
-    return EngineProcess(name, "--disk-path", disk, "--disk-admission", "all", backend="cuda",
-                         pool_size="2GiB", start_timeout_s=120)
+def _disk_engine(name: str, disk: str, admission: str = "all", pool_size: str = "2GiB") -> EngineProcess:
+    """An engine with a disk tier (``all``: every block is written as it is stored)."""
+    return EngineProcess(name, "--disk-path", disk, "--disk-admission", admission, backend="cuda",
+                         pool_size=pool_size, start_timeout_s=120)
 
 
 def test_e2e_prefixes_served_from_disk_equal_no_cache_run(reference, tmp_path):
@@ -185,4 +185,21 @@ def test_e2e_prefixes_served_from_disk_equal_no_cache_run(reference, tmp_path):
     assert stats["disk_blocks_read"] > 0 and stats["lookup_disk_blocks"] > 0
     assert stats["disk_checksum_failures"] == 0 and result["cached_tokens"] > 0
     # 3. Tokens and top-5 logprobs equal the no-cache run exactly.
+    assert _max_logprob_diff(_flatten(result), ref) == 0.0
+
+
+def test_e2e_prefixes_evicted_to_disk_are_served_exactly(reference, tmp_path):
+    pytest.importorskip("xxhash")
+    prompts, ref = reference
+    # A pool of 192 blocks (512 KiB each for this shape) under the base prompts' 274: saving
+    # them evicts the first ones, which the default admission writes to disk.
+    with _disk_engine(f"e2ev{os.getpid()}", str(tmp_path / "disk"), "evicted", "96MiB") as engine:
+        _run(tmp_path, "A", [[x] for x in prompts["base"]], engine.name)
+        assert read_stats(engine.name)["disk_blocks_written"] > 0
+        # The same engine serves B: what left its pool comes back from disk, the rest from
+        # the pool (what does not fit at once is recomputed).
+        result = _run(tmp_path, "B", _b_batches(prompts), engine.name, "--no-prefix-caching")
+        stats = read_stats(engine.name)
+    assert stats["disk_blocks_read"] > 0 and stats["disk_checksum_failures"] == 0
+    assert result["cached_tokens"] > 0
     assert _max_logprob_diff(_flatten(result), ref) == 0.0
