@@ -4,7 +4,8 @@
 
 Configurations, each its own server process, one after another (``--repeat`` interleaves
 them: A B C A B C): ``none`` (vLLM's prefix caching only), ``native`` (vLLM's CPU
-offloading, ``--kv-offloading-size``), ``pegaflow`` (a fresh engine each time).  vLLM's
+offloading, ``--kv-offloading-size``), ``pegaflow`` (a fresh engine each time; ``pegaflow-auto``
+and ``pegaflow-async`` under the connector's load_mode auto / async).  vLLM's
 default compilation (CUDA graphs on) unless ``--eager``.  The GPU KV cache is capped by
 ``--gpu-blocks`` so the working set does not fit.  Workloads (``tools/serving_workload.py``):
 
@@ -51,6 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVED_NAME = "bench"
 START_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 600.0
+# pegaflow's configurations: the connector's options beyond the engine's name
+PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"}}
 
 
 def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str = "127.0.0.1") -> RequestResult:
@@ -159,10 +162,11 @@ def server_command(config: str, args, engine_name: str) -> list[str]:
         cmd.append("--enforce-eager")
     if config == "native":
         cmd += ["--kv-offloading-size", str(args.host_gib), "--kv-offloading-backend", "native"]
-    elif config == "pegaflow":
+    elif config in PEGAFLOW_CONFIGS:
+        extra = {"engine_name": engine_name, **PEGAFLOW_CONFIGS[config]}
         cmd += ["--kv-transfer-config", json.dumps({
             "kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
-            "kv_role": "kv_both", "kv_connector_extra_config": {"engine_name": engine_name}})]
+            "kv_role": "kv_both", "kv_connector_extra_config": extra})]
     return cmd
 
 
@@ -203,11 +207,11 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     engine = None
     name = f"bench{os.getpid()}"
-    if config == "pegaflow":
+    if config in PEGAFLOW_CONFIGS:
         engine = EngineProcess(name, *args.engine_arg, backend="cuda", pool_size=f"{args.host_gib}GiB",
                                start_timeout_s=300, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
     trace_path, extra_env = log_dir / f"{tag}.trace.log", {}
-    if config == "pegaflow" and args.trace:  # the connector's step timeline, into its own file
+    if config in PEGAFLOW_CONFIGS and args.trace:  # the connector's step timeline, into its own file
         logging_path = log_dir / f"{tag}.logging.json"
         logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
         extra_env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
@@ -297,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--configs", nargs="+", default=["none", "native", "pegaflow"],
-                   choices=["none", "native", "pegaflow"])
+                   choices=["none", "native", *PEGAFLOW_CONFIGS],
+                   help="pegaflow-auto / pegaflow-async: the connector under load_mode auto / async")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
     p.add_argument("--users", type=int, default=12)
@@ -334,10 +339,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: runs[-1][k] for k in ("tag", "later_rounds_wall_s", "later_rounds",
                                                         "host_hit_tokens")}), flush=True)
     table = headline(runs)
-    print(f"{'config':<10} {'later rounds s':>15} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'prefix rps':>11} "
+    print(f"{'config':<14} {'later rounds s':>15} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'prefix rps':>11} "
           f"{'identical':>9}")
     for config, row in table.items():
-        print(f"{config:<10} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
+        print(f"{config:<14} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
               f"{row['ttft_p99_ms']:>12.1f} {row.get('throughput_rps', float('nan')):>11.2f} "
               f"{row.get('identical_share', float('nan')):>9.3f}")
     if any(row["errors"] for row in table.values()):

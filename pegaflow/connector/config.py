@@ -21,7 +21,7 @@ ENV_VARS = {
     "reconnect_interval_s": "PEGAFLOW_RECONNECT_INTERVAL_S", "num_load_slots": "PEGAFLOW_NUM_LOAD_SLOTS",
     "disk_load_mode": "PEGAFLOW_DISK_LOAD_MODE",
 }
-LOAD_MODES = ("layerwise", "async")
+LOAD_MODES = ("layerwise", "async", "auto")
 
 
 @dataclass(frozen=True, slots=True)

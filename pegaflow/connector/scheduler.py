@@ -41,6 +41,7 @@ class RequestState:
     has_saves: bool = False
     last_save_step: int = 0  # the step whose metadata planned this request's last save
     is_async_loading: bool = False
+    is_async_hit: bool = False  # how its hit loads, as last told to vLLM
     lookup: PendingLookup | None = None
 
 
@@ -58,6 +59,7 @@ class SchedulerSide:
         self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
         self._finish_saves: list[SaveSpec] = []  # planned at a request's finish, for the next step
         self._step = 0  # metadata built so far (PegaConnectorMetadata.step)
+        self._running: set[str] = set()  # scheduled by the last step and neither finished nor preempted
         self._saves_done_through = 0  # every worker's SAVEs of the steps up to this are over
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
@@ -80,15 +82,21 @@ class SchedulerSide:
         if state.lookup is not None and not self.lookups.finish(state):
             self.stats.add("lookup_deferrals")
             return None, False
-        return state.num_hit_tokens, self._is_async(state)
+        state.is_async_hit = self._is_async(state)  # what the allocation's load plan follows
+        return state.num_hit_tokens, state.is_async_hit
 
     def _is_async(self, state) -> bool:
-        """Load between steps (vLLM waits for it outside the forward): under load_mode async,
-        and for a hit read from disk first unless disk_load_mode is layerwise (then the
-        step that loads it waits, on the CPU, for the engine's reads)."""
+        """Load between steps (vLLM waits for it outside the forward): under load_mode async;
+        for a hit read from disk first, as disk_load_mode says (async by default: the step
+        that loads it layer-wise waits, on the CPU, for the engine's reads); under auto,
+        whenever other requests are running, so that their steps never wait for this load."""
         config = self.config
-        return state.num_hit_tokens > 0 and (
-            config.is_async_load or (state.is_from_disk and config.disk_load_mode == "async"))
+        if state.num_hit_tokens <= 0:
+            return False
+        mode = config.load_mode
+        if mode != "async" and state.is_from_disk:
+            mode = config.disk_load_mode
+        return mode == "async" or (mode == "auto" and bool(self._running))
 
     # -- plans ----------------------------------------------------------------------------
 
@@ -108,7 +116,7 @@ class SchedulerSide:
         state.pending_load = LoadSpec(
             request.request_id, tuple(block_ids[first:first + count]),
             tuple(request.block_hashes[first:first + count]), state.lease_ids,
-            self._is_async(state))
+            state.is_async_hit)
         state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
         # The loaded blocks are stored already: never save them back (if their load fails,
         # the GPU holds garbage under their hashes until vLLM recomputes them).
@@ -123,6 +131,9 @@ class SchedulerSide:
         self._held, self._rewound = set(), set()
         meta.saves.extend(self._finish_saves)
         self._finish_saves = []
+        cached = scheduler_output.scheduled_cached_reqs
+        self._running = {new.req_id for new in scheduler_output.scheduled_new_reqs} | set(cached.req_ids)
+        self._running -= meta.preempted_req_ids
         for req_id in meta.preempted_req_ids:
             if (state := self.requests.get(req_id)) is not None:
                 state.block_ids = []
@@ -133,7 +144,6 @@ class SchedulerSide:
             if state is not None:
                 state.block_ids = list(new.block_ids[0])
                 self._plan_save(meta, state, new.num_computed_tokens + num_scheduled.get(new.req_id, 0))
-        cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests.get(req_id)
             if state is None:
@@ -169,6 +179,7 @@ class SchedulerSide:
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
         """Keep the blocks (True) while saves of this request may still read them."""
+        self._running.discard(request.request_id)
         state = self.requests.get(request.request_id)
         if state is None:
             return False, None

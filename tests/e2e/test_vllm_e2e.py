@@ -4,10 +4,11 @@ Process R computes every prompt with no connector (the reference).  Process A, w
 connector, computes the base prompts cold and saves them.  Process B, a fresh vLLM with
 its own prefix cache off, runs the base prompts, prompts that extend them, prompts that
 share only part of them, and a batch of them together (also from a new engine whose pool
-is empty and whose disk tier holds them, and from an engine whose pool was filled past them): its prefixes come from the engine
-(the engine's counters and vLLM's per-request count of tokens it did not compute say so)
-and its greedy tokens and top-5 logprobs equal R's bit for bit.  Corrupting one page in the pool makes the check
-fail; an engine gone mid-run still yields exact outputs (vLLM recomputes).
+is empty and whose disk tier holds them, and from an engine whose pool was filled past
+them): its prefixes come from the engine (the engine's counters and vLLM's per-request
+count of tokens it did not compute say so) and its greedy tokens and top-5 logprobs equal
+R's bit for bit.  Corrupting one page in the pool makes the check fail; an engine gone
+mid-run still yields exact outputs (vLLM recomputes).
 """
 
 from __future__ import annotations

@@ -126,7 +126,10 @@ def test_server_command_per_config():
     assert native[native.index("--kv-offloading-size") + 1] == "4"
     pega = bench_serving.server_command("pegaflow", Args, "eng")
     config = json.loads(pega[pega.index("--kv-transfer-config") + 1])
-    assert config["kv_connector"] == "PegaKVConnector" and config["kv_connector_extra_config"]["engine_name"] == "eng"
+    assert config["kv_connector"] == "PegaKVConnector" and config["kv_connector_extra_config"] == {"engine_name": "eng"}
+    auto = bench_serving.server_command("pegaflow-auto", Args, "eng")
+    extra = json.loads(auto[auto.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra == {"engine_name": "eng", "load_mode": "auto"}
 
 
 def test_counters_sum_labels_of_the_hit_and_pegaflow_counters_only(port):

@@ -171,6 +171,36 @@ def test_connector_async_load_completes_through_get_finished(engine):
     assert _leases_drain_to_zero(engine.name)
 
 
+def test_connector_auto_load_mode_loads_a_hit_between_steps_while_another_request_decodes(engine):
+    # 1. Save two prompts; 2. a vLLM under load_mode auto decodes a new request (nothing cached).
+    later = list(range(500, 500 + 4 * BLOCK + 3))
+    _warm(engine.name, PROMPT, "wa")
+    _warm(engine.name, later, "wb")
+    second = VllmInstance(engine.name, extra={"load_mode": "auto"})
+    try:
+        second.poison()
+        second.add(make_request("busy", list(range(3000, 3000 + 2 * BLOCK)), max_tokens=30))
+        second.step_until_admitted("busy")
+        second.step()
+        # 3. A hit arriving meanwhile loads between steps: the busy request's steps go on
+        #    without waiting for it...
+        second.add(make_request("hit", PROMPT))
+        admitted = second.step_until_admitted("hit")
+        (load,) = admitted.loads
+        assert load.is_async and second.external_hits() == 5 * BLOCK
+        second.run_until_done()
+        _assert_loaded_bytes(second, load)
+        # 4. ...and once nothing runs, the next hit loads inside its step.
+        second.add(make_request("alone", later))
+        (alone,) = second.step_until_admitted("alone").loads
+        assert not alone.is_async
+        second.run_until_done()
+        _assert_loaded_bytes(second, alone)
+    finally:
+        second.close()
+    assert _leases_drain_to_zero(engine.name)
+
+
 def test_connector_abort_after_lookup_releases_lease(engine):
     # 1. Save; 2. a request is looked up and allocated, then aborted before its load runs.
     _warm(engine.name, PROMPT)

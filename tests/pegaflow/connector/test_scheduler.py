@@ -255,3 +255,39 @@ def test_scheduler_hit_read_from_disk_loads_in_the_step_under_disk_load_mode_lay
                               namespaces=[1], block_size=16)
     scheduler.link.use(DiskAnsweringClient())
     assert scheduler.get_num_new_matched_tokens(on_disk, 0) == (64, True)
+
+
+def _step_output(new_ids=(), running_ids=(), preempted=()):
+    return SimpleNamespace(preempted_req_ids=set(preempted), num_scheduled_tokens={},
+                           scheduled_new_reqs=[SimpleNamespace(req_id=r, block_ids=([],), num_computed_tokens=0)
+                                               for r in new_ids],
+                           scheduled_cached_reqs=SimpleNamespace(req_ids=list(running_ids),
+                                                                 new_block_ids=[None] * len(running_ids),
+                                                                 resumed_req_ids=set(),
+                                                                 num_computed_tokens=[0] * len(running_ids)))
+
+
+def test_scheduler_auto_load_mode_loads_between_steps_only_while_others_run():
+    # 1. load_mode auto, nothing running: a hit loads in the step, layer by layer (a lone
+    #    prompt's first token as soon as possible).
+    scheduler = SchedulerSide(ConnectorConfig(load_mode="auto"), namespaces=[1], block_size=16)
+    scheduler.link.use(AnsweringClient())
+    blocks = SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14],))
+    first = SimpleNamespace(request_id="a", num_tokens=80, num_computed_tokens=80, block_hashes=[b"a" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(first, 0) == (64, False)
+    scheduler.update_state_after_alloc(first, blocks, num_external_tokens=64)
+    assert not scheduler.requests["a"].pending_load.is_async
+    scheduler.build_connector_meta(_step_output(new_ids=["a"]))
+    # 2. While "a" runs, the next hit loads between steps: a's decode never waits for it;
+    #    the plan follows what vLLM was told.
+    second = SimpleNamespace(request_id="b", num_tokens=80, block_hashes=[b"b" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(second, 0) == (64, True)
+    scheduler.update_state_after_alloc(second, blocks, num_external_tokens=64)
+    assert scheduler.requests["b"].pending_load.is_async
+    # 3. Once "a" finished (or was preempted), a hit loads in the step again.
+    scheduler.request_finished(first, ([10, 11, 12, 13, 14],))
+    third = SimpleNamespace(request_id="c", num_tokens=80, block_hashes=[b"c" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(third, 0) == (64, False)
+    scheduler.build_connector_meta(_step_output(running_ids=["x"], preempted=["x"]))
+    fourth = SimpleNamespace(request_id="d", num_tokens=80, block_hashes=[b"d" * 32] * 5)
+    assert scheduler.get_num_new_matched_tokens(fourth, 0) == (64, False)
