@@ -30,12 +30,12 @@ PHASE_TIMEOUT_S = 900.0
 KINDS = ("none", "idle", "saving")
 
 
-def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
+def random_prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
 
 
-def _llm(args):
+def decode_llm(args):
     from vllm import LLM
 
     from pegaflow.connector import kv_transfer_config
@@ -72,14 +72,14 @@ def run_phase(args) -> dict:
     """One vLLM process: every (batch, context) cell of one phase."""
     from transformers import AutoConfig
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    llm = _llm(args)
+    llm = decode_llm(args)
     mode = llm.llm_engine.vllm_config.compilation_config.cudagraph_mode
-    _tpots(llm, _prompts(args.seed, max(args.batches), 256, vocab), max(args.batches), 8)  # warm-up
+    _tpots(llm, random_prompts(args.seed, max(args.batches), 256, vocab), max(args.batches), 8)  # warm-up
     cells = {}
     for context in args.contexts:
         for batch in args.batches:
             count = max(batch, args.requests)
-            prompts = _prompts(hash((args.seed, context, batch)) & 0xFFFFFFF, count, context, vocab)
+            prompts = random_prompts(hash((args.seed, context, batch)) & 0xFFFFFFF, count, context, vocab)
             cells[f"bs{batch}_ctx{context}"] = _tpots(llm, prompts, batch, args.decode_tokens)
     import torch
     return {"cudagraph_mode": getattr(mode, "name", str(mode)), "tpot_ms": cells,
