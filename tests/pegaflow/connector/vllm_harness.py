@@ -4,9 +4,12 @@ One ``VllmInstance`` is one vLLM: a real ``Scheduler`` (whose connector is built
 vLLM's own factory from ``kv_connector_module_path``) and a worker-side connector whose
 "GPU" KV caches are CPU tensors in a ``HostKVBuffer``, laid out as vLLM's
 FlashAttention does (per layer ``[num_blocks, kv_heads, block_size, 2 * head]`` views
-of one buffer, LBNHC).  ``step()`` plays the model runner: it binds the metadata, loads,
-"computes" every layer (writing bytes that are a function of the block hash, as real
-KV is a function of the prefix), saves, and feeds a ``ModelRunnerOutput`` back.
+of one buffer, LBNHC), or as MLA's latent cache (``[num_blocks, block_size, head]``).
+``step()`` plays the model runner: it binds the metadata, loads, "computes" every layer
+(writing bytes that are a function of the block hash, as real KV is a function of the
+prefix), saves, and feeds a ``ModelRunnerOutput`` back.  With ``tp_size`` > 1 it plays
+every TP rank (a worker-side connector and a buffer each; a rank's bytes are its own,
+except MLA's, which every rank computes alike) and merges their outputs as vLLM does.
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
 from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -35,6 +40,7 @@ TINY_MODEL = Path(__file__).resolve().parents[2] / "data" / "tiny-llama"
 BLOCK = 16
 NUM_LAYERS, KV_HEADS, HEAD = 3, 2, 64
 PAGE_ELEMS = KV_HEADS * BLOCK * 2 * HEAD
+MLA_HEAD = PAGE_ELEMS // BLOCK  # an MLA page of the same size: one head of latent and rope
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
 OUTPUT_TOKEN = 7
 
@@ -42,9 +48,10 @@ init_none_hash(sha256)
 _HASHER = get_request_block_hasher(BLOCK, sha256)
 
 
-def block_pattern(block_hash: bytes, layer: int) -> np.ndarray:
-    """The bytes a layer holds for a full block: a function of its hash."""
-    seed = hashlib.sha256(block_hash + bytes([layer])).digest()
+def block_pattern(block_hash: bytes, layer: int, rank: int = 0) -> np.ndarray:
+    """The bytes a layer holds for a full block: a function of its hash (and of the TP
+    rank whose heads they are, from rank 1 on)."""
+    seed = hashlib.sha256(block_hash + bytes([layer]) + (bytes([rank]) if rank else b"")).digest()
     return np.resize(np.frombuffer(seed, dtype=np.uint8), PAGE_ELEMS * 2)
 
 
@@ -65,28 +72,35 @@ class StepRecord:
 
 class VllmInstance:
     def __init__(self, engine_name: str, num_blocks: int = 64, extra: dict | None = None,
-                 model: Path = TINY_MODEL, max_batched_tokens: int = 256, dtype: str = "bfloat16"):
-        self.num_blocks = num_blocks
-        self.config = self._vllm_config(engine_name, extra or {}, model, max_batched_tokens, dtype)
-        self.kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks, kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, FullAttentionSpec(
-                block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=torch.bfloat16))])
+                 model: Path = TINY_MODEL, max_batched_tokens: int = 256, dtype: str = "bfloat16",
+                 tp_size: int = 1, mla: bool = False):
+        self.num_blocks, self.tp_size, self.mla = num_blocks, tp_size, mla
+        self.config = self._vllm_config(engine_name, extra or {}, model, max_batched_tokens, dtype, tp_size)
+        spec = (MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=MLA_HEAD, dtype=torch.bfloat16)
+                if mla else FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD,
+                                              dtype=torch.bfloat16))
+        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                                             kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)])
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
                                    structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK, log_stats=True)
-        self.worker = PegaKVConnector(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
-        self.buffer = HostKVBuffer(NUM_LAYERS * num_blocks * PAGE_ELEMS * 2, "test-kv")
-        self.kv_caches = self._kv_views()
-        self.worker.register_kv_caches(self.kv_caches)
+        self.workers, self.buffers, self.rank_kv_caches = [], [], []
+        for rank in range(tp_size):
+            with mock.patch("vllm.distributed.parallel_state.get_tensor_model_parallel_rank", return_value=rank):
+                self.workers.append(PegaKVConnector(self.config, KVConnectorRole.WORKER, self.kv_cache_config))
+            self.buffers.append(HostKVBuffer(NUM_LAYERS * num_blocks * PAGE_ELEMS * 2, f"test-kv{rank}"))
+            self.rank_kv_caches.append(self._kv_views(self.buffers[-1]))
+            self.workers[-1].register_kv_caches(self.rank_kv_caches[-1])
+        self.worker, self.buffer, self.kv_caches = self.workers[0], self.buffers[0], self.rank_kv_caches[0]
+        self._aggregator = KVOutputAggregator(tp_size)  # as vLLM merges its workers' outputs
         self.requests: dict[str, Request] = {}
         self.external_hit_tokens = 0
         self.served_tokens = 0  # tokens of loads that did not fail (vLLM counts failed ones too)
         self.scheduler_stats: list = []  # vLLM's SchedulerStats of each step, as a frontend gets them
 
     @staticmethod
-    def _vllm_config(engine_name, extra, model, max_batched_tokens, dtype) -> VllmConfig:
+    def _vllm_config(engine_name, extra, model, max_batched_tokens, dtype, tp_size) -> VllmConfig:
         model_config = ModelConfig(model=str(model), skip_tokenizer_init=True, dtype=dtype,
                                    seed=0, max_model_len=2048)
         cache = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
@@ -95,30 +109,39 @@ class VllmInstance:
             cache.kv_cache_layout = "LBNHC"
         transfer = kv_transfer_config(engine_name, **{"lookup_timeout_ms": 20000, **extra})
         return VllmConfig(model_config=model_config, cache_config=cache, kv_transfer_config=transfer,
+                          parallel_config=ParallelConfig(tensor_parallel_size=tp_size),
                           scheduler_config=SchedulerConfig(
                               max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
                               max_model_len=2048, enable_chunked_prefill=True,
                               is_encoder_decoder=False),
                           device_config=DeviceConfig("cpu"))
 
-    def _kv_views(self) -> dict[str, torch.Tensor]:
-        flat = torch.frombuffer(self.buffer.data, dtype=torch.bfloat16)
+    def _kv_views(self, buffer: HostKVBuffer) -> dict[str, torch.Tensor]:
+        flat = torch.frombuffer(buffer.data, dtype=torch.bfloat16)
         layer_elems = self.num_blocks * PAGE_ELEMS
-        shape = (self.num_blocks, KV_HEADS, BLOCK, 2 * HEAD)
-        strides = (PAGE_ELEMS, 2 * HEAD, KV_HEADS * 2 * HEAD, 1)  # LBNHC: tokens outside heads
+        if self.mla:
+            shape, strides = (self.num_blocks, BLOCK, MLA_HEAD), (PAGE_ELEMS, MLA_HEAD, 1)
+        else:
+            shape = (self.num_blocks, KV_HEADS, BLOCK, 2 * HEAD)
+            strides = (PAGE_ELEMS, 2 * HEAD, KV_HEADS * 2 * HEAD, 1)  # LBNHC: tokens outside heads
         return {name: flat.as_strided(shape, strides, storage_offset=i * layer_elems)
                 for i, name in enumerate(LAYER_NAMES)}
 
     # -- the "GPU" ------------------------------------------------------------------------
 
-    def page(self, layer: int, block_id: int) -> np.ndarray:
+    def page(self, layer: int, block_id: int, rank: int = 0) -> np.ndarray:
         start = (layer * self.num_blocks + block_id) * PAGE_ELEMS * 2
-        return self.buffer.data[start:start + PAGE_ELEMS * 2]
+        return self.buffers[rank].data[start:start + PAGE_ELEMS * 2]
+
+    def pattern(self, block_hash: bytes, layer: int, rank: int = 0) -> np.ndarray:
+        """What ``rank`` holds for a full block (MLA: what every rank holds)."""
+        return block_pattern(block_hash, layer, 0 if self.mla else rank)
 
     def poison(self, value: int = 0xEE) -> None:
-        self.buffer.data[:] = value
+        for buffer in self.buffers:
+            buffer.data[:] = value
 
-    def _compute(self, layer: int, scheduler_output) -> None:
+    def _compute(self, layer: int, scheduler_output, rank: int = 0) -> None:
         """Write this step's KV: full blocks get their hash's pattern, partial ones noise."""
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
@@ -126,8 +149,8 @@ class VllmInstance:
             block_ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
             for j in range(start // BLOCK, -(-(start + num_tokens) // BLOCK)):
                 full = (j + 1) * BLOCK <= start + num_tokens and j < len(request.block_hashes)
-                self.page(layer, block_ids[j])[:] = (block_pattern(request.block_hashes[j], layer)
-                                                     if full else 0x11)
+                self.page(layer, block_ids[j], rank)[:] = (self.pattern(request.block_hashes[j], layer, rank)
+                                                           if full else 0x11)
 
     # -- one step of the model runner -----------------------------------------------------
 
@@ -139,31 +162,36 @@ class VllmInstance:
         out = self.scheduler.schedule()
         meta = out.kv_connector_metadata
         record = StepRecord(out, list(meta.loads), list(meta.saves))
-        worker = self.worker
-        worker.handle_preemptions(meta)
-        worker.bind_connector_metadata(meta)
-        worker.start_load_kv(None)
-        if before_forward is not None:
-            before_forward(meta)
-        if out.num_scheduled_tokens:
-            for layer, name in enumerate(LAYER_NAMES):
-                worker.wait_for_layer_load(name)
-                self._compute(layer, out)
-                worker.save_kv_layer(name, self.kv_caches[name], None)
-        worker.wait_for_save()
-        sending, recving = worker.get_finished(out.finished_req_ids)
-        record.load_errors = worker.get_block_ids_with_load_errors()
+        req_ids = list(out.num_scheduled_tokens)
+        rank_outputs = []
+        for rank, worker in enumerate(self.workers):  # one rank after another: a valid interleaving
+            kv_caches = self.rank_kv_caches[rank]
+            worker.handle_preemptions(meta)
+            worker.bind_connector_metadata(meta)
+            worker.start_load_kv(None)
+            if before_forward is not None and rank == 0:
+                before_forward(meta)
+            if out.num_scheduled_tokens:
+                for layer, name in enumerate(LAYER_NAMES):
+                    worker.wait_for_layer_load(name)
+                    self._compute(layer, out, rank)
+                    worker.save_kv_layer(name, kv_caches[name], None)
+            worker.wait_for_save()
+            sending, recving = worker.get_finished(out.finished_req_ids)
+            load_errors = worker.get_block_ids_with_load_errors()
+            record.load_errors |= load_errors
+            worker.clear_connector_metadata()
+            kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                       invalid_block_ids=load_errors,
+                                       kv_connector_stats=worker.get_kv_connector_stats(),
+                                       kv_connector_worker_meta=worker.build_connector_worker_meta())
+            rank_outputs.append(ModelRunnerOutput(
+                req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=[[OUTPUT_TOKEN] for _ in req_ids], kv_connector_output=kv_out))
         self.served_tokens += BLOCK * sum(b not in record.load_errors
                                           for load in record.loads for b in load.block_ids)
-        worker.clear_connector_metadata()
-        req_ids = list(out.num_scheduled_tokens)
-        kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                   invalid_block_ids=record.load_errors,
-                                   kv_connector_stats=worker.get_kv_connector_stats(),
-                                   kv_connector_worker_meta=worker.build_connector_worker_meta())
-        outputs = self.scheduler.update_from_output(out, ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[OUTPUT_TOKEN] for _ in req_ids], kv_connector_output=kv_out))
+        merged = rank_outputs[0] if self.tp_size == 1 else self._aggregator.aggregate(rank_outputs)
+        outputs = self.scheduler.update_from_output(out, merged)
         for engine_outputs in outputs.values():
             stats = getattr(engine_outputs.scheduler_stats, "connector_prefix_cache_stats", None)
             self.external_hit_tokens += stats.hits if stats is not None else 0
@@ -194,7 +222,9 @@ class VllmInstance:
         return self.external_hit_tokens
 
     def close(self) -> None:
-        self.worker.shutdown()
+        for worker in self.workers:
+            worker.shutdown()
         self.scheduler.connector.shutdown()
-        self.kv_caches = None
-        self.buffer.close()
+        self.kv_caches = self.rank_kv_caches = None
+        for buffer in self.buffers:
+            buffer.close()
