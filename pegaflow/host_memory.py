@@ -53,6 +53,14 @@ def layer_records(layers: list[int], offsets: list[int], strides: list[int]) -> 
     return records
 
 
+def layer_major_records(num_layers: int, num_blocks: int, page_bytes: int) -> np.ndarray:
+    """LAYER records of a layer-major cache of one page per block: layer l's block b at
+    ``(l * num_blocks + b) * page_bytes``."""
+    layer_bytes = num_blocks * page_bytes
+    return layer_records(list(range(num_layers)), [i * layer_bytes for i in range(num_layers)],
+                         [page_bytes] * num_layers)
+
+
 _LIVE: dict[str, "HostKVBuffer"] = {}
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from pegaflow.client import EngineClient
 from pegaflow.engine_stats import read_stats
-from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.host_memory import HostKVBuffer, layer_major_records
 from tools.engine_process import EngineProcess
 
 POLICIES = ("evicted", "reused", "all")
@@ -116,9 +116,8 @@ class _Client:
         layer_bytes = num_blocks * PAGE_BYTES
         self.kv = HostKVBuffer(NUM_LAYERS * layer_bytes, "adm")
         self.client = EngineClient.connect(name)
-        layers = layer_records(list(range(NUM_LAYERS)), [i * layer_bytes for i in range(NUM_LAYERS)],
-                               [PAGE_BYTES] * NUM_LAYERS)
-        self.client.register_region(0, self.kv.region_record(num_blocks, PAGE_BYTES, NUM_LAYERS), layers)
+        self.client.register_region(0, self.kv.region_record(num_blocks, PAGE_BYTES, NUM_LAYERS),
+                                    layer_major_records(NUM_LAYERS, num_blocks, PAGE_BYTES))
         self.stamps = self.kv.data.reshape(NUM_LAYERS, num_blocks, PAGE_BYTES)[:, :, :8].view(np.uint64)[..., 0]
 
     def serve(self, chain: list[int], result: PolicyResult) -> None:

@@ -79,14 +79,12 @@ def _client_engine_run(kv, name: str, tokens: int, block_size: int, runs: int, s
 
     from pegaflow.client import EngineClient
     from pegaflow.cuda.ipc import export_allocation, region_record
-    from pegaflow.host_memory import layer_records
+    from pegaflow.host_memory import layer_major_records
     geo, rng = kv_geometry(block_size), np.random.default_rng(seed)
     pages = kv.view(NUM_LAYERS, geo["num_blocks"], geo["page_bytes"])
     client = EngineClient.connect(name, timeout_s=TIMEOUT_S)
     try:
-        layers = layer_records(list(range(NUM_LAYERS)),
-                               [i * geo["layer_bytes"] for i in range(NUM_LAYERS)],
-                               [geo["page_bytes"]] * NUM_LAYERS)
+        layers = layer_major_records(NUM_LAYERS, geo["num_blocks"], geo["page_bytes"])
         region = region_record(export_allocation(kv.data_ptr()), NUM_LAYERS, geo["num_blocks"],
                                geo["page_bytes"])
         client.register_region(0, region, layers)

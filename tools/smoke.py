@@ -14,7 +14,7 @@ import numpy as np
 
 from pegaflow.client import EngineClient
 from pegaflow.errors import PegaflowError
-from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.host_memory import HostKVBuffer, layer_major_records
 
 NUM_LAYERS = 4
 NUM_BLOCKS = 256
@@ -31,9 +31,8 @@ def run(name: str) -> str | None:
     kv = HostKVBuffer(NUM_LAYERS * layer_bytes, "smoke")
     try:
         # 1. Register a 4-layer cache: layer l at l * layer_bytes, one page per block.
-        layers = layer_records(list(range(NUM_LAYERS)),
-                               [i * layer_bytes for i in range(NUM_LAYERS)], [PAGE_BYTES] * NUM_LAYERS)
-        client.register_region(0, kv.region_record(NUM_BLOCKS, PAGE_BYTES, NUM_LAYERS), layers)
+        client.register_region(0, kv.region_record(NUM_BLOCKS, PAGE_BYTES, NUM_LAYERS),
+                               layer_major_records(NUM_LAYERS, NUM_BLOCKS, PAGE_BYTES))
         # 2. Fill 64 random blocks with random bytes and save them under random hashes.
         kv.data[:] = rng.integers(0, 256, kv.num_bytes, dtype=np.uint8)
         src = rng.choice(NUM_BLOCKS, NUM_SAVED, replace=False)

@@ -14,7 +14,7 @@ import pytest
 
 from pegaflow.client import EngineClient
 from pegaflow.completion import Completion
-from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.host_memory import HostKVBuffer, layer_major_records
 from pegaflow.wire import ALL_LAYERS, NO_EVENT, SUBMISSION, WIRE_VERSION
 
 
@@ -29,11 +29,9 @@ class KVClient:
         self.kv = HostKVBuffer(self.NUM_LAYERS * layer_bytes, "tkv")
         try:
             self.client = EngineClient.connect(engine_name, timeout_s=timeout_s, instance=instance)
-            layers = layer_records(list(range(self.NUM_LAYERS)),
-                                   [i * layer_bytes for i in range(self.NUM_LAYERS)],
-                                   [self.PAGE_BYTES] * self.NUM_LAYERS)
             region = self.kv.region_record(self.NUM_BLOCKS, self.PAGE_BYTES, self.NUM_LAYERS)
-            self.client.register_region(0, region, layers)
+            self.client.register_region(0, region, layer_major_records(self.NUM_LAYERS, self.NUM_BLOCKS,
+                                                                       self.PAGE_BYTES))
         except BaseException:
             self.kv.close()
             raise

@@ -16,7 +16,7 @@ import pytest
 
 import pegaflow.client
 from pegaflow.errors import CommandError
-from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.host_memory import HostKVBuffer, layer_major_records, layer_records
 from pegaflow.wire import BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes, hash_keys
 
 NAMESPACE = 0x7E57
@@ -293,8 +293,7 @@ def test_dispatcher_register_page_larger_than_slab_answers_bad_argument(engine_f
     try:
         before = engine.stats()["errors_by_status"]
         # 1. REGISTER a cache whose block (every layer of it) cannot fit one slab.
-        layers = layer_records(list(range(num_layers)),
-                               [i * page_bytes * num_blocks for i in range(num_layers)], [page_bytes] * num_layers)
+        layers = layer_major_records(num_layers, num_blocks, page_bytes)
         with pytest.raises(CommandError) as info:
             client.register_region(0, kv.region_record(num_blocks, page_bytes, num_layers), layers)
         # 2. It is the client's mistake, a typed BAD_ARGUMENT, not an INTERNAL error.

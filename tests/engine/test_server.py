@@ -324,15 +324,14 @@ def test_server_all_slots_taken_raises_no_free_slot(engine_factory):
 CHILD_CLIENT = r"""
 import json, sys, time  # argv[1]: the repository root (the cwd, so on sys.path)
 from pegaflow.client import EngineClient
-from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.host_memory import HostKVBuffer, layer_major_records
 name, namespace = sys.argv[2], int(sys.argv[3])
 leased = [bytes.fromhex(h) for h in sys.argv[4].split(",")]
 unfinished = [bytes.fromhex(h) for h in sys.argv[5].split(",")]
 layers, blocks, page = 4, 64, 4096
 kv = HostKVBuffer(layers * blocks * page, "tkvchild")
 client = EngineClient.connect(name)
-client.register_region(0, kv.region_record(blocks, page, layers),
-                       layer_records(list(range(layers)), [i * blocks * page for i in range(layers)], [page] * layers))
+client.register_region(0, kv.region_record(blocks, page, layers), layer_major_records(layers, blocks, page))
 found = client.lookup(namespace, leased)
 saved = client.wait(client.submit_save(namespace, range(len(unfinished)), unfinished, layer=0))
 print(json.dumps({"slot": client.slot, "hits": found.num_hit_blocks, "lease": found.lease_id,

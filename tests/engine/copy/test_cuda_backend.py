@@ -29,7 +29,7 @@ from engine.copy.cuda import CudaBackend  # noqa: E402
 from pegaflow import shm  # noqa: E402
 from pegaflow.cuda.ipc import EventPool, export_allocation, region_record  # noqa: E402
 from pegaflow.errors import CommandError  # noqa: E402
-from pegaflow.host_memory import layer_records  # noqa: E402
+from pegaflow.host_memory import layer_major_records  # noqa: E402
 from pegaflow.wire import ALL_LAYERS, Status  # noqa: E402
 from tests.spawn import start_child  # noqa: E402
 
@@ -353,10 +353,9 @@ def test_engine_process_cuda_backend_round_trip_byte_exact(engine_factory, rng, 
     torch.cuda.synchronize()
     client = engine.connect()
     try:
-        offsets = [i * LAYER_BYTES for i in range(NUM_LAYERS)]
-        layers = layer_records(list(range(NUM_LAYERS)), offsets, [PAGE_BYTES] * NUM_LAYERS)
         client.register_region(0, region_record(export_allocation(raw.data_ptr()), NUM_LAYERS,
-                                                NUM_BLOCKS, PAGE_BYTES), layers)
+                                                NUM_BLOCKS, PAGE_BYTES),
+                               layer_major_records(NUM_LAYERS, NUM_BLOCKS, PAGE_BYTES))
         client.register_events(events.handles())
         # 2. Save random blocks (all layers), look them up, load into other poisoned blocks.
         src = rng.choice(NUM_BLOCKS, NUM_COPIED, replace=False)

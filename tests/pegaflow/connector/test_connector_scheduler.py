@@ -11,7 +11,7 @@ import pytest
 
 from pegaflow.client import EngineClient
 from pegaflow.engine_stats import read_stats
-from pegaflow.host_memory import HostKVBuffer, layer_records
+from pegaflow.host_memory import HostKVBuffer, layer_major_records
 from tests.pegaflow.connector.vllm_harness import (
     BLOCK,
     NUM_LAYERS,
@@ -322,8 +322,8 @@ def test_connector_failed_load_never_poisons_the_pool():
             filler_client = EngineClient.connect(tiny.name)
             filler = HostKVBuffer(NUM_LAYERS * 64 * PAGE_ELEMS * 2, "filler")
             page = PAGE_ELEMS * 2
-            filler_client.register_region(0, filler.region_record(64, page, NUM_LAYERS), layer_records(
-                list(range(NUM_LAYERS)), [i * 64 * page for i in range(NUM_LAYERS)], [page] * NUM_LAYERS))
+            filler_client.register_region(0, filler.region_record(64, page, NUM_LAYERS),
+                                          layer_major_records(NUM_LAYERS, 64, page))
             filler_client.wait(filler_client.submit_save(999, list(range(60)),
                                                          [os.urandom(32) for _ in range(60)]))
             # 3. The load fails (the blocks are gone): vLLM is told, and recomputes.
