@@ -24,6 +24,7 @@ class ClientState:
     is_detached: bool = False
     pending_detach: int = 0  # request id of a DETACH waiting for copies to end
     layers: dict[int, LayerPlacement] = field(default_factory=dict)
+    groups: dict[int, list[int]] = field(default_factory=dict)  # KV cache group -> its layers, in order
     region_blocks: dict[int, int] = field(default_factory=dict)  # region id -> num blocks
     page_bytes: int = 0
     num_events: int = 0

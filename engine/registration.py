@@ -4,7 +4,10 @@ A region is refused (BAD_ARGUMENT / BAD_PAYLOAD, nothing changed) unless its id 
 its page size is at least MIN_PAGE_BYTES, every layer's pages lie inside it without
 overlapping (checked in Python integers: no 64-bit wrap-around lets a huge stride pass),
 page sizes agree across the client's regions, layer indices are new and below MAX_LAYERS,
-and one block of all layers fits a slab.  Events are registered once per connection.
+and one block of all layers fits a slab.  Layers may share memory (the KV cache groups of a
+hybrid model overlay each other: vLLM gives a block id to one group at a time).  Each layer
+names its group; a SAVE or LOAD of one group (LAYER_GROUP) copies only its layers.  Events
+are registered once per connection.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ def register_region(client: ClientState, rec, payload: np.ndarray, backend: Copy
         client.layers[int(layer["layer"])] = LayerPlacement(
             int(layer["layer"]), rec.region_id, int(layer["offset_bytes"]),
             int(layer["block_stride_bytes"]))
+        members = client.groups.setdefault(int(layer["group"]), [])
+        members.append(int(layer["layer"]))
+        members.sort()
     logger.info("slot %d (pid %d) registered region %d: %d layers x %d blocks, %d-byte pages",
                 client.slot, client.pid, rec.region_id, num_layers,
                 int(region["num_blocks"]), page_bytes)

@@ -55,7 +55,11 @@ class Transfers:
         split = num_items * BLOCK_ID.itemsize
         block_ids = payload[:split].view(BLOCK_ID).astype(np.int64)
         layer = rec.layer
-        if layer == ALL_LAYERS:
+        if rec.flags & CommandFlag.LAYER_GROUP:
+            if layer not in client.groups:
+                raise CommandError(Status.BAD_ARGUMENT, f"no layer is registered in group {layer}")
+            placements = [client.layers[i] for i in client.groups[layer]]
+        elif layer == ALL_LAYERS:
             placements = [client.layers[i] for i in range(client.num_layers)]
         elif layer in client.layers:
             placements = [client.layers[layer]]
@@ -78,8 +82,10 @@ class Transfers:
     def save(self, client, rec, payload):
         received = time.perf_counter()
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
-        # All layers: one event per layer, in layer order, unless ONE_EVENT fences them all.
-        per_layer = rec.layer == ALL_LAYERS and not rec.flags & CommandFlag.ONE_EVENT
+        # All layers (or a group's): one event per layer, in layer order, unless ONE_EVENT
+        # fences them all.
+        is_many = rec.layer == ALL_LAYERS or rec.flags & CommandFlag.LAYER_GROUP
+        per_layer = bool(is_many) and not rec.flags & CommandFlag.ONE_EVENT
         wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
                               len(placements) * client.page_bytes, chain=keys,

@@ -49,11 +49,14 @@ class EngineCommands:
 
     def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
-                    one_event: bool = False) -> int:
+                    one_event: bool = False, group: int | None = None) -> int:
         """``one_event``: every layer's copy waits for ``event_index`` alone (else, for all
-        layers, layer k waits for ``event_index + k``)."""
+        layers, layer k waits for ``event_index + k``).  ``group``: only that KV cache
+        group's layers (its k-th layer waits for ``event_index + k``), instead of ``layer``."""
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
         flags = CommandFlag.ONE_EVENT if one_event else CommandFlag.NONE
+        if group is not None:
+            flags, layer = flags | CommandFlag.LAYER_GROUP, group
         return self.submit(Opcode.SAVE, payload=[ids, _records(hashes)], num_items=len(ids),
                            namespace=namespace, layer=layer, event_index=event_index,
                            flags=int(flags))
@@ -72,13 +75,16 @@ class EngineCommands:
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
-                    after_client: bool = False) -> int:
+                    after_client: bool = False, group: int | None = None) -> int:
         """``after_client``: the copy waits for the last event of our pool, which the caller
-        recorded on its stream before this call."""
+        recorded on its stream before this call.  ``group``: only that KV cache group's
+        layers (the k-th records ``event_index + k``), instead of ``layer``."""
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
         flags = CommandFlag.RELEASE_LEASE if lease_id else CommandFlag.NONE
         if after_client:
             flags |= CommandFlag.AFTER_CLIENT
+        if group is not None:
+            flags, layer = flags | CommandFlag.LAYER_GROUP, group
         return self.submit(Opcode.LOAD, payload=[ids, _records(hashes)], num_items=len(ids),
                            namespace=namespace, layer=layer, event_index=event_index,
                            arg=lease_id, flags=int(flags))

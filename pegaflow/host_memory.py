@@ -47,9 +47,13 @@ class HostKVBuffer:
         self.segment.unlink()
 
 
-def layer_records(layers: list[int], offsets: list[int], strides: list[int]) -> np.ndarray:
+def layer_records(layers: list[int], offsets: list[int], strides: list[int],
+                  groups: list[int] | None = None) -> np.ndarray:
+    """LAYER records (every layer in group 0 unless ``groups`` says otherwise)."""
     records = np.zeros(len(layers), dtype=LAYER)
     records["layer"], records["offset_bytes"], records["block_stride_bytes"] = layers, offsets, strides
+    if groups is not None:
+        records["group"] = groups
     return records
 
 

@@ -21,7 +21,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 8
+WIRE_VERSION = 9
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -101,6 +101,9 @@ class CommandFlag(IntFlag):
     ONE_EVENT = 4      # SAVE of every layer: each layer's copy waits for ``event_index`` alone
     #                    (recorded once after a forward whose per-layer hooks did not run,
     #                    e.g. a full CUDA graph replay)
+    LAYER_GROUP = 8    # SAVE/LOAD of the layers REGISTERed in group ``layer`` (a KV cache group
+    #                    of a hybrid model: its own block ids), not of one layer; their events
+    #                    are numbered in the group's layer order
 
 
 def struct_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
@@ -192,6 +195,7 @@ REGION = struct_dtype([
 
 LAYER = struct_dtype([
     ("layer", "<u4", 0),
+    ("group", "<u2", 4),  # the KV cache group it belongs to (CommandFlag.LAYER_GROUP)
     ("offset_bytes", "<i8", 8),
     ("block_stride_bytes", "<i8", 16),
 ], 24)

@@ -779,3 +779,21 @@ def test_dispatcher_register_of_absurd_geometry_answers_bad_argument(engine_fact
     finally:
         client.close()
         kv.close()
+
+
+def test_dispatcher_group_save_waits_for_one_event_per_layer_of_that_group():
+    # 1. Three layers in two KV cache groups: layers 0 and 2 are group 0, layer 1 group 1.
+    from engine.copy.base import LayerPlacement
+    h = _held_dispatcher()
+    h.client.layers = {i: LayerPlacement(i, 0, i * 16 * 4096, 4096) for i in range(3)}
+    h.client.groups = {0: [0, 2], 1: [1]}
+    # 2. A SAVE of group 0 copies its two layers only, the k-th waiting for event 2 + k.
+    h.send(1, Opcode.SAVE, _save_payload([1], [b"g" * 32]), 1, event_index=2,
+           flags=CommandFlag.LAYER_GROUP, layer=0)
+    op = h.backend.ops[h.backend.held[-1]]
+    assert [p.layer for p in op.layers] == [0, 2] and (op.wait_event, op.wait_per_layer) == (2, True)
+    # 3. Events 3 and 4 for its two layers: past the client's 4 events, refused.
+    h.send(2, Opcode.SAVE, _save_payload([2], [b"h" * 32]), 1, event_index=3,
+           flags=CommandFlag.LAYER_GROUP, layer=0)
+    answer = h.completions.try_get()
+    assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT)
