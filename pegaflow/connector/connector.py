@@ -164,6 +164,11 @@ class PegaKVConnector(KVConnectorBase_V1):
         super().bind_connector_metadata(connector_metadata)
         self._worker.bind(connector_metadata)
 
+    def has_connector_metadata(self) -> bool:
+        """vLLM calls a layer's two hooks only where this is True: a step with no layer-wise
+        load and no save (most decode steps) skips them for every layer."""
+        return super().has_connector_metadata() and self._worker.needs_layer_hooks
+
     def start_load_kv(self, forward_context, **kwargs) -> None:
         self._worker.start_load_kv(runs_layer_hooks(forward_context))
 
@@ -183,7 +188,11 @@ class PegaKVConnector(KVConnectorBase_V1):
         return self._worker.get_block_ids_with_load_errors()
 
     def build_connector_worker_meta(self):
-        return self._worker.saves_done() if self._worker is not None else None
+        """What the scheduler side frees held requests by; nothing to say with saving off
+        (no request is ever held for its saves)."""
+        if self._worker is None or not self.pega_config.enable_save:
+            return None
+        return self._worker.saves_done()
 
     # -- stats into vLLM's metrics --------------------------------------------------------
 

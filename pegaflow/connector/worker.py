@@ -52,6 +52,7 @@ class WorkerSide:
                                identity=(ClientRole.WORKER, rank, namespace, instance),
                                on_lost=self._connection_lost)
         self._meta: PegaConnectorMetadata | None = None
+        self.needs_layer_hooks = False  # this step has loads fenced layer by layer or saves
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
         self._taint = Taint()  # saves that would store garbage of failed loads
@@ -102,6 +103,8 @@ class WorkerSide:
 
     def bind(self, meta: PegaConnectorMetadata) -> None:
         self._meta = meta
+        # The per-layer hooks have work only for loads fenced layer by layer and for saves.
+        self.needs_layer_hooks = bool(meta.saves) or any(not spec.is_async for spec in meta.loads)
         self._saved_layers = set()
         self._is_save_sent = False
         self._taint.acknowledge(meta.rewound_block_ids)

@@ -470,3 +470,39 @@ def test_connector_finished_request_is_freed_at_once_and_its_saved_bytes_stay_ex
         first.close()
     # 3. A fresh vLLM is served PROMPT's blocks with the bytes "a" computed.
     _assert_served(engine.name, "r2", PROMPT, num_blocks=5)
+
+
+def test_connector_step_without_layerwise_loads_or_saves_skips_the_layer_hooks(engine):
+    # vLLM calls wait_for_layer_load and save_kv_layer of a layer only where the connector
+    # has metadata that needs them: a step that completes a block (a save) or loads one in
+    # its forward does; a decode step that completes none does not.
+    _warm(engine.name, PROMPT)
+    vllm = VllmInstance(engine.name)
+    try:
+        needs = []
+        vllm.add(make_request("r", PROMPT + list(range(900, 900 + 2 * BLOCK)), max_tokens=4))
+        records = vllm.run_until_done(before_forward=lambda meta: needs.append(
+            (bool(meta.loads), bool(meta.saves), vllm.worker.has_connector_metadata())))
+        assert any(load and hooks for load, _, hooks in needs)  # the step that loads the prefix
+        assert any(save and hooks for _, save, hooks in needs)
+        assert any(not load and not save and not hooks for load, save, hooks in needs)  # decode
+        assert all(hooks == (load or save) for load, save, hooks in needs) and len(records) == len(needs)
+    finally:
+        vllm.close()
+
+
+def test_connector_with_saving_off_sends_the_scheduler_no_save_reports(engine):
+    vllm = VllmInstance(engine.name, extra={"enable_save": False})
+    try:
+        vllm.add(make_request("r", PROMPT))
+        vllm.step()
+        assert vllm.worker.build_connector_worker_meta() is None
+    finally:
+        vllm.close()
+    saving = VllmInstance(engine.name)
+    try:
+        saving.add(make_request("s", PROMPT))
+        saving.step()
+        assert saving.worker.build_connector_worker_meta() is not None
+    finally:
+        saving.close()
