@@ -192,6 +192,7 @@ class Dispatcher:
         self.index.release_slot(client.slot)
         self.backend.unregister_client(client.slot)
         client.layers.clear()
+        client.groups.clear()
         client.region_blocks.clear()
         client.page_bytes = client.num_events = 0
 

@@ -84,8 +84,8 @@ class Transfers:
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         # All layers (or a group's): one event per layer, in layer order, unless ONE_EVENT
         # fences them all.
-        is_many = rec.layer == ALL_LAYERS or rec.flags & CommandFlag.LAYER_GROUP
-        per_layer = bool(is_many) and not rec.flags & CommandFlag.ONE_EVENT
+        is_many = rec.layer == ALL_LAYERS or bool(rec.flags & CommandFlag.LAYER_GROUP)
+        per_layer = is_many and not rec.flags & CommandFlag.ONE_EVENT
         wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
         pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
                               len(placements) * client.page_bytes, chain=keys,

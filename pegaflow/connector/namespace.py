@@ -3,10 +3,9 @@
 Two vLLM instances share blocks only when model, its weights' files, quantization,
 config overrides, load format, dtypes, layer count, KV heads, head size, block size, KV
 layout, TP/PP size and rank all agree.  The scheduler and each worker compute it from the
-same config, so a lookup and a load always agree.  TP ranks whose KV is the same (MLA)
-share one namespace: the engine keeps one copy of each block for all of them.  Weights
-replaced in place under the same local path change it (their files' sizes and times are
-part of it); a hub model is identified by name and revision only.
+same config, so a lookup and a load always agree.  Weights replaced in place under the
+same local path change it (their files' sizes and times are part of it); a hub model
+is identified by name and revision only.
 """
 
 from __future__ import annotations
@@ -46,8 +45,6 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
             "head_size": getattr(spec, "head_size", None), "dtype": str(getattr(spec, "dtype", "")),
         })
     load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", None))
-    # (only where true: every other namespace stays what it was)
-    shared = {"tp_shared": True} if _is_tp_shared(parallel, groups) else {}
     return {
         "model": str(model.model), "revision": str(getattr(model, "revision", None)),
         "weights": weights_identity(str(model.model)),
@@ -60,17 +57,8 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
         "kv_layout": str(getattr(cache, "kv_cache_layout", None) or _legacy_layout()),
         "hash_algo": str(getattr(cache, "prefix_caching_hash_algo", "")),
         "tp_size": parallel.tensor_parallel_size, "pp_size": parallel.pipeline_parallel_size,
-        "groups": groups, **shared,
+        "groups": groups,
     }
-
-
-def _is_tp_shared(parallel, groups: list[dict]) -> bool:
-    """Whether every TP rank holds the same KV bytes: MLA's latent (one head, computed from
-    replicated weights) is the same on every rank unless context parallelism splits the
-    tokens among them.  Those ranks then share one namespace, so the engine stores one copy."""
-    split = any((getattr(parallel, name, 1) or 1) > 1
-                for name in ("decode_context_parallel_size", "prefill_context_parallel_size"))
-    return bool(groups) and not split and all(g["type"].startswith("MLA") for g in groups)
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -136,7 +124,4 @@ def _legacy_layout() -> str:
 
 
 def rank_namespace(base_fields: dict, tp_rank: int, pp_rank: int = 0) -> int:
-    """A rank's namespace: its own, but one for all TP ranks where their KV is the same
-    (``tp_shared``); PP ranks hold different layers and never share."""
-    tp = "shared" if base_fields.get("tp_shared") else tp_rank
-    return namespace_of({**base_fields, "tp_rank": tp, "pp_rank": pp_rank})
+    return namespace_of({**base_fields, "tp_rank": tp_rank, "pp_rank": pp_rank})

@@ -160,9 +160,9 @@ def test_e2e_engine_gone_still_exact(reference, tmp_path):
     assert _max_logprob_diff(_flatten(result), ref) == 0.0
 
 
-def _disk_engine(name: str, disk: str, admission: str = "all", pool_size: str = "2GiB") -> EngineProcess:
+def _disk_engine(name: str, disk: str, *flags: str, admission: str = "all", pool_size: str = "2GiB") -> EngineProcess:
     """An engine with a disk tier (``all``: every block is written as it is stored)."""
-    return EngineProcess(name, "--disk-path", disk, "--disk-admission", admission, backend="cuda",
+    return EngineProcess(name, "--disk-path", disk, "--disk-admission", admission, *flags, backend="cuda",
                          pool_size=pool_size, start_timeout_s=120)
 
 
@@ -192,9 +192,11 @@ def test_e2e_prefixes_served_from_disk_equal_no_cache_run(reference, tmp_path):
 def test_e2e_prefixes_evicted_to_disk_are_served_exactly(reference, tmp_path):
     pytest.importorskip("xxhash")
     prompts, ref = reference
-    # A pool of 192 blocks (512 KiB each for this shape) under the base prompts' 274: saving
-    # them evicts the first ones, which the default admission writes to disk.
-    with _disk_engine(f"e2ev{os.getpid()}", str(tmp_path / "disk"), "evicted", "96MiB") as engine:
+    # A pool of 192 blocks (three 32 MiB slabs of 512 KiB blocks for this shape) under the
+    # base prompts' 274: saving them evicts the first ones, which the default admission
+    # writes to disk.
+    with _disk_engine(f"e2ev{os.getpid()}", str(tmp_path / "disk"), "--slab-size", "32MiB",
+                      admission="evicted", pool_size="96MiB") as engine:
         _run(tmp_path, "A", [[x] for x in prompts["base"]], engine.name)
         assert read_stats(engine.name)["disk_blocks_written"] > 0
         # The same engine serves B: what left its pool comes back from disk, the rest from

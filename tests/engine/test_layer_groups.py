@@ -8,7 +8,7 @@ import pytest
 
 from pegaflow.client import EngineClient
 from pegaflow.host_memory import HostKVBuffer, layer_records
-from pegaflow.wire import Status
+from pegaflow.wire import Opcode, Status
 
 NAMESPACE = 0x6A0
 NUM_BLOCKS, PAGE = 32, 4096
@@ -84,3 +84,22 @@ def test_layer_groups_a_group_nobody_registered_is_refused(grouped, make_hashes)
     assert client.wait_save([1], hashes, group=7).status == Status.BAD_ARGUMENT
     assert client.wait_load([1], hashes, group=7).status == Status.BAD_ARGUMENT
     assert client.client.lookup(NAMESPACE, hashes).num_hit_blocks == 0
+
+
+def test_layer_groups_are_registered_anew_after_unregister(grouped, rng, make_hashes):
+    # 1. A client unregisters its memory and registers it again, the same groups.
+    client = grouped()
+    client.client.call(Opcode.UNREGISTER)
+    offsets = [t * NUM_BLOCKS * PAGE for t in TENSORS]
+    client.client.register_region(0, client.kv.region_record(NUM_BLOCKS, PAGE, len(LAYERS)),
+                                  layer_records(LAYERS, offsets, [PAGE] * len(LAYERS), GROUPS))
+    # 2. Each group is its two layers again (not the old ones twice): blocks saved by both
+    #    groups are whole and load back exactly.
+    hashes = make_hashes(1)
+    client.tensors[:] = rng.integers(0, 256, client.tensors.shape, dtype=np.uint8)
+    group0, group1 = client.tensors[:, [3]].copy(), client.tensors[:, [4]].copy()
+    assert client.wait_save([3], hashes, group=0).is_ok and client.wait_save([4], hashes, group=1).is_ok
+    client.tensors[:] = 0
+    assert client.wait_load([8], hashes, group=0).is_ok and client.wait_load([9], hashes, group=1).is_ok
+    np.testing.assert_array_equal(client.tensors[:, [8]], group0)
+    np.testing.assert_array_equal(client.tensors[:, [9]], group1)

@@ -176,33 +176,12 @@ def test_rank_namespace_each_tp_and_pp_rank_differs():
     assert rank_namespace(BASE_FIELDS, 1, 0) == rank_namespace(dict(BASE_FIELDS), 1)
 
 
-class MLAAttentionSpec(SimpleNamespace):
-    """Named as vLLM's MLA spec: the latent cache every TP rank computes alike."""
-
-
-def test_rank_namespace_of_mla_is_one_for_every_tp_rank_and_one_per_pp_rank():
-    # 1. MLA at TP=4, PP=2: every TP rank holds the same latent, so the four TP ranks of a
-    #    stage share one namespace (the engine keeps one copy); the two stages differ.
-    mla = kv_fields(*_fake_configs(tp_size=4, pp_size=2, num_kv_heads=1, head_size=576, spec_type=MLAAttentionSpec))
-    assert len({rank_namespace(mla, tp, 0) for tp in range(4)}) == 1
-    assert rank_namespace(mla, 0, 0) != rank_namespace(mla, 0, 1)
-    # 2. Decode context parallelism splits the tokens among the ranks: one namespace each.
-    split = kv_fields(*_fake_configs(tp_size=4, num_kv_heads=1, head_size=576, spec_type=MLAAttentionSpec,
-                                     dcp_size=2))
-    assert len({rank_namespace(split, tp, 0) for tp in range(4)}) == 4
-    # 3. Not MLA (each rank its own heads): one namespace per rank, and the fields of a
-    #    model that shares nothing are what they always were.
-    dense = kv_fields(*_fake_configs(tp_size=4))
-    assert len({rank_namespace(dense, tp, 0) for tp in range(4)}) == 4 and "tp_shared" not in dense
-
-
 def _fake_configs(**overrides):
     """The attributes kv_fields reads of VllmConfig and KVCacheConfig, with ``overrides``."""
     values = dict(model="/m/llama", revision=None, dtype="torch.bfloat16", cache_dtype="auto",
                   kv_cache_layout="LBNHC", hash_algo="sha256", tp_size=1, pp_size=1,
                   block_size=16, num_kv_heads=8, head_size=128, spec_dtype="torch.bfloat16", num_layers=4,
-                  quantization=None, hf_overrides={}, load_format="auto", seed=0, spec_type=SimpleNamespace,
-                  dcp_size=1)
+                  quantization=None, hf_overrides={}, load_format="auto", seed=0)
     values.update(overrides)
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(model=values["model"], revision=values["revision"], dtype=values["dtype"],
@@ -212,10 +191,9 @@ def _fake_configs(**overrides):
         cache_config=SimpleNamespace(cache_dtype=values["cache_dtype"], kv_cache_layout=values["kv_cache_layout"],
                                      prefix_caching_hash_algo=values["hash_algo"]),
         parallel_config=SimpleNamespace(tensor_parallel_size=values["tp_size"],
-                                        pipeline_parallel_size=values["pp_size"],
-                                        decode_context_parallel_size=values["dcp_size"]))
-    spec = values["spec_type"](block_size=values["block_size"], num_kv_heads=values["num_kv_heads"],
-                               head_size=values["head_size"], dtype=values["spec_dtype"])
+                                        pipeline_parallel_size=values["pp_size"]))
+    spec = SimpleNamespace(block_size=values["block_size"], num_kv_heads=values["num_kv_heads"],
+                           head_size=values["head_size"], dtype=values["spec_dtype"])
     group = SimpleNamespace(kv_cache_spec=spec, layer_names=[f"l{i}" for i in range(values["num_layers"])])
     return vllm_config, SimpleNamespace(kv_cache_groups=[group])
 
