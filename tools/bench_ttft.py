@@ -353,6 +353,8 @@ def main() -> int:
     backends = args.copy_backends or [None]
     engine, given_engine = None, args.engine_name
 
+    if args.disk_path and args.num_prompts < 2:
+        p.error("--disk-path needs --num-prompts 2 or more (the last one is sent beside a new request)")
     if given_engine and (args.copy_backends or args.disk_path):
         p.error("--copy-backends and --disk-path start engines of their own: leave out --engine-name")
     disk_dir = tempfile.mkdtemp(prefix="pegaflow-ttft-", dir=args.disk_path) if args.disk_path else ""

@@ -31,7 +31,6 @@ from tools.bench_decode import KINDS, decode_llm, random_prompts
 ROOT = Path(__file__).resolve().parent.parent
 PHASE_TIMEOUT_S = 900.0
 STEP_FUNCTION = ("sched/scheduler.py", "schedule")  # one call per engine step
-KEPT_FUNCTIONS = 400  # per phase, by own time; pegaflow's own functions are always kept
 
 
 def function_key(filename: str, line: int, name: str) -> str:
@@ -45,7 +44,8 @@ def function_key(filename: str, line: int, name: str) -> str:
 
 
 def profile_rows(stats: pstats.Stats) -> tuple[int, list[dict]]:
-    """(steps, rows): each function's calls and own/cumulative time in microseconds."""
+    """(steps, rows): every function's calls and own/cumulative time in microseconds (all of
+    them: a function cut from one phase's list would look like one that only another runs)."""
     steps, rows = 0, []
     for (filename, line, name), (_, calls, own_s, cum_s, _) in stats.stats.items():
         if filename.endswith(STEP_FUNCTION[0]) and name == STEP_FUNCTION[1]:
@@ -53,8 +53,7 @@ def profile_rows(stats: pstats.Stats) -> tuple[int, list[dict]]:
         rows.append({"function": function_key(filename, line, name), "calls": calls,
                      "own_us": own_s * 1e6, "cum_us": cum_s * 1e6})
     rows.sort(key=lambda r: r["own_us"], reverse=True)
-    kept = rows[:KEPT_FUNCTIONS] + [r for r in rows[KEPT_FUNCTIONS:] if r["function"].startswith("pegaflow/")]
-    return steps, kept
+    return steps, rows
 
 
 def run_phase(args) -> dict:
@@ -85,12 +84,12 @@ def run_phase(args) -> dict:
 def per_step(phases: list[dict]) -> dict[str, dict]:
     """Each function's calls and own time per step, the median over repeats of a phase
     (a function a repeat did not run counts as 0 there)."""
-    names = {r["function"] for p in phases for r in p["functions"]}
+    by_name = [{r["function"]: r for r in p["functions"]} for p in phases]
     table = {}
-    for name in names:
+    for name in {n for rows in by_name for n in rows}:
         calls, own = [], []
-        for p in phases:
-            row = next((r for r in p["functions"] if r["function"] == name), None)
+        for p, rows in zip(phases, by_name):
+            row = rows.get(name)
             steps = max(p["steps"], 1)
             calls.append(row["calls"] / steps if row else 0.0)
             own.append(row["own_us"] / steps if row else 0.0)
@@ -138,7 +137,7 @@ def main() -> int:
     p.add_argument("--pool-size", default="8GiB")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     p.add_argument("--most", type=int, default=25, help="functions listed per comparison")
-    p.add_argument("--json", metavar="PATH", help="write the report and every phase's rows here")
+    p.add_argument("--json", metavar="PATH", help="write the report (and each phase's steps) here")
     p.add_argument("--phase", choices=KINDS, help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -177,7 +176,7 @@ def main() -> int:
             print(f"  only here: {row['own_us_per_step']:8.1f} us  {row['calls_per_step']:6.1f} calls/step  "
                   f"{row['function']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({**report, "phases": runs}))
+        Path(args.json).write_text(json.dumps(report))
     return 0
 
 

@@ -59,7 +59,7 @@ class SchedulerSide:
         self._rewound: set[int] = set()  # failed blocks seen since the last step's metadata
         self._finish_saves: list[SaveSpec] = []  # planned at a request's finish, for the next step
         self._step = 0  # metadata built so far (PegaConnectorMetadata.step)
-        self._running: set[str] = set()  # scheduled by the last step and neither finished nor preempted
+        self._running: set[str] = set()  # scheduled by the last step and not finished since
         self._saves_done_through = 0  # every worker's SAVEs of the steps up to this are over
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
@@ -133,7 +133,6 @@ class SchedulerSide:
         self._finish_saves = []
         cached = scheduler_output.scheduled_cached_reqs
         self._running = {new.req_id for new in scheduler_output.scheduled_new_reqs} | set(cached.req_ids)
-        self._running -= meta.preempted_req_ids
         for req_id in meta.preempted_req_ids:
             if (state := self.requests.get(req_id)) is not None:
                 state.block_ids = []

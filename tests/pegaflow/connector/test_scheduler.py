@@ -284,10 +284,12 @@ def test_scheduler_auto_load_mode_loads_between_steps_only_while_others_run():
     assert scheduler.get_num_new_matched_tokens(second, 0) == (64, True)
     scheduler.update_state_after_alloc(second, blocks, num_external_tokens=64)
     assert scheduler.requests["b"].pending_load.is_async
-    # 3. Once "a" finished (or was preempted), a hit loads in the step again.
+    # 3. Once "a" finished, a hit loads in the step again; as after a step that scheduled
+    #    nothing (every running request preempted, say).
     scheduler.request_finished(first, ([10, 11, 12, 13, 14],))
     third = SimpleNamespace(request_id="c", num_tokens=80, block_hashes=[b"c" * 32] * 5)
     assert scheduler.get_num_new_matched_tokens(third, 0) == (64, False)
-    scheduler.build_connector_meta(_step_output(running_ids=["x"], preempted=["x"]))
+    scheduler.build_connector_meta(_step_output(running_ids=["x"]))
+    scheduler.build_connector_meta(_step_output(preempted=["x"]))
     fourth = SimpleNamespace(request_id="d", num_tokens=80, block_hashes=[b"d" * 32] * 5)
     assert scheduler.get_num_new_matched_tokens(fourth, 0) == (64, False)
