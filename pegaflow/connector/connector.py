@@ -167,7 +167,7 @@ class PegaKVConnector(KVConnectorBase_V1):
     def has_connector_metadata(self) -> bool:
         """vLLM calls a layer's two hooks only where this is True: a step with no layer-wise
         load and no save (most decode steps) skips them for every layer."""
-        return super().has_connector_metadata() and self._worker.needs_layer_hooks
+        return super().has_connector_metadata() and self._worker is not None and self._worker.needs_layer_hooks
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         self._worker.start_load_kv(runs_layer_hooks(forward_context))
