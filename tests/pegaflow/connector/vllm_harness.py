@@ -15,6 +15,7 @@ except MLA's, which every rank computes alike) and merges their outputs as vLLM 
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
@@ -208,14 +209,21 @@ class VllmInstance:
                 return record
         raise AssertionError(f"{req_id} not admitted after {max_steps} steps")
 
-    def run_until_done(self, max_steps: int = 200, **kwargs) -> list[StepRecord]:
-        records = []
-        for _ in range(max_steps):
+    def run_until_done(self, max_steps: int = 200, idle_timeout_s: float = 30.0, **kwargs) -> list[StepRecord]:
+        """Step until every request is gone: ``max_steps`` steps that schedule tokens, and
+        steps that schedule none (finished requests held until the engine answers their
+        saves, which may wait for disk writes) for up to ``idle_timeout_s``."""
+        records, busy, deadline = [], 0, time.monotonic() + idle_timeout_s
+        while busy < max_steps and time.monotonic() < deadline:
             records.append(self.step(**kwargs))
             if not self.scheduler.requests:
                 return records
-        raise AssertionError(f"requests still running after {max_steps} steps: "
-                             f"{list(self.scheduler.requests)}")
+            if records[-1].output.total_num_scheduled_tokens:
+                busy += 1
+            else:
+                time.sleep(1e-3)
+        raise AssertionError(f"requests still running after {len(records)} steps ({busy} scheduling "
+                             f"tokens): {list(self.scheduler.requests)}")
 
     def external_hits(self) -> int:
         """Tokens vLLM counted as external prefix-cache hits (vllm:external_prefix_cache_hits)."""
