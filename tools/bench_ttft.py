@@ -44,10 +44,7 @@ def _llm(args, kind: str):
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
     if args.no_async_scheduling:
         common["async_scheduling"] = False
-    if kind == "pegaflow":
-        return LLM(**common, enable_prefix_caching=False,
-                   kv_transfer_config=kv_transfer_config(args.engine_name))
-    if kind == "disk":
+    if kind in ("pegaflow", "disk"):
         return LLM(**common, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config(
             args.engine_name, disk_load_mode=args.disk_load_mode))
     if kind == "idle":  # the connector in vLLM's path, neither saving nor loading
@@ -108,9 +105,7 @@ def _beside(llm, fresh: list[int], hit: list[int], args) -> dict:
     new, loaded = llm.generate([TokensPrompt(prompt_token_ids=fresh), TokensPrompt(prompt_token_ids=hit)],
                                [decode, one], use_tqdm=False)
     wall = (time.perf_counter() - t0) * 1e3
-    metrics, generated = new.metrics, len(new.outputs[0].token_ids)
-    return {"new_ttft_ms": metrics.first_token_latency * 1e3,
-            "new_tpot_ms": (metrics.last_token_ts - metrics.first_token_ts) * 1e3 / max(generated - 1, 1),
+    return {"new_ttft_ms": new.metrics.first_token_latency * 1e3, "new_tpot_ms": _tpot_of(new),
             "hit_ttft_ms": loaded.metrics.first_token_latency * 1e3, "wall_ms": wall,
             "hit_tokens": list(loaded.outputs[0].token_ids)}
 
@@ -121,14 +116,16 @@ def _tpot_ms(llm, prompts, args) -> list[float]:
     from vllm import SamplingParams, TokensPrompt
     params = SamplingParams(max_tokens=args.decode_tokens, temperature=0.0, ignore_eos=True,
                             detokenize=False)
-    tpots = []
-    for prompt in prompts:
-        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
-        metrics, generated = out.metrics, len(out.outputs[0].token_ids)
-        if generated < 2 or not metrics.last_token_ts:
-            raise RuntimeError(f"no decode timing from vLLM ({generated} tokens, metrics {metrics})")
-        tpots.append((metrics.last_token_ts - metrics.first_token_ts) * 1e3 / (generated - 1))
-    return tpots
+    return [_tpot_of(llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0])
+            for p in prompts]
+
+
+def _tpot_of(out) -> float:
+    """One request's time per output token (ms), from vLLM's first and last token times."""
+    metrics, generated = out.metrics, len(out.outputs[0].token_ids)
+    if generated < 2 or not metrics.last_token_ts:
+        raise RuntimeError(f"no decode timing from vLLM ({generated} tokens, metrics {metrics})")
+    return (metrics.last_token_ts - metrics.first_token_ts) * 1e3 / (generated - 1)
 
 
 def _external_hits(llm) -> float:

@@ -22,10 +22,13 @@ class GroupedClient:
     def __init__(self, engine_name: str):
         self.kv = HostKVBuffer(2 * NUM_BLOCKS * PAGE, "tgrp")
         self.client = EngineClient.connect(engine_name)
+        self.register()
+        self.tensors = self.kv.data.reshape(2, NUM_BLOCKS, PAGE)  # [tensor, block, page]
+
+    def register(self):
         offsets = [t * NUM_BLOCKS * PAGE for t in TENSORS]
         self.client.register_region(0, self.kv.region_record(NUM_BLOCKS, PAGE, len(LAYERS)),
                                     layer_records(LAYERS, offsets, [PAGE] * len(LAYERS), GROUPS))
-        self.tensors = self.kv.data.reshape(2, NUM_BLOCKS, PAGE)  # [tensor, block, page]
 
     def wait_save(self, block_ids, hashes, group):
         return self.client.wait(self.client.submit_save(NAMESPACE, block_ids, hashes, group=group))
@@ -90,9 +93,7 @@ def test_layer_groups_are_registered_anew_after_unregister(grouped, rng, make_ha
     # 1. A client unregisters its memory and registers it again, the same groups.
     client = grouped()
     client.client.call(Opcode.UNREGISTER)
-    offsets = [t * NUM_BLOCKS * PAGE for t in TENSORS]
-    client.client.register_region(0, client.kv.region_record(NUM_BLOCKS, PAGE, len(LAYERS)),
-                                  layer_records(LAYERS, offsets, [PAGE] * len(LAYERS), GROUPS))
+    client.register()
     # 2. Each group is its two layers again (not the old ones twice): blocks saved by both
     #    groups are whole and load back exactly.
     hashes = make_hashes(1)

@@ -115,21 +115,22 @@ def test_scheduler_tells_the_workers_once_which_failed_blocks_it_has_rewound():
     # workers stop holding back saves on their account), the step after does not.
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
     scheduler.link.use(AnsweringClient())
-    output = SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}, scheduled_new_reqs=[],
-                             scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],
-                                                                   resumed_req_ids=set(),
-                                                                   num_computed_tokens=[]))
+    output = _step_output()
     scheduler.update_connector_output(SimpleNamespace(finished_sending=None, finished_recving=None,
                                                       invalid_block_ids={3, 4}))
     assert scheduler.build_connector_meta(output).rewound_block_ids == {3, 4}
     assert scheduler.build_connector_meta(output).rewound_block_ids == set()
 
 
-def _empty_output():
-    return SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}, scheduled_new_reqs=[],
-                           scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[],
+def _step_output(new_ids=(), running_ids=(), preempted=()):
+    """A SchedulerOutput of the fields SchedulerSide reads: new and running requests, no tokens."""
+    return SimpleNamespace(preempted_req_ids=set(preempted), num_scheduled_tokens={},
+                           scheduled_new_reqs=[SimpleNamespace(req_id=r, block_ids=([],), num_computed_tokens=0)
+                                               for r in new_ids],
+                           scheduled_cached_reqs=SimpleNamespace(req_ids=list(running_ids),
+                                                                 new_block_ids=[None] * len(running_ids),
                                                                  resumed_req_ids=set(),
-                                                                 num_computed_tokens=[]))
+                                                                 num_computed_tokens=[0] * len(running_ids)))
 
 
 def test_scheduler_blocks_completed_by_a_requests_last_steps_are_saved_after_it_finishes():
@@ -144,11 +145,11 @@ def test_scheduler_blocks_completed_by_a_requests_last_steps_are_saved_after_it_
                                            has_saves=True)
     # 2. At its finish the blocks are held, and the next step saves exactly blocks 3 and 4.
     assert scheduler.request_finished(request, ([20, 21, 22, 23, 24],)) == (True, None)
-    meta = scheduler.build_connector_meta(_empty_output())
+    meta = scheduler.build_connector_meta(_step_output())
     assert [(s.req_id, s.block_ids, s.hashes) for s in meta.saves] == [("r", (23, 24), tuple(hashes[3:]))]
     assert meta.held_req_ids == {"r"}
     # 3. Nothing more for it in the step after.
-    assert scheduler.build_connector_meta(_empty_output()).saves == []
+    assert scheduler.build_connector_meta(_step_output()).saves == []
 
 
 def test_scheduler_finished_request_saves_no_block_whose_kv_is_not_computed():
@@ -160,7 +161,7 @@ def test_scheduler_finished_request_saves_no_block_whose_kv_is_not_computed():
                               block_hashes=[b"a" * 32, b"b" * 32, b"c" * 32])
     scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2)
     assert scheduler.request_finished(request, ([5, 6, 7],)) == (False, None)
-    assert scheduler.build_connector_meta(_empty_output()).saves == []
+    assert scheduler.build_connector_meta(_step_output()).saves == []
 
 
 def test_scheduler_finish_save_stops_at_vllms_null_block():
@@ -173,7 +174,7 @@ def test_scheduler_finish_save_stops_at_vllms_null_block():
     scheduler.requests["r"] = RequestState(request, block_ids=[9, 10, 0, 0], num_saved_blocks=1,
                                            has_saves=True)
     scheduler.request_finished(request, ([9, 10, 0, 0],))
-    saves = scheduler.build_connector_meta(_empty_output()).saves
+    saves = scheduler.build_connector_meta(_step_output()).saves
     assert [(s.block_ids, s.hashes) for s in saves] == [((10,), (hashes[1],))]
 
 
@@ -255,16 +256,6 @@ def test_scheduler_hit_read_from_disk_loads_in_the_step_under_disk_load_mode_lay
                               namespaces=[1], block_size=16)
     scheduler.link.use(DiskAnsweringClient())
     assert scheduler.get_num_new_matched_tokens(on_disk, 0) == (64, True)
-
-
-def _step_output(new_ids=(), running_ids=(), preempted=()):
-    return SimpleNamespace(preempted_req_ids=set(preempted), num_scheduled_tokens={},
-                           scheduled_new_reqs=[SimpleNamespace(req_id=r, block_ids=([],), num_computed_tokens=0)
-                                               for r in new_ids],
-                           scheduled_cached_reqs=SimpleNamespace(req_ids=list(running_ids),
-                                                                 new_block_ids=[None] * len(running_ids),
-                                                                 resumed_req_ids=set(),
-                                                                 num_computed_tokens=[0] * len(running_ids)))
 
 
 def test_scheduler_auto_load_mode_loads_between_steps_only_while_others_run():
