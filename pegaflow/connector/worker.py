@@ -200,6 +200,8 @@ class WorkerSide:
 
     def _collect(self) -> None:
         """Take every completion that has arrived; never blocks."""
+        if not self.saves.commands and not self.loads.asyncs:
+            return  # nothing awaits an answer: no liveness check, no ring read (idle decode steps)
         client = self.link.client()
         if client is None:
             self._forget_saves()

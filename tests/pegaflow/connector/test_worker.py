@@ -61,6 +61,37 @@ def test_worker_async_load_deadline_revokes_before_vllm_reuses_the_blocks():
     assert worker.loads.finished_recving == {"req-b"} and worker.loads.asyncs == {}
 
 
+class CountingClient(StuckClient):
+    """A live client that counts the liveness checks and ring reads made of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.checks = 0
+
+    def is_engine_up(self):
+        self.checks += 1
+        return True
+
+    def try_take(self, request_id):
+        self.checks += 1
+        return None
+
+
+def test_worker_step_with_nothing_outstanding_touches_neither_engine_nor_ring():
+    # 1. An idle decode step: no save sent, no async load waiting.
+    worker = WorkerSide(ConnectorConfig(), namespace=1, rank=0, num_blocks=8)
+    client = CountingClient()
+    worker.link.use(client)
+    worker.wait_for_save()
+    assert worker.get_finished(set()) == (None, None)
+    # 2. Nothing awaits an answer, so the step makes no syscall and reads no ring.
+    assert client.checks == 0
+    # 3. Once a save is outstanding the same step checks for its answer.
+    worker.saves.sent(11, ("req-a",))
+    worker.get_finished(set())
+    assert client.checks > 0
+
+
 class FencedMemory:
     """Memory with an event pool (cuda): records what is recorded, on which stream."""
 
