@@ -38,7 +38,7 @@ from engine.stats import StatsWriter
 from engine.transfers import Transfers
 from pegaflow import shm
 from pegaflow.errors import CommandError
-from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, Opcode, Status
+from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, CommandFlag, Opcode, Status
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ class Dispatcher:
         or answered MISSING_BLOCK past their deadline (the reads go on into the pool)."""
         for client, rec, payload, is_late in self.transfers.take_parked(now):
             self.gauges_stale = True
-            if not client.is_attached or is_late:  # refused: its lease ends here
+            ends_lease = bool(rec.flags & CommandFlag.RELEASE_LEASE)  # (not a LEASE_HELD one)
+            if ends_lease and (not client.is_attached or is_late):  # refused: its lease ends here
                 self.index.release(rec.arg)
             if is_late:
                 self.stats.add("disk_late_loads")

@@ -138,9 +138,10 @@ class Transfers:
             raise
 
     def load(self, client, rec, payload):
-        if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_foreign_lease(rec.arg, client.instance):
+        names_lease = bool(rec.flags & (CommandFlag.RELEASE_LEASE | CommandFlag.LEASE_HELD))
+        if names_lease and self.index.is_foreign_lease(rec.arg, client.instance):
             raise CommandError(Status.UNKNOWN_LEASE, f"lease {rec.arg} is another vLLM instance's")
-        if rec.flags & CommandFlag.RELEASE_LEASE and self.index.is_promoting(rec.arg):
+        if names_lease and self.index.is_promoting(rec.arg):
             self.parked.park(client, rec, payload, time.monotonic())  # resumed once the reads end
             return ANSWERED_LATER, None
         try:

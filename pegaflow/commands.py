@@ -75,12 +75,16 @@ class EngineCommands:
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
-                    after_client: bool = False, group: int | None = None) -> int:
+                    after_client: bool = False, group: int | None = None,
+                    ends_lease: bool = True) -> int:
         """``after_client``: the copy waits for the last event of our pool, which the caller
         recorded on its stream before this call.  ``group``: only that KV cache group's
-        layers (the k-th records ``event_index + k``), instead of ``layer``."""
+        layers (the k-th records ``event_index + k``), instead of ``layer``.  ``ends_lease``
+        False: ``lease_id`` pins these blocks and another LOAD (a later group's) ends it."""
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
-        flags = CommandFlag.RELEASE_LEASE if lease_id else CommandFlag.NONE
+        flags = CommandFlag.NONE
+        if lease_id:
+            flags = CommandFlag.RELEASE_LEASE if ends_lease else CommandFlag.LEASE_HELD
         if after_client:
             flags |= CommandFlag.AFTER_CLIENT
         if group is not None:

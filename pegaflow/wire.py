@@ -21,7 +21,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 9
+WIRE_VERSION = 10
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -104,6 +104,9 @@ class CommandFlag(IntFlag):
     LAYER_GROUP = 8    # SAVE/LOAD of the layers REGISTERed in group ``layer`` (a KV cache group
     #                    of a hybrid model: its own block ids), not of one layer; their events
     #                    are numbered in the group's layer order
+    LEASE_HELD = 16    # LOAD: the lease named in ``arg`` pins these blocks and ends with another
+    #                    LOAD (one KV cache group's LOAD of several): wait while its blocks are
+    #                    read from disk, as RELEASE_LEASE does, but never end it
 
 
 def struct_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:

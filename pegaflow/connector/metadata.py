@@ -9,23 +9,38 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 
 @dataclass(frozen=True, slots=True)
+class GroupBlocks:
+    """One KV cache group's part of a load or save (a hybrid model): the group's own block
+    ids, and the hashes of the positions they hold (a sliding window's are a suffix)."""
+
+    group: int
+    block_ids: tuple[int, ...]
+    hashes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LoadSpec:
-    """Load ``hashes`` into ``block_ids``; ``lease_ids[rank]`` pins them for that rank."""
+    """Load ``hashes`` into ``block_ids``; ``lease_ids[rank]`` pins them for that rank.
+    ``groups``: per KV cache group, one LOAD each (then ``block_ids`` is every group's
+    ids, the blocks a failure leaves unusable); empty: one LOAD of every layer."""
 
     req_id: str
     block_ids: tuple[int, ...]
     hashes: tuple[bytes, ...]
     lease_ids: tuple[int, ...]
     is_async: bool
+    groups: tuple[GroupBlocks, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class SaveSpec:
-    """Store the full blocks ``block_ids`` under ``hashes`` once this step has written them."""
+    """Store the full blocks ``block_ids`` under ``hashes`` once this step has written them.
+    ``groups``: per KV cache group (then ``block_ids`` is every group's ids)."""
 
     req_id: str
     block_ids: tuple[int, ...]
     hashes: tuple[bytes, ...]
+    groups: tuple[GroupBlocks, ...] = ()
 
 
 @dataclass
@@ -40,6 +55,9 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     # Blocks whose failed load the scheduler has seen (it replans their saves): the
     # workers stop holding back saves on their account.
     rewound_block_ids: set[int] = field(default_factory=set)
+    # Before this step's forward, every SAVE of the steps up to this one must be over: a
+    # block they read (one a sliding window let go) is written again in this step.
+    wait_saves_through: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ def grouped(shared_engine):
     clients = []
 
     def connect():
+        connect.engine = shared_engine
         clients.append(GroupedClient(shared_engine.name))
         return clients[-1]
 
@@ -104,3 +105,29 @@ def test_layer_groups_are_registered_anew_after_unregister(grouped, rng, make_ha
     assert client.wait_load([8], hashes, group=0).is_ok and client.wait_load([9], hashes, group=1).is_ok
     np.testing.assert_array_equal(client.tensors[:, [8]], group0)
     np.testing.assert_array_equal(client.tensors[:, [9]], group1)
+
+
+def test_layer_groups_one_lease_serves_every_group_load_and_ends_with_the_last(grouped, rng, make_hashes):
+    # 1. Three blocks saved by both groups; a lookup leases them.
+    client = grouped()
+    hashes = make_hashes(3)
+    client.tensors[:] = rng.integers(0, 256, client.tensors.shape, dtype=np.uint8)
+    group0, group1 = client.tensors[:, [1, 2, 3]].copy(), client.tensors[:, [6, 7]].copy()
+    assert client.wait_save([1, 2, 3], hashes, group=0).is_ok
+    assert client.wait_save([5, 6, 7], hashes, group=1).is_ok
+    found = client.client.lookup(NAMESPACE, hashes)
+    assert found.num_hit_blocks == 3
+    client.tensors[:] = 0
+    # 2. Group 1 (a sliding window: only the last two blocks) loads under the lease without
+    #    ending it; the lease still stands, so group 0's LOAD may end it.
+    c, engine = client.client, grouped.engine
+    leases = engine.stats()["leases_active"]
+    held = c.wait(c.submit_load(NAMESPACE, [20, 21], hashes[1:], lease_id=found.lease_id,
+                                group=1, ends_lease=False))
+    assert held.is_ok and engine.stats()["leases_active"] == leases
+    assert c.wait(c.submit_load(NAMESPACE, [10, 11, 12], hashes, lease_id=found.lease_id, group=0)).is_ok
+    np.testing.assert_array_equal(client.tensors[:, [10, 11, 12]], group0)
+    np.testing.assert_array_equal(client.tensors[:, [20, 21]], group1)
+    # 3. The last LOAD ended the lease.
+    assert engine.stats()["leases_active"] == leases - 1
+    assert c.wait(c.release(found.lease_id)).status == Status.UNKNOWN_LEASE
