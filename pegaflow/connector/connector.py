@@ -10,10 +10,12 @@ vLLM builds one instance in the scheduler process (role SCHEDULER) and one per w
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from typing import Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1 import base as vllm_base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
 from pegaflow.connector.config import ConnectorConfig
@@ -76,12 +78,45 @@ def instance_key(vllm_config) -> int:
     return int.from_bytes(digest, "little") >> 1 or 1
 
 
-class PegaKVConnector(KVConnectorBase_V1):
+# vLLM's hybrid KV cache manager needs a connector that handles several KV cache groups.
+# pegaflow does where vLLM can take a failed load of such a model as a failed request
+# (KVConnectorTransferResults.failed_recving); older vLLMs (0.26) can take only failed
+# block ids, which they cannot map back to several groups, so there pegaflow does not
+# claim the support and vLLM turns its hybrid manager off (one group, as before).
+HAS_FAILED_RECVING = hasattr(vllm_base, "KVConnectorTransferResults")
+_BASES = (KVConnectorBase_V1, vllm_base.SupportsHMA) if HAS_FAILED_RECVING else (KVConnectorBase_V1,)
+# The KV cache groups whose blocks hold a prefix's KV as positions (served from blocks).
+SERVABLE_GROUP_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec"})
+
+
+def kv_cache_groups(kv_cache_config, block_size: int) -> tuple[list[list[str]], str | None]:
+    """Each KV cache group's layer names, and why pegaflow cannot serve them (None: it can).
+    A group whose state is not a block per position (Mamba's SSM state, a circular buffer,
+    ...) or whose blocks are of another size cannot be served from stored blocks."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    names = [list(g.layer_names) for g in groups]
+    if len(groups) <= 1:
+        return names, None
+    for g in groups:
+        spec = g.kv_cache_spec
+        if type(spec).__name__ not in SERVABLE_GROUP_SPECS:
+            return names, f"a KV cache group of {type(spec).__name__}"
+        if getattr(spec, "block_size", block_size) != block_size:
+            return names, f"a KV cache group of {spec.block_size}-token blocks (not {block_size})"
+    return names, None
+
+
+class PegaKVConnector(*_BASES):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         transfer = vllm_config.kv_transfer_config
         self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config)
         block_size = vllm_config.cache_config.block_size
+        self._groups, unservable = kv_cache_groups(kv_cache_config, block_size)
+        if unservable is not None:
+            logger.error("pegaflow: this model has %s, whose state is not stored blocks of "
+                         "positions; the cache is off for it (vLLM computes every prompt)", unservable)
+            self.pega_config = dataclasses.replace(self.pega_config, enable_load=False, enable_save=False)
         base = kv_fields(vllm_config, kv_cache_config)
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         pp_size = vllm_config.parallel_config.pipeline_parallel_size
@@ -95,7 +130,8 @@ class PegaKVConnector(KVConnectorBase_V1):
             # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank.
             namespaces = [rank_namespace(base, tp, pp) for pp in range(pp_size) for tp in range(tp_size)]
             self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size,
-                                            instance=instance_key(vllm_config))  # a worker per namespace
+                                            instance=instance_key(vllm_config),  # a worker per namespace
+                                            num_groups=max(len(self._groups), 1))
         else:
             tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
             self._worker = WorkerSide(self.pega_config, rank_namespace(base, tp_rank, pp_rank),
@@ -132,6 +168,10 @@ class PegaKVConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids):
         return self._scheduler.request_finished(request, block_ids)
 
+    def request_finished_all_groups(self, request, block_ids):
+        """vLLM's hybrid KV cache manager: ``block_ids`` holds one table per KV cache group."""
+        return self._scheduler.request_finished(request, block_ids)
+
     def update_connector_output(self, connector_output) -> None:
         self._scheduler.update_connector_output(connector_output)
 
@@ -147,6 +187,9 @@ class PegaKVConnector(KVConnectorBase_V1):
                         "(the target's are; outputs stay exact)", len(drafter), len(kv_caches))
             kv_caches = {name: t for name, t in kv_caches.items() if name not in drafter}
         tensors = {name: _tensor_info(name, t) for name, t in kv_caches.items()}
+        groups = None
+        if len(self._groups) > 1:  # a hybrid model: each layer's KV cache group
+            groups = {name: g for g, names in enumerate(self._groups) for name in names if name in tensors}
         devices = {t.device.type for t in kv_caches.values()}
         if devices == {"cuda"}:
             memory = CudaMemory(next(iter(kv_caches.values())).device.index or 0)
@@ -154,7 +197,7 @@ class PegaKVConnector(KVConnectorBase_V1):
             memory = HostMemory()
         else:
             raise LayoutError(f"pegaflow: KV caches on {sorted(devices)}; expected all cuda or all cpu")
-        self._worker.register_kv_caches(tensors, memory)
+        self._worker.register_kv_caches(tensors, memory, groups)
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
         if isinstance(kv_connector_metadata, PegaConnectorMetadata):
@@ -186,6 +229,12 @@ class PegaKVConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors()
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        """vLLM's get_finished, with a hybrid model's failed loads as failed requests."""
+        results = super().get_transfer_results(finished_req_ids)
+        results.failed_recving |= self._worker.loads.take_failed_recving()
+        return results
 
     def build_connector_worker_meta(self):
         """What the scheduler side frees held requests by; nothing to say with saving off

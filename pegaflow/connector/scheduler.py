@@ -6,6 +6,14 @@ request, so repeated calls have no side effect; the answer's lease pins those bl
 until the workers' LOAD uses it (or it is released here, or it expires).  Each step,
 ``build_connector_meta`` hands the workers the loads planned at allocation and the
 full blocks the step completes (prefill chunks and decode alike).
+
+A hybrid model (several KV cache groups: full attention, sliding window) has a block table
+per group; a load or save names each group's own block ids, skipping the null block where
+a sliding window let a position go.  Its loads always go between steps: vLLM can take a
+failed load of such a model only as a failed request (``failed_recving``), never as
+failed block ids.  A sliding window gives blocks back inside ``schedule()``, and vLLM may
+hand them to another request at once while a SAVE of an earlier step still reads them:
+such a step's metadata makes the workers wait for those SAVEs before its forward.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Any
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
-from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SavesDone, SaveSpec
+from pegaflow.connector.metadata import GroupBlocks, LoadSpec, PegaConnectorMetadata, SavesDone, SaveSpec
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.trace import log_schedule
 from pegaflow.wire import ClientRole
@@ -35,7 +43,7 @@ class RequestState:
     num_hit_tokens: int = 0
     lease_ids: tuple[int, ...] = ()
     is_from_disk: bool = False  # some of the hit is read from the engine's disk tier first
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[list[int]] = field(default_factory=lambda: [[]])  # per KV cache group
     num_saved_blocks: int = 0
     pending_load: LoadSpec | None = None
     has_saves: bool = False
@@ -46,8 +54,10 @@ class RequestState:
 
 
 class SchedulerSide:
-    def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, instance: int = 0):
+    def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, instance: int = 0,
+                 num_groups: int = 1):
         self.config = config
+        self.num_groups = num_groups  # KV cache groups (more than one: a hybrid model)
         self.namespaces = namespaces  # one per TP rank
         self.block_size = block_size
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler",
@@ -61,6 +71,7 @@ class SchedulerSide:
         self._step = 0  # metadata built so far (PegaConnectorMetadata.step)
         self._running: set[str] = set()  # scheduled by the last step and not finished since
         self._saves_done_through = 0  # every worker's SAVEs of the steps up to this are over
+        self._saved_by_step: dict[int, set[int]] = {}  # step -> the blocks its SAVEs read, until over
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
 
@@ -93,6 +104,8 @@ class SchedulerSide:
         config = self.config
         if state.num_hit_tokens <= 0:
             return False
+        if self.num_groups > 1:
+            return True  # a failed load must be reportable as a failed request (see above)
         mode = config.load_mode
         if mode != "async" and state.is_from_disk:
             mode = config.disk_load_mode
@@ -110,13 +123,17 @@ class SchedulerSide:
                 state.lookup_at_tokens = -1
             return
         bs = self.block_size
-        block_ids = blocks.get_block_ids()[0]
-        state.block_ids = list(block_ids)  # an async load's request is not scheduled yet
+        tables = blocks.get_block_ids()
+        state.block_ids = [list(t) for t in tables]  # an async load's request is not scheduled yet
         first, count = state.lookup_at_tokens // bs, num_external_tokens // bs
-        state.pending_load = LoadSpec(
-            request.request_id, tuple(block_ids[first:first + count]),
-            tuple(request.block_hashes[first:first + count]), state.lease_ids,
-            state.is_async_hit)
+        hashes = tuple(request.block_hashes[first:first + count])
+        if len(tables) == 1:
+            state.pending_load = LoadSpec(request.request_id, tuple(tables[0][first:first + count]),
+                                          hashes, state.lease_ids, state.is_async_hit)
+        else:
+            parts = _group_parts(tables, first, hashes)
+            state.pending_load = LoadSpec(request.request_id, tuple(b for p in parts for b in p.block_ids),
+                                          hashes, state.lease_ids, state.is_async_hit, parts)
         state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
         # The loaded blocks are stored already: never save them back (if their load fails,
         # the GPU holds garbage under their hashes until vLLM recomputes them).
@@ -135,24 +152,35 @@ class SchedulerSide:
         self._running = {new.req_id for new in scheduler_output.scheduled_new_reqs} | set(cached.req_ids)
         for req_id in meta.preempted_req_ids:
             if (state := self.requests.get(req_id)) is not None:
-                state.block_ids = []
+                state.block_ids = [[]]
                 state.has_saves = False  # the workers wait for them before the blocks are reused
         num_scheduled = scheduler_output.num_scheduled_tokens
+        handed_out: set[int] = set()  # blocks this step gives to requests (the reuse check)
         for new in scheduler_output.scheduled_new_reqs:
+            handed_out.update(b for ids in new.block_ids for b in ids)
             state = self.requests.get(new.req_id)
             if state is not None:
-                state.block_ids = list(new.block_ids[0])
+                state.block_ids = [list(ids) for ids in new.block_ids]
                 self._plan_save(meta, state, new.num_computed_tokens + num_scheduled.get(new.req_id, 0))
         for i, req_id in enumerate(cached.req_ids):
+            new_ids = cached.new_block_ids[i]
+            if new_ids:
+                handed_out.update(b for ids in new_ids for b in ids)
             state = self.requests.get(req_id)
             if state is None:
                 continue
-            new_ids = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
-                state.block_ids = list(new_ids[0]) if new_ids else []
+                state.block_ids = [list(ids) for ids in new_ids] if new_ids else [[]]
             elif new_ids:
-                state.block_ids.extend(new_ids[0])
+                if len(state.block_ids) < len(new_ids):
+                    state.block_ids += [[] for _ in range(len(new_ids) - len(state.block_ids))]
+                for table, ids in zip(state.block_ids, new_ids):
+                    table.extend(ids)
             self._plan_save(meta, state, cached.num_computed_tokens[i] + num_scheduled.get(req_id, 0))
+        meta.wait_saves_through = self._reuse_wait(handed_out)
+        saved = {b for spec in meta.saves for b in spec.block_ids}
+        if saved:
+            self._saved_by_step[self._step] = saved
         for state in self.requests.values():
             if state.pending_load is not None:
                 meta.loads.append(state.pending_load)
@@ -161,16 +189,30 @@ class SchedulerSide:
         log_schedule(self._step, scheduler_output, meta)
         return meta
 
+    def _reuse_wait(self, handed_out: set[int]) -> int:
+        """The last step whose SAVEs, possibly still running, read a block handed out again
+        in this one (0: none).  Only a block vLLM let go without asking us can be: a
+        sliding window's (a finished request's are held, a preempted one's waited for)."""
+        if not handed_out or not self._saved_by_step:
+            return 0
+        return max((step for step, blocks in self._saved_by_step.items()
+                    if step > self._saves_done_through and not blocks.isdisjoint(handed_out)), default=0)
+
     def _plan_save(self, meta: PegaConnectorMetadata, state: RequestState, num_tokens: int) -> None:
         if not self.config.enable_save:
             return
         hashes = state.request.block_hashes
-        num_full = min(num_tokens // self.block_size, len(hashes), len(state.block_ids))
+        num_full = min(num_tokens // self.block_size, len(hashes), *map(len, state.block_ids))
         if num_full <= state.num_saved_blocks:
             return
         start = state.num_saved_blocks
-        meta.saves.append(SaveSpec(state.request.request_id, tuple(state.block_ids[start:num_full]),
-                                   tuple(hashes[start:num_full])))
+        span = tuple(hashes[start:num_full])
+        if len(state.block_ids) == 1:
+            meta.saves.append(SaveSpec(state.request.request_id, tuple(state.block_ids[0][start:num_full]), span))
+        else:
+            parts = _group_parts(state.block_ids, start, span)
+            meta.saves.append(SaveSpec(state.request.request_id, tuple(b for p in parts for b in p.block_ids),
+                                       span, parts))
         state.num_saved_blocks = num_full
         state.has_saves, state.last_save_step = True, self._step
 
@@ -204,32 +246,47 @@ class SchedulerSide:
         saved by the next step, the request's blocks held until then.  Whether it planned one."""
         if not self.config.enable_save or not block_ids:
             return False
-        ids = block_ids[0] if block_ids and isinstance(block_ids[0], (list, tuple)) else block_ids
+        tables = block_ids if isinstance(block_ids[0], (list, tuple)) else (block_ids,)
         hashes = request.block_hashes
-        num_full = min(request.num_computed_tokens // self.block_size, len(hashes), len(ids))
+        num_full = min(request.num_computed_tokens // self.block_size, len(hashes), *map(len, tables))
         if num_full <= state.num_saved_blocks:
             return False
         start = state.num_saved_blocks
-        span = list(ids[start:num_full])
-        if NULL_BLOCK in span:  # vLLM freed blocks out of a sliding window before telling us
-            span = span[:span.index(NULL_BLOCK)]
-        if not span:
-            return False
-        self._finish_saves.append(SaveSpec(request.request_id, tuple(span),
-                                           tuple(hashes[start:start + len(span)])))
-        state.num_saved_blocks, state.has_saves = start + len(span), True
+        if len(tables) == 1:
+            span = list(tables[0][start:num_full])
+            if NULL_BLOCK in span:  # vLLM freed blocks out of a sliding window before telling us
+                span = span[:span.index(NULL_BLOCK)]
+            if not span:
+                return False
+            spec = SaveSpec(request.request_id, tuple(span), tuple(hashes[start:start + len(span)]))
+        else:
+            parts = _group_parts(tables, start, tuple(hashes[start:num_full]))
+            if not parts:
+                return False
+            spec = SaveSpec(request.request_id, tuple(b for p in parts for b in p.block_ids),
+                            tuple(hashes[start:num_full]), parts)
+        self._finish_saves.append(spec)
+        state.num_saved_blocks, state.has_saves = start + len(spec.hashes), True
         return True
 
     def update_connector_output(self, connector_output) -> None:
         done = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(done, SavesDone) and done.num_ranks == len(self.namespaces):  # every worker's word
             self._saves_done_through = max(self._saves_done_through, done.through_step)
+            for step in [s for s in self._saved_by_step if s <= self._saves_done_through]:
+                del self._saved_by_step[step]
         for req_id in connector_output.finished_sending or ():
             self.requests.pop(req_id, None)
             self._awaiting_report.discard(req_id)
         for req_id in connector_output.finished_recving or ():
             if (state := self.requests.get(req_id)) is not None:
                 state.is_async_loading = False
+        for req_id in getattr(connector_output, "failed_recving", None) or ():
+            # vLLM recomputes the whole request (it frees its blocks first): save it anew,
+            # and let the workers save what lands in those blocks once told (rewound).
+            if (state := self.requests.get(req_id)) is not None:
+                self._rewound |= {b for table in state.block_ids for b in table if b != NULL_BLOCK}
+                state.num_saved_blocks, state.block_ids = 0, [[]]
         if connector_output.invalid_block_ids:
             self._rewind_saves(connector_output.invalid_block_ids)
             self._rewound |= set(connector_output.invalid_block_ids)
@@ -238,9 +295,10 @@ class SchedulerSide:
         """Blocks that failed to load are recomputed by vLLM: save them (and what follows)
         again once they are; the workers dropped this step's saves of those requests."""
         for state in self.requests.values():
-            bad = [j for j, block_id in enumerate(state.block_ids) if block_id in invalid_block_ids]
+            bad = [j for table in state.block_ids for j, block_id in enumerate(table)
+                   if block_id in invalid_block_ids]
             if bad:
-                state.num_saved_blocks = min(state.num_saved_blocks, bad[0])
+                state.num_saved_blocks = min(state.num_saved_blocks, min(bad))
 
     def take_stats(self) -> PegaKVConnectorStats | None:
         return self.stats.take(is_engine_up=not self.link.is_down)
@@ -253,3 +311,15 @@ class SchedulerSide:
         for state in self.requests.values():
             self.lookups.release_leases(state)
         self.link.close()
+
+
+def _group_parts(tables, start: int, hashes: tuple[bytes, ...]) -> tuple[GroupBlocks, ...]:
+    """Each KV cache group's blocks at positions ``start`` to ``start + len(hashes)``, with
+    the hashes of those positions; a group's null blocks (positions a sliding window let
+    go) are left out, and so is a group with none left."""
+    parts = []
+    for group, table in enumerate(tables):
+        kept = [(b, h) for b, h in zip(table[start:start + len(hashes)], hashes) if b != NULL_BLOCK]
+        if kept:
+            parts.append(GroupBlocks(group, tuple(b for b, _ in kept), tuple(h for _, h in kept)))
+    return tuple(parts)

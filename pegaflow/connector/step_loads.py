@@ -7,6 +7,11 @@ for the engine to accept the step's loads and then makes vLLM's stream wait, on 
 for that layer's events; ``check_fenced`` judges them against the connection they went out
 on when the step ends.  A load that fails or cannot be fenced becomes a load error (vLLM
 recomputes its blocks) and taints the saves that would store what it left behind.
+
+A hybrid model's load is one LOAD per KV cache group, all under the lookup's one lease (the
+last ends it), and always asynchronous: it is done once every group's LOAD is answered,
+and a failed one fails the request (``failed_recving``: vLLM recomputes it whole; it
+cannot take failed block ids of several groups).
 """
 
 from __future__ import annotations
@@ -41,13 +46,18 @@ class StepLoads:
         self.sent_at = 0.0
         self.asyncs: dict[int, tuple[LoadSpec, float]] = {}  # request id -> (spec, sent at)
         self.finished_recving: set[str] = set()
+        self.failed_recving: set[str] = set()  # hybrid models' failed loads (whole requests)
         self.errors: set[int] = set()
+        self._group_of: dict[int, int] = {}  # request id of a group's LOAD -> its group
+        self._parts_left: dict[str, int] = {}  # a hybrid load's vLLM request -> LOADs unanswered
+        self._parts_failed: set[str] = set()
 
     def start(self, meta: PegaConnectorMetadata | None, runs_layer_hooks: bool = True) -> None:
         """Submit this step's loads.  ``runs_layer_hooks`` False: vLLM will not call
         ``wait_for_layer_load`` in this forward (a full CUDA graph replay), so vLLM's
         stream waits for every layer of the loads here, before the forward."""
         self.step, self.is_waited, self.client = [], False, None
+        self._group_of = {}
         if meta is None or not meta.loads:
             return
         trace = self.trace
@@ -67,25 +77,52 @@ class StepLoads:
             if self.memory.has_events and not spec.is_async and index < self.config.num_load_slots:
                 slot = index
             try:
-                request_id = client.submit_load(
-                    self.namespace, spec.block_ids, list(spec.hashes), lease_id=self._lease_of(spec),
-                    event_index=NO_EVENT if slot is None else self.layers.load_event_base(slot),
-                    after_client=self.memory.has_events)
+                sent = self._submit(client, spec, slot)
             except PegaflowError as exc:
                 self.link.fail(exc)
                 client = None
                 self.fail(spec)
                 continue
-            if spec.is_async:
-                self.asyncs[request_id] = (spec, time.monotonic())
-            else:
-                self.step.append((request_id, spec, slot))
+            if not sent:  # no group of it has layers here (a bug upstream): vLLM recomputes it
+                self._release_lease(client, spec)
+                self.fail(spec)
+                continue
+            if spec.groups:
+                self._parts_left[spec.req_id] = len(sent)
+            for request_id in sent:
+                if spec.is_async:
+                    self.asyncs[request_id] = (spec, time.monotonic())
+                else:
+                    self.step.append((request_id, spec, slot))
         if trace.is_on and self.memory.has_events:
             trace.gpu_mark("loads_submitted", self.memory.current_stream())
         trace.mark("loads_submitted")
         if not runs_layer_hooks:
             self.wait()
             self.fence(range(self.layers.num_virtual))
+
+    def _submit(self, client: EngineClient, spec: LoadSpec, slot: int | None) -> list[int]:
+        """The LOAD(s) of ``spec``: one of every layer, or one per KV cache group, the group
+        with the most blocks last (it ends the lease: a run of the lease's keys)."""
+        base = NO_EVENT if slot is None else self.layers.load_event_base(slot)
+        lease = self._lease_of(spec)
+        if not spec.groups:
+            return [client.submit_load(self.namespace, spec.block_ids, list(spec.hashes), lease_id=lease,
+                                       event_index=base, after_client=self.memory.has_events)]
+        # (a group without registered layers, the drafter's, is not stored: nothing to load)
+        parts = sorted((p for p in spec.groups if self.layers.layers_of(p.group)), key=lambda p: len(p.hashes))
+        if not parts:
+            return []
+        sent = []
+        for i, part in enumerate(parts):
+            event = base if slot is None else base + self.layers.first_layer_of(part.group)
+            request_id = client.submit_load(self.namespace, part.block_ids, list(part.hashes),
+                                            lease_id=lease, event_index=event,
+                                            after_client=self.memory.has_events, group=part.group,
+                                            ends_lease=i == len(parts) - 1)
+            self._group_of[request_id] = part.group
+            sent.append(request_id)
+        return sent
 
     def _record_start_fence(self) -> bool:
         """Blocks vLLM gives to this step's loads may have belonged to requests whose last
@@ -115,7 +152,10 @@ class StepLoads:
 
     def fail(self, spec: LoadSpec) -> None:
         self.stats.add("load_failed_blocks", len(spec.block_ids))
-        self.errors.update(spec.block_ids)
+        if spec.groups:
+            self.failed_recving.add(spec.req_id)  # (the scheduler plans these async only)
+        else:
+            self.errors.update(spec.block_ids)
         self.taint.failed_load(spec.req_id, spec.block_ids)
         if spec.is_async:
             self.finished_recving.add(spec.req_id)
@@ -130,8 +170,10 @@ class StepLoads:
         loads have landed."""
         if not self.step or not self.memory.has_events:
             return
-        events = [self.layers.load_event_base(slot) + v for _, _, slot in self.step
-                  if slot is not None for v in layers]
+        group_of, layers_of = self._group_of, self.layers.layers_of
+        events = [self.layers.load_event_base(slot) + v for request_id, _, slot in self.step
+                  if slot is not None for v in layers
+                  if request_id not in group_of or v in layers_of(group_of[request_id])]
         if not events:
             return
         try:
@@ -140,9 +182,7 @@ class StepLoads:
             self.trace.layer_ready(stream)
         except PegaflowError as exc:  # unfenced data must not be used: vLLM recomputes it
             logger.error("pegaflow: cannot fence this step's loads (%s); reporting them failed", exc)
-            for _, spec, _ in self.step:
-                self.fail(spec)
-            self.step = []
+            self._fail_step()
 
     def wait(self) -> None:
         """The engine accepted (cuda) or finished (host) each of this step's loads."""
@@ -154,16 +194,17 @@ class StepLoads:
         if client is not None and (self.link.current() is not client or not client.is_engine_up()):
             client = None
         deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
+        failed: dict[str, LoadSpec] = {}  # (a hybrid load fails whole, once)
         for request_id, spec, slot in self.step:
             if client is None:
-                self.fail(spec)
+                failed[spec.req_id] = spec
                 continue
             try:
                 done = client.wait(request_id, max(deadline - time.monotonic(), 1e-3))
             except PegaflowError as exc:
                 self.link.fail(exc)
                 client = None
-                self.fail(spec)
+                failed[spec.req_id] = spec
                 continue
             self.stats.observe("load_s", time.monotonic() - self.sent_at)
             if done.is_ok:
@@ -171,8 +212,10 @@ class StepLoads:
             else:
                 logger.warning("pegaflow: load of %d blocks for %s failed (%s); vLLM recomputes them",
                                len(spec.block_ids), spec.req_id, getattr(done.status, "name", done.status))
-                self.fail(spec)
-        self.step = ok
+                failed[spec.req_id] = spec
+        for spec in failed.values():
+            self.fail(spec)
+        self.step = [entry for entry in ok if entry[1].req_id not in failed]
         self.trace.mark("loads_accepted")
 
     def check_fenced(self) -> None:
@@ -194,7 +237,7 @@ class StepLoads:
         if reason is not None:
             logger.error("pegaflow: the engine went away while this step's loads were copied "
                          "(%s); vLLM recomputes them", reason)
-            for _, spec, _ in self.step:
+            for spec in {spec.req_id: spec for _, spec, _ in self.step}.values():
                 self.fail(spec)
         else:
             self._count_loaded()
@@ -212,11 +255,18 @@ class StepLoads:
             self.step = []
 
     def _count_loaded(self) -> None:
-        self.stats.add("loaded_blocks", sum(len(spec.block_ids) for _, spec, _ in self.step))
+        specs = {spec.req_id: spec for _, spec, _ in self.step}  # (a hybrid load: a LOAD per group)
+        self.stats.add("loaded_blocks", sum(len(spec.block_ids) for spec in specs.values()))
 
     def take_errors(self) -> set[int]:
         errors, self.errors = self.errors, set()
         return errors
+
+    def _fail_step(self) -> None:
+        """Every load of this step failed (each vLLM request's once)."""
+        for spec in {spec.req_id: spec for _, spec, _ in self.step}.values():
+            self.fail(spec)
+        self.step = []
 
     def collect(self, client, now: float) -> bool:
         """Take the async loads' answers that have arrived; False if one missed its deadline
@@ -231,6 +281,17 @@ class StepLoads:
                                "recomputes it", spec.req_id)
                 return False
             del self.asyncs[request_id]
+            if spec.groups:  # one of a hybrid load's LOADs: the load is done with its last
+                if not done.is_ok:
+                    self._parts_failed.add(spec.req_id)
+                self._parts_left[spec.req_id] -= 1
+                if self._parts_left[spec.req_id] > 0:
+                    continue
+                del self._parts_left[spec.req_id]
+                if spec.req_id in self._parts_failed:
+                    self._parts_failed.discard(spec.req_id)
+                    self.fail(spec)
+                    continue
             self.stats.observe("load_s", now - started)
             if done.is_ok:
                 self.stats.add("loaded_blocks", len(spec.block_ids))
@@ -241,10 +302,16 @@ class StepLoads:
 
     def fail_async(self) -> None:
         """The connection they went out on is gone: every async load failed."""
-        for spec, _ in self.asyncs.values():
+        for spec in {spec.req_id: spec for spec, _ in self.asyncs.values()}.values():
             self.fail(spec)
         self.asyncs.clear()
+        self._parts_left.clear()
+        self._parts_failed.clear()
 
     def take_finished_recving(self) -> set[str]:
         done, self.finished_recving = self.finished_recving, set()
         return done
+
+    def take_failed_recving(self) -> set[str]:
+        failed, self.failed_recving = self.failed_recving, set()
+        return failed

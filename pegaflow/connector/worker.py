@@ -83,9 +83,11 @@ class WorkerSide:
 
     # -- memory ---------------------------------------------------------------------------
 
-    def register_kv_caches(self, tensors: dict[str, TensorInfo], memory) -> None:
+    def register_kv_caches(self, tensors: dict[str, TensorInfo], memory,
+                           groups: dict[str, int] | None = None) -> None:
+        """``groups``: each layer's KV cache group (a hybrid model's); None: one group."""
         self.memory = memory
-        self.layers = KVLayers.of(tensors, memory, self.num_blocks, self.config.num_load_slots)
+        self.layers = KVLayers.of(tensors, memory, self.num_blocks, self.config.num_load_slots, groups)
         memory.create_events(self.layers.num_events)
         logger.info("pegaflow worker rank %d: %d layers (%d aliases) as %d engine layers of %d-byte "
                     "pages in %d allocation(s)", self.rank, len(self.layers.save_layers),
@@ -169,22 +171,41 @@ class WorkerSide:
         saves = self._taint.clean(meta.saves)
         if not saves or (one_event and not self._record_forward_done()):
             return
-        ids = np.fromiter((b for s in saves for b in s.block_ids), dtype=BLOCK_ID)
-        records = encode_hashes([h for s in saves for h in s.hashes])
         req_ids = tuple(s.req_id for s in saves)
-        event = SAVE_EVENT if self.memory.has_events else NO_EVENT
+        if not any(s.groups for s in saves):
+            self._send_save(client, None, [b for s in saves for b in s.block_ids],
+                            [h for s in saves for h in s.hashes], req_ids, one_event)
+            return
+        for group in range(self.layers.num_groups):  # a hybrid model: one SAVE per KV cache group
+            parts = [p for s in saves for p in s.groups if p.group == group]
+            if not parts or not self.layers.layers_of(group):  # (the drafter's group: not stored)
+                continue
+            ids, hashes = [b for p in parts for b in p.block_ids], [h for p in parts for h in p.hashes]
+            if not self._send_save(client, group, ids, hashes, req_ids, one_event):
+                return
+
+    def _send_save(self, client, group: int | None, block_ids, hashes, req_ids, one_event: bool) -> bool:
+        """One SAVE (of every layer, or of KV cache group ``group``'s); False: the link failed."""
+        ids = np.fromiter(block_ids, dtype=BLOCK_ID, count=len(block_ids))
+        records = encode_hashes(hashes)
+        event = NO_EVENT
+        if self.memory.has_events:  # a group's k-th layer waits for event + k (or all for one)
+            event = SAVE_EVENT + (0 if one_event or group is None else self.layers.first_layer_of(group))
         try:
+            grouped = {} if group is None else {"group": group}
             request_id = client.submit_save(self.namespace, ids, records, event_index=event,
-                                            one_event=one_event and self.memory.has_events)
+                                            one_event=one_event and self.memory.has_events, **grouped)
         except PegaflowError as exc:
             self.link.fail(exc)
             self._forget_saves()
-            return
-        logger.debug("pegaflow: SAVE %d of %d blocks for %s sent (%s)", request_id, len(ids),
-                     req_ids, "one event after the forward" if one_event else "an event per layer")
+            return False
+        logger.debug("pegaflow: SAVE %d of %d blocks for %s sent (%s%s)", request_id, len(ids),
+                     req_ids, "one event after the forward" if one_event else "an event per layer",
+                     "" if group is None else f", KV cache group {group}")
         self.saves.sent(request_id, req_ids)
         if self._recent_saves is not None:
             self._recent_saves.sent(request_id, records)
+        return True
 
     def _record_forward_done(self) -> bool:
         """Record the first save event where vLLM's stream stands after the forward (it is
@@ -256,6 +277,23 @@ class WorkerSide:
     def handle_preemptions(self, meta: PegaConnectorMetadata) -> None:
         if meta.preempted_req_ids:
             self.wait_for_saves_of(meta.preempted_req_ids)
+        if meta.wait_saves_through:
+            self.wait_for_saves_through(meta.wait_saves_through)
+
+    def wait_for_saves_through(self, step: int) -> None:
+        """Block (to the command deadline) until every SAVE of the steps up to ``step`` is
+        over: this step writes blocks they read (a sliding window let them go)."""
+        deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
+        self._collect()
+        while self.saves.done_through() < step and self.saves.commands:
+            if time.monotonic() >= deadline:
+                logger.error("pegaflow: SAVEs of step %d still running after %.1fs; revoking them "
+                             "and dropping the connection", step, self.config.command_timeout_ms / 1e3)
+                self.link.fail(TimeoutError("save deadline"))  # revokes the saves first
+                self._forget_saves()
+                return
+            time.sleep(50e-6)
+            self._collect()
 
     def wait_for_save(self) -> None:
         if self.trace.is_on and self.memory.has_events:

@@ -10,6 +10,9 @@ of one buffer, LBNHC), or as MLA's latent cache (``[num_blocks, block_size, head
 prefix), saves, and feeds a ``ModelRunnerOutput`` back.  With ``tp_size`` > 1 it plays
 every TP rank (a worker-side connector and a buffer each; a rank's bytes are its own,
 except MLA's, which every rank computes alike) and merges their outputs as vLLM does.
+With ``groups`` it is a hybrid model under vLLM's hybrid KV cache manager: KV cache
+groups of full attention and sliding window, each with its own block tables, the i-th
+layer of every group in the i-th tensor (groups overlay each other, as vLLM lays them out).
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -44,6 +53,10 @@ PAGE_ELEMS = KV_HEADS * BLOCK * 2 * HEAD
 MLA_HEAD = PAGE_ELEMS // BLOCK  # an MLA page of the same size: one head of latent and rope
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
 OUTPUT_TOKEN = 7
+WINDOW = 2 * BLOCK  # a sliding window's tokens (hybrid instances)
+# Hybrid layouts: each KV cache group's kind and layers (indices into LAYER_NAMES).
+TWO_GROUPS = (("full", (0, 2)), ("sliding", (1,)))
+THREE_GROUPS = (("full", (0,)), ("sliding", (1,)), ("sliding", (2,)))  # as Gemma-3's 1:N
 
 init_none_hash(sha256)
 _HASHER = get_request_block_hasher(BLOCK, sha256)
@@ -74,14 +87,27 @@ class StepRecord:
 class VllmInstance:
     def __init__(self, engine_name: str, num_blocks: int = 64, extra: dict | None = None,
                  model: Path = TINY_MODEL, max_batched_tokens: int = 256, dtype: str = "bfloat16",
-                 tp_size: int = 1, mla: bool = False):
+                 tp_size: int = 1, mla: bool = False, groups=None):
         self.num_blocks, self.tp_size, self.mla = num_blocks, tp_size, mla
         self.config = self._vllm_config(engine_name, extra or {}, model, max_batched_tokens, dtype, tp_size)
-        spec = (MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=MLA_HEAD, dtype=torch.bfloat16)
-                if mla else FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD,
-                                              dtype=torch.bfloat16))
+        if groups is None:
+            spec = (MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=MLA_HEAD, dtype=torch.bfloat16)
+                    if mla else FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD,
+                                                  dtype=torch.bfloat16))
+            groups_specs = [KVCacheGroupSpec(LAYER_NAMES, spec)]
+            self.group_of, self.tensor_of = [0] * NUM_LAYERS, list(range(NUM_LAYERS))
+        else:
+            groups_specs, self.group_of, self.tensor_of = [], [0] * NUM_LAYERS, [0] * NUM_LAYERS
+            for g, (kind, layers) in enumerate(groups):
+                common = dict(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=torch.bfloat16)
+                spec = (FullAttentionSpec(**common) if kind == "full"
+                        else SlidingWindowSpec(**common, sliding_window=WINDOW))
+                groups_specs.append(KVCacheGroupSpec([LAYER_NAMES[i] for i in layers], spec))
+                for position, layer in enumerate(layers):
+                    self.group_of[layer], self.tensor_of[layer] = g, position
+            self.config.scheduler_config.disable_hybrid_kv_cache_manager = False
         self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                                             kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)])
+                                             kv_cache_groups=groups_specs)
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
                                    structured_output_manager=StructuredOutputManager(self.config),
@@ -125,13 +151,13 @@ class VllmInstance:
         else:
             shape = (self.num_blocks, KV_HEADS, BLOCK, 2 * HEAD)
             strides = (PAGE_ELEMS, 2 * HEAD, KV_HEADS * 2 * HEAD, 1)  # LBNHC: tokens outside heads
-        return {name: flat.as_strided(shape, strides, storage_offset=i * layer_elems)
+        return {name: flat.as_strided(shape, strides, storage_offset=self.tensor_of[i] * layer_elems)
                 for i, name in enumerate(LAYER_NAMES)}
 
     # -- the "GPU" ------------------------------------------------------------------------
 
     def page(self, layer: int, block_id: int, rank: int = 0) -> np.ndarray:
-        start = (layer * self.num_blocks + block_id) * PAGE_ELEMS * 2
+        start = (self.tensor_of[layer] * self.num_blocks + block_id) * PAGE_ELEMS * 2
         return self.buffers[rank].data[start:start + PAGE_ELEMS * 2]
 
     def pattern(self, block_hash: bytes, layer: int, rank: int = 0) -> np.ndarray:
@@ -147,8 +173,10 @@ class VllmInstance:
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
             start = request.num_computed_tokens - num_tokens  # already advanced by schedule()
-            block_ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
+            block_ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[self.group_of[layer]]
             for j in range(start // BLOCK, -(-(start + num_tokens) // BLOCK)):
+                if block_ids[j] == 0:  # the null block: a position the sliding window let go
+                    continue
                 full = (j + 1) * BLOCK <= start + num_tokens and j < len(request.block_hashes)
                 self.page(layer, block_ids[j], rank)[:] = (self.pattern(request.block_hashes[j], layer, rank)
                                                            if full else 0x11)
@@ -178,17 +206,22 @@ class VllmInstance:
                     self._compute(layer, out, rank)
                     worker.save_kv_layer(name, kv_caches[name], None)
             worker.wait_for_save()
-            sending, recving = worker.get_finished(out.finished_req_ids)
+            failed = set()
+            if hasattr(worker, "get_transfer_results"):  # vLLM 0.33: failed loads as failed requests
+                results = worker.get_transfer_results(out.finished_req_ids)
+                sending, recving, failed = results.finished_sending, results.finished_recving, results.failed_recving
+            else:
+                sending, recving = worker.get_finished(out.finished_req_ids)
             load_errors = worker.get_block_ids_with_load_errors()
             record.load_errors |= load_errors
             worker.clear_connector_metadata()
             kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                       invalid_block_ids=load_errors,
+                                       invalid_block_ids=load_errors, **({"failed_recving": failed} if failed else {}),
                                        kv_connector_stats=worker.get_kv_connector_stats(),
                                        kv_connector_worker_meta=worker.build_connector_worker_meta())
             rank_outputs.append(ModelRunnerOutput(
                 req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=[[OUTPUT_TOKEN] for _ in req_ids], kv_connector_output=kv_out))
+                sampled_token_ids=[self._sampled(r) for r in req_ids], kv_connector_output=kv_out))
         self.served_tokens += BLOCK * sum(b not in record.load_errors
                                           for load in record.loads for b in load.block_ids)
         merged = rank_outputs[0] if self.tp_size == 1 else self._aggregator.aggregate(rank_outputs)
@@ -199,6 +232,11 @@ class VllmInstance:
             if engine_outputs.scheduler_stats is not None:
                 self.scheduler_stats.append(engine_outputs.scheduler_stats)
         return record
+
+    def _sampled(self, req_id: str) -> list[int]:
+        """A token for a request whose prompt is all computed; none for a prefill chunk."""
+        request = self.requests[req_id]
+        return [OUTPUT_TOKEN] if request.num_computed_tokens >= request.num_tokens else []
 
     def step_until_admitted(self, req_id: str, max_steps: int = 200, **kwargs) -> StepRecord:
         """Step until ``req_id`` leaves the waiting queue (a lookup may take a few steps:

@@ -1,0 +1,176 @@
+"""A hybrid model (several KV cache groups: full attention and sliding window) under vLLM's
+hybrid KV cache manager, driven by vLLM's real Scheduler against a real engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pegaflow.connector.connector import HAS_FAILED_RECVING, kv_cache_groups
+from tests.pegaflow.connector.vllm_harness import (
+    BLOCK,
+    NUM_LAYERS,
+    THREE_GROUPS,
+    TWO_GROUPS,
+    WINDOW,
+    VllmInstance,
+    block_pattern,
+    make_request,
+)
+from tools.engine_process import EngineProcess
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not HAS_FAILED_RECVING, reason="this vLLM turns its hybrid manager off for us")]
+
+PROMPT = list(range(300, 300 + 6 * BLOCK + 5))  # 6 full blocks and 5 tokens
+
+
+@pytest.fixture
+def engine():
+    proc = EngineProcess(f"hyb{os.getpid()}_{os.urandom(3).hex()}", "--lease-ttl", "30")
+    try:
+        yield proc
+    finally:
+        if proc.stop() != 0:
+            EngineProcess(proc.name).stop()
+
+
+def _warm(engine_name: str, groups, prompt=PROMPT, **kwargs) -> None:
+    first = VllmInstance(engine_name, groups=groups, **kwargs)
+    try:
+        first.add(make_request("warm", prompt))
+        first.run_until_done()
+    finally:
+        first.close()
+
+
+@pytest.mark.parametrize("groups", [TWO_GROUPS, THREE_GROUPS], ids=["two-groups", "three-groups"])
+def test_connector_hybrid_each_group_is_served_its_own_blocks_exactly(engine, groups):
+    # 1. A first vLLM computes the prompt: every group saves its own blocks.
+    _warm(engine.name, groups)
+    # 2. A fresh vLLM (memory poisoned) keeps the hybrid manager on and is served the prefix.
+    second = VllmInstance(engine.name, groups=groups)
+    try:
+        assert second.config.scheduler_config.disable_hybrid_kv_cache_manager is False
+        second.poison()
+        second.add(make_request("b", PROMPT))
+        load = next(load for record in second.run_until_done() for load in record.loads)
+        # 3. One part per group: full attention every position, a sliding window its last.
+        parts = {part.group: part for part in load.groups}
+        assert sorted(parts) == list(range(len(groups)))
+        for g, (kind, _) in enumerate(groups):
+            assert len(parts[g].block_ids) == (6 if kind == "full" else WINDOW // BLOCK)
+        assert second.external_hits() == 6 * BLOCK
+        # 4. Each layer got its own group's bytes (a group served another's ids would not).
+        #    The request is gone; its blocks still hold the bytes, so check the last load.
+        for g, part in parts.items():
+            for layer in (i for i in range(NUM_LAYERS) if second.group_of[i] == g):
+                for block_id, block_hash in zip(part.block_ids, part.hashes):
+                    assert np.array_equal(second.page(layer, block_id), block_pattern(block_hash, layer)), \
+                        f"group {g} layer {layer} block {block_id} differs from what was saved"
+    finally:
+        second.close()
+
+
+def test_connector_hybrid_failed_load_fails_the_request_and_vllm_recomputes_it(engine):
+    # 1. The prefix is stored; a fresh vLLM looks it up and plans its load.
+    _warm(engine.name, TWO_GROUPS)
+    second = VllmInstance(engine.name, groups=TWO_GROUPS)
+    try:
+        second.poison()
+        second.add(make_request("b", PROMPT))
+        # 2. The engine dies between the plan and the load: the load fails.  vLLM can take
+        #    that only as a failed request (failed block ids of several groups raise).
+        start_load = second.worker.start_load_kv
+
+        def kill_then_load(context):
+            if second.worker._get_connector_metadata().loads and engine.pid:
+                os.kill(engine.pid, signal.SIGKILL)
+                engine.proc.wait(10)
+            start_load(context)
+
+        transfer_results, failed = second.worker.get_transfer_results, []
+
+        def noting_failures(finished_req_ids):
+            results = transfer_results(finished_req_ids)
+            failed.extend(results.failed_recving)
+            return results
+
+        second.worker.start_load_kv = kill_then_load
+        second.worker.get_transfer_results = noting_failures
+        records = second.run_until_done()
+        # 3. The request was reported failed, no failed block ids went to vLLM, and vLLM
+        #    computed the whole prompt itself and finished the request.
+        assert failed == ["b"]
+        assert any(record.loads for record in records)
+        assert not any(record.load_errors for record in records)
+        assert sum(record.output.num_scheduled_tokens.get("b", 0) for record in records) >= len(PROMPT)
+        assert "b" not in second.scheduler.requests
+    finally:
+        second.close()
+
+
+def test_connector_hybrid_block_a_window_let_go_waits_for_its_save_before_reuse(engine):
+    # A long prompt in 64-token chunks on a small GPU cache: the sliding window gives blocks
+    # back inside schedule() and vLLM hands them out again at once.  The engine is stopped,
+    # so earlier steps' SAVEs are still queued when a later step would overwrite their blocks.
+    prompt = list(range(500, 500 + 20 * BLOCK + 3))
+    first = VllmInstance(engine.name, groups=TWO_GROUPS, num_blocks=34, max_batched_tokens=64)
+    waited = []
+    try:
+        first.add(make_request("a", prompt))
+        first.step()  # step 1 saved and answered
+        os.kill(engine.pid, signal.SIGSTOP)
+        try:
+            for _ in range(3):  # steps 2-4: SAVEs queued, unanswered
+                first.step()
+            resume = threading.Timer(0.3, os.kill, (engine.pid, signal.SIGCONT))
+            resume.start()
+
+            def note(meta):
+                waited.append((meta.wait_saves_through, first.worker._worker.saves.done_through()))
+
+            first.step(before_forward=note)  # step 5 reuses blocks steps 2-3 saved
+        finally:
+            os.kill(engine.pid, signal.SIGCONT)
+        first.run_until_done()
+    finally:
+        first.close()
+    # 1. Step 5's metadata made the worker wait for those SAVEs, and it did, before the forward.
+    wait_through, done_through = waited[0]
+    assert wait_through >= 2 and done_through >= wait_through
+    # 2. What those SAVEs stored is what the blocks held when saved: a fresh vLLM served a
+    #    6-block prefix (its window's blocks were saved in step 2 and reused in step 5).
+    short = prompt[:6 * BLOCK + 3]
+    second = VllmInstance(engine.name, groups=TWO_GROUPS)
+    try:
+        second.poison()
+        second.add(make_request("b", short))
+        load = next(load for record in second.run_until_done() for load in record.loads)
+        sliding = next(part for part in load.groups if part.group == 1)
+        for block_id, block_hash in zip(sliding.block_ids, sliding.hashes):
+            assert np.array_equal(second.page(1, block_id), block_pattern(block_hash, 1)), \
+                f"sliding-window block {block_id} was overwritten before its save read it"
+    finally:
+        second.close()
+
+
+def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
+    # A group of Mamba state (or any spec whose blocks are not positions' KV) cannot be
+    # served from stored blocks: the cache is off for that model, vLLM keeps working.
+    def group(name, spec_type, block_size=BLOCK):
+        spec = type(spec_type, (), {"block_size": block_size})()
+        return SimpleNamespace(layer_names=[name], kv_cache_spec=spec)
+
+    config = SimpleNamespace(kv_cache_groups=[group("a", "FullAttentionSpec"), group("m", "MambaSpec")])
+    names, why = kv_cache_groups(config, BLOCK)
+    assert names == [["a"], ["m"]] and "MambaSpec" in why
+    config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec", 32)]
+    assert "32-token" in kv_cache_groups(config, BLOCK)[1]
+    config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec")]
+    assert kv_cache_groups(config, BLOCK)[1] is None
