@@ -88,7 +88,7 @@ def _pegaflow(num_layers: int):
     scheduler.link.use(_Client())
     request = SimpleNamespace(request_id="r", num_tokens=1256, block_hashes=[b"h" * 32] * 78)
     state = scheduler.requests["r"] = RequestState(request)
-    state.block_ids, state.num_saved_blocks = list(range(79)), 78
+    state.block_ids, state.num_saved_blocks = [list(range(79))], 78  # one KV cache group
     return worker, scheduler, names
 
 

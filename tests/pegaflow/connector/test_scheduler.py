@@ -141,7 +141,7 @@ def test_scheduler_blocks_completed_by_a_requests_last_steps_are_saved_after_it_
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
     hashes = [bytes([i]) * 32 for i in range(5)]
     request = SimpleNamespace(request_id="r", num_tokens=81, num_computed_tokens=80, block_hashes=hashes)
-    scheduler.requests["r"] = RequestState(request, block_ids=[20, 21, 22, 23, 24], num_saved_blocks=3,
+    scheduler.requests["r"] = RequestState(request, block_ids=[[20, 21, 22, 23, 24]], num_saved_blocks=3,
                                            has_saves=True)
     # 2. At its finish the blocks are held, and the next step saves exactly blocks 3 and 4.
     assert scheduler.request_finished(request, ([20, 21, 22, 23, 24],)) == (True, None)
@@ -159,7 +159,7 @@ def test_scheduler_finished_request_saves_no_block_whose_kv_is_not_computed():
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
     request = SimpleNamespace(request_id="r", num_tokens=48, num_computed_tokens=47,
                               block_hashes=[b"a" * 32, b"b" * 32, b"c" * 32])
-    scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2)
+    scheduler.requests["r"] = RequestState(request, block_ids=[[5, 6, 7]], num_saved_blocks=2)
     assert scheduler.request_finished(request, ([5, 6, 7],)) == (False, None)
     assert scheduler.build_connector_meta(_step_output()).saves == []
 
@@ -171,7 +171,7 @@ def test_scheduler_finish_save_stops_at_vllms_null_block():
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
     hashes = [bytes([i]) * 32 for i in range(4)]
     request = SimpleNamespace(request_id="r", num_tokens=65, num_computed_tokens=64, block_hashes=hashes)
-    scheduler.requests["r"] = RequestState(request, block_ids=[9, 10, 0, 0], num_saved_blocks=1,
+    scheduler.requests["r"] = RequestState(request, block_ids=[[9, 10, 0, 0]], num_saved_blocks=1,
                                            has_saves=True)
     scheduler.request_finished(request, ([9, 10, 0, 0],))
     saves = scheduler.build_connector_meta(_step_output()).saves
@@ -188,7 +188,7 @@ def test_scheduler_finished_request_whose_saves_are_over_is_freed_at_once():
                               block_hashes=[b"a" * 32, b"b" * 32])
 
     def finish(done) -> bool:
-        scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2,
+        scheduler.requests["r"] = RequestState(request, block_ids=[[5, 6, 7]], num_saved_blocks=2,
                                                has_saves=True, last_save_step=3)
         scheduler.update_connector_output(SimpleNamespace(
             finished_sending=None, finished_recving=None, invalid_block_ids=set(),
@@ -209,7 +209,7 @@ def test_scheduler_finished_request_with_a_finish_save_is_held_whatever_was_done
     scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
     hashes = [bytes([i]) * 32 for i in range(3)]
     request = SimpleNamespace(request_id="r", num_tokens=49, num_computed_tokens=48, block_hashes=hashes)
-    scheduler.requests["r"] = RequestState(request, block_ids=[5, 6, 7], num_saved_blocks=2,
+    scheduler.requests["r"] = RequestState(request, block_ids=[[5, 6, 7]], num_saved_blocks=2,
                                            has_saves=True, last_save_step=1)
     scheduler.update_connector_output(SimpleNamespace(finished_sending=None, finished_recving=None,
                                                       invalid_block_ids=set(),
