@@ -36,12 +36,14 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--graphs", action="store_true", help="vLLM's default compilation (CUDA graphs on)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     args = p.parse_args()
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from pegaflow.connector import kv_transfer_config
     kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=not args.graphs,
-                  seed=0, max_model_len=8192, gpu_memory_utilization=0.35, disable_log_stats=False,
+                  seed=0, max_model_len=8192, gpu_memory_utilization=args.gpu_memory_utilization,
+                  disable_log_stats=False,
                   enable_prefix_caching=not args.no_prefix_caching,
                   max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=True)
     if args.engine_name:
@@ -56,8 +58,10 @@ def main() -> int:
         results.append([_record(o) for o in outs])
     hits = sum(float(getattr(m, "value", 0)) for m in llm.get_metrics()
                if m.name == "vllm:external_prefix_cache_hits")
+    scheduler_config = llm.llm_engine.vllm_config.scheduler_config
     with open(args.out, "w") as f:
         json.dump({"batches": results, "external_hit_tokens": hits,
+                   "hybrid_manager_on": not scheduler_config.disable_hybrid_kv_cache_manager,
                    "cached_tokens": sum(r["cached_tokens"] for batch in results for r in batch)}, f)
     return 0
 
