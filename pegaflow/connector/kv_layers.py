@@ -95,11 +95,16 @@ class KVLayers:
         return max(len(self.group_layers), 1)
 
     def first_layer_of(self, group: int) -> int:
-        return self.group_layers[group][0] if self.group_layers else 0
+        return self.layers_of(group).start
 
     def layers_of(self, group: int) -> range:
-        """The engine layers of KV cache group ``group``."""
-        first, count = self.group_layers[group] if self.group_layers else (0, self.num_virtual)
+        """The engine layers of KV cache group ``group`` (none for a group whose layers were
+        all left out, e.g. a speculative drafter's)."""
+        if not self.group_layers:
+            return range(0, self.num_virtual)
+        if group >= len(self.group_layers):
+            return range(0)
+        first, count = self.group_layers[group]
         return range(first, first + count)
 
     def load_event_base(self, slot: int) -> int:

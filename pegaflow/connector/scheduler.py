@@ -50,6 +50,7 @@ class RequestState:
     last_save_step: int = 0  # the step whose metadata planned this request's last save
     is_async_loading: bool = False
     is_async_hit: bool = False  # how its hit loads, as last told to vLLM
+    has_failed_load: bool = False  # a hybrid load of it failed: vLLM recomputes it, no hit again
     lookup: PendingLookup | None = None
 
 
@@ -71,7 +72,8 @@ class SchedulerSide:
         self._step = 0  # metadata built so far (PegaConnectorMetadata.step)
         self._running: set[str] = set()  # scheduled by the last step and not finished since
         self._saves_done_through = 0  # every worker's SAVEs of the steps up to this are over
-        self._saved_by_step: dict[int, set[int]] = {}  # step -> the blocks its SAVEs read, until over
+        self._saved_by_step: dict[int, set[int]] = {}  # hybrid: step -> the blocks its SAVEs read, until over
+        self._loading: dict[str, tuple[int, ...]] = {}  # hybrid: async loads' blocks, until finished
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
 
@@ -83,6 +85,8 @@ class SchedulerSide:
         state = self.requests.get(request.request_id)
         if state is None:
             state = self.requests[request.request_id] = RequestState(request)
+        if state.has_failed_load:  # (else a load failing for good would be retried forever)
+            return 0, False
         is_stale = (state.lookup is None and
                     time.monotonic() - state.looked_up_at > LOOKUP_MAX_AGE_S)
         if state.lookup_at_tokens != num_computed_tokens or is_stale:
@@ -127,9 +131,9 @@ class SchedulerSide:
         state.block_ids = [list(t) for t in tables]  # an async load's request is not scheduled yet
         first, count = state.lookup_at_tokens // bs, num_external_tokens // bs
         hashes = tuple(request.block_hashes[first:first + count])
-        if len(tables) == 1:
-            state.pending_load = LoadSpec(request.request_id, tuple(tables[0][first:first + count]),
-                                          hashes, state.lease_ids, state.is_async_hit)
+        if len(tables) == 1:  # (a sliding-window-only model's null blocks are left out)
+            ids, kept = _non_null(tables[0][first:first + count], hashes)
+            state.pending_load = LoadSpec(request.request_id, ids, kept, state.lease_ids, state.is_async_hit)
         else:
             parts = _group_parts(tables, first, hashes)
             state.pending_load = LoadSpec(request.request_id, tuple(b for p in parts for b in p.block_ids),
@@ -155,16 +159,19 @@ class SchedulerSide:
                 state.block_ids = [[]]
                 state.has_saves = False  # the workers wait for them before the blocks are reused
         num_scheduled = scheduler_output.num_scheduled_tokens
-        handed_out: set[int] = set()  # blocks this step gives to requests (the reuse check)
+        is_hybrid = self.num_groups > 1
+        handed_out: set[int] = set()  # hybrid: blocks this step allocates (the reuse check)
         for new in scheduler_output.scheduled_new_reqs:
-            handed_out.update(b for ids in new.block_ids for b in ids)
+            if is_hybrid:  # past its computed (hit) blocks, which are only read
+                first = new.num_computed_tokens // self.block_size
+                handed_out.update(b for ids in new.block_ids for b in ids[first:])
             state = self.requests.get(new.req_id)
             if state is not None:
                 state.block_ids = [list(ids) for ids in new.block_ids]
                 self._plan_save(meta, state, new.num_computed_tokens + num_scheduled.get(new.req_id, 0))
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
-            if new_ids:
+            if new_ids and is_hybrid:
                 handed_out.update(b for ids in new_ids for b in ids)
             state = self.requests.get(req_id)
             if state is None:
@@ -177,10 +184,15 @@ class SchedulerSide:
                 for table, ids in zip(state.block_ids, new_ids):
                     table.extend(ids)
             self._plan_save(meta, state, cached.num_computed_tokens[i] + num_scheduled.get(req_id, 0))
-        meta.wait_saves_through = self._reuse_wait(handed_out)
-        saved = {b for spec in meta.saves for b in spec.block_ids}
-        if saved:
-            self._saved_by_step[self._step] = saved
+        if is_hybrid:
+            for state in self.requests.values():  # a load writes its blocks too
+                if state.pending_load is not None:
+                    handed_out.update(state.pending_load.block_ids)
+                    self._loading[state.request.request_id] = state.pending_load.block_ids
+            meta.wait_saves_through = self._reuse_wait(handed_out)
+            saved = {b for spec in meta.saves for b in spec.block_ids}
+            if saved:
+                self._saved_by_step[self._step] = saved
         for state in self.requests.values():
             if state.pending_load is not None:
                 meta.loads.append(state.pending_load)
@@ -192,7 +204,11 @@ class SchedulerSide:
     def _reuse_wait(self, handed_out: set[int]) -> int:
         """The last step whose SAVEs, possibly still running, read a block handed out again
         in this one (0: none).  Only a block vLLM let go without asking us can be: a
-        sliding window's (a finished request's are held, a preempted one's waited for)."""
+        sliding window's (a finished request's are held, a preempted one's waited for).
+        The wait is in the workers' ``handle_preemptions``, before the step's loads and
+        forward.  vLLM 0.33's V2 model runner queues two other writes of new blocks before
+        it calls that hook: zeroing them (caches of mixed precision) and copying a partial
+        prefix-cache hit's last block into a new one; those are not covered."""
         if not handed_out or not self._saved_by_step:
             return 0
         return max((step for step, blocks in self._saved_by_step.items()
@@ -208,7 +224,9 @@ class SchedulerSide:
         start = state.num_saved_blocks
         span = tuple(hashes[start:num_full])
         if len(state.block_ids) == 1:
-            meta.saves.append(SaveSpec(state.request.request_id, tuple(state.block_ids[0][start:num_full]), span))
+            ids, kept = _non_null(state.block_ids[0][start:num_full], span)
+            if ids:
+                meta.saves.append(SaveSpec(state.request.request_id, ids, kept))
         else:
             parts = _group_parts(state.block_ids, start, span)
             meta.saves.append(SaveSpec(state.request.request_id, tuple(b for p in parts for b in p.block_ids),
@@ -278,15 +296,17 @@ class SchedulerSide:
         for req_id in connector_output.finished_sending or ():
             self.requests.pop(req_id, None)
             self._awaiting_report.discard(req_id)
+        for req_id in getattr(connector_output, "failed_recving", None) or ():
+            # vLLM recomputes the whole request (it frees its blocks first), or fails it
+            # (its state may be gone by now): the workers may save what lands in those
+            # blocks once told (rewound); the request is saved anew and never loaded again.
+            self._rewound |= set(self._loading.get(req_id, ()))
+            if (state := self.requests.get(req_id)) is not None:
+                state.num_saved_blocks, state.block_ids, state.has_failed_load = 0, [[]], True
         for req_id in connector_output.finished_recving or ():
+            self._loading.pop(req_id, None)
             if (state := self.requests.get(req_id)) is not None:
                 state.is_async_loading = False
-        for req_id in getattr(connector_output, "failed_recving", None) or ():
-            # vLLM recomputes the whole request (it frees its blocks first): save it anew,
-            # and let the workers save what lands in those blocks once told (rewound).
-            if (state := self.requests.get(req_id)) is not None:
-                self._rewound |= {b for table in state.block_ids for b in table if b != NULL_BLOCK}
-                state.num_saved_blocks, state.block_ids = 0, [[]]
         if connector_output.invalid_block_ids:
             self._rewind_saves(connector_output.invalid_block_ids)
             self._rewound |= set(connector_output.invalid_block_ids)
@@ -311,6 +331,14 @@ class SchedulerSide:
         for state in self.requests.values():
             self.lookups.release_leases(state)
         self.link.close()
+
+
+def _non_null(block_ids, hashes) -> tuple[tuple[int, ...], tuple[bytes, ...]]:
+    """The positions of one table that hold a block (not vLLM's null block), with their hashes."""
+    if NULL_BLOCK not in block_ids:
+        return tuple(block_ids), tuple(hashes)
+    kept = [(b, h) for b, h in zip(block_ids, hashes) if b != NULL_BLOCK]
+    return tuple(b for b, _ in kept), tuple(h for _, h in kept)
 
 
 def _group_parts(tables, start: int, hashes: tuple[bytes, ...]) -> tuple[GroupBlocks, ...]:

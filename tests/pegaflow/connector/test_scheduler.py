@@ -284,3 +284,66 @@ def test_scheduler_auto_load_mode_loads_between_steps_only_while_others_run():
     scheduler.build_connector_meta(_step_output(preempted=["x"]))
     fourth = SimpleNamespace(request_id="d", num_tokens=80, block_hashes=[b"d" * 32] * 5)
     assert scheduler.get_num_new_matched_tokens(fourth, 0) == (64, False)
+
+
+def _hybrid_with_a_saved_window_block():
+    """A hybrid (two-group) scheduler whose step 1 saved blocks 7 (full attention) and 8
+    (sliding window) for request "a"; no SAVE answered yet."""
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16, num_groups=2)
+    request = SimpleNamespace(request_id="a", num_tokens=40, block_hashes=[b"a" * 32])
+    scheduler.requests["a"] = RequestState(request, block_ids=[[7], [8]])
+    out = _step_output(running_ids=["a"])
+    out.scheduled_cached_reqs.num_computed_tokens = [16]
+    meta = scheduler.build_connector_meta(out)
+    assert [(s.block_ids, [(p.group, p.block_ids) for p in s.groups]) for s in meta.saves] == \
+        [((7, 8), [(0, (7,)), (1, (8,))])]
+    return scheduler
+
+
+def test_scheduler_hybrid_async_load_into_a_block_a_save_still_reads_waits_for_that_save():
+    # 1. The window lets block 8 go; vLLM gives it to request "b"'s async load at once.
+    from pegaflow.connector.metadata import LoadSpec
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = _hybrid_with_a_saved_window_block()
+    request = SimpleNamespace(request_id="b", num_tokens=40, block_hashes=[b"b" * 32])
+    state = scheduler.requests["b"] = RequestState(request)
+    state.pending_load = LoadSpec("b", (9, 8), (b"b" * 32,), (0,), True)
+    # 2. The workers must wait for step 1's SAVEs before the load writes block 8.
+    assert scheduler.build_connector_meta(_step_output()).wait_saves_through == 1
+
+
+def test_scheduler_single_group_prefix_hit_on_blocks_being_saved_waits_for_nothing():
+    # A dense model: request "b" hits blocks 1-4 of vLLM's prefix cache while request "a"'s
+    # SAVE of them is still out.  They are only read: no wait (as before hybrid support).
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    request = SimpleNamespace(request_id="a", num_tokens=70, block_hashes=[bytes([i]) * 32 for i in range(4)])
+    scheduler.requests["a"] = RequestState(request, block_ids=[[1, 2, 3, 4]])
+    out = _step_output(running_ids=["a"])
+    out.scheduled_cached_reqs.num_computed_tokens = [64]
+    assert scheduler.build_connector_meta(out).saves
+    hit = _step_output(new_ids=["b"])
+    hit.scheduled_new_reqs[0].block_ids, hit.scheduled_new_reqs[0].num_computed_tokens = ([1, 2, 3, 4, 5],), 64
+    assert scheduler.build_connector_meta(hit).wait_saves_through == 0
+
+
+def test_scheduler_hybrid_failed_load_rewinds_its_blocks_and_is_not_retried():
+    # 1. Request "b"'s hybrid async load into blocks 9 and 8 goes out.
+    from pegaflow.connector.metadata import LoadSpec
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = _hybrid_with_a_saved_window_block()
+    request = SimpleNamespace(request_id="b", num_tokens=40, block_hashes=[b"b" * 32])
+    state = scheduler.requests["b"] = RequestState(request)
+    state.pending_load = LoadSpec("b", (9, 8), (b"b" * 32,), (0,), True)
+    scheduler.build_connector_meta(_step_output())
+    # 2. It fails; vLLM (policy "fail") has already finished and forgotten the request.
+    assert scheduler.request_finished(request, ([9], [8])) == (False, None)
+    scheduler.update_connector_output(SimpleNamespace(
+        finished_sending=None, finished_recving={"b"}, failed_recving={"b"}, invalid_block_ids=set()))
+    # 3. The workers are told the blocks are rewound (their saves may go out again).
+    assert scheduler.build_connector_meta(_step_output()).rewound_block_ids == {8, 9}
+    # 4. Under "recompute" the request stays; asked again, it is offered no hit.
+    retry = SimpleNamespace(request_id="c", num_tokens=40, block_hashes=[b"c" * 32])
+    scheduler.requests["c"] = RequestState(retry, has_failed_load=True)
+    assert scheduler.get_num_new_matched_tokens(retry, 0) == (0, False)
