@@ -13,26 +13,20 @@ mid-run still yields exact outputs (vLLM recomputes).
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-from pegaflow import shm  # noqa: E402
-from pegaflow.engine_stats import read_stats  # noqa: E402
-from tests.e2e.outputs import max_logprob_diff as _max_logprob_diff  # noqa: E402
-from tools.engine_process import EngineProcess  # noqa: E402
+import tests.e2e.gpu_only  # noqa: F401  (skips this module without a GPU)
+from pegaflow import shm
+from pegaflow.engine_stats import read_stats
+from tests.e2e.outputs import max_logprob_diff as _max_logprob_diff
+from tests.e2e.runs import run_vllm
+from tools.engine_process import EngineProcess
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
@@ -50,17 +44,7 @@ def _prompts() -> dict:
 
 
 def _run(tmp: Path, name: str, batches: list, engine: str = "", *flags: str) -> dict:
-    prompts, out = tmp / f"{name}.prompts.json", tmp / f"{name}.out.json"
-    prompts.write_text(json.dumps({"batches": batches}))
-    cmd = [sys.executable, str(ROOT / "tests/e2e/run_vllm.py"), "--model", str(MODEL),
-           "--prompts", str(prompts), "--out", str(out), *flags]
-    if engine:
-        cmd += ["--engine-name", engine]
-    # vLLM before 0.27 seeds block hashes randomly per process unless PYTHONHASHSEED is set.
-    env = dict(os.environ, PYTHONHASHSEED="0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=600)
-    return json.loads(out.read_text())
+    return run_vllm(tmp, name, MODEL, batches, engine, *flags)
 
 
 def _b_batches(p: dict) -> list:

@@ -27,14 +27,10 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-from pegaflow.engine_stats import read_stats  # noqa: E402
-from tests.e2e.outputs import max_logprob_diff  # noqa: E402
-from tools.engine_process import EngineProcess  # noqa: E402
+import tests.e2e.gpu_only  # noqa: F401  (skips this module without a GPU)
+from pegaflow.engine_stats import read_stats
+from tests.e2e.outputs import max_logprob_diff
+from tools.engine_process import EngineProcess
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

@@ -17,19 +17,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-from tests.e2e.outputs import max_logprob_diff  # noqa: E402
-from tools.engine_process import EngineProcess  # noqa: E402
+from tests.e2e.gpu_only import torch  # noqa: F401  (skips this module without a GPU)
+from tests.e2e.outputs import max_logprob_diff
+from tests.e2e.runs import run_vllm
+from tools.engine_process import EngineProcess
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
@@ -47,16 +42,8 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 
 def _run(tmp: Path, tag: str, model: str, batches: list, memory: float, engine: str = "") -> dict:
-    prompts, out = tmp / f"{tag}.prompts.json", tmp / f"{tag}.out.json"
-    prompts.write_text(json.dumps({"batches": batches}))
-    cmd = [sys.executable, str(ROOT / "tests/e2e/run_vllm.py"), "--model", str(ROOT / "tools/models" / model),
-           "--prompts", str(prompts), "--out", str(out), "--gpu-memory-utilization", str(memory)]
-    if engine:
-        cmd += ["--engine-name", engine]
-    env = dict(os.environ, PYTHONHASHSEED="0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=900)
-    return json.loads(out.read_text())
+    return run_vllm(tmp, tag, ROOT / "tools/models" / model, batches, engine,
+                    "--gpu-memory-utilization", str(memory), timeout_s=900)
 
 
 def _record(family: str, figures: dict) -> None:

@@ -10,14 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-
-from tools.bench_serving import Server, external_hit_tokens, run_all, server_command  # noqa: E402
-from tools.engine_process import EngineProcess  # noqa: E402
-from tools.serving_workload import shared_prefix_prompts  # noqa: E402
+import tests.e2e.gpu_only  # noqa: F401  (skips this module without a GPU)
+from tools.bench_serving import Server, external_hit_tokens, run_all, server_command
+from tools.engine_process import EngineProcess
+from tools.serving_workload import shared_prefix_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

@@ -22,22 +22,11 @@ from tests.pegaflow.connector.vllm_harness import (
     block_pattern,
     make_request,
 )
-from tools.engine_process import EngineProcess
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not HAS_FAILED_RECVING, reason="this vLLM turns its hybrid manager off for us")]
 
 PROMPT = list(range(300, 300 + 6 * BLOCK + 5))  # 6 full blocks and 5 tokens
-
-
-@pytest.fixture
-def engine():
-    proc = EngineProcess(f"hyb{os.getpid()}_{os.urandom(3).hex()}", "--lease-ttl", "30")
-    try:
-        yield proc
-    finally:
-        if proc.stop() != 0:
-            EngineProcess(proc.name).stop()
 
 
 def _warm(engine_name: str, groups, prompt=PROMPT, **kwargs) -> None:

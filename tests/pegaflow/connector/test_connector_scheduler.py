@@ -27,16 +27,6 @@ pytestmark = pytest.mark.vllm
 PROMPT = list(range(100, 100 + 5 * BLOCK + 7))  # 5 full blocks and 7 tokens
 
 
-@pytest.fixture
-def engine():
-    proc = EngineProcess(f"conn{os.getpid()}_{os.urandom(3).hex()}", "--lease-ttl", "30")
-    try:
-        yield proc
-    finally:
-        if proc.stop() != 0:  # killed by the test: a new engine of the name removes its leftovers
-            EngineProcess(proc.name).stop()
-
-
 def _leases_drain_to_zero(engine_name: str, timeout_s: float = 5.0) -> bool:
     """Releases are fire-and-forget: give the engine a moment to apply the last ones."""
     deadline = time.monotonic() + timeout_s
