@@ -113,6 +113,7 @@ class PegaKVConnector(*_BASES):
         self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config)
         block_size = vllm_config.cache_config.block_size
         self._groups, unservable = kv_cache_groups(kv_cache_config, block_size)
+        self._is_off = unservable is not None  # (its KV memory is not even registered)
         if unservable is not None:
             logger.error("pegaflow: this model has %s, whose state is not stored blocks of "
                          "positions; the cache is off for it (vLLM computes every prompt)", unservable)
@@ -181,6 +182,8 @@ class PegaKVConnector(*_BASES):
     # -- worker side ----------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict) -> None:
+        if self._is_off:
+            return  # a model pegaflow cannot serve: its layouts need not even parse
         drafter = drafter_layers(self._vllm_config, kv_caches)
         if drafter:
             logger.info("pegaflow: %d of %d KV layers are the speculative drafter's: not stored "

@@ -229,8 +229,9 @@ class SchedulerSide:
                 meta.saves.append(SaveSpec(state.request.request_id, ids, kept))
         else:
             parts = _group_parts(state.block_ids, start, span)
-            meta.saves.append(SaveSpec(state.request.request_id, tuple(b for p in parts for b in p.block_ids),
-                                       span, parts))
+            if parts:
+                meta.saves.append(SaveSpec(state.request.request_id, tuple(b for p in parts for b in p.block_ids),
+                                           span, parts))
         state.num_saved_blocks = num_full
         state.has_saves, state.last_save_step = True, self._step
 

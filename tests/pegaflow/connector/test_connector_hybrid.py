@@ -163,3 +163,29 @@ def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
     assert "32-token" in kv_cache_groups(config, BLOCK)[1]
     config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec")]
     assert kv_cache_groups(config, BLOCK)[1] is None
+
+
+def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off():
+    # A worker of such a model registers nothing (its state's layout need not parse), and
+    # its scheduler side offers no hit and plans no save: vLLM computes every prompt.
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from pegaflow.connector import PegaKVConnector
+    from tests.pegaflow.connector.vllm_harness import TINY_MODEL
+
+    def group(name, spec_type):
+        return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": BLOCK})())
+
+    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[group("attn", "FullAttentionSpec"),
+                                                                     group("ssm", "MambaSpec")])
+    config = VllmInstance._vllm_config("nosuchengine", {}, TINY_MODEL, 256, "bfloat16", 1)
+    worker = PegaKVConnector(config, KVConnectorRole.WORKER, kv_cache_config)
+    worker.register_kv_caches({"attn": torch.zeros(8, 2, 16, 128), "ssm": torch.zeros(8, 3, 5)})
+    assert worker._worker.memory is None
+    scheduler = PegaKVConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    assert not scheduler.pega_config.enable_load and not scheduler.pega_config.enable_save
+    request = make_request("r", PROMPT)
+    assert scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
+    worker.shutdown()
+    scheduler.shutdown()
