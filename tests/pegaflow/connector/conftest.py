@@ -4,8 +4,8 @@ pytest.importorskip("vllm")
 
 
 @pytest.fixture
-def engine():
-    """A host-backend engine of its own for one test (leases live 30 s)."""
+def vllm_engine():
+    """A host-backend engine of its own for one vLLM-harness test (leases live 30 s)."""
     import os
 
     from tools.engine_process import EngineProcess

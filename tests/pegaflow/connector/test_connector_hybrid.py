@@ -29,6 +29,11 @@ pytestmark = [pytest.mark.vllm,
 PROMPT = list(range(300, 300 + 6 * BLOCK + 5))  # 6 full blocks and 5 tokens
 
 
+@pytest.fixture
+def engine(vllm_engine):
+    return vllm_engine
+
+
 def _warm(engine_name: str, groups, prompt=PROMPT, **kwargs) -> None:
     first = VllmInstance(engine_name, groups=groups, **kwargs)
     try:

@@ -27,6 +27,11 @@ pytestmark = pytest.mark.vllm
 PROMPT = list(range(100, 100 + 5 * BLOCK + 7))  # 5 full blocks and 7 tokens
 
 
+@pytest.fixture
+def engine(vllm_engine):
+    return vllm_engine
+
+
 def _leases_drain_to_zero(engine_name: str, timeout_s: float = 5.0) -> bool:
     """Releases are fire-and-forget: give the engine a moment to apply the last ones."""
     deadline = time.monotonic() + timeout_s
