@@ -203,3 +203,22 @@ def test_tier_promotion_stops_at_a_block_the_pool_holds_and_gives_back_the_rest(
     assert key(2) not in tier.index.entries and tier.index.entries[key(1)].refs == 0
     _settle(tier)
     assert tier.index.leases[lease_id].entries[0].is_ready
+
+
+def test_transfers_group_load_holding_a_promoting_lease_is_parked_too(tier):
+    # A hybrid model's LOAD of one KV cache group under a lease another group's LOAD ends
+    # (LEASE_HELD) waits for the disk reads like the lease-ending one, not copying early.
+    from types import SimpleNamespace
+
+    from engine.transfers import ANSWERED_LATER, Transfers
+    from pegaflow.wire import CommandFlag
+    _on_disk_only(tier, 0)
+    _, lease_id = tier.index.lookup(SLOT, [key(0)])
+    transfers = Transfers(tier.index, None, tier.stats, reply=None)
+    client = SimpleNamespace(num_inflight=0, instance=0)
+    held = SimpleNamespace(arg=lease_id, flags=CommandFlag.LEASE_HELD)
+    assert transfers.load(client, held, None)[0] is ANSWERED_LATER
+    assert len(transfers.parked) == 1 and client.num_inflight == 1
+    _settle(tier)  # the read ends: the LOAD goes on, and the lease is still there for the last LOAD
+    assert [item[1] for item in transfers.take_parked(time.monotonic())] == [held]
+    assert lease_id in tier.index.leases
