@@ -2,7 +2,8 @@
 top-5 logprobs and the prompt tokens vLLM did not compute, and the connector's hit counter.
 
     python tests/e2e/run_vllm.py --model DIR --prompts prompts.json --out out.json \
-        [--engine-name NAME] [--no-prefix-caching] [--extra '{"load_mode":"async"}'] [--graphs]
+        [--engine-name NAME] [--no-prefix-caching] [--extra '{"load_mode":"async"}'] [--graphs] \
+        [--llm-kwargs '{"speculative_config": {...}}']
 
 ``prompts.json`` is {"batches": [[[tok, ...], ...], ...]}: each batch is one generate()
 call (one prompt a batch runs them one at a time; several run together).
@@ -37,6 +38,7 @@ def main() -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--graphs", action="store_true", help="vLLM's default compilation (CUDA graphs on)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    p.add_argument("--llm-kwargs", default="{}", help="more LLM(...) arguments, e.g. a speculative_config")
     args = p.parse_args()
     from vllm import LLM, SamplingParams, TokensPrompt
 
@@ -46,6 +48,7 @@ def main() -> int:
                   disable_log_stats=False,
                   enable_prefix_caching=not args.no_prefix_caching,
                   max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=True)
+    kwargs.update(json.loads(args.llm_kwargs))
     if args.engine_name:
         kwargs["kv_transfer_config"] = kv_transfer_config(args.engine_name, **json.loads(args.extra))
     llm = LLM(**kwargs)

@@ -9,7 +9,9 @@ connector, runs them once: its cached tokens (its GPU cache starts empty) are wh
 engine served.  B's greedy tokens and top-5 logprobs must equal R's first pass bit for
 bit, and B must be served at least 95 % of R's second pass.  With
 ``PEGAFLOW_MODELS_JSON=path`` each family's figures are merged into that file (under
-``families``).
+``families``).  Families: a sliding-window model (Gemma-3-1B shape), an MLA model
+(DeepSeek-V2-Lite shape, TP=1), and a dense model with an EAGLE drafter (its layers are not
+stored: the target's prefix is served, the outputs stay the target's).
 """
 
 from __future__ import annotations
@@ -29,10 +31,14 @@ from tools.engine_process import EngineProcess
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-# family -> (model directory, vocabulary to draw prompt tokens from, GPU memory share)
+EAGLE = {"speculative_config": {"method": "eagle", "model": str(ROOT / "tools/models/eagle-llama-1b-shape"),
+                                "num_speculative_tokens": 2}}
+# family -> (model directory, vocabulary to draw prompt tokens from, GPU memory share, more
+# LLM arguments: the reference run gets them too)
 FAMILIES = {
-    "sliding_window": ("gemma-3-1b-shape", 262000, 0.35),  # 5 of every 6 layers: a 512-token window
-    "mla": ("deepseek-v2-lite-shape", 102000, 0.5),         # DeepSeek-V2-Lite: MLA, MoE, TP=1
+    "sliding_window": ("gemma-3-1b-shape", 262000, 0.35, {}),  # 5 of every 6 layers: a 512-token window
+    "mla": ("deepseek-v2-lite-shape", 102000, 0.5, {}),         # DeepSeek-V2-Lite: MLA, MoE, TP=1
+    "speculative_eagle": ("llama-1b-shape", 31000, 0.35, EAGLE),  # a one-layer EAGLE drafter
 }
 
 
@@ -41,9 +47,10 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(n)] for n in (1500, 2300, 900)]
 
 
-def _run(tmp: Path, tag: str, model: str, batches: list, memory: float, engine: str = "") -> dict:
-    return run_vllm(tmp, tag, ROOT / "tools/models" / model, batches, engine,
-                    "--gpu-memory-utilization", str(memory), timeout_s=900)
+def _run(tmp: Path, tag: str, family: str, batches: list, engine: str = "") -> dict:
+    model, _, memory, more = FAMILIES[family]
+    return run_vllm(tmp, tag, ROOT / "tools/models" / model, batches, engine, "--gpu-memory-utilization",
+                    str(memory), "--llm-kwargs", json.dumps(more), timeout_s=900)
 
 
 def _record(family: str, figures: dict) -> None:
@@ -58,18 +65,18 @@ def _record(family: str, figures: dict) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_models_family_is_served_exactly_and_as_fully_as_vllm_caches_it(family, tmp_path):
-    model, vocab, memory = FAMILIES[family]
+    model, vocab, _, _ = FAMILIES[family]
     prompts = _prompts(vocab)
     one_by_one = [[p] for p in prompts]
     # 1. R: no connector; the prompts twice (the second pass hits vLLM's own prefix cache).
-    reference = _run(tmp_path, "R", model, one_by_one + one_by_one, memory)
+    reference = _run(tmp_path, "R", family, one_by_one + one_by_one)
     first, second = reference["batches"][:len(prompts)], reference["batches"][len(prompts):]
     own_cache = sum(r["cached_tokens"] for batch in second for r in batch)
     with EngineProcess(f"mod{os.getpid()}_{family}", backend="cuda", pool_size="8GiB",
                        start_timeout_s=120) as engine:
         # 2. A computes them cold and saves them; B, a fresh vLLM, is served them.
-        _run(tmp_path, "A", model, one_by_one, memory, engine.name)
-        served = _run(tmp_path, "B", model, one_by_one, memory, engine.name)
+        _run(tmp_path, "A", family, one_by_one, engine.name)
+        served = _run(tmp_path, "B", family, one_by_one, engine.name)
     served_tokens = sum(r["cached_tokens"] for batch in served["batches"] for r in batch)
     ref = [r for batch in first for r in batch]
     try:
