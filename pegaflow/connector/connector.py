@@ -236,7 +236,7 @@ class PegaKVConnector(*_BASES):
     def get_transfer_results(self, finished_req_ids: set[str]):
         """vLLM's get_finished, with a hybrid model's failed loads as failed requests."""
         results = super().get_transfer_results(finished_req_ids)
-        results.failed_recving |= self._worker.loads.take_failed_recving()
+        results.failed_recving |= self._worker.take_failed_recving()
         return results
 
     def build_connector_worker_meta(self):

@@ -222,16 +222,8 @@ class SchedulerSide:
         if num_full <= state.num_saved_blocks:
             return
         start = state.num_saved_blocks
-        span = tuple(hashes[start:num_full])
-        if len(state.block_ids) == 1:
-            ids, kept = _non_null(state.block_ids[0][start:num_full], span)
-            if ids:
-                meta.saves.append(SaveSpec(state.request.request_id, ids, kept))
-        else:
-            parts = _group_parts(state.block_ids, start, span)
-            if parts:
-                meta.saves.append(SaveSpec(state.request.request_id, tuple(b for p in parts for b in p.block_ids),
-                                           span, parts))
+        if (spec := _save_spec(state.request.request_id, state.block_ids, start, hashes[start:num_full])):
+            meta.saves.append(spec)
         state.num_saved_blocks = num_full
         state.has_saves, state.last_save_step = True, self._step
 
@@ -271,21 +263,12 @@ class SchedulerSide:
         if num_full <= state.num_saved_blocks:
             return False
         start = state.num_saved_blocks
-        if len(tables) == 1:
-            span = list(tables[0][start:num_full])
-            if NULL_BLOCK in span:  # vLLM freed blocks out of a sliding window before telling us
-                span = span[:span.index(NULL_BLOCK)]
-            if not span:
-                return False
-            spec = SaveSpec(request.request_id, tuple(span), tuple(hashes[start:start + len(span)]))
-        else:
-            parts = _group_parts(tables, start, tuple(hashes[start:num_full]))
-            if not parts:
-                return False
-            spec = SaveSpec(request.request_id, tuple(b for p in parts for b in p.block_ids),
-                            tuple(hashes[start:num_full]), parts)
+        # (a table's null blocks are positions vLLM let go out of a sliding window: skipped)
+        spec = _save_spec(request.request_id, tables, start, hashes[start:num_full])
+        if spec is None:
+            return False
         self._finish_saves.append(spec)
-        state.num_saved_blocks, state.has_saves = start + len(spec.hashes), True
+        state.num_saved_blocks, state.has_saves = num_full, True
         return True
 
     def update_connector_output(self, connector_output) -> None:
@@ -340,6 +323,17 @@ def _non_null(block_ids, hashes) -> tuple[tuple[int, ...], tuple[bytes, ...]]:
         return tuple(block_ids), tuple(hashes)
     kept = [(b, h) for b, h in zip(block_ids, hashes) if b != NULL_BLOCK]
     return tuple(b for b, _ in kept), tuple(h for _, h in kept)
+
+
+def _save_spec(req_id: str, tables, start: int, hashes) -> SaveSpec | None:
+    """The save of positions ``start`` to ``start + len(hashes)`` of a request's tables (one,
+    or one per KV cache group); None when no table holds a block there."""
+    hashes = tuple(hashes)
+    if len(tables) == 1:
+        ids, kept = _non_null(tables[0][start:start + len(hashes)], hashes)
+        return SaveSpec(req_id, ids, kept) if ids else None
+    parts = _group_parts(tables, start, hashes)
+    return SaveSpec(req_id, tuple(b for p in parts for b in p.block_ids), hashes, parts) if parts else None
 
 
 def _group_parts(tables, start: int, hashes: tuple[bytes, ...]) -> tuple[GroupBlocks, ...]:

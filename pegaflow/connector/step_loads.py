@@ -170,10 +170,13 @@ class StepLoads:
         loads have landed."""
         if not self.step or not self.memory.has_events:
             return
-        group_of, layers_of = self._group_of, self.layers.layers_of
-        events = [self.layers.load_event_base(slot) + v for request_id, _, slot in self.step
-                  if slot is not None for v in layers
-                  if request_id not in group_of or v in layers_of(group_of[request_id])]
+        base = self.layers.load_event_base
+        if not self._group_of:  # (per layer: the usual model's path stays one comprehension)
+            events = [base(slot) + v for _, _, slot in self.step if slot is not None for v in layers]
+        else:  # a group's LOAD records events for its own layers only
+            group_of, layers_of = self._group_of, self.layers.layers_of
+            events = [base(slot) + v for request_id, _, slot in self.step if slot is not None
+                      for v in layers if request_id not in group_of or v in layers_of(group_of[request_id])]
         if not events:
             return
         try:
@@ -237,8 +240,7 @@ class StepLoads:
         if reason is not None:
             logger.error("pegaflow: the engine went away while this step's loads were copied "
                          "(%s); vLLM recomputes them", reason)
-            for spec in {spec.req_id: spec for _, spec, _ in self.step}.values():
-                self.fail(spec)
+            self._fail_step()
         else:
             self._count_loaded()
         self.step = []
@@ -255,8 +257,7 @@ class StepLoads:
             self.step = []
 
     def _count_loaded(self) -> None:
-        specs = {spec.req_id: spec for _, spec, _ in self.step}  # (a hybrid load: a LOAD per group)
-        self.stats.add("loaded_blocks", sum(len(spec.block_ids) for spec in specs.values()))
+        self.stats.add("loaded_blocks", sum(len(spec.block_ids) for spec in self._step_specs()))
 
     def take_errors(self) -> set[int]:
         errors, self.errors = self.errors, set()
@@ -264,9 +265,13 @@ class StepLoads:
 
     def _fail_step(self) -> None:
         """Every load of this step failed (each vLLM request's once)."""
-        for spec in {spec.req_id: spec for _, spec, _ in self.step}.values():
+        for spec in self._step_specs():
             self.fail(spec)
         self.step = []
+
+    def _step_specs(self):
+        """This step's loads, one per vLLM request (a hybrid load sent a LOAD per group)."""
+        return {spec.req_id: spec for _, spec, _ in self.step}.values()
 
     def collect(self, client, now: float) -> bool:
         """Take the async loads' answers that have arrived; False if one missed its deadline

@@ -129,6 +129,10 @@ class WorkerSide:
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.loads.take_errors()
 
+    def take_failed_recving(self) -> set[str]:
+        """A hybrid model's failed loads, as the requests vLLM must recompute whole."""
+        return self.loads.take_failed_recving()
+
     # -- saves ----------------------------------------------------------------------------
 
     def save_kv_layer(self, layer_name: str) -> None:
@@ -230,7 +234,7 @@ class WorkerSide:
             return
         now = time.monotonic()
         try:
-            if (self.saves.commands or self.loads.asyncs) and now >= self._next_liveness_check:
+            if now >= self._next_liveness_check:
                 # Answers that can never come must not hold vLLM's blocks: is the engine there?
                 self._next_liveness_check = now + LIVENESS_CHECK_S
                 client.check_engine()
@@ -260,14 +264,24 @@ class WorkerSide:
 
     def wait_for_saves_of(self, req_ids: set[str]) -> None:
         """Block (to the command deadline) until no save of ``req_ids`` still reads GPU blocks."""
+        self._wait_saves(lambda: self.saves.is_saving(req_ids),
+                         lambda: f"saves of {sorted(r for r in req_ids if r in self.saves.pending)}")
+
+    def wait_for_saves_through(self, step: int) -> None:
+        """Block (to the command deadline) until every SAVE of the steps up to ``step`` is
+        over: this step writes blocks they read (a sliding window let them go)."""
+        self._wait_saves(lambda: self.saves.done_through() < step and bool(self.saves.commands),
+                         lambda: f"SAVEs of step {step}")
+
+    def _wait_saves(self, is_waiting, what) -> None:
+        """Collect answers while ``is_waiting()``; past the command deadline the saves are
+        revoked and the connection dropped (vLLM may then reuse their blocks)."""
         deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
         self._collect()
-        while self.saves.is_saving(req_ids):
+        while is_waiting():
             if time.monotonic() >= deadline:
-                logger.error("pegaflow: saves of %s still running after %.1fs; revoking them and "
-                             "dropping the connection",
-                             sorted(r for r in req_ids if r in self.saves.pending),
-                             self.config.command_timeout_ms / 1e3)
+                logger.error("pegaflow: %s still running after %.1fs; revoking them and dropping the "
+                             "connection", what(), self.config.command_timeout_ms / 1e3)
                 self.link.fail(TimeoutError("save deadline"))  # revokes the saves first
                 self._forget_saves()
                 return
@@ -279,21 +293,6 @@ class WorkerSide:
             self.wait_for_saves_of(meta.preempted_req_ids)
         if meta.wait_saves_through:
             self.wait_for_saves_through(meta.wait_saves_through)
-
-    def wait_for_saves_through(self, step: int) -> None:
-        """Block (to the command deadline) until every SAVE of the steps up to ``step`` is
-        over: this step writes blocks they read (a sliding window let them go)."""
-        deadline = time.monotonic() + self.config.command_timeout_ms / 1e3
-        self._collect()
-        while self.saves.done_through() < step and self.saves.commands:
-            if time.monotonic() >= deadline:
-                logger.error("pegaflow: SAVEs of step %d still running after %.1fs; revoking them "
-                             "and dropping the connection", step, self.config.command_timeout_ms / 1e3)
-                self.link.fail(TimeoutError("save deadline"))  # revokes the saves first
-                self._forget_saves()
-                return
-            time.sleep(50e-6)
-            self._collect()
 
     def wait_for_save(self) -> None:
         if self.trace.is_on and self.memory.has_events:

@@ -50,7 +50,11 @@ def test_connector_hybrid_each_group_is_served_its_own_blocks_exactly(engine, gr
     # 2. A fresh vLLM (memory poisoned) keeps the hybrid manager on and is served the prefix.
     second = VllmInstance(engine.name, groups=groups)
     try:
-        assert second.config.scheduler_config.disable_hybrid_kv_cache_manager is False
+        # (the harness turns the manager on; vLLM keeps it on only for a connector it
+        # finds supporting it, and builds no connector that does not when it is on)
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        assert KVConnectorFactory.supports_hma_config(second.config.kv_transfer_config)
+        assert type(second.scheduler.kv_cache_manager.coordinator).__name__ == "HybridKVCacheCoordinator"
         second.poison()
         second.add(make_request("b", PROMPT))
         load = next(load for record in second.run_until_done() for load in record.loads)
@@ -83,7 +87,7 @@ def test_connector_hybrid_failed_load_fails_the_request_and_vllm_recomputes_it(e
         start_load = second.worker.start_load_kv
 
         def kill_then_load(context):
-            if second.worker._get_connector_metadata().loads and engine.pid:
+            if second.worker._get_connector_metadata().loads:
                 os.kill(engine.pid, signal.SIGKILL)
                 engine.proc.wait(10)
             start_load(context)
