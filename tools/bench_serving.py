@@ -328,17 +328,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="pegaflow's step timeline of the steps that load, per phase (adds CUDA events)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
                    help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="write every figure here")
+    p.add_argument("--json", metavar="PATH", help="write every figure here (rewritten after every server)")
+    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                   help="run nothing: one table of the runs in these --json files (a run split over calls)")
     args = p.parse_args(argv)
-    log_dir = Path(args.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for rep in range(args.repeat):
-        for i, config in enumerate(args.configs):  # a config named twice: its run-to-run agreement
-            runs.append(run_config(config, args, log_dir, f"{config}{rep}-{i}"))
-            print(json.dumps({k: runs[-1][k] for k in ("tag", "later_rounds_wall_s", "later_rounds",
-                                                        "host_hit_tokens")}), flush=True)
+    runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
+    if not args.merge:
+        log_dir = Path(args.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for rep in range(args.repeat):
+            for i, config in enumerate(args.configs):  # a config named twice: its run-to-run agreement
+                runs.append(run_config(config, args, log_dir, f"{config}{rep}-{i}"))
+                print(json.dumps({k: runs[-1][k] for k in ("tag", "later_rounds_wall_s", "later_rounds",
+                                                            "host_hit_tokens")}), flush=True)
+                if args.json:  # after every server: a run cut short keeps what it measured
+                    write_json(args, runs)
     table = headline(runs)
+    print_table(table)
+    if args.json:
+        write_json(args, runs)
+    return 1 if any(row["errors"] for row in table.values()) else 0
+
+
+def print_table(table: dict) -> None:
     print(f"{'config':<14} {'later rounds s':>15} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'prefix rps':>11} "
           f"{'identical':>9}")
     for config, row in table.items():
@@ -348,13 +360,19 @@ def main(argv: list[str] | None = None) -> int:
     if any(row["errors"] for row in table.values()):
         print("requests failed: " + ", ".join(f"{c} {row['errors']}" for c, row in table.items()
                                               if row["errors"]), file=sys.stderr)
-    if args.json:
-        import torch
-        Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "model": args.model,
-                                               "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
-                                               **table, "runs": runs}, indent=1))
-    return 1 if any(row["errors"] for row in table.values()) else 0
 
+
+def write_json(args, runs: list[dict]) -> None:
+    """Every figure and every run; merged runs keep the GPU and model they were measured with."""
+    if args.merge:
+        first = json.loads(Path(args.merge[0]).read_text())
+        gpu, model = first["gpu"], first["model"]
+    else:
+        import torch
+        gpu, model = torch.cuda.get_device_name(0), args.model
+    Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model,
+                                           "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
+                                           **headline(runs), "runs": runs}, indent=1))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tools import bench_serving
-from tools.bench_serving import complete, headline, run_all
+from tools.bench_serving import complete, headline, main, run_all
 
 
 class _Fake(BaseHTTPRequestHandler):
@@ -136,3 +136,16 @@ def test_counters_sum_labels_of_the_hit_and_pegaflow_counters_only(port):
     assert bench_serving.counters(port) == {"vllm:external_prefix_cache_hits_total": 32.0,
                                             "vllm:pegaflow_lookup_deferrals_total": 3.0}
     assert bench_serving.external_hit_tokens(port) == 32.0
+
+
+def test_main_merge_tables_runs_of_several_files_without_running_a_server(tmp_path, capsys):
+    # Two calls' --json files (a none run in the first, a pegaflow run in the second) make one
+    # table: pegaflow compared against the first file's none, the first file's GPU kept.
+    first, second, merged = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
+    first.write_text(json.dumps({"gpu": "H200", "model": "m", "runs": [_run("none", 4.0, 300, [1])]}))
+    second.write_text(json.dumps({"gpu": "H200", "model": "m", "runs": [_run("pegaflow", 1.0, 50, [2])]}))
+    assert main(["--merge", str(first), str(second), "--json", str(merged)]) == 0
+    out = json.loads(merged.read_text())
+    assert out["gpu"] == "H200" and [r["config"] for r in out["runs"]] == ["none", "pegaflow"]
+    assert out["pegaflow"]["identical_share"] == 0.0 and out["none"]["outputs_identical"]
+    assert "pegaflow" in capsys.readouterr().out
