@@ -4,8 +4,8 @@
 
 Configurations, each its own server process, one after another (``--repeat`` interleaves
 them: A B C A B C): ``none`` (vLLM's prefix caching only), ``native`` (vLLM's CPU
-offloading, ``--kv-offloading-size``), ``pegaflow`` (a fresh engine each time; ``pegaflow-auto``
-and ``pegaflow-async`` under the connector's load_mode auto / async).  vLLM's
+offloading, ``--kv-offloading-size``), ``pegaflow`` (a fresh engine each time, the connector's defaults;
+``pegaflow-auto``, ``pegaflow-async`` and ``pegaflow-layerwise`` under that load_mode).  vLLM's
 default compilation (CUDA graphs on) unless ``--eager``.  The GPU KV cache is capped by
 ``--gpu-blocks`` so the working set does not fit.  Workloads (``tools/serving_workload.py``):
 
@@ -53,7 +53,8 @@ SERVED_NAME = "bench"
 START_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 600.0
 # pegaflow's configurations: the connector's options beyond the engine's name
-PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"}}
+PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},
+                    "pegaflow-layerwise": {"load_mode": "layerwise"}}
 
 
 def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str = "127.0.0.1") -> RequestResult:
@@ -302,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--configs", nargs="+", default=["none", "native", "pegaflow"],
                    choices=["none", "native", *PEGAFLOW_CONFIGS],
-                   help="pegaflow-auto / pegaflow-async: the connector under load_mode auto / async")
+                   help="pegaflow: the connector's defaults (load_mode auto); pegaflow-auto / -async / "
+                        "-layerwise: under that load_mode")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
     p.add_argument("--users", type=int, default=12)

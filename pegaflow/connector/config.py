@@ -27,7 +27,7 @@ LOAD_MODES = ("layerwise", "async", "auto")
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
     engine_name: str = "pegaflow"
-    load_mode: str = "layerwise"
+    load_mode: str = "auto"
     enable_save: bool = True
     enable_load: bool = True
     lookup_timeout_ms: float = 50.0

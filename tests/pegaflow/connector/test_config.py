@@ -17,7 +17,7 @@ def test_connector_config_no_sources_gives_defaults():
     # 1. No extra_config and an empty environment: every field keeps its default.
     config = ConnectorConfig.from_sources(None, environ={})
     assert config == ConnectorConfig()
-    assert (config.engine_name, config.load_mode, config.num_load_slots) == ("pegaflow", "layerwise", 64)
+    assert (config.engine_name, config.load_mode, config.num_load_slots) == ("pegaflow", "auto", 64)
     assert config.enable_save and config.enable_load and not config.is_async_load
 
 
