@@ -119,6 +119,7 @@ class PegaKVConnector(*_BASES):
                          "positions; the cache is off for it (vLLM computes every prompt)", unservable)
             self.pega_config = dataclasses.replace(self.pega_config, enable_load=False, enable_save=False)
         base = kv_fields(vllm_config, kv_cache_config)
+        logger.debug("pegaflow namespace fields: %s", base)
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         pp_size = vllm_config.parallel_config.pipeline_parallel_size
         self._scheduler: SchedulerSide | None = None
@@ -135,13 +136,17 @@ class PegaKVConnector(*_BASES):
                                             num_groups=max(len(self._groups), 1))
         else:
             tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
-            self._worker = WorkerSide(self.pega_config, rank_namespace(base, tp_rank, pp_rank),
+            namespaces = [rank_namespace(base, tp_rank, pp_rank)]
+            self._worker = WorkerSide(self.pega_config, namespaces[0],
                                       pp_rank * tp_size + tp_rank, kv_cache_config.num_blocks,
                                       num_ranks=tp_size * pp_size, pipeline_stages=pp_size,
                                       instance=instance_key(vllm_config))
-        logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s",
+        # (the scheduler's and the workers' namespaces must agree: a block saved under one is
+        # found only by lookups under the same)
+        logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s, namespace %s",
                     role.name.lower(), self.pega_config.engine_name, self.pega_config.load_mode,
-                    "on" if self.pega_config.enable_save else "off")
+                    "on" if self.pega_config.enable_save else "off",
+                    " ".join(f"{n:016x}" for n in namespaces))
 
     # -- properties vLLM asks about -------------------------------------------------------
 

@@ -13,7 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
+
+# pegaflow's log lines at INFO beside vLLM's, in every vLLM process (the engine core too):
+# what the connector decided (a model it cannot serve, a failed load) is in the test output.
+LOGGING = {"version": 1, "disable_existing_loggers": False,
+           "formatters": {"plain": {"format": "%(levelname)s %(asctime)s [%(name)s] %(message)s"}},
+           "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
+                                   "level": "INFO", "stream": "ext://sys.stderr"}},
+           "loggers": {"vllm": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+                       "pegaflow": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+                       # the fields its namespace is made of (a process that finds nothing another
+                       # saved: which field differs)
+                       "pegaflow.connector.connector": {"level": "DEBUG"}}}
 
 
 def _record(output) -> dict:
@@ -40,6 +54,9 @@ def main() -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     p.add_argument("--llm-kwargs", default="{}", help="more LLM(...) arguments, e.g. a speculative_config")
     args = p.parse_args()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(LOGGING, f)
+    os.environ.setdefault("VLLM_LOGGING_CONFIG_PATH", f.name)
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from pegaflow.connector import kv_transfer_config
@@ -59,11 +76,14 @@ def main() -> int:
     for batch in batches:
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
         results.append([_record(o) for o in outs])
-    hits = sum(float(getattr(m, "value", 0)) for m in llm.get_metrics()
-               if m.name == "vllm:external_prefix_cache_hits")
+    metrics = llm.get_metrics()
+    hits = sum(float(getattr(m, "value", 0)) for m in metrics if m.name == "vllm:external_prefix_cache_hits")
+    # the connector's own counters (lookups, hits, loads, saves), where vLLM exports them
+    connector = {m.name: float(m.value) for m in metrics
+                 if "pegaflow" in m.name and isinstance(getattr(m, "value", None), (int, float))}
     scheduler_config = llm.llm_engine.vllm_config.scheduler_config
     with open(args.out, "w") as f:
-        json.dump({"batches": results, "external_hit_tokens": hits,
+        json.dump({"batches": results, "external_hit_tokens": hits, "connector_metrics": connector,
                    "hybrid_manager_on": not scheduler_config.disable_hybrid_kv_cache_manager,
                    "cached_tokens": sum(r["cached_tokens"] for batch in results for r in batch)}, f)
     return 0
