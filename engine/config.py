@@ -29,7 +29,11 @@ MAX_SLOTS = 4096
 MAX_IDLE_SPIN_S = 1.0
 MAX_PIN_THREADS = 256
 MAX_DISK_THREADS = 256
+MAX_REMOTE_TIMEOUT_S = 2.0  # a LOOKUP waits this long for the store at most (the connector's own wait is 5 s)
 DISK_ADMISSIONS = ("evicted", "reused", "all")
+REMOTE_KINDS = ("off", "mooncake")
+REMOTE_PROTOCOLS = ("tcp", "rdma")
+REMOTE_PUBLISH = ("all", "reused")
 # Pinned before the engine serves, and the unit pinned in the background: at ~3 GB/s (the
 # H200 host, small pages) 256 MiB takes ~0.1 s, well inside a 1 s start, and a 64 GiB
 # pool is 256 registrations.
@@ -59,6 +63,15 @@ class EngineConfig:
     disk_bytes: int = 0  # per path; 0: 90 % of the path's free space at start
     disk_admission: str = "evicted"
     disk_threads: int = 8
+    remote: str = "off"  # the remote tier's store (off: none)
+    remote_master: str = "127.0.0.1:50051"  # the store's master, host:port
+    remote_metadata: str = "http://127.0.0.1:8080/metadata"  # its metadata server
+    remote_protocol: str = "tcp"
+    remote_device: str = ""  # RDMA devices (rdma only; empty: the store picks)
+    remote_host: str = ""  # the address other hosts reach this engine at (empty: the one routed to the master)
+    remote_segment_bytes: int = 1 << 30  # memory this engine contributes to the store
+    remote_publish: str = "all"
+    remote_timeout_s: float = 0.05  # a LOOKUP's remote existence check, at most
 
     def __post_init__(self) -> None:
         check_engine_name(self.name)
@@ -105,9 +118,26 @@ class EngineConfig:
             raise ConfigError(f"--disk-threads {self.disk_threads}: must lie in [1, {MAX_DISK_THREADS}]")
         if len(set(self.disk_paths)) != len(self.disk_paths):
             raise ConfigError(f"--disk-path names a directory twice: {','.join(self.disk_paths)}")
+        self._check_remote()
         if not 0 <= self.idle_spin_s <= MAX_IDLE_SPIN_S:
             raise ConfigError(f"--idle-spin-ms {self.idle_spin_s * 1e3:g}: must lie in "
                               f"[0, {MAX_IDLE_SPIN_S * 1e3:g}]")
+
+    def _check_remote(self) -> None:
+        if self.remote not in REMOTE_KINDS:
+            raise ConfigError(f"--remote {self.remote!r}: choose {', '.join(REMOTE_KINDS)}")
+        if self.remote_protocol not in REMOTE_PROTOCOLS:
+            raise ConfigError(f"--remote-protocol {self.remote_protocol!r}: choose {', '.join(REMOTE_PROTOCOLS)}")
+        if self.remote_publish not in REMOTE_PUBLISH:
+            raise ConfigError(f"--remote-publish {self.remote_publish!r}: choose {', '.join(REMOTE_PUBLISH)}")
+        host, _, port = self.remote_master.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"--remote-master {self.remote_master!r}: expected host:port")
+        if self.remote_segment_bytes < 0:
+            raise ConfigError(f"--remote-segment-size {self.remote_segment_bytes}: must not be negative")
+        if not 0 < self.remote_timeout_s <= MAX_REMOTE_TIMEOUT_S:
+            raise ConfigError(f"--remote-timeout-ms {self.remote_timeout_s * 1e3:g}: must lie in "
+                              f"(0, {MAX_REMOTE_TIMEOUT_S * 1e3:g}]")
 
     @property
     def usable_pool_bytes(self) -> int:
@@ -214,6 +244,27 @@ OPTIONS: tuple[Option, ...] = (
            _choice("disk-admission", DISK_ADMISSIONS)),
     Option("disk-threads", "disk_threads", "8", "threads doing the disk tier's reads and writes "
            "(requests in flight)", int),
+    Option("remote", "remote", "off", "the remote tier: mooncake (a Mooncake Store shared by the "
+           "engines of many hosts: READY blocks are published to it, a lookup's prefix goes on "
+           "through the blocks it holds) or off", _choice("remote", REMOTE_KINDS)),
+    Option("remote-master", "remote_master", "127.0.0.1:50051", "the remote store's master (host:port)"),
+    Option("remote-metadata", "remote_metadata", "http://127.0.0.1:8080/metadata", "the remote store's "
+           "metadata server (the master's own HTTP one, or etcd://host:port)"),
+    Option("remote-protocol", "remote_protocol", "tcp", "how blocks move between hosts: tcp or rdma",
+           _choice("remote-protocol", REMOTE_PROTOCOLS)),
+    Option("remote-device", "remote_device", "", "RDMA devices for --remote-protocol rdma, e.g. "
+           "mlx5_0,mlx5_1 (empty: the store picks)"),
+    Option("remote-host", "remote_host", "", "the address the other hosts reach this engine at "
+           "(empty: this host's address on the route to the master)"),
+    Option("remote-segment-size", "remote_segment_bytes", "1GiB", "memory this engine contributes "
+           "to the remote store (blocks of every engine are kept in it; they go when this engine "
+           "stops); 0: it stores into the others' segments only", parse_size),
+    Option("remote-publish", "remote_publish", "all", "which blocks go to the remote store: all "
+           "(every block once READY in the pool) or reused (a block once a lookup hit it: used twice)",
+           _choice("remote-publish", REMOTE_PUBLISH)),
+    Option("remote-timeout-ms", "remote_timeout_s", "50", "the most a LOOKUP waits for the remote "
+           "store's answer on which blocks it holds (past it, or with the store unreachable, the "
+           "rest of the prefix is a miss)", lambda text: float(text) / 1e3),
     Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True)),
 )
 

@@ -89,3 +89,8 @@ class LayoutError(PegaflowError, ValueError):
 
 class CudaError(PegaflowError):
     """A CUDA driver or NVRTC call failed."""
+
+
+class RemoteTierError(PegaflowError):
+    """The remote tier (``--remote``) cannot start: its package is not installed, or its
+    store refused the setup (master or metadata server unreachable, memory not registered)."""

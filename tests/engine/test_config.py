@@ -208,7 +208,10 @@ _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "
             "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on",
             "pin-chunk": "64MiB", "pin-threads": "3", "pin-rate": "1GiB", "log-level": "debug",
             "disk-path": "/tmp/pfd0,/tmp/pfd1", "disk-size": "2GiB", "disk-admission": "all",
-            "disk-threads": "3"}
+            "disk-threads": "3", "remote": "mooncake", "remote-master": "10.0.0.1:50051",
+            "remote-metadata": "http://10.0.0.1:8080/metadata", "remote-protocol": "rdma",
+            "remote-device": "mlx5_0", "remote-host": "10.0.0.2", "remote-segment-size": "2GiB",
+            "remote-publish": "reused", "remote-timeout-ms": "20"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
@@ -268,3 +271,15 @@ def test_config_decimal_and_binary_sizes_mean_what_they_say(clean_env):
     # 4GB is 4 * 10**9 bytes: accepted, as whole slabs of it (the remainder is not allocated).
     config = config_from_args(["--pool-size", "4GB"], environ={})
     assert config.pool_bytes == 4 * 10**9 and config.usable_pool_bytes == 59 * (64 << 20)
+
+
+def test_config_remote_values_are_checked(clean_env):
+    with pytest.raises(ConfigError, match="remote-master"):
+        config_from_args(["--remote-master", "nohost"], environ={})
+    with pytest.raises(ConfigError, match="remote-protocol"):
+        config_from_args(["--remote-protocol", "udp"], environ={})
+    with pytest.raises(ConfigError, match="remote-timeout-ms"):
+        config_from_args(["--remote-timeout-ms", "0"], environ={})
+    with pytest.raises(ConfigError, match="remote"):
+        config_from_args(["--remote", "redis"], environ={})
+    assert config_from_args([], environ={}).remote == "off"
