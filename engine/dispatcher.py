@@ -6,8 +6,10 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
     REGISTER(region, layers)   a region of KV memory and where each layer's pages are
     REGISTER_EVENTS(handles)   the client's pool of IPC events (cuda)
     LOOKUP(ns, hashes)         -> value = contiguous READY prefix (on through blocks the disk
-                               tier holds: their reads start), value2 = lease id, value3 =
-                               how many come from disk (a LOAD of them waits for the reads)
+                               tier holds: their reads start; then through those the remote
+                               store holds: answered once it says, their fetches started),
+                               value2 = lease id, value3 = how many come from disk or the
+                               remote store (a LOAD of them waits for the reads)
     RELEASE(arg=lease)         ends a lease
     SAVE(ns, ids, hashes)      client pages -> pool, ``layer`` or ALL_LAYERS; answered when copied
     LOAD(ns, ids, hashes)      pool -> client pages; answered when copied, or when issued if
@@ -60,6 +62,7 @@ class Dispatcher:
         self.gauges_stale = True
         self.transfers = Transfers(index, backend, stats, self.reply)
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
+        self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -224,21 +227,46 @@ class Dispatcher:
         return command_keys(rec, payload.view(HASH))
 
     def _lookup(self, client, rec, payload):
-        num_items = rec.num_items
-        num_hits, lease_id = self.index.lookup(client.slot, self._hash_keys(rec, payload), client.instance)
+        keys = self._hash_keys(rec, payload)
+        num_hits, lease_id = self.index.lookup(client.slot, keys, client.instance)
+        remote = self.remote
+        if remote is not None:  # the prefix may go on in the remote store: answered once it says
+            if lease_id:
+                lease = self.index.leases[lease_id]
+                remote.note_hits(lease.entries, lease.keys)
+            if remote.try_lookup(client, rec, keys, num_hits, lease_id):
+                return ANSWERED_LATER, None
+        return Status.OK, self._lookup_values(client, rec.num_items, num_hits, lease_id)
+
+    def _lookup_values(self, client, num_items: int, num_hits: int, lease_id: int) -> tuple[int, int, int]:
+        """A LOOKUP's answer (counted in the stats): hits, lease, blocks still on their way."""
         num_disk = self.index.leases[lease_id].num_disk if lease_id else 0
         self.stats.add("lookups")
         self.stats.add("lookup_blocks", num_items)
         self.stats.add("lookup_hit_blocks", num_hits)
         self.stats.add_client(client.slot, "lookups", 1)
         self.stats.add_client(client.slot, "lookup_hit_blocks", num_hits)
-        return Status.OK, (num_hits, lease_id, num_disk)
+        return num_hits, lease_id, num_disk
+
+    def answer_lookup(self, client, rec, num_hits: int, lease_id: int, received_at: float) -> None:
+        """A LOOKUP the remote tier continued: answered now (its local prefix and what the
+        store held, being fetched)."""
+        self.gauges_stale = True
+        if lease_id and not client.is_attached:  # gone meanwhile: its lease ends here
+            self.index.release(lease_id)
+            num_hits = lease_id = 0
+        values = self._lookup_values(client, rec.num_items, num_hits, lease_id)
+        self.reply(client, rec.request_id, rec.opcode, Status.OK, rec.num_items, values, received_at)
+        if client.pending_detach and client.num_inflight == 0:
+            self._finish_detach(client)
 
     def _drop(self, client, rec, payload):
         keys = self._hash_keys(rec, payload)
         num_found = self.index.drop(keys, client.uid, rec.arg)
         if self.disk is not None:  # who wrote a disk copy is not known: each named goes
             self.disk.forget(keys)
+        if self.remote is not None:  # nor who published a remote one
+            self.remote.forget(keys)
         if num_found:
             logger.info("slot %d (pid %d): dropped %d stored blocks it computed from bad data",
                         client.slot, client.pid, num_found)

@@ -23,6 +23,7 @@ class Entry:
     writer: tuple[int, int] = (0, 0)  # (client uid, SAVE request id) that reserved it
     is_promoting: bool = False  # being read from the disk tier: a LOAD of it waits
     num_hits: int = 0  # lookups that found it (the disk tier's ``reused`` admission)
+    is_published: bool = False  # put to the remote tier's store (or on its way, or fetched from it)
 
     @property
     def is_ready(self) -> bool:

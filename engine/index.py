@@ -87,6 +87,21 @@ class BlockIndex:
                                       hits, owner, num_disk)
         return len(hits), lease_id
 
+    def extend_lease(self, lease_id: int, slot: int, owner: int, keys: list[Key], entries: list[Entry]) -> int:
+        """Lease ``lease_id`` (0: a new one of ``owner``) goes on over ``keys``, whose
+        ``entries`` the caller pinned and is filling from a lower tier (counted in its
+        ``num_disk``: a LOAD of it waits); returns the lease's id."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            lease_id = self._new_lease_id()
+            lease = self.leases[lease_id] = Lease(lease_id, slot, [], time.monotonic() + self.lease_ttl_s,
+                                                  [], owner)
+        lease.keys += keys
+        lease.entries += entries
+        lease.num_disk += len(entries)
+        self.touch_chain(lease.keys, lease.entries)
+        return lease_id
+
     def is_promoting(self, lease_id: int) -> bool:
         """Whether a block of lease ``lease_id`` is still being read from disk."""
         lease = self.leases.get(lease_id)

@@ -38,6 +38,7 @@ from engine.index import BlockIndex
 from engine.pinning import PinProgress, PoolPinner
 from engine.pool import PagePool
 from engine.pool_table import NoTable, PoolTable
+from engine.remote.open import open_remote_tier
 from engine.segments import EngineSegments
 from engine.stats import StatsWriter
 from pegaflow.errors import PegaflowError
@@ -101,15 +102,23 @@ class EngineServer:
         self._take_pinned()
         self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher)
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
+        self.disk = self.remote = None
         try:  # its paths are checked and its files taken in before the engine serves
             self.disk = open_disk_tier(config, self.index, self.segments.pool, self.stats,
                                        self.doorbell.ring)
+            self.remote = open_remote_tier(config, self.index, self.segments.pool, self.stats,
+                                           self.doorbell.ring)
         except BaseException:
+            if self.disk is not None:
+                self.disk.close()
             self.pinner.stop()
             self.backend.close()
             self.segments.unlink_all()
             raise
         self.dispatcher.disk = self.disk
+        self.dispatcher.remote = self.remote
+        if self.remote is not None:
+            self.remote.lookups.answer = self.dispatcher.answer_lookup
         self.is_stopping = False
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
@@ -150,9 +159,14 @@ class EngineServer:
                 self._take_pinned()
             if self.disk is not None:
                 self.disk.spill()
+            if self.remote is not None:
+                self.remote.publish()
         did_work = self._drain_rings()
         if self.disk is not None and self.disk.num_inflight and self.disk.poll():
             self.dispatcher.resume_parked_loads(now)
+            did_work = True
+        if self.remote is not None and self.remote.has_work() and self.remote.poll(now):
+            self.dispatcher.resume_parked_loads(now)  # (a fetch may have ended)
             did_work = True
         if self.dispatcher.pending:  # only copies in flight can finish
             for done in self.backend.poll():
@@ -173,6 +187,8 @@ class EngineServer:
             deadline = now + UNATTENDED_SLEEP_S
         if any(c.backlog for c in self.table.attached):
             deadline = min(deadline, now + HELD_BACK_POLL_S)  # reading answers rings no doorbell
+        if self.remote is not None:  # a LOOKUP waiting on the remote store is answered at its deadline
+            deadline = min(deadline, self.remote.lookups.next_deadline())
         # No spin first: serve_forever has spun for idle_spin_s before calling this.
         if sleep_until(self._has_submissions, self.doorbell, deadline):
             self._next_claim_check = 0.0
@@ -183,6 +199,7 @@ class EngineServer:
         # held back for its unread answers has no command taken meanwhile (else: a spin).
         return (self.is_stopping or self.segments.has_claims() or (
             self.disk is not None and self.disk.store.has_results()) or (
+            self.remote is not None and self.remote.workers.has_results()) or (
             self._is_pinning and self.pinner.progress is not self._pin_seen) or any(
             (c.backlog and c.completions.has_room())
             or (c.submissions.is_ready() and len(c.backlog) < MAX_UNREAD_ANSWERS)
@@ -272,6 +289,7 @@ class EngineServer:
         for client, rec in self.dispatcher.transfers.parked.take_all():  # waiting for disk reads
             self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
         is_disk_stopped = self.disk is None or self.disk.close()  # its I/O uses the pool's pages
+        is_disk_stopped = (self.remote is None or self.remote.close()) and is_disk_stopped
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
         while self.backend.num_inflight() and time.monotonic() < deadline:
             for done in self.backend.poll():
@@ -284,7 +302,7 @@ class EngineServer:
         if not pinner_stopped or not is_disk_stopped:  # a thread may still use the pool: leave it to the exit
             logger.error("engine %r: the pool's %s thread is still running; the pool stays "
                          "mapped until the process exits", self.config.name,
-                         "pinning" if not pinner_stopped else "disk I/O")
+                         "pinning" if not pinner_stopped else "disk or remote I/O")
             self.segments.unlink_all(release_pool=False)
             return
         self.backend.close()

@@ -62,6 +62,22 @@ METRICS = {
     "disk_evictions": (True, "blocks evicted from the disk tier to make room"),
     "lookup_disk_blocks": (True, "blocks LOOKUPs found on disk (read into the pool for the LOAD)"),
     "disk_late_loads": (True, "LOADs answered MISSING_BLOCK after waiting too long for disk reads"),
+    "remote_enabled": (False, "1 with a remote tier (--remote), else 0"),
+    "remote_blocks_put": (True, "blocks published from the pool to the remote store"),
+    "remote_bytes_put": (True, "bytes published to the remote store"),
+    "remote_put_ns": (True, "nanoseconds spent publishing to the remote store (summed over batches)"),
+    "remote_put_failures": (True, "blocks the remote store refused or failed to take"),
+    "remote_puts_dropped": (True, "blocks not published: the remote tier's queue was full"),
+    "remote_lookups": (True, "LOOKUPs whose local prefix ended short and asked the remote store"),
+    "remote_lookup_ns": (True, "nanoseconds of the remote store's answers to those LOOKUPs (summed)"),
+    "lookup_remote_blocks": (True, "blocks LOOKUPs found in the remote store (fetched into the pool)"),
+    "remote_blocks_fetched": (True, "blocks fetched from the remote store, checked and READY"),
+    "remote_bytes_fetched": (True, "bytes fetched from the remote store"),
+    "remote_fetch_ns": (True, "nanoseconds spent fetching from the remote store (summed over batches)"),
+    "remote_fetch_failures": (True, "blocks that could not be fetched (gone mid-fetch, store errors): misses"),
+    "remote_checksum_failures": (True, "fetched blocks whose length or checksum was wrong: misses, never served"),
+    "remote_lookup_timeouts": (True, "LOOKUPs answered without the remote store: it was slow or unreachable"),
+    "remote_errors": (True, "remote store calls that failed (unreachable master, RPC errors)"),
 }
 
 

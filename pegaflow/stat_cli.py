@@ -49,6 +49,7 @@ def format_once(s: dict) -> str:
              f"{s['pool_blocks_used']} blocks, {s['evictions']} evictions",
              *pool_ready_lines(s),
              *disk_lines(s),
+             *remote_lines(s),
              f"saved   {s['blocks_saved']} blocks ({format_size(s['bytes_saved'])}), "
              f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped",
              f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
@@ -85,6 +86,21 @@ def disk_lines(s: dict) -> list[str]:
             f"thread), read back {s['disk_blocks_read']} ({_gbps(s['disk_bytes_read'], s['disk_read_ns'])} "
             f"per thread); {s['disk_checksum_failures']} corrupt, {s['disk_io_errors']} I/O errors, "
             f"{s['disk_writes_refused']} writes refused (no room)"]
+
+
+def remote_lines(s: dict) -> list[str]:
+    """The remote tier, if the engine has one: what it published, found and fetched."""
+    if not s["remote_enabled"]:
+        return []
+    num_lookups = s["remote_lookups"]
+    lookup_ms = f"{s['remote_lookup_ns'] / num_lookups / 1e6:.1f} ms" if num_lookups else "-"
+    return [f"remote  put {s['remote_blocks_put']} ({format_size(s['remote_bytes_put'])}, "
+            f"{_gbps(s['remote_bytes_put'], s['remote_put_ns'])}), {s['remote_put_failures']} failed, "
+            f"{s['remote_puts_dropped']} dropped; {num_lookups} lookups asked it (mean {lookup_ms}), "
+            f"{s['lookup_remote_blocks']} blocks found, fetched {s['remote_blocks_fetched']} "
+            f"({format_size(s['remote_bytes_fetched'])}, {_gbps(s['remote_bytes_fetched'], s['remote_fetch_ns'])}); "
+            f"{s['remote_checksum_failures']} corrupt, {s['remote_fetch_failures']} failed, "
+            f"{s['remote_lookup_timeouts']} lookups past its deadline, {s['remote_errors']} store errors"]
 
 
 def pool_ready_lines(s: dict) -> list[str]:

@@ -228,6 +228,15 @@ _STATS_COUNTERS = [
     "disk_blocks_read", "disk_bytes_read", "disk_read_ns",
     "disk_checksum_failures", "disk_io_errors", "disk_writes_refused", "disk_evictions",
     "lookup_disk_blocks", "disk_late_loads",
+    # the remote tier (all 0 without one): blocks published to the store and fetched back,
+    # their bytes and time (summed over batches), put failures and puts dropped for a full
+    # queue, lookups that asked the store and the blocks it held, fetched blocks found
+    # corrupt or gone mid-fetch (each a miss), lookups answered past the store's deadline
+    # or while it was unreachable, and store calls that failed
+    "remote_enabled", "remote_blocks_put", "remote_bytes_put", "remote_put_ns", "remote_put_failures",
+    "remote_puts_dropped", "remote_lookups", "remote_lookup_ns", "lookup_remote_blocks",
+    "remote_blocks_fetched", "remote_bytes_fetched", "remote_fetch_ns", "remote_fetch_failures",
+    "remote_checksum_failures", "remote_lookup_timeouts", "remote_errors",
 ]
 NUM_OPCODE_COUNTERS = 16
 NUM_STATUS_COUNTERS = 16

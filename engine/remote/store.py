@@ -1,0 +1,79 @@
+"""The remote store's client: the few Mooncake Store calls the tier makes, behind one small
+class (a test's fake store has the same five methods).
+
+    put(names, ptrs, sizes)   -> one code per object: 0 stored (or already there), < 0 failed
+    get(names, ptrs, sizes)   -> one code per object: its length fetched, < 0 failed/missing
+    remove(names)             -> one code per object
+    register(ptr, size)       memory the calls read from or write into, once each
+    close()
+
+Every call blocks (a stopped master: up to the store's 30 s RPC timeout), so only the
+tier's worker threads make them.  ``mooncake`` is imported here alone, only with ``--remote
+mooncake``: without the package the engine refuses to start with a RemoteTierError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from pegaflow.errors import RemoteTierError
+
+logger = logging.getLogger(__name__)
+
+LOCAL_BUFFER_BYTES = 16 << 20  # the store's own staging buffer (our calls use registered memory)
+ALREADY_EXISTS = -706  # OBJECT_ALREADY_EXISTS: a put of a block some engine published first
+NOT_FOUND = -704       # OBJECT_NOT_FOUND
+
+
+def local_address(master: str) -> str:
+    """This host's address on the route to ``master`` (host:port): what others reach it at."""
+    host, _, port = master.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, int(port)))  # (UDP: nothing is sent)
+        except OSError as exc:
+            raise RemoteTierError(f"--remote-master {master}: no route ({exc.strerror})") from exc
+        return probe.getsockname()[0]
+
+
+class MooncakeStore:
+    def __init__(self, config) -> None:
+        os.environ.setdefault("GLOG_minloglevel", "1")  # the store's C++ INFO lines: not ours to print
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:
+            raise RemoteTierError(
+                "--remote mooncake needs the mooncake-transfer-engine package (pip install -e "
+                f"'.[remote]', or mooncake-transfer-engine-non-cuda on a host without CUDA): {exc}") from None
+        self.host = config.remote_host or local_address(config.remote_master)
+        self._store = MooncakeDistributedStore()
+        code = self._store.setup(self.host, config.remote_metadata, config.remote_segment_bytes,
+                                 LOCAL_BUFFER_BYTES, config.remote_protocol, config.remote_device,
+                                 config.remote_master)
+        if code != 0:
+            raise RemoteTierError(f"--remote mooncake: the store's setup failed (code {code}): is "
+                                  f"the master at {config.remote_master} and the metadata server at "
+                                  f"{config.remote_metadata} up, and {self.host} this host's address?")
+
+    def register(self, ptr: int, size: int) -> None:
+        code = self._store.register_buffer(ptr, size)
+        if code != 0:
+            raise RemoteTierError(f"--remote mooncake: registering {size} bytes failed (code {code})")
+
+    def put(self, names: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        codes = self._store.batch_put_from(names, ptrs, sizes)
+        return [0 if code == ALREADY_EXISTS else code for code in codes]
+
+    def get(self, names: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        return list(self._store.batch_get_into(names, ptrs, sizes))
+
+    def remove(self, names: list[str]) -> list[int]:
+        """Forced: a block computed from bad data must go even within the store's lease."""
+        return list(self._store.batch_remove(names, True))
+
+    def close(self) -> None:
+        code = self._store.close()
+        if code != 0:
+            logger.warning("remote store: close answered code %d", code)
