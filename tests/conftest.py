@@ -71,9 +71,10 @@ class EngineUnderTest(EngineProcess):
     """A test's engine: its stats segment read directly, a stop that fails the test if the
     engine does not exit, and whether a non-zero exit is expected."""
 
-    def __init__(self, name: str, stderr_path: Path, *, pool_size: str = "64MiB", **flags):
+    def __init__(self, name: str, stderr_path: Path, *, pool_size: str = "64MiB",
+                 prefix: tuple[str, ...] = (), **flags):
         super().__init__(name, *engine_flags(**flags), backend="host", pool_size=pool_size,
-                         log_level="INFO", stderr_path=stderr_path, wait=False)
+                         log_level="INFO", stderr_path=stderr_path, wait=False, prefix=prefix)
         self.is_clean_exit_expected = True
         self._stats_segment: shm.Segment | None = None
 

@@ -30,10 +30,11 @@ class EngineStartError(RuntimeError):
 class EngineProcess:
     def __init__(self, name: str | None = None, *extra_args: str, backend: str = "host",
                  pool_size: str = "256MiB", start_timeout_s: float = 30.0, log_level: str = "WARNING",
-                 stderr_path: Path | None = None, wait: bool = True):
+                 stderr_path: Path | None = None, wait: bool = True, prefix: tuple[str, ...] = ()):
         self.name = name or f"tool{os.getpid()}"
         self.stderr_path = stderr_path  # None: the engine's log goes to our stderr
-        args = [sys.executable, "-m", "engine", "--name", self.name, "--backend", backend,
+        # prefix: a command that execs the engine (e.g. ``ip netns exec NS``: its pid stays the engine's)
+        args = [*prefix, sys.executable, "-m", "engine", "--name", self.name, "--backend", backend,
                 "--pool-size", pool_size, "--log-level", log_level, *extra_args]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         stderr = open(stderr_path, "wb") if stderr_path is not None else None

@@ -40,7 +40,7 @@ def local_address(master: str) -> str:
 
 class MooncakeStore:
     def __init__(self, config) -> None:
-        os.environ.setdefault("GLOG_minloglevel", "1")  # the store's C++ INFO lines: not ours to print
+        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")  # the store's own INFO lines: not the engine's log
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as exc:
