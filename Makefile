@@ -6,13 +6,30 @@ PY := $(VENV)/bin/python
 ENGINE_ARGS ?=
 NAME ?= $(or $(PEGAFLOW_NAME),pegaflow)
 
-.PHONY: install test lint test-gpu run-engine smoke stat bench-ipc clean
+.PHONY: install system-libs test lint test-gpu run-engine smoke stat bench-ipc clean
 
-# One command installs everything, vLLM included, into $(VENV).
-install:
+# The Debian libraries the remote tier's Mooncake client links against, and iproute2 for the
+# tests' network namespaces.
+REMOTE_DEBS := libibverbs1 librdmacm1 liburing2 libnl-3-200 libnl-route-3-200 libnuma1 libcurl4 iproute2
+
+# One command installs everything, vLLM and the remote tier's client included, into $(VENV).
+install: system-libs
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e '.[test,remote]'
+
+# Installs (as root, with apt-get) those of REMOTE_DEBS that are missing; elsewhere it says
+# what to install and goes on (the remote tier's tests then skip, saying why).
+system-libs:
+	@missing=""; for deb in $(REMOTE_DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$deb 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$deb"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "system libraries: all there"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then echo "not a Debian host: install$$missing for the remote tier"; \
+	elif [ "$$(id -u)" != 0 ]; then echo "not root: run sudo apt-get install -y$$missing for the remote tier"; \
+	else DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing || \
+	  echo "apt-get failed: install$$missing for the remote tier"; fi
 
 # The CI test command: the lint gate, then the tests (GPU tests skip themselves where CUDA
 # is absent).
