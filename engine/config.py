@@ -71,7 +71,7 @@ class EngineConfig:
     remote_host: str = ""  # the address other hosts reach this engine at (empty: the one routed to the master)
     remote_segment_bytes: int = 1 << 30  # memory this engine contributes to the store
     remote_publish: str = "all"
-    remote_timeout_s: float = 0.05  # a LOOKUP's remote existence check, at most
+    remote_timeout_s: float = 0.04  # a LOOKUP's remote existence check, at most
 
     def __post_init__(self) -> None:
         check_engine_name(self.name)
@@ -262,9 +262,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("remote-publish", "remote_publish", "all", "which blocks go to the remote store: all "
            "(every block once READY in the pool) or reused (a block once a lookup hit it: used twice)",
            _choice("remote-publish", REMOTE_PUBLISH)),
-    Option("remote-timeout-ms", "remote_timeout_s", "50", "the most a LOOKUP waits for the remote "
+    Option("remote-timeout-ms", "remote_timeout_s", "40", "the most a LOOKUP waits for the remote "
            "store's answer on which blocks it holds (past it, or with the store unreachable, the "
-           "rest of the prefix is a miss)", lambda text: float(text) / 1e3),
+           "rest of the prefix is a miss); keep it below the connector's lookup_timeout_ms (50)",
+           lambda text: float(text) / 1e3),
     Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True)),
 )
 

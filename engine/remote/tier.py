@@ -33,7 +33,7 @@ CLOSE_TIMEOUT_S = 2.0
 
 class RemoteTier:
     def __init__(self, store, workers: RemoteWorkers, index: BlockIndex, stats: StatsWriter,
-                 publish: str = "all", timeout_s: float = 0.05) -> None:
+                 publish: str = "all", timeout_s: float = 0.04) -> None:
         self.store, self.workers, self.index, self.stats = store, workers, index, stats
         self.is_reused_only = publish == "reused"
         self.lookups = RemoteLookups(workers, index, stats, timeout_s)
