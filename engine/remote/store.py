@@ -42,13 +42,14 @@ class MooncakeStore:
     def __init__(self, config) -> None:
         os.environ.setdefault("MC_LOG_LEVEL", "WARNING")  # the store's own INFO lines: not the engine's log
         try:
-            from mooncake.store import MooncakeDistributedStore
+            from mooncake.store import MooncakeDistributedStore, ReplicateConfig
         except ImportError as exc:
             raise RemoteTierError(
                 "--remote mooncake needs the mooncake-transfer-engine package (pip install -e "
                 f"'.[remote]', or mooncake-transfer-engine-non-cuda on a host without CUDA): {exc}") from None
         self.host = config.remote_host or local_address(config.remote_master)
         self._store = MooncakeDistributedStore()
+        self._replicas = ReplicateConfig()
         code = self._store.setup(self.host, config.remote_metadata, config.remote_segment_bytes,
                                  LOCAL_BUFFER_BYTES, config.remote_protocol, config.remote_device,
                                  config.remote_master)
@@ -57,13 +58,16 @@ class MooncakeStore:
                                   f"the master at {config.remote_master} and the metadata server at "
                                   f"{config.remote_metadata} up, and {self.host} this host's address?")
 
+        if config.remote_segment_bytes:  # its blocks in its own segment: a put is a local copy,
+            self._replicas.preferred_segment = self._store.get_hostname()  # and they go with it
+
     def register(self, ptr: int, size: int) -> None:
         code = self._store.register_buffer(ptr, size)
         if code != 0:
             raise RemoteTierError(f"--remote mooncake: registering {size} bytes failed (code {code})")
 
     def put(self, names: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
-        codes = self._store.batch_put_from(names, ptrs, sizes)
+        codes = self._store.batch_put_from(names, ptrs, sizes, self._replicas)
         return [0 if code == ALREADY_EXISTS else code for code in codes]
 
     def get(self, names: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
