@@ -188,3 +188,14 @@ def test_stat_cli_once_shows_how_fast_lookups_were_answered(engine):
         client.close()
     once = _stat("--once", "--name", engine.name)
     assert once.returncode == 0 and "answered within" in once.stdout and "lookup p50" in once.stdout
+
+
+def test_stat_cli_remote_line_only_with_a_remote_tier():
+    from pegaflow.stat_cli import remote_lines
+    from pegaflow.wire import STATS_COUNTER_NAMES
+    stats = dict.fromkeys(STATS_COUNTER_NAMES, 0)
+    assert remote_lines(stats) == []
+    stats.update(remote_enabled=1, remote_blocks_put=10, remote_bytes_put=10 << 21, remote_put_ns=10**7,
+                 remote_lookups=2, remote_lookup_ns=4 * 10**6, lookup_remote_blocks=8, remote_checksum_failures=1)
+    [line] = remote_lines(stats)
+    assert line.startswith("remote  put 10") and "2 lookups asked it (mean 2.0 ms)" in line and "1 corrupt" in line
