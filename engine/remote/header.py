@@ -1,23 +1,25 @@
-"""What the remote store holds per block: its data object (the pool entry's bytes, put and
-fetched in place) and a 64-byte header object beside it, under two names::
+"""What the remote store holds per block, under two names::
 
-    pegaflow/<namespace:016x>/<key hex>        the entry's bytes, nothing added
-    pegaflow/<namespace:016x>/<key hex>/h      HEADER below
+    pegaflow/<namespace:016x>/<key hex>        the entry's bytes, then HEADER (64 bytes)
+    pegaflow/<namespace:016x>/<key hex>/h      HEADER alone
 
     offset  field        what
     0       magic        b"PFRB"
     4       version      HEADER_VERSION
     6       num_layers   the entry's layers (all of them are in: only READY blocks are put)
-    8       entry_bytes  the data object's length
-    16      checksum     xxh3_64 of the data object
+    8       entry_bytes  the entry's length (the data object is 64 bytes longer)
+    16      checksum     xxh3_64 of the entry's bytes
     24      namespace    the key's namespace (checked on fetch, with key_digest)
     32      key_digest   xxh3_64 of the key's hash bytes
     40      (zero)
 
-A lookup fetches the headers of the keys after its local prefix (one batched call: the
-existence check, which also tells each block's size); the data object is fetched into a
-reserved pool entry and its length and checksum compared with the header's before the
-entry is READY.  The header is put after its data, so a header names data that was put.
+The data object is put from two places at once, the pool entry in place and the header
+from the publish thread's registered slots, and fetched the same way (the entry straight
+into a reserved pool entry): its header travels with the bytes it vouches for.  A lookup
+asks the master which data objects exist (one RPC for all the keys after its local prefix)
+and reads the header object of the first only, for the run's block size; each fetched
+block's own header is checked (key, length, checksum) before the entry is READY.  The
+header object is put after its data object.
 """
 
 from __future__ import annotations

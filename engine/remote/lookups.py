@@ -1,10 +1,10 @@
 """A LOOKUP continued through the remote store, on the engine's thread::
 
     start(client, rec, keys, num_hits, lease_id)   the local prefix ended on a key the pool
-            lacks: ask the store for the headers of the keys after it (a query) and leave
+            lacks: ask the store which keys after it it holds (a query) and leave
             the LOOKUP unanswered (its client's ``num_inflight`` counts it meanwhile)
-    on_query(done)      the headers are back: a pool entry is reserved for the run of keys
-            the store holds (one block size, the first key's), their fetch starts, the
+    on_query(done)      the store said which keys it holds: a pool entry is reserved for
+            the run of them (one block size, the first key's), their fetch starts, the
             lease is extended over them (pinned, ``is_promoting``, counted in its
             ``num_disk``: a LOAD of it waits for the fetch) and the LOOKUP is answered
     expire(now)         a LOOKUP whose query is not back by its deadline is answered with
@@ -105,7 +105,7 @@ class RemoteLookups:
         self.stats.add("remote_lookup_ns", done.elapsed_ns)
         if done.num_errors:
             self.stats.add("remote_errors", done.num_errors)
-            self._degraded("failed %d of a lookup's %d header reads" % (done.num_errors, len(done.results)))
+            self._degraded("failed %d of a lookup's %d existence checks" % (done.num_errors, len(done.results)))
         elif self.is_degraded:
             self.is_degraded = False
             logger.info("remote store answers again")
@@ -118,9 +118,9 @@ class RemoteLookups:
             num_fetched, lease_id = self._fetch(lookup, run)
         self._answer(lookup, lookup.num_hits + num_fetched, lease_id)
 
-    def _fetch(self, lookup: PendingLookup, run: list[tuple[Key, tuple[int, int, int]]]) -> tuple[int, int]:
+    def _fetch(self, lookup: PendingLookup, run: list[tuple[Key, tuple[int, int]]]) -> tuple[int, int]:
         """Reserve, pin and start fetching ``run``; (how many started, the lease's id)."""
-        (entry_bytes, num_layers, _), index = run[0][1], self.index
+        (entry_bytes, num_layers), index = run[0][1], self.index
         keys = [key for key, _ in run]
         entries = index.reserve_many(keys, entry_bytes, num_layers, ORPHAN)
         started = []
@@ -139,7 +139,7 @@ class RemoteLookups:
             entry.refs += 1  # the lease's
         token = next(self._tokens)
         self.workers.submit(RemoteJob(Kind.FETCH, token, keys, [e.offset for e in started],
-                                      [entry_bytes] * len(started), [meta[2] for _, meta in run[:len(started)]]))
+                                      [entry_bytes] * len(started)))
         self._fetches[token] = (keys, started)
         self.stats.add("lookup_remote_blocks", len(started))
         lease_id = index.extend_lease(lookup.lease_id, lookup.client.slot, lookup.client.instance, keys, started)
@@ -179,15 +179,14 @@ class RemoteLookups:
                            "and remote_errors) until it answers again", what)
 
 
-def _leading_run(keys: list[Key], headers: list, slab_bytes: int) -> list[tuple[Key, tuple[int, int, int]]]:
-    """The keys the store holds from the first on, of the first one's size, within
-    MAX_FETCH_BYTES: (key, (entry_bytes, num_layers, checksum)) each."""
+def _leading_run(keys: list[Key], held: list, slab_bytes: int) -> list[tuple[Key, tuple[int, int]]]:
+    """The keys the store holds from the first on, within MAX_FETCH_BYTES and a pool entry's
+    size: (key, (entry_bytes, num_layers)) each (all the first one's size: a block of
+    another size fails its fetch, a miss)."""
     run, num_bytes = [], 0
-    for key, meta in zip(keys, headers):
-        if meta is None or meta[:2] != (headers[0] or meta)[:2] or num_bytes + meta[0] > MAX_FETCH_BYTES:
+    for key, meta in zip(keys, held):
+        if meta is None or num_bytes + meta[0] > MAX_FETCH_BYTES or not 0 < meta[0] <= slab_bytes or meta[1] < 1:
             break
-        if not 0 < meta[0] <= slab_bytes or meta[1] < 1:
-            break  # no pool entry can hold it
         run.append((key, meta))
         num_bytes += meta[0]
     return run

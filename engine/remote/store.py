@@ -1,8 +1,10 @@
 """The remote store's client: the few Mooncake Store calls the tier makes, behind one small
-class (a test's fake store has the same five methods).
+class (a test's fake store has the same methods).
 
     put(names, ptrs, sizes)   -> one code per object: 0 stored (or already there), < 0 failed
     get(names, ptrs, sizes)   -> one code per object: its length fetched, < 0 failed/missing
+    put_parts / get_parts     the same, each object from (into) several buffers, in order
+    exists(names)             -> one code per object: 1 held, 0 not, < 0 the call failed
     remove(names)             -> one code per object
     register(ptr, size)       memory the calls read from or write into, once each
     close()
@@ -72,6 +74,16 @@ class MooncakeStore:
 
     def get(self, names: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
         return list(self._store.batch_get_into(names, ptrs, sizes))
+
+    def put_parts(self, names: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        codes = self._store.batch_put_from_multi_buffers(names, ptrs, sizes, self._replicas)
+        return [0 if code == ALREADY_EXISTS else code for code in codes]
+
+    def get_parts(self, names: list[str], ptrs: list[list[int]], sizes: list[list[int]]) -> list[int]:
+        return list(self._store.batch_get_into_multi_buffers(names, ptrs, sizes))
+
+    def exists(self, names: list[str]) -> list[int]:
+        return list(self._store.batch_is_exist(names))
 
     def remove(self, names: list[str]) -> list[int]:
         """Forced: a block computed from bad data must go even within the store's lease."""

@@ -1,8 +1,11 @@
 """The remote tier's threads, one per kind of store call, so that none waits behind another:
 
-    query    a lookup's existence check: the headers of the keys after its local prefix
-    fetch    data objects into reserved pool entries, each length and checksum checked
-    publish  READY blocks' data straight from their pool pages, then their headers
+    query    a lookup's existence check: which keys after its local prefix the store holds
+             (one RPC to the master), and the first one's header (its block size)
+    fetch    data objects into reserved pool entries (their headers into the thread's
+             slots), each block's key, length and checksum checked
+    publish  READY blocks' data straight from their pool pages with their headers, then
+             the header objects
 
 Each queues a RemoteDone for the engine's thread (``take_results``) and rings ``wake``.
 Nothing here touches the index.  The publish queue is bounded: ``try_publish`` refuses
@@ -53,7 +56,6 @@ class RemoteJob:
     keys: list[Key]
     offsets: list[int] = field(default_factory=list)  # pool offsets (fetch, put)
     sizes: list[int] = field(default_factory=list)
-    checksums: list[int] = field(default_factory=list)  # a fetch's expected ones
     num_layers: int = 0  # a put's
 
 
@@ -61,7 +63,7 @@ class RemoteJob:
 class RemoteDone:
     kind: Kind
     tokens: list[int]
-    results: list  # query: header tuples or None; fetch: FetchStatus; put: bool
+    results: list  # query: (entry_bytes, num_layers) or None per key; fetch: FetchStatus; put: bool
     num_bytes: int
     elapsed_ns: int
     num_errors: int  # calls or objects that failed for the store's sake (not a plain miss)
@@ -71,7 +73,8 @@ class RemoteWorkers:
     def __init__(self, store, pool: np.ndarray, wake: Callable[[], None] | None = None) -> None:
         self.store, self.pool, self._wake = store, pool, wake
         self._pool_ptr = pool.ctypes.data
-        self._headers = {Kind.QUERY: np.zeros(MAX_QUERY_BLOCKS * header.HEADER_BYTES, np.uint8),
+        self._headers = {Kind.QUERY: np.zeros(header.HEADER_BYTES, np.uint8),
+                         Kind.FETCH: np.zeros(MAX_QUERY_BLOCKS * header.HEADER_BYTES, np.uint8),
                          Kind.PUT: np.zeros(MAX_PUT_BATCH * header.HEADER_BYTES, np.uint8)}
         for buffer in self._headers.values():
             store.register(buffer.ctypes.data, buffer.nbytes)
@@ -160,43 +163,51 @@ class RemoteWorkers:
 
     def _query(self, batch: list[RemoteJob]) -> RemoteDone:
         job = batch[0]
-        keys, buffer = job.keys[:MAX_QUERY_BLOCKS], self._headers[Kind.QUERY]
-        size, base = header.HEADER_BYTES, buffer.ctypes.data
-        codes = self.store.get([header.header_name(k) for k in keys], [base + i * size for i in range(len(keys))],
-                               [size] * len(keys))
-        results = [header.read_header(buffer[i * size:(i + 1) * size], key) if code == size else None
-                   for i, (key, code) in enumerate(zip(keys, codes))]
-        num_errors = sum(code < 0 and code != NOT_FOUND for code in codes)
-        return RemoteDone(Kind.QUERY, [job.token], results, len(keys) * size, 0, num_errors)
+        keys, slot = job.keys[:MAX_QUERY_BLOCKS], self._headers[Kind.QUERY]
+        held = self.store.exists([header.data_name(k) for k in keys])
+        num_errors = sum(code < 0 for code in held)
+        num_held = next((i for i, code in enumerate(held) if code != 1), len(held))
+        results: list = [None] * len(keys)
+        if num_held:  # the run's block size: the first one's header object says
+            code = self.store.get([header.header_name(keys[0])], [slot.ctypes.data], [header.HEADER_BYTES])[0]
+            meta = header.read_header(slot, keys[0]) if code == header.HEADER_BYTES else None
+            num_errors += code < 0 and code != NOT_FOUND
+            if meta is not None:
+                results[:num_held] = [meta[:2]] * num_held
+        return RemoteDone(Kind.QUERY, [job.token], results, header.HEADER_BYTES, 0, num_errors)
 
     def _fetch(self, batch: list[RemoteJob]) -> RemoteDone:
-        job, pool = batch[0], self.pool
-        codes = self.store.get([header.data_name(k) for k in job.keys], [self._pool_ptr + o for o in job.offsets],
-                               job.sizes)
+        job, pool, slots, size = batch[0], self.pool, self._headers[Kind.FETCH], header.HEADER_BYTES
+        base = slots.ctypes.data
+        codes = self.store.get_parts([header.data_name(k) for k in job.keys],
+                                     [[self._pool_ptr + o, base + i * size] for i, o in enumerate(job.offsets)],
+                                     [[n, size] for n in job.sizes])
         results, num_bytes = [], 0
-        for offset, size, expected, code in zip(job.offsets, job.sizes, job.checksums, codes):
+        for i, (key, offset, num, code) in enumerate(zip(job.keys, job.offsets, job.sizes, codes)):
+            meta = header.read_header(slots[i * size:(i + 1) * size], key) if code == num + size else None
             if code < 0:
                 results.append(FetchStatus.FAILED)
-            elif code != size or header.checksum(pool[offset:offset + size]) != expected:
+            elif meta is None or meta[0] != num or header.checksum(pool[offset:offset + num]) != meta[2]:
                 results.append(FetchStatus.CORRUPT)
             else:
                 results.append(FetchStatus.OK)
-                num_bytes += size
+                num_bytes += num
         num_errors = sum(code < 0 and code != NOT_FOUND for code in codes)
         return RemoteDone(Kind.FETCH, [job.token], results, num_bytes, 0, num_errors)
 
     def _put(self, batch: list[RemoteJob]) -> RemoteDone:
-        pool, headers, size = self.pool, self._headers[Kind.PUT], header.HEADER_BYTES
+        pool, slots, size = self.pool, self._headers[Kind.PUT], header.HEADER_BYTES
+        base = slots.ctypes.data
         for i, job in enumerate(batch):
             offset, num_bytes = job.offsets[0], job.sizes[0]
-            header.write_header(headers[i * size:(i + 1) * size], job.keys[0], num_bytes, job.num_layers,
+            header.write_header(slots[i * size:(i + 1) * size], job.keys[0], num_bytes, job.num_layers,
                                 header.checksum(pool[offset:offset + num_bytes]))
-        codes = self.store.put([header.data_name(j.keys[0]) for j in batch],
-                               [self._pool_ptr + j.offsets[0] for j in batch], [j.sizes[0] for j in batch])
-        stored = [i for i, code in enumerate(codes) if code == 0]  # a header only after its data
+        codes = self.store.put_parts([header.data_name(j.keys[0]) for j in batch],
+                                     [[self._pool_ptr + j.offsets[0], base + i * size] for i, j in enumerate(batch)],
+                                     [[j.sizes[0], size] for j in batch])
+        stored = [i for i, code in enumerate(codes) if code == 0]  # a header object only after its data
         head_codes = self.store.put([header.header_name(batch[i].keys[0]) for i in stored],
-                                    [headers.ctypes.data + i * size for i in stored], [size] * len(stored)) \
-            if stored else []
+                                    [base + i * size for i in stored], [size] * len(stored)) if stored else []
         is_ok = [False] * len(batch)
         for i, code in zip(stored, head_codes):
             is_ok[i] = code == 0
