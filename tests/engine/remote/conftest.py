@@ -9,6 +9,8 @@ it back.  Each test that needs the package skips without it, saying how to insta
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from tools.remote_hosts import HostsError, MasterProcess, mooncake_master_binary
@@ -31,6 +33,8 @@ def two_hosts():
     _require_mooncake()
     with make_two_hosts() as hosts:
         print(f"\nremote tier tests: {hosts.note}")
+        if not hosts.is_netns:  # (in the summary even under -q)
+            warnings.warn(f"remote tier tests: {hosts.note}", stacklevel=1)
         yield hosts
 
 
