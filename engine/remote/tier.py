@@ -5,8 +5,9 @@ threads of ``workers.py``; lookups through the store: ``lookups.py``)::
                         are queued for publishing; a block fetched from the store is not
     note_hits(lease)    (``reused``) a lookup hit these blocks: used twice, they are queued
     publish()           the queued blocks go to the publish thread, each pinned until its
-                        put ends (the put reads its pool pages in place); past the thread's
-                        bounded queue they are dropped, counted
+                        put ends (the put reads its pool pages in place), while it has room
+                        and they pin at most 1/8 of the pool; past a bounded backlog the
+                        oldest are dropped, counted
     try_lookup(...)     a LOOKUP whose local prefix ends short asks the store (``lookups.py``)
     poll(now)           finished store calls taken in; LOOKUPs past their deadline answered
     forget(keys)        a DROP: the store's copies go too
@@ -29,6 +30,8 @@ from engine.stats import StatsWriter
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 2.0
+PUT_PINNED_SHARE = 8  # blocks waiting to be put pin at most 1/8 of the pool (eviction needs the rest)
+MAX_FRESH_BLOCKS = 1 << 16  # READY blocks waiting their turn to be published; past it the oldest are dropped
 
 
 class RemoteTier:
@@ -39,6 +42,7 @@ class RemoteTier:
         self.lookups = RemoteLookups(workers, index, stats, timeout_s)
         self._fresh: collections.deque[Key] = collections.deque()
         self._puts: dict[int, tuple[Key, Entry]] = {}
+        self._put_bytes = 0  # of the blocks in ``_puts``, pinned
         self._tokens = itertools.count(1)
         self._num_dropped_logged = 0
         if not self.is_reused_only:
@@ -60,31 +64,39 @@ class RemoteTier:
             self._fresh.extend(key for key, entry in zip(keys, entries) if not entry.is_published)
 
     def publish(self) -> int:
-        """Hand the queued READY blocks to the publish thread; returns how many."""
-        fresh, entries, num_started, num_dropped = self._fresh, self.index.entries, 0, 0
+        """Hand queued READY blocks to the publish thread while it has room (and they pin at
+        most 1/8 of the pool); the rest wait for the next call, past MAX_FRESH_BLOCKS the
+        oldest are dropped, counted.  Returns how many were handed over."""
+        fresh, entries, num_started = self._fresh, self.index.entries, 0
+        room_bytes = self.index.pool.bytes_total // PUT_PINNED_SHARE - self._put_bytes
         while fresh:
             key = fresh.popleft()
             entry = entries.get(key)
             if entry is None or not entry.is_ready or entry.is_published:
                 continue  # evicted or dropped since, fetched from the store, or published
-            token = next(self._tokens)
-            job = RemoteJob(Kind.PUT, token, [key], [entry.offset], [entry.entry_bytes],
+            job = RemoteJob(Kind.PUT, next(self._tokens), [key], [entry.offset], [entry.entry_bytes],
                             num_layers=entry.all_layers_mask.bit_length())
-            if not self.workers.try_publish(job):
-                num_dropped += 1 + len(fresh)  # the thread is behind: these are not published
-                fresh.clear()
+            if entry.entry_bytes > room_bytes or not self.workers.try_publish(job):
+                fresh.appendleft(key)  # the thread is behind: later
                 break
             entry.refs += 1  # its pages stay while the put reads them
             entry.is_published = True
-            self._puts[token] = (key, entry)
+            self._puts[job.token] = (key, entry)
+            self._put_bytes += entry.entry_bytes
+            room_bytes -= entry.entry_bytes
             num_started += 1
-        if num_dropped:
-            self.stats.add("remote_puts_dropped", num_dropped)
-            if not self._num_dropped_logged:
-                logger.warning("remote store: publishing falls behind, %d blocks not published (counted in "
-                               "remote_puts_dropped; logged once)", num_dropped)
-            self._num_dropped_logged += num_dropped
+        if len(fresh) > MAX_FRESH_BLOCKS:
+            self._drop_fresh(len(fresh) - MAX_FRESH_BLOCKS)
         return num_started
+
+    def _drop_fresh(self, num_dropped: int) -> None:
+        for _ in range(num_dropped):
+            self._fresh.popleft()
+        self.stats.add("remote_puts_dropped", num_dropped)
+        if not self._num_dropped_logged:
+            logger.warning("remote store: publishing falls behind, %d blocks not published (counted in "
+                           "remote_puts_dropped; logged once)", num_dropped)
+        self._num_dropped_logged += num_dropped
 
     def try_lookup(self, client, rec, keys: list[Key], num_hits: int, lease_id: int) -> bool:
         return self.lookups.start(client, rec, keys, num_hits, lease_id)
@@ -110,6 +122,7 @@ class RemoteTier:
         stats, num_ok, removed = self.stats, 0, []
         for token, is_ok in zip(done.tokens, done.results):
             key, entry = self._puts.pop(token)
+            self._put_bytes -= entry.entry_bytes
             num_ok += is_ok
             if entry.is_doomed and is_ok:
                 removed.append(key)  # a DROP came while it was put: the store must not keep it

@@ -184,3 +184,16 @@ def test_tier_without_the_package_refuses_to_start(monkeypatch):
     monkeypatch.setitem(sys.modules, "mooncake.store", None)
     with pytest.raises(RemoteTierError, match="mooncake-transfer-engine"):
         MooncakeStore(EngineConfig(remote="mooncake"))
+
+
+def test_tier_publishing_backlog_past_its_pinned_share_waits_not_dropped(hosts, rng):
+    # 100 blocks of 4 KiB at once: more than the 1/8 of the 1 MiB pool that puts may pin;
+    # the rest wait their turn and all are published, none dropped, no pin left behind.
+    store = FakeStore()
+    first = hosts(store)
+    keys = _keys(100)
+    first.save(keys, rng)
+    assert first.tier.publish() == 32
+    first.pump(lambda: first.counter("remote_blocks_put") == 100)
+    assert first.counter("remote_puts_dropped") == 0
+    assert all(first.index.entries[k].refs == 0 for k in keys)
