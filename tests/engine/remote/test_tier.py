@@ -197,3 +197,17 @@ def test_tier_publishing_backlog_past_its_pinned_share_waits_not_dropped(hosts, 
     first.pump(lambda: first.counter("remote_blocks_put") == 100)
     assert first.counter("remote_puts_dropped") == 0
     assert all(first.index.entries[k].refs == 0 for k in keys)
+
+
+def test_tier_block_with_a_layer_missing_is_never_published(hosts, rng):
+    # 1. One layer of two saved: the block is not READY, nothing goes to the store.
+    store = FakeStore()
+    first = hosts(store)
+    key = _keys(1)[0]
+    first.index.reserve_many([key], ENTRY_BYTES, NUM_LAYERS, 0)
+    first.index.mark_layers_done([key], 0b01)
+    assert first.tier.publish() == 0 and not store.objects
+    # 2. Its last layer in: READY, published.
+    first.index.mark_layers_done([key], 0b10)
+    first.pump(lambda: first.counter("remote_blocks_put") == 1)
+    assert data_name(key) in store.objects
