@@ -123,13 +123,15 @@ class RemoteLookups:
         (entry_bytes, num_layers), index = run[0][1], self.index
         keys = [key for key, _ in run]
         entries = index.reserve_many(keys, entry_bytes, num_layers, ORPHAN)
-        started = []
+        started, seen = [], set()
         for entry in entries:
-            if entry is None or entry.refs or entry.pending_mask or entry.done_mask:
-                break  # the pool is full of blocks in use (or the key came in meanwhile)
+            if entry is None or entry.refs or entry.pending_mask or entry.done_mask or id(entry) in seen:
+                break  # the pool is full of blocks in use (or the key came in meanwhile, or repeats)
             started.append(entry)
+            seen.add(id(entry))
         for key, entry in zip(keys[len(started):], entries[len(started):]):
-            if entry is not None and not (entry.refs or entry.pending_mask or entry.done_mask):
+            is_fresh = entry is not None and not (entry.refs or entry.pending_mask or entry.done_mask)
+            if is_fresh and id(entry) not in seen:
                 index.abandon_layers(key, 0)  # reserved here, never fetched: dropped again
         if not started:
             return 0, lookup.lease_id

@@ -211,3 +211,15 @@ def test_tier_block_with_a_layer_missing_is_never_published(hosts, rng):
     first.index.mark_layers_done([key], 0b10)
     first.pump(lambda: first.counter("remote_blocks_put") == 1)
     assert data_name(key) in store.objects
+
+
+def test_tier_lookup_naming_a_block_twice_fetches_it_once(hosts, rng):
+    store = FakeStore()
+    first, second = hosts(store), hosts(store)
+    keys = _keys(2)
+    data = first.save(keys, rng)
+    first.pump(lambda: first.counter("remote_blocks_put") == 2)
+    num_hits, lease_id = second.lookup([keys[0], keys[1], keys[0]])
+    assert num_hits == 2  # (the run stops where it repeats)
+    second.pump(lambda: not second.index.is_promoting(lease_id))
+    assert [second.page(k) for k in keys] == data and second.index.entries[keys[0]].refs == 1
