@@ -20,6 +20,9 @@ class ClientState:
     completions: RingProducer
     pid: int = 0
     instance: int = 0  # the vLLM instance it said it serves at ATTACH (0: none)
+    namespace: int = 0  # the namespace it named at ATTACH
+    num_voters: int = 1  # clients that save its namespace's blocks alike (``votes.py``); 1: no voting
+    voter: int = 0       # its index among them
     is_attached: bool = False
     is_detached: bool = False
     pending_detach: int = 0  # request id of a DETACH waiting for copies to end

@@ -2,7 +2,8 @@
 
 Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
 
-    ATTACH(arg=pid)            the handshake after a slot is claimed
+    ATTACH(arg=pid)            the handshake after a slot is claimed (payload: its vLLM
+                               instance, and for a voter how many vote and its index)
     REGISTER(region, layers)   a region of KV memory and where each layer's pages are
     REGISTER_EVENTS(handles)   the client's pool of IPC events (cuda)
     LOOKUP(ns, hashes)         -> value = contiguous READY prefix (on through blocks the disk
@@ -12,6 +13,7 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
                                remote store (a LOAD of them waits for the reads)
     RELEASE(arg=lease)         ends a lease
     SAVE(ns, ids, hashes)      client pages -> pool, ``layer`` or ALL_LAYERS; answered when copied
+                               (a voter's: a tag per block; READY once all voters saved it)
     LOAD(ns, ids, hashes)      pool -> client pages; answered when copied, or when issued if
                                the client's events fence it (``event_index``); with
                                AFTER_CLIENT, copied only after the client's last pool event
@@ -38,6 +40,7 @@ from engine.pending import ANSWERED_LATER, command_keys
 from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers
+from engine.votes import VoterTable
 from pegaflow import shm
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, CommandFlag, Opcode, Status
@@ -61,6 +64,7 @@ class Dispatcher:
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
         self.transfers = Transfers(index, backend, stats, self.reply)
+        self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
         self._handlers = {
@@ -166,8 +170,12 @@ class Dispatcher:
         # ring (the kernel says so) may name itself; a lie would keep or steal a slot.
         if client.ring_name and not shm.maps_segment(rec.arg, client.ring_name):
             raise CommandError(Status.BAD_ARGUMENT, f"pid {rec.arg} does not map this slot's ring")
+        words = payload.view("<u8") if len(payload) in (8, 24) else np.zeros(1, "<u8")
+        if len(words) == 3:  # a voter (wire.py: voting)
+            self.voters.join(rec.namespace, client.slot, int(words[1]), int(words[2]))
+            client.num_voters, client.voter = int(words[1]), int(words[2])
         client.pid, client.is_attached = rec.arg, True
-        client.instance = int(payload.view("<u8")[0]) if len(payload) == 8 else 0
+        client.instance, client.namespace = int(words[0]), rec.namespace
         role = rec.flags if rec.flags in _ROLES else ClientRole.OTHER
         self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role,
                                    rec.layer if role == ClientRole.WORKER else 0, rec.namespace)
@@ -194,6 +202,7 @@ class Dispatcher:
         self.gauges_stale = True
         assert client.num_inflight == 0, "release_client with copies in flight"
         self.index.release_slot(client.slot)
+        self.voters.leave(client.namespace, client.slot)
         self.backend.unregister_client(client.slot)
         client.layers.clear()
         client.groups.clear()

@@ -1,5 +1,5 @@
 """The index's records: an entry (a block's place in the pool, its layers' progress, its
-pins) and a lease (the entries a LOOKUP pinned for the load that follows)."""
+voters' votes, its pins) and a lease (the entries a LOOKUP pinned for the load that follows)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,21 @@ class Entry:
     is_promoting: bool = False  # being read from the disk tier: a LOAD of it waits
     num_hits: int = 0  # lookups that found it (the disk tier's ``reused`` admission)
     is_published: bool = False  # put to the remote tier's store (or on its way, or fetched from it)
+    # Voting (``engine/votes.py``): the tag of the SAVE that reserved it, the voters that
+    # saved it under that tag, and all of theirs (0: no voting, READY once its layers are in).
+    tag: int = 0
+    votes: int = 0
+    all_votes_mask: int = 0
+
+    @property
+    def is_complete(self) -> bool:
+        """Every layer in and every voter's vote: READY unless doomed."""
+        return self.done_mask == self.all_layers_mask and self.votes == self.all_votes_mask
 
     @property
     def is_ready(self) -> bool:
-        return self.done_mask == self.all_layers_mask and not self.is_doomed
+        return self.done_mask == self.all_layers_mask and self.votes == self.all_votes_mask \
+            and not self.is_doomed
 
 
 @dataclass(slots=True)

@@ -1,7 +1,9 @@
 """The block index: ``(namespace, hash)`` -> pool entry, with refcounts and leases.
 
-An entry is WRITING until every layer of it has been copied into the pool, and only
-then READY: lookups and loads see READY entries only.  ``refs`` counts leases and
+An entry is WRITING until every layer of it has been copied into the pool (and, where
+several voters share its namespace, each has voted for it: ``votes.py``), and only
+then READY: lookups and loads see READY entries only; one that never gets there is
+dropped by ``drop_stale_writes``.  ``refs`` counts leases and
 in-flight copies; an entry with refs is never evicted.  Leases are created by LOOKUP,
 pin the contiguous hit prefix, and end on RELEASE, on the LOAD that uses them, when
 their client goes away, or at expiry.
@@ -274,14 +276,14 @@ class BlockIndex:
         ready_keys = [] if self.on_ready is not None else None
         for key in keys:
             entry = entries[key]
-            was_ready = entry.done_mask == entry.all_layers_mask
+            was_ready = entry.is_complete
             entry.pending_mask &= ~mask
             entry.done_mask |= mask
             if entry.is_doomed:  # dropped by a client meanwhile: never served
                 if is_unused(entry):
                     self._drop(key)
                 continue
-            if not was_ready and entry.done_mask == entry.all_layers_mask:
+            if not was_ready and entry.is_complete:
                 policy.insert(key)
                 self.writing.pop(key, None)
                 ready.append(entry)
@@ -289,11 +291,30 @@ class BlockIndex:
                     ready_keys.append(key)
             elif entry.owner_slot == ORPHAN and not entry.pending_mask:
                 self._drop(key)
+        self._announce_ready(ready, ready_keys)
+        return len(ready)
+
+    def mark_voted(self, keys: list[Key]) -> int:
+        """A vote came for ``keys`` (their data in or on its way): those now complete become
+        READY; returns how many."""
+        ready, ready_keys = [], [] if self.on_ready is not None else None
+        for key in keys:
+            entry = self.entries[key]
+            if entry.is_doomed or not entry.is_complete or key not in self.writing:
+                continue
+            self.policy.insert(key)
+            del self.writing[key]
+            ready.append(entry)
+            if ready_keys is not None:
+                ready_keys.append(key)
+        self._announce_ready(ready, ready_keys)
+        return len(ready)
+
+    def _announce_ready(self, ready: list[Entry], ready_keys: list[Key] | None) -> None:
         if ready:  # one block size: reserve_many gives no other
             self.table.ready([e.offset for e in ready], ready[0].entry_bytes)
             if ready_keys is not None:
                 self.on_ready(ready_keys)
-        return len(ready)
 
     def abandon_layers(self, key: Key, mask: int) -> None:
         """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from engine import votes
 from engine.clients import ClientState
 from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
 from engine.entries import Key
@@ -26,6 +27,7 @@ from engine.index import BlockIndex
 from engine.parked_loads import ParkedLoads
 from engine.pending import ANSWERED_LATER, PendingCopy, chunk_bounds, command_keys
 from engine.stats import StatsWriter
+from engine.votes import Vote
 from pegaflow.errors import CommandError, PegaflowError
 from pegaflow.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opcode, Status
 
@@ -81,6 +83,7 @@ class Transfers:
 
     def save(self, client, rec, payload):
         received = time.perf_counter()
+        payload, tags = votes.split_tags(client, rec, payload)
         block_ids, keys, placements, mask = self._blocks(client, rec, payload)
         # All layers (or a group's): one event per layer, in layer order, unless ONE_EVENT
         # fences them all.
@@ -94,20 +97,29 @@ class Transfers:
         with self._answered_on_fault(pending):
             for start, end in chunk_bounds(len(keys)):
                 self._save_chunk(pending, ids[start:end], keys[start:end], placements,
-                                 wait_event, per_layer)
+                                 wait_event, per_layer, None if tags is None else tags[start:end])
         self.stats.add("save_dedup_blocks", pending.num_deduped)
         self.stats.add("save_dropped_blocks", pending.num_dropped)
         return self._seal(pending)
 
     def _save_chunk(self, pending: PendingCopy, ids: list[int], keys: list[Key], placements,
-                    wait_event: int | None, per_layer: bool) -> None:
+                    wait_event: int | None, per_layer: bool, tags: list[int] | None) -> None:
         client, mask = pending.client, pending.layer_mask
         chosen_ids, chosen_keys, offsets = [], [], []
         entries = self.index.reserve_many(keys, client.entry_bytes, client.num_layers, client.slot,
                                           (client.uid, pending.request_id))
-        for block_id, key, entry in zip(ids, keys, entries):
+        voted = None if tags is None else votes.cast_all(self.index, self.stats, client, mask, keys,
+                                                          entries, tags)
+        for i, (block_id, key, entry) in enumerate(zip(ids, keys, entries)):
             if entry is None or entry.is_doomed:  # pool full, or a dropped block still in use
                 pending.num_dropped += 1
+            elif voted is not None and voted[i] is not Vote.USUAL:
+                if voted[i] is Vote.COPY:  # (marked pending already)
+                    chosen_ids.append(block_id)
+                    chosen_keys.append(key)
+                    offsets.append(entry.offset)
+                else:
+                    pending.num_deduped += 1
             elif not mask & ~(entry.done_mask | entry.pending_mask) or mask & entry.pending_mask:
                 # Stored, or on its way from another save.  A save that shares a layer with
                 # one still in flight leaves the block to it: copying that layer twice, the

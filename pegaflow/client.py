@@ -74,16 +74,18 @@ class EngineClient(EngineCommands):
     @classmethod
     def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0,
                 role: ClientRole = ClientRole.OTHER, rank: int = 0,
-                namespace: int = 0, wait_for_start: bool = True, instance: int = 0) -> "EngineClient":
+                namespace: int = 0, wait_for_start: bool = True, instance: int = 0,
+                voters: tuple[int, int] | None = None) -> "EngineClient":
         """Attach; ``role``, ``rank`` and ``namespace`` are shown in the engine's per-client
         stats (``pegaflow-stat``).  ``instance``: the vLLM instance this process serves
         (its scheduler and workers name the same): a lease its LOOKUPs take is used and
-        released only by clients of that instance (0: by any).  An engine still preparing
-        its pool is waited for (within ``timeout_s``), or refused at once without
-        ``wait_for_start``."""
+        released only by clients of that instance (0: by any).  ``voters``: (how many
+        clients save ``namespace``'s blocks alike, this one's index among them), a voter's
+        SAVEs then tag each block (wire.py: voting).  An engine still preparing its pool is
+        waited for (within ``timeout_s``), or refused at once without ``wait_for_start``."""
         client = cls(engine_name, timeout_s)
         try:
-            client._attach(timeout_s, (role, rank, namespace, instance), wait_for_start)
+            client._attach(timeout_s, (role, rank, namespace, instance, voters), wait_for_start)
         except BaseException:
             try:
                 client._abandon_attach()
@@ -105,7 +107,7 @@ class EngineClient(EngineCommands):
             self._control.close()
             self._control = None
 
-    def _attach(self, timeout_s: float, identity: tuple[int, int, int, int], wait_for_start: bool) -> None:
+    def _attach(self, timeout_s: float, identity: tuple, wait_for_start: bool) -> None:
         deadline = time.monotonic() + timeout_s  # one for the whole attach
         self._control, header = open_control(self.engine_name, deadline if wait_for_start else None)
         self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
@@ -136,8 +138,9 @@ class EngineClient(EngineCommands):
         self._arena = PayloadArena(view.arena, self._producer)
         self._view = view
         self.is_closed = False
-        role, rank, namespace, instance = identity
-        self.call(Opcode.ATTACH, payload=[np.array([instance], dtype="<u8")], arg=os.getpid(),
+        role, rank, namespace, instance, voters = identity
+        words = [instance] if voters is None else [instance, *voters]
+        self.call(Opcode.ATTACH, payload=[np.array(words, dtype="<u8")], arg=os.getpid(),
                   flags=int(role), layer=rank, namespace=namespace, timeout_s=timeout_s)
         logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
 

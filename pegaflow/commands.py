@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pegaflow.completion import LookupResult, checked
-from pegaflow.wire import ALL_LAYERS, BLOCK_ID, NO_EVENT, CommandFlag, Opcode, encode_hashes
+from pegaflow.wire import ALL_LAYERS, BLOCK_ID, NO_EVENT, TAG, CommandFlag, Opcode, encode_hashes
 
 _PING = Opcode.PING
 
@@ -49,15 +49,20 @@ class EngineCommands:
 
     def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
-                    one_event: bool = False, group: int | None = None) -> int:
+                    one_event: bool = False, group: int | None = None, tags=None) -> int:
         """``one_event``: every layer's copy waits for ``event_index`` alone (else, for all
         layers, layer k waits for ``event_index + k``).  ``group``: only that KV cache
-        group's layers (its k-th layer waits for ``event_index + k``), instead of ``layer``."""
+        group's layers (its k-th layer waits for ``event_index + k``), instead of ``layer``.
+        ``tags``: a voter's (one u64 per block, wire.py: voting)."""
         ids = np.asarray(block_ids, dtype=BLOCK_ID)
         flags = CommandFlag.ONE_EVENT if one_event else CommandFlag.NONE
         if group is not None:
             flags, layer = flags | CommandFlag.LAYER_GROUP, group
-        return self.submit(Opcode.SAVE, payload=[ids, _records(hashes)], num_items=len(ids),
+        payload = [ids, _records(hashes)]
+        if tags is not None:
+            flags |= CommandFlag.VOTE_TAGS
+            payload.append(np.asarray(tags, dtype=TAG))
+        return self.submit(Opcode.SAVE, payload=payload, num_items=len(ids),
                            namespace=namespace, layer=layer, event_index=event_index,
                            flags=int(flags))
 

@@ -34,6 +34,10 @@ METRICS = {
     "bytes_loaded": (True, "bytes of KV copied from the pool by LOADs"),
     "save_dedup_blocks": (True, "blocks a SAVE offered that the pool held already (or had on their way)"),
     "save_dropped_blocks": (True, "blocks a SAVE offered that the pool could not take (full of pinned blocks)"),
+    "save_votes": (True, "blocks a voter's SAVE vouched for without copying them (one stored copy "
+                         "of KV that several TP ranks compute alike, e.g. MLA's)"),
+    "save_vote_conflicts": (True, "blocks a SAVE left alone: a copy of another step or request "
+                                  "was waiting for its votes (a miss, never a wrong byte)"),
     "lookups": (True, "LOOKUP commands answered"),
     "lookup_blocks": (True, "blocks asked for by LOOKUPs"),
     "lookup_hit_blocks": (True, "blocks LOOKUPs found (the prefix served from the pool)"),

@@ -51,7 +51,9 @@ def format_once(s: dict) -> str:
              *disk_lines(s),
              *remote_lines(s),
              f"saved   {s['blocks_saved']} blocks ({format_size(s['bytes_saved'])}), "
-             f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped",
+             f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped"
+             + (f", {s['save_votes']} votes, {s['save_vote_conflicts']} vote conflicts"
+                if s.get("save_votes") or s.get("save_vote_conflicts") else ""),
              f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
              f"lookups {s['lookups']}: {s['lookup_hit_blocks']} of {s['lookup_blocks']} blocks hit",
              f"commands {s['commands']}, errors {s['errors']}"]

@@ -11,6 +11,15 @@ A client writes SUBMISSIONs (and their variable-length payload: HASH records, in
 block ids, REGION/LAYER records) and the engine answers each with exactly one
 COMPLETION carrying the same ``request_id``.  Offsets are explicit and every itemsize
 is checked at import, so a layout change that is not a version bump cannot slip in.
+
+Voting (one stored copy of KV that several clients compute alike, e.g. MLA's latent on
+every TP rank): ATTACH's payload is ``<u8`` [instance] or [instance, num_voters, voter];
+clients attached under one namespace must name the same ``num_voters``.  A voter's SAVEs
+set VOTE_TAGS and end their payload with one ``<u8`` tag per block (the same on every
+voter for the same computation: the scheduler's step and the block's request).  With
+``num_voters`` > 1 a block is READY once its layers are in and every voter has saved it
+under the tag of its first SAVE; a SAVE under another tag leaves a block that is not
+READY yet alone (a miss later, never a wrong byte).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 10
+WIRE_VERSION = 11
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -107,6 +116,8 @@ class CommandFlag(IntFlag):
     LEASE_HELD = 16    # LOAD: the lease named in ``arg`` pins these blocks and ends with another
     #                    LOAD (one KV cache group's LOAD of several): wait while its blocks are
     #                    read from disk, as RELEASE_LEASE does, but never end it
+    VOTE_TAGS = 32     # SAVE of a voter (ATTACH named num_voters > 1): the payload ends with one
+    #                    <u8 tag per block, after the hashes (module docstring: voting)
 
 
 def struct_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
@@ -206,6 +217,7 @@ LAYER = struct_dtype([
 EVENT_HANDLE = struct_dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
 
 BLOCK_ID = np.dtype("<i4")
+TAG = np.dtype("<u8")  # one per block at the end of a VOTE_TAGS SAVE's payload
 
 # heartbeat_ns: the last housekeeping pass (every housekeeping_s to 2.5 s, clients attached
 # or not): older than a few seconds means a stopped or stuck engine.  pool_bytes_ready: the
@@ -216,6 +228,9 @@ _STATS_COUNTERS = [
     "commands", "errors",
     "blocks_saved", "bytes_saved", "blocks_loaded", "bytes_loaded",
     "save_dedup_blocks", "save_dropped_blocks",
+    # voting (module docstring): blocks a voter's SAVE vouched for without copying them (its
+    # vote on another voter's copy), and blocks a SAVE left alone for another tag's copy
+    "save_votes", "save_vote_conflicts",
     "lookups", "lookup_blocks", "lookup_hit_blocks",
     "evictions", "lease_expiries",
     "pool_bytes_used", "pool_bytes_capacity", "pool_bytes_ready", "pool_pin_ns", "pool_blocks_used",

@@ -23,7 +23,7 @@ from pegaflow.connector.drafter import drafter_layers
 from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.memory import CudaMemory, HostMemory
 from pegaflow.connector.metadata import PegaConnectorMetadata
-from pegaflow.connector.namespace import kv_fields, rank_namespace
+from pegaflow.connector.namespace import is_mla, kv_fields, rank_namespace
 from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.connector.stats import PegaKVConnectorStats, PegaPromMetrics
 from pegaflow.connector.worker import WorkerSide
@@ -122,6 +122,8 @@ class PegaKVConnector(*_BASES):
         logger.debug("pegaflow namespace fields: %s", base)
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         pp_size = vllm_config.parallel_config.pipeline_parallel_size
+        # MLA's TP ranks hold the same latent: one namespace and one stored copy, voted on
+        shares_tp = tp_size > 1 and is_mla(vllm_config, kv_cache_config)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -129,18 +131,20 @@ class PegaKVConnector(*_BASES):
                 logger.info("pegaflow: a cache miss must never fail a request; "
                             "setting kv_load_failure_policy to 'recompute'")
                 transfer.kv_load_failure_policy = "recompute"
-            # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank.
-            namespaces = [rank_namespace(base, tp, pp) for pp in range(pp_size) for tp in range(tp_size)]
+            # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank
+            # (MLA's TP ranks look up the same namespace, each with a lease of its own).
+            namespaces = [rank_namespace(base, tp, pp, shares_tp) for pp in range(pp_size) for tp in range(tp_size)]
             self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size,
                                             instance=instance_key(vllm_config),  # a worker per namespace
                                             num_groups=max(len(self._groups), 1))
         else:
             tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
-            namespaces = [rank_namespace(base, tp_rank, pp_rank)]
+            namespaces = [rank_namespace(base, tp_rank, pp_rank, shares_tp)]
             self._worker = WorkerSide(self.pega_config, namespaces[0],
                                       pp_rank * tp_size + tp_rank, kv_cache_config.num_blocks,
                                       num_ranks=tp_size * pp_size, pipeline_stages=pp_size,
-                                      instance=instance_key(vllm_config))
+                                      instance=instance_key(vllm_config),
+                                      voters=(tp_size, tp_rank) if shares_tp else None)
         # (the scheduler's and the workers' namespaces must agree: a block saved under one is
         # found only by lookups under the same)
         logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s, namespace %s",

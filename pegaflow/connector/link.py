@@ -36,10 +36,11 @@ class EngineLink:
     def __init__(self, engine_name: str, reconnect_interval_s: float, who: str,
                  on_connect: Callable[[EngineClient], None] | None = None,
                  identity: tuple[ClientRole, int, int, int] = (ClientRole.OTHER, 0, 0, 0),
-                 on_lost: Callable[[], None] | None = None):
+                 on_lost: Callable[[], None] | None = None, voters: tuple[int, int] | None = None):
         self.engine_name = engine_name
         self.on_lost = on_lost  # called whenever a connection is dropped: its requests are void
         self.identity = identity  # (role, rank, namespace, vLLM instance): see EngineClient.connect
+        self.voters = voters  # (num_voters, voter) of a client that votes: EngineClient.connect
         self.reconnect_interval_s = reconnect_interval_s
         self.who = who
         self.on_connect = on_connect
@@ -72,6 +73,7 @@ class EngineLink:
             role, rank, namespace, instance = self.identity
             client = EngineClient.connect(self.engine_name, timeout_s=CONNECT_TIMEOUT_S, role=role,
                                           rank=rank, namespace=namespace, instance=instance,
+                                          voters=self.voters,
                                           wait_for_start=False)  # never stall vLLM for it
             if self.on_connect is not None:
                 self.on_connect(client)

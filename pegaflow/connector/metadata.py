@@ -3,6 +3,7 @@ what the workers tell it back (``SavesDone``, in vLLM's KVConnectorOutput)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
@@ -72,3 +73,11 @@ class SavesDone(KVConnectorWorkerMetadata):
         if not isinstance(other, SavesDone):
             return self
         return SavesDone(min(self.through_step, other.through_step), self.num_ranks + other.num_ranks)
+
+
+def save_tag(step: int, req_id: str) -> int:
+    """The tag a voter's SAVE gives a block saved for ``req_id`` in scheduler step ``step``:
+    from the metadata every rank gets alike, so the same on every rank for the same
+    computation, and another for a block recomputed later (wire.py: voting)."""
+    digest = hashlib.blake2b(f"{step}:{req_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")

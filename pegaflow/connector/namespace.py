@@ -2,7 +2,8 @@
 
 Two vLLM instances share blocks only when model, its weights' files, quantization,
 config overrides, load format, dtypes, layer count, KV heads, head size, block size, KV
-layout, TP/PP size and rank all agree.  The scheduler and each worker compute it from the
+layout, TP/PP size and rank all agree (MLA: the TP rank aside, every TP rank holding the
+same latent).  The scheduler and each worker compute it from the
 same config, so a lookup and a load always agree.  Weights replaced in place under the
 same local path change it (their files' sizes and times are part of it); a hub model
 is identified by name and revision only.
@@ -123,5 +124,20 @@ def _legacy_layout() -> str:
     return str(get_kv_cache_layout())
 
 
-def rank_namespace(base_fields: dict, tp_rank: int, pp_rank: int = 0) -> int:
+def is_mla(vllm_config, kv_cache_config) -> bool:
+    """Whether every KV cache group holds MLA's latent (the same bytes on every TP rank);
+    without the groups, whether vLLM says the model uses MLA.  A group of another kind
+    (per-rank heads) rules it out: sharing its copy would serve a rank another's bytes."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if groups:
+        return all(type(g.kv_cache_spec).__name__ == "MLAAttentionSpec" for g in groups)
+    return bool(getattr(vllm_config.model_config, "use_mla", False))
+
+
+def rank_namespace(base_fields: dict, tp_rank: int, pp_rank: int = 0, shares_tp: bool = False) -> int:
+    """A rank's namespace.  ``shares_tp`` (MLA): every TP rank of a pipeline stage holds the
+    same KV, so they share one namespace, and one stored copy, voting on it (``votes.py``
+    in the engine)."""
+    if shares_tp:
+        return namespace_of({**base_fields, "tp_shared": True, "pp_rank": pp_rank})
     return namespace_of({**base_fields, "tp_rank": tp_rank, "pp_rank": pp_rank})

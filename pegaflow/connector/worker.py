@@ -25,7 +25,7 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.kv_layers import SAVE_EVENT, KVLayers
 from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.link import EngineLink
-from pegaflow.connector.metadata import PegaConnectorMetadata, SavesDone
+from pegaflow.connector.metadata import PegaConnectorMetadata, SavesDone, save_tag
 from pegaflow.connector.recent_saves import RecentSaves
 from pegaflow.connector.save_ledger import SaveLedger
 from pegaflow.connector.stats import PegaKVConnectorStats
@@ -42,7 +42,10 @@ LIVENESS_CHECK_S = 0.1  # how often outstanding answers make us check the engine
 
 class WorkerSide:
     def __init__(self, config: ConnectorConfig, namespace: int, rank: int, num_blocks: int,
-                 num_ranks: int = 1, pipeline_stages: int = 1, instance: int = 0):
+                 num_ranks: int = 1, pipeline_stages: int = 1, instance: int = 0,
+                 voters: tuple[int, int] | None = None):
+        """``voters``: (TP ranks sharing ``namespace``, this one's index) where they hold the
+        same KV (MLA): one stored copy that every one of them vouches for (wire.py: voting)."""
         self.config = config
         self.namespace = namespace
         self.rank = rank
@@ -50,7 +53,8 @@ class WorkerSide:
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
                                f"pegaflow worker rank {rank}", self._register,
                                identity=(ClientRole.WORKER, rank, namespace, instance),
-                               on_lost=self._connection_lost)
+                               on_lost=self._connection_lost, voters=voters)
+        self.is_voter = voters is not None
         self._meta: PegaConnectorMetadata | None = None
         self.needs_layer_hooks = False  # this step has loads fenced layer by layer or saves
         self._saved_layers: set[str] = set()
@@ -178,17 +182,26 @@ class WorkerSide:
         req_ids = tuple(s.req_id for s in saves)
         if not any(s.groups for s in saves):
             self._send_save(client, None, [b for s in saves for b in s.block_ids],
-                            [h for s in saves for h in s.hashes], req_ids, one_event)
+                            [h for s in saves for h in s.hashes], req_ids, one_event,
+                            self._tags(meta.step, [(s.req_id, len(s.block_ids)) for s in saves]))
             return
         for group in range(self.layers.num_groups):  # a hybrid model: one SAVE per KV cache group
-            parts = [p for s in saves for p in s.groups if p.group == group]
+            parts = [(s.req_id, p) for s in saves for p in s.groups if p.group == group]
             if not parts or not self.layers.layers_of(group):  # (the drafter's group: not stored)
                 continue
-            ids, hashes = [b for p in parts for b in p.block_ids], [h for p in parts for h in p.hashes]
-            if not self._send_save(client, group, ids, hashes, req_ids, one_event):
+            ids, hashes = [b for _, p in parts for b in p.block_ids], [h for _, p in parts for h in p.hashes]
+            tags = self._tags(meta.step, [(r, len(p.block_ids)) for r, p in parts])
+            if not self._send_save(client, group, ids, hashes, req_ids, one_event, tags):
                 return
 
-    def _send_save(self, client, group: int | None, block_ids, hashes, req_ids, one_event: bool) -> bool:
+    def _tags(self, step: int, runs: list[tuple[str, int]]) -> list[int] | None:
+        """A voter's tag per block: ``runs`` of (request id, its number of blocks)."""
+        if not self.is_voter:
+            return None
+        return [tag for req_id, count in runs for tag in [save_tag(step, req_id)] * count]
+
+    def _send_save(self, client, group: int | None, block_ids, hashes, req_ids, one_event: bool,
+                   tags: list[int] | None = None) -> bool:
         """One SAVE (of every layer, or of KV cache group ``group``'s); False: the link failed."""
         ids = np.fromiter(block_ids, dtype=BLOCK_ID, count=len(block_ids))
         records = encode_hashes(hashes)
@@ -196,9 +209,11 @@ class WorkerSide:
         if self.memory.has_events:  # a group's k-th layer waits for event + k (or all for one)
             event = SAVE_EVENT + (0 if one_event or group is None else self.layers.first_layer_of(group))
         try:
-            grouped = {} if group is None else {"group": group}
+            extra = {} if group is None else {"group": group}
+            if tags is not None:
+                extra["tags"] = tags
             request_id = client.submit_save(self.namespace, ids, records, event_index=event,
-                                            one_event=one_event and self.memory.has_events, **grouped)
+                                            one_event=one_event and self.memory.has_events, **extra)
         except PegaflowError as exc:
             self.link.fail(exc)
             self._forget_saves()

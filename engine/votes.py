@@ -1,0 +1,115 @@
+"""Voting: one stored copy of KV that several clients compute alike.
+
+MLA's latent KV is the same on every TP rank, so the ranks of a pipeline stage share one
+namespace and one copy.  A copy is servable only once every rank has saved it: a rank
+whose load failed holds its saves back (the others' copies of that step derive from its
+garbage), and a copy it did not vouch for must never be served.  Each voter's SAVE tags
+each block (the scheduler's step and the block's request: the same on every rank for the
+same computation); the first SAVE reserves the entry, copies the data and records its tag;
+a later SAVE under the same tag only adds its vote; one under another tag leaves an entry
+that is not READY alone (a miss later, never a wrong byte).  An entry whose votes never
+all come is dropped as a stale write (``BlockIndex.drop_stale_writes``).
+
+``VoterTable``: clients attached under one namespace must agree on how many vote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from engine.entries import Entry
+from pegaflow.errors import CommandError
+from pegaflow.wire import TAG, CommandFlag, Status
+
+MAX_VOTERS = 64
+
+
+class Vote(Enum):
+    USUAL = "usual"        # no voting on this entry: dedup or copy as without voters
+    COPY = "copy"          # the voter's SAVE copies the layers (its vote is in)
+    VOTED = "voted"        # the vote is in, the data in or on its way from another voter
+    CONFLICT = "conflict"  # another tag's copy waits for its votes: left alone
+
+
+def cast(entry: Entry, tag: int, voter: int, num_voters: int, mask: int) -> Vote:
+    """A voter's SAVE of ``mask``'s layers under ``tag`` meets ``entry``: record its vote and
+    say what the SAVE does with the block (``Vote``; a COPY's layers are marked pending)."""
+    held = entry.done_mask | entry.pending_mask
+    if entry.is_ready or (entry.all_votes_mask == 0 and held):
+        return Vote.USUAL  # served already, or written without voting (read back from disk)
+    all_votes = (1 << num_voters) - 1
+    if not held:  # reserved just now (or emptied by a failed copy): this SAVE's copy
+        entry.tag, entry.votes, entry.all_votes_mask = tag, 1 << voter, all_votes
+        entry.pending_mask |= mask
+        return Vote.COPY
+    if entry.tag != tag or entry.all_votes_mask != all_votes:
+        return Vote.CONFLICT
+    entry.votes |= 1 << voter
+    if mask & ~held and not mask & entry.pending_mask:
+        entry.pending_mask |= mask
+        return Vote.COPY  # layers no voter has copied yet (another KV cache group's)
+    return Vote.VOTED
+
+
+def cast_all(index, stats, client, mask: int, keys: list, entries: list, tags: list[int]) -> list[Vote]:
+    """Each block's vote of a voter's SAVE chunk (``cast``; a COPY is marked pending, so a
+    block named twice is copied once); blocks the votes complete become READY now."""
+    voted = [Vote.USUAL if entry is None or entry.is_doomed
+             else cast(entry, tag, client.voter, client.num_voters, mask)
+             for entry, tag in zip(entries, tags)]
+    only_voted = [key for key, vote in zip(keys, voted) if vote is Vote.VOTED]
+    stats.add("save_votes", len(only_voted))
+    stats.add("save_vote_conflicts", sum(vote is Vote.CONFLICT for vote in voted))
+    if only_voted:
+        num_ready = index.mark_voted(only_voted)
+        stats.add("blocks_saved", num_ready)
+        stats.add_client(client.slot, "blocks_saved", num_ready)
+    return voted
+
+
+@dataclass(slots=True)
+class VoterTable:
+    """namespace -> (num_voters, slots of the clients attached under it that said so)."""
+
+    namespaces: dict[int, tuple[int, set[int]]] = field(default_factory=dict)
+
+    def join(self, namespace: int, slot: int, num_voters: int, voter: int) -> None:
+        if not 1 <= num_voters <= MAX_VOTERS or not 0 <= voter < num_voters:
+            raise CommandError(Status.BAD_ARGUMENT, f"voter {voter} of {num_voters} "
+                                                    f"(1..{MAX_VOTERS} voters)")
+        known = self.namespaces.get(namespace)
+        if known is not None and known[0] != num_voters and known[1] - {slot}:
+            raise CommandError(Status.BAD_ARGUMENT, f"namespace {namespace:016x} has {known[0]} "
+                                                    f"voters, not {num_voters}")
+        if known is None or known[0] != num_voters:
+            known = self.namespaces[namespace] = (num_voters, set())
+        known[1].add(slot)
+
+    def leave(self, namespace: int, slot: int) -> None:
+        known = self.namespaces.get(namespace)
+        if known is None:
+            return
+        known[1].discard(slot)
+        if not known[1]:
+            del self.namespaces[namespace]
+
+
+def split_tags(client, rec, payload: np.ndarray) -> tuple[np.ndarray, list[int] | None]:
+    """A SAVE's payload without its tags, and the tags (None: not a voter's SAVE)."""
+    is_tagged = bool(rec.flags & CommandFlag.VOTE_TAGS)
+    if client.num_voters == 1:
+        if is_tagged:
+            raise CommandError(Status.BAD_ARGUMENT, "VOTE_TAGS from a client that is no voter")
+        return payload, None
+    if not is_tagged:
+        raise CommandError(Status.BAD_ARGUMENT, "a voter's SAVE carries VOTE_TAGS")
+    if rec.namespace != client.namespace:
+        raise CommandError(Status.BAD_ARGUMENT, f"a voter saves under its ATTACH namespace "
+                                                f"{client.namespace:016x} only")
+    split = len(payload) - rec.num_items * TAG.itemsize
+    if split < 0:
+        raise CommandError(Status.BAD_PAYLOAD, "VOTE_TAGS wants a tag per block")
+    return payload[:split], payload[split:].view(TAG).tolist()

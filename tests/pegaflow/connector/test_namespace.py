@@ -1,0 +1,50 @@
+"""The namespaces of MLA's TP ranks (``namespace.py``): one shared, voted on by every rank."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pegaflow.connector.namespace import is_mla, rank_namespace
+
+pytestmark = pytest.mark.vllm
+
+FIELDS = {"model": "/m/deepseek", "tp_size": 4, "pp_size": 2, "groups": []}
+
+
+def _kv_cache_config(*specs):
+    return SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=s, layer_names=["l0"])
+                                            for s in specs])
+
+
+def _specs():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+    mla = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    full = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
+    return mla, full
+
+
+def test_rank_namespace_mla_tp_ranks_share_one_per_pipeline_stage():
+    # 1. MLA: every TP rank of a stage holds the same latent, so they share a namespace...
+    stage0 = {rank_namespace(FIELDS, tp, 0, shares_tp=True) for tp in range(4)}
+    stage1 = {rank_namespace(FIELDS, tp, 1, shares_tp=True) for tp in range(4)}
+    assert len(stage0) == 1 and len(stage1) == 1
+    # 2. ...but not with another pipeline stage (other layers), nor with any per-rank one.
+    assert stage0 != stage1
+    per_rank = {rank_namespace(FIELDS, tp, pp) for tp in range(4) for pp in range(2)}
+    assert len(per_rank) == 8 and not (stage0 | stage1) & per_rank
+
+
+def test_is_mla_every_group_mla_only():
+    mla, full = _specs()
+    plain = SimpleNamespace(model_config=SimpleNamespace(use_mla=False))
+    assert is_mla(plain, _kv_cache_config(mla, mla))
+    # A group of per-rank heads beside it: sharing its copy would serve a rank another's bytes.
+    assert not is_mla(plain, _kv_cache_config(mla, full))
+    assert not is_mla(SimpleNamespace(model_config=SimpleNamespace(use_mla=True)), _kv_cache_config(full))
+    # No groups known: vLLM's word.
+    assert is_mla(SimpleNamespace(model_config=SimpleNamespace(use_mla=True)), _kv_cache_config())
+    assert not is_mla(plain, _kv_cache_config())
+
