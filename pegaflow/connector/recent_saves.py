@@ -53,8 +53,9 @@ class RecentSaves:
     def drop_stored(self, link, namespace: int, rank: int) -> None:
         """A load failed on some rank in a recent step: the engine forgets what this rank's
         SAVEs of the steps held stored (over ``link``, an ``EngineLink``), before this
-        step's saves recompute the rewound blocks.  A lookup needs every rank's blocks, so
-        such a block was served meanwhile only if the failing rank held it already."""
+        step's saves recompute the rewound blocks.  A lookup needs every rank's blocks (MLA's
+        one shared copy: every rank's vote), so such a block was served meanwhile only if
+        the failing rank held (or vouched for) it already."""
         num_steps = len(self)
         taken = self.take()
         client = link.current()  # never a new connection: the engine takes DROPs of the writer only
