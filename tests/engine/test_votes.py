@@ -163,3 +163,26 @@ def test_votes_voter_save_without_tags_and_tags_from_a_non_voter_are_refused():
     _vote(plain, 2, [3], [HASH_A], [TAG_1])
     assert plain.completions.try_get().status == Status.BAD_ARGUMENT
     assert h.backend.held == [] and not h.dispatcher.index.entries
+
+
+def test_votes_each_kv_cache_group_is_copied_once_and_the_block_ready_after_every_vote():
+    from engine.copy.base import LayerPlacement
+    h, sides = _voters()
+    for side in sides:  # two layers, one KV cache group each (a hybrid model's SAVE per group)
+        side.client.layers[1] = LayerPlacement(1, 0, 16 * 4096, 4096)
+        side.client.groups = {0: [0], 1: [1]}
+    first, second = sides
+    group = int(CommandFlag.VOTE_TAGS | CommandFlag.LAYER_GROUP)
+    payload = np.concatenate([_save_payload([3], [HASH_A]), np.asarray([TAG_1], "<u8").view(np.uint8)])
+    # 1. Voter 0's SAVE of each group copies that group's layer (the second is not taken
+    #    for a vote on the first's copy).
+    for request_id, layer in ((1, 0), (2, 1)):
+        first.send(request_id, Opcode.SAVE, payload, 1, flags=group, layer=layer)
+    assert len(h.backend.held) == 2
+    _land(h)
+    index = h.dispatcher.index
+    assert index.entries[_key(HASH_A)].done_mask == 0b11 and index.get_ready(_key(HASH_A)) is None
+    # 2. Voter 1's SAVEs of both groups only vote: no copy, and the block is READY.
+    for request_id, layer in ((3, 0), (4, 1)):
+        second.send(request_id, Opcode.SAVE, payload, 1, flags=group, layer=layer)
+    assert h.backend.held == [] and index.get_ready(_key(HASH_A)) is not None
