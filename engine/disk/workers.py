@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from engine.disk import blockfile
 from engine.entries import Key
+from engine.threads import join_within
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +82,7 @@ class IoWorkers:
             num_dropped += 1
         for _ in self._threads:
             self._jobs.put((2, next(self._sequence), None))
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        num_alive = sum(thread.is_alive() for thread in self._threads)
+        num_alive = join_within(self._threads, timeout_s)
         if num_alive:
             logger.warning("%d disk workers still busy %.1f s after close", num_alive, timeout_s)
         if num_dropped:

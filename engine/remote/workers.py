@@ -28,6 +28,7 @@ import numpy as np
 from engine.entries import Key
 from engine.remote import header
 from engine.remote.store import NOT_FOUND
+from engine.threads import join_within
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +116,7 @@ class RemoteWorkers:
                 except queue.Empty:
                     break
             q.put(None)
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        num_alive = sum(thread.is_alive() for thread in self._threads)
+        num_alive = join_within(self._threads, timeout_s)
         if num_alive:
             logger.warning("%d remote tier threads still in a store call %.1f s after close", num_alive, timeout_s)
         return num_alive == 0

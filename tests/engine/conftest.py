@@ -60,6 +60,15 @@ class KVClient:
     def release(self, lease_id: int) -> Completion:
         return self.client.wait(self.client.release(lease_id))
 
+    def look_up_and_load(self, namespace: int, hashes: list[bytes]):
+        """LOOKUP, then LOAD by its lease into blocks 0..: (lookup, load answer or None where
+        nothing hit, the bytes loaded)."""
+        found = self.client.lookup(namespace, hashes)
+        dst = list(range(found.num_hit_blocks))
+        self.pages[:, dst] = 0
+        done = self.load(namespace, dst, hashes[:len(dst)], lease_id=found.lease_id) if dst else None
+        return found, done, self.pages[:, dst].copy()
+
     def num_hits(self, namespace: int, hashes: list[bytes]) -> int:
         """The cached prefix length of ``hashes``; the lease it took is released again."""
         found = self.client.lookup(namespace, hashes)

@@ -24,15 +24,6 @@ def _store_rounds(client, rng, rounds: int) -> list[tuple[list[bytes], np.ndarra
     return [client.store(rng, NAMESPACE, list(range(64))) for _ in range(rounds)]
 
 
-def _load(client, hashes: list[bytes]):
-    """LOOKUP then LOAD by its lease into blocks 0.. of the client: (lookup, load, bytes)."""
-    found = client.client.lookup(NAMESPACE, hashes)
-    dst = list(range(found.num_hit_blocks))
-    client.pages[:, dst] = 0
-    done = client.load(NAMESPACE, dst, hashes[:len(dst)], lease_id=found.lease_id) if dst else None
-    return found, done, client.pages[:, dst].copy()
-
-
 def _files(path: Path) -> list[Path]:
     return sorted((path / "pegaflow-blocks").rglob("*.blk"))
 
@@ -60,7 +51,7 @@ def test_disk_tier_blocks_evicted_from_the_pool_come_back_byte_exact(engine_fact
     _store_rounds(client, rng, 3)
     assert engine.wait_stats(lambda s: s["evictions"] >= 64, 10.0)
     # 3. A lookup finds them all, on disk; the load of its lease brings the saved bytes.
-    found, done, loaded = _load(client, first_hashes)
+    found, done, loaded = client.look_up_and_load(NAMESPACE, first_hashes)
     assert found.num_hit_blocks == 64 and found.num_disk_blocks > 0
     assert done.is_ok and np.array_equal(loaded, first_bytes)
     stats = engine.fresh_stats()
@@ -75,7 +66,7 @@ def test_disk_tier_blocks_outlive_an_engine_restart(engine_factory, kv_client, r
     # 2. A new engine on the same path takes them in and serves them from disk, exactly.
     second = engine_factory(name, **_disk(tmp_path / "d"))
     assert "64 blocks" in second.stderr_text()
-    found, done, loaded = _load(kv_client(second), hashes)
+    found, done, loaded = kv_client(second).look_up_and_load(NAMESPACE, hashes)
     assert found.num_hit_blocks == 64 and found.num_disk_blocks == 64
     assert done.is_ok and np.array_equal(loaded, saved)
 
@@ -96,13 +87,13 @@ def test_disk_tier_flipped_byte_is_a_miss_never_served(engine_factory, kv_client
     client = kv_client(second)
     # 2. The load of a prefix through the bad block fails (vLLM recomputes), the bytes it
     #    brought are never handed over as the block's; the checksum failure is counted.
-    found, done, _ = _load(client, hashes)
+    found, done, _ = client.look_up_and_load(NAMESPACE, hashes)
     assert found.num_disk_blocks == 4
     assert done.status == Status.MISSING_BLOCK
     stats = second.fresh_stats()
     assert stats["disk_checksum_failures"] == 1 and not victim.exists()
     # 3. Asked again, the bad block is a miss; the good ones are served exactly.
-    found, done, loaded = _load(client, hashes)
+    found, done, loaded = client.look_up_and_load(NAMESPACE, hashes)
     bad = next(i for i, h in enumerate(hashes) if h.hex() in victim.name)
     assert found.num_hit_blocks == bad
     assert done is None or (done.is_ok and np.array_equal(loaded, saved[:, :bad]))
@@ -125,7 +116,7 @@ def test_disk_tier_too_small_for_a_block_refuses_writes_and_keeps_the_pool(engin
     hashes, saved = client.store(rng, NAMESPACE, [0, 1, 2, 3])
     stats = engine.wait_stats(lambda s: s["disk_writes_refused"] >= 4, 10.0)
     assert stats["disk_blocks_written"] == 0 and stats["disk_bytes_used"] == 0
-    found, done, loaded = _load(client, hashes)
+    found, done, loaded = client.look_up_and_load(NAMESPACE, hashes)
     assert found.num_hit_blocks == 4 and found.num_disk_blocks == 0
     assert done.is_ok and np.array_equal(loaded, saved)
 
@@ -164,7 +155,7 @@ def test_disk_tier_block_read_back_can_still_be_dropped_by_its_writer(engine_fac
     hashes, _ = _on_disk_then_stopped(engine_factory, kv_client, rng, tmp_path / "d", name, [0, 1])
     second = engine_factory(name, **_disk(tmp_path / "d"))
     client = kv_client(second)
-    found, done, _ = _load(client, hashes)
+    found, done, _ = client.look_up_and_load(NAMESPACE, hashes)
     assert found.num_disk_blocks == 2 and done.is_ok
     # 2. A DROP of it is obeyed: the copy read back into the pool goes, and the disk's.
     assert client.client.wait(client.client.submit_drop(NAMESPACE, hashes)).value == 2

@@ -25,27 +25,10 @@ class FakeStore:
         pass
 
     def put(self, names, ptrs, sizes):
-        self.stall.wait()
-        if self.is_down:
-            return [UNREACHABLE] * len(names)
-        for name, ptr, size in zip(names, ptrs, sizes):
-            self.objects.setdefault(name, ctypes.string_at(ptr, size))
-        return [0] * len(names)
+        return self.put_parts(names, [[p] for p in ptrs], [[n] for n in sizes])  # one part each
 
     def get(self, names, ptrs, sizes):
-        self.stall.wait()
-        self.num_gets += 1
-        if self.is_down:
-            return [UNREACHABLE] * len(names)
-        codes = []
-        for name, ptr, size in zip(names, ptrs, sizes):
-            data = self.objects.get(name)
-            if data is None or len(data) != size:
-                codes.append(NOT_FOUND if data is None else -600)
-                continue
-            ctypes.memmove(ptr, data, size)
-            codes.append(size)
-        return codes
+        return self.get_parts(names, [[p] for p in ptrs], [[n] for n in sizes])  # one part each
 
     def put_parts(self, names, ptrs, sizes):
         self.stall.wait()

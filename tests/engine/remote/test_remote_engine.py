@@ -29,15 +29,6 @@ def _engines(engine_factory, master, hosts, *more: str):
     return first, second
 
 
-def _load(client, hashes: list[bytes]):
-    """LOOKUP then LOAD by its lease into blocks 0.. of the client: (lookup, load, bytes)."""
-    found = client.client.lookup(NAMESPACE, hashes)
-    dst = list(range(found.num_hit_blocks))
-    client.pages[:, dst] = 0
-    done = client.load(NAMESPACE, dst, hashes[:len(dst)], lease_id=found.lease_id) if dst else None
-    return found, done, client.pages[:, dst].copy()
-
-
 def _published(engine, count: int) -> dict:
     return engine.wait_stats(lambda s: s["remote_blocks_put"] >= count, 10.0)
 
@@ -51,20 +42,20 @@ def test_remote_tier_blocks_saved_on_one_host_are_served_on_the_other_byte_exact
     # 2. A client of engine B (its pool empty) finds all 32 through the store: fetched into
     #    B's pool, counted as blocks on their way (the LOAD waits for them), then loaded exactly.
     client = kv_client(second)
-    found, done, loaded = _load(client, hashes)
+    found, done, loaded = client.look_up_and_load(NAMESPACE, hashes)
     assert found.num_hit_blocks == 32 and found.num_disk_blocks == 32
     assert done.is_ok and np.array_equal(loaded, saved)
     stats = second.fresh_stats()
     assert stats["remote_blocks_fetched"] == 32 and stats["remote_checksum_failures"] == 0
     assert stats["lookup_remote_blocks"] == 32 and stats["remote_bytes_fetched"] == 32 * client.ENTRY_BYTES
     # 3. Now local to B: a second lookup hits B's pool and does not ask the store again.
-    found, done, loaded = _load(client, hashes)
+    found, done, loaded = client.look_up_and_load(NAMESPACE, hashes)
     assert found.num_hit_blocks == 32 and found.num_disk_blocks == 0 and np.array_equal(loaded, saved)
     assert second.fresh_stats()["remote_lookups"] == stats["remote_lookups"]
     # 4. A prefix B holds only in part goes on through the store: 8 new blocks on A after them.
     more, more_saved = kv_client(first).store(rng, NAMESPACE, list(range(32, 40)))
     _published(first, 40)
-    found, done, loaded = _load(client, hashes + more)
+    found, done, loaded = client.look_up_and_load(NAMESPACE, hashes + more)
     assert found.num_hit_blocks == 40 and found.num_disk_blocks == 8
     assert done.is_ok and np.array_equal(loaded, np.concatenate([saved, more_saved], axis=1))
 
@@ -92,7 +83,7 @@ def test_remote_tier_master_killed_is_a_miss_then_recovers(mooncake_master, two_
     while not served and time.monotonic() < deadline:
         new_hashes, new_saved = client_a.store(rng, NAMESPACE, list(range(16, 20)))
         time.sleep(0.3)
-        found, done, loaded = _load(client_b, new_hashes)
+        found, done, loaded = client_b.look_up_and_load(NAMESPACE, new_hashes)
         served = found.num_hit_blocks == 4 and done.is_ok and np.array_equal(loaded, new_saved)
         if found.lease_id and not served and done is None:
             client_b.release(found.lease_id)
@@ -113,14 +104,14 @@ def test_remote_tier_damaged_block_is_a_miss_never_served(mooncake_master, two_h
     # 2. B finds all 4 in the store (their headers are intact), but the damaged one fails
     #    its checksum: the LOAD through it answers MISSING_BLOCK (vLLM recomputes), counted.
     client = kv_client(second)
-    found, done, _ = _load(client, hashes)
+    found, done, _ = client.look_up_and_load(NAMESPACE, hashes)
     assert found.num_hit_blocks == 4 and found.num_disk_blocks == 4
     assert done.status == Status.MISSING_BLOCK
     stats = second.fresh_stats()
     assert stats["remote_checksum_failures"] == 1 and stats["remote_blocks_fetched"] == 3
     # 3. The good blocks before it are B's now and served exactly; the damaged one never is.
-    found, done, loaded = _load(client, hashes[:2])
+    found, done, loaded = client.look_up_and_load(NAMESPACE, hashes[:2])
     assert found.num_hit_blocks == 2 and done.is_ok and np.array_equal(loaded, saved[:, :2])
-    found, done, loaded = _load(client, hashes)
+    found, done, loaded = client.look_up_and_load(NAMESPACE, hashes)
     assert done.status == Status.MISSING_BLOCK or found.num_hit_blocks == 2
     assert second.fresh_stats()["remote_checksum_failures"] >= 1

@@ -101,13 +101,20 @@ def _keys(n: int, start: int = 0) -> list[Key]:
     return [(5, bytes([i % 256, i // 256]) * 16 + b"\x20") for i in range(start, start + n)]
 
 
-def test_tier_ready_blocks_published_then_served_to_another_engine(hosts, rng):
-    # 1. Engine A's READY blocks are published (data, then header), their pins let go.
+def _published(hosts, rng, num_blocks: int):
+    """Two engines on one store; the first's ``num_blocks`` saved blocks published:
+    (store, first, second, keys, their bytes)."""
     store = FakeStore()
     first, second = hosts(store), hosts(store)
-    keys = _keys(6)
+    keys = _keys(num_blocks)
     data = first.save(keys, rng)
-    first.pump(lambda: first.counter("remote_blocks_put") == 6)
+    first.pump(lambda: first.counter("remote_blocks_put") == num_blocks)
+    return store, first, second, keys, data
+
+
+def test_tier_ready_blocks_published_then_served_to_another_engine(hosts, rng):
+    # 1. Engine A's READY blocks are published (data, then header), their pins let go.
+    store, first, second, keys, data = _published(hosts, rng, 6)
     assert all(first.index.entries[k].refs == 0 for k in keys)
     assert store.objects[data_name(keys[0])][:ENTRY_BYTES] == data[0] and header_name(keys[0]) in store.objects
     # 2. Engine B's lookup goes on through the store: all 6, on their way (num_disk).
@@ -120,11 +127,7 @@ def test_tier_ready_blocks_published_then_served_to_another_engine(hosts, rng):
 
 
 def test_tier_block_damaged_in_the_store_is_doomed_never_ready(hosts, rng):
-    store = FakeStore()
-    first, second = hosts(store), hosts(store)
-    keys = _keys(3)
-    first.save(keys, rng)
-    first.pump(lambda: first.counter("remote_blocks_put") == 3)
+    store, first, second, keys, _ = _published(hosts, rng, 3)
     name = data_name(keys[1])
     store.objects[name] = bytes([store.objects[name][0] ^ 1]) + store.objects[name][1:]
     num_hits, lease_id = second.lookup(keys)
@@ -214,11 +217,7 @@ def test_tier_block_with_a_layer_missing_is_never_published(hosts, rng):
 
 
 def test_tier_lookup_naming_a_block_twice_fetches_it_once(hosts, rng):
-    store = FakeStore()
-    first, second = hosts(store), hosts(store)
-    keys = _keys(2)
-    data = first.save(keys, rng)
-    first.pump(lambda: first.counter("remote_blocks_put") == 2)
+    store, first, second, keys, data = _published(hosts, rng, 2)
     num_hits, lease_id = second.lookup([keys[0], keys[1], keys[0]])
     assert num_hits == 2  # (the run stops where it repeats)
     second.pump(lambda: not second.index.is_promoting(lease_id))

@@ -10,28 +10,21 @@ import pytest
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.metadata import PegaConnectorMetadata, SaveSpec, save_tag
 from pegaflow.connector.worker import WorkerSide
+from tests.pegaflow.connector.test_worker import StuckClient
 
 pytestmark = pytest.mark.vllm
 
 
-class TagsClient:
+class TagsClient(StuckClient):
     """Records each SAVE's block ids and tags; never answers."""
 
     def __init__(self):
+        super().__init__()
         self.saved = []
 
     def submit_save(self, namespace, ids, records, event_index, one_event=False, tags=None):
         self.saved.append(([int(i) for i in ids], tags))
         return 41
-
-    def try_take(self, request_id):
-        return None
-
-    def check_engine(self):
-        pass
-
-    def is_engine_up(self):
-        return True
 
 
 def _saves_of_one_step(voters, step: int = 12):
