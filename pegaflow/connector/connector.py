@@ -23,7 +23,7 @@ from pegaflow.connector.drafter import drafter_layers
 from pegaflow.connector.layout import TensorInfo
 from pegaflow.connector.memory import CudaMemory, HostMemory
 from pegaflow.connector.metadata import PegaConnectorMetadata
-from pegaflow.connector.namespace import is_mla, kv_fields, rank_namespace
+from pegaflow.connector.namespace import is_mla, kv_fields, rank_namespace, scheduler_view
 from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.connector.stats import PegaKVConnectorStats, PegaPromMetrics
 from pegaflow.connector.worker import WorkerSide
@@ -98,7 +98,7 @@ def kv_cache_groups(kv_cache_config, block_size: int) -> tuple[list[list[str]], 
     if len(groups) <= 1:
         return names, None
     for g in groups:
-        spec = g.kv_cache_spec
+        spec = scheduler_view(g.kv_cache_spec)  # (the same answer on both sides)
         if type(spec).__name__ not in SERVABLE_GROUP_SPECS:
             return names, f"a KV cache group of {type(spec).__name__}"
         if getattr(spec, "block_size", block_size) != block_size:

@@ -59,6 +59,9 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     # Before this step's forward, every SAVE of the steps up to this one must be over: a
     # block they read (one a sliding window let go) is written again in this step.
     wait_saves_through: int = 0
+    # The scheduler's namespace for each rank (rank index = pp_rank * tp_size + tp_rank): a
+    # worker whose own differs would save blocks the scheduler never looks up (worker.py).
+    namespaces: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

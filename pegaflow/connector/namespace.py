@@ -39,7 +39,7 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
     parallel = vllm_config.parallel_config
     groups = []
     for group in kv_cache_config.kv_cache_groups:
-        spec = group.kv_cache_spec
+        spec = scheduler_view(group.kv_cache_spec)
         groups.append({
             "type": type(spec).__name__, "layers": len(group.layer_names),
             "block_size": spec.block_size, "num_kv_heads": getattr(spec, "num_kv_heads", None),
@@ -60,6 +60,18 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
         "tp_size": parallel.tensor_parallel_size, "pp_size": parallel.pipeline_parallel_size,
         "groups": groups,
     }
+
+
+def scheduler_view(spec):
+    """A KV cache group's spec as vLLM's scheduler sees it.  The workers' group may be a
+    ``UniformTypeKVCacheSpecs`` (one spec per layer: a sliding-window model with the hybrid
+    manager off has full-attention layers of several windows); the scheduler's copy of the
+    config holds its first layer's spec instead.  Both sides fingerprint that one, or a
+    worker would save under a namespace the scheduler never looks up."""
+    per_layer = getattr(spec, "kv_cache_specs", None)
+    if isinstance(per_layer, dict) and per_layer:
+        return next(iter(per_layer.values()))
+    return spec
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -130,7 +142,7 @@ def is_mla(vllm_config, kv_cache_config) -> bool:
     (per-rank heads) rules it out: sharing its copy would serve a rank another's bytes."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     if groups:
-        return all(type(g.kv_cache_spec).__name__ == "MLAAttentionSpec" for g in groups)
+        return all(type(scheduler_view(g.kv_cache_spec)).__name__ == "MLAAttentionSpec" for g in groups)
     return bool(getattr(vllm_config.model_config, "use_mla", False))
 
 

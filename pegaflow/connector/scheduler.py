@@ -148,7 +148,8 @@ class SchedulerSide:
             self.lookups.release_orphans(client)
         self._step += 1
         meta = PegaConnectorMetadata(step=self._step, held_req_ids=self._held, preempted_req_ids=set(
-            scheduler_output.preempted_req_ids or ()), rewound_block_ids=self._rewound)
+            scheduler_output.preempted_req_ids or ()), rewound_block_ids=self._rewound,
+            namespaces=tuple(self.namespaces))
         self._held, self._rewound = set(), set()
         meta.saves.extend(self._finish_saves)
         self._finish_saves = []

@@ -59,6 +59,7 @@ class WorkerSide:
         self.needs_layer_hooks = False  # this step has loads fenced layer by layer or saves
         self._saved_layers: set[str] = set()
         self._is_save_sent = True
+        self._is_namespace_checked = False
         self._taint = Taint()  # saves that would store garbage of failed loads
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self._next_liveness_check = 0.0
@@ -109,6 +110,8 @@ class WorkerSide:
 
     def bind(self, meta: PegaConnectorMetadata) -> None:
         self._meta = meta
+        if not self._is_namespace_checked and meta.namespaces:
+            self._check_namespace(meta.namespaces)
         # The per-layer hooks have work only for loads fenced layer by layer and for saves.
         self.needs_layer_hooks = bool(meta.saves) or any(not spec.is_async for spec in meta.loads)
         self._saved_layers = set()
@@ -120,6 +123,18 @@ class WorkerSide:
             self._recent_saves.new_step()
         self.saves.held |= meta.held_req_ids
         self.saves.new_step(meta.step)
+
+    def _check_namespace(self, namespaces: tuple[int, ...]) -> None:
+        """Once: the scheduler's namespace for this rank must be this worker's, else every
+        block it saves is one no lookup finds (and the engine refuses its loads of the
+        scheduler's): a config the two sides read differently, said as an ERROR."""
+        self._is_namespace_checked = True
+        theirs = namespaces[self.rank] if self.rank < len(namespaces) else None
+        if theirs != self.namespace:
+            logger.error("pegaflow worker rank %d: its namespace %016x is not the scheduler's (%s): "
+                         "nothing it saves can be served (vLLM recomputes); the two sides read the "
+                         "KV cache config differently", self.rank, self.namespace,
+                         "none" if theirs is None else f"{theirs:016x}")
 
     def start_load_kv(self, runs_layer_hooks: bool = True) -> None:
         """Submit this step's loads.  ``runs_layer_hooks`` False: vLLM will not call

@@ -48,3 +48,36 @@ def test_is_mla_every_group_mla_only():
     assert is_mla(SimpleNamespace(model_config=SimpleNamespace(use_mla=True)), _kv_cache_config())
     assert not is_mla(plain, _kv_cache_config())
 
+
+
+def _vllm_config(model: str = "/m/gemma"):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(model=model, revision=None, quantization=None, hf_overrides=None,
+                                     seed=0, dtype=torch.bfloat16),
+        cache_config=SimpleNamespace(cache_dtype="auto", kv_cache_layout="NHD", prefix_caching_hash_algo="sha256"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+        load_config=SimpleNamespace(load_format="dummy"))
+
+
+def test_kv_fields_sliding_window_model_without_hybrid_manager_same_on_scheduler_and_worker():
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, UniformTypeKVCacheSpecs
+
+    from pegaflow.connector.namespace import kv_fields
+    # 1. A Gemma-3-like model with vLLM's hybrid manager off: its sliding-window layers become
+    #    full attention with a window, so the workers' one group is a UniformTypeKVCacheSpecs...
+    def layer(window):
+        return FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=256, dtype=torch.bfloat16,
+                                 sliding_window=window)
+    per_layer = {f"model.layers.{i}.attn": layer(512 if i % 6 != 5 else None) for i in range(12)}
+    group = KVCacheGroupSpec(list(per_layer), UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=per_layer))
+    worker = KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=[group])
+    # 2. ...while vLLM hands its scheduler the first layer's spec in its place.
+    scheduler = generate_scheduler_kv_cache_config([worker])
+    assert type(scheduler.kv_cache_groups[0].kv_cache_spec) is not type(group.kv_cache_spec)
+    # 3. Both fingerprint the same fields: a worker's saves are found by the scheduler's lookups.
+    config = _vllm_config()
+    assert kv_fields(config, worker) == kv_fields(config, scheduler)
+    assert kv_fields(config, worker)["groups"][0]["head_size"] == 256
+    # 4. Another model still gets another namespace.
+    assert kv_fields(_vllm_config("/m/other"), worker) != kv_fields(config, scheduler)

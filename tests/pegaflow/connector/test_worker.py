@@ -486,3 +486,19 @@ def test_worker_step_whose_engine_was_replaced_mid_step_saves_nothing_computed_f
     worker.get_finished(set())
     assert second.saves == [] and first.saves == []
     assert worker.get_block_ids_with_load_errors() == {5, 6}
+
+
+def test_worker_namespace_unlike_the_schedulers_is_said_once_as_an_error(caplog):
+    from pegaflow.connector.metadata import PegaConnectorMetadata
+    # 1. Rank 1's own namespace agrees with what the scheduler sends for it: nothing said.
+    worker = WorkerSide(ConnectorConfig(), namespace=7, rank=1, num_blocks=8)
+    with caplog.at_level("ERROR", logger="pegaflow.connector.worker"):
+        worker.bind(PegaConnectorMetadata(step=1, namespaces=(5, 7)))
+    assert not caplog.records
+    # 2. A worker that read the config otherwise: one ERROR naming both, however many steps.
+    other = WorkerSide(ConnectorConfig(), namespace=9, rank=1, num_blocks=8)
+    with caplog.at_level("ERROR", logger="pegaflow.connector.worker"):
+        for step in (1, 2, 3):
+            other.bind(PegaConnectorMetadata(step=step, namespaces=(5, 7)))
+    assert len(caplog.records) == 1
+    assert "0000000000000009" in caplog.text and "0000000000000007" in caplog.text
