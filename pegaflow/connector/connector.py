@@ -78,21 +78,29 @@ def instance_key(vllm_config) -> int:
     return int.from_bytes(digest, "little") >> 1 or 1
 
 
-# vLLM's hybrid KV cache manager needs a connector that handles several KV cache groups.
-# pegaflow does where vLLM can take a failed load of such a model as a failed request
-# (KVConnectorTransferResults.failed_recving); older vLLMs (0.26) can take only failed
-# block ids, which they cannot map back to several groups, so there pegaflow does not
-# claim the support and vLLM turns its hybrid manager off (one group, as before).
+# vLLM's hybrid KV cache manager needs a connector that handles several KV cache groups, and
+# vLLM turns the manager off for one that does not claim to, whatever the model: a hybrid SSM
+# model (Jamba, Qwen3-Next) then fails to start.  pegaflow claims it on every vLLM, so no
+# model fails to start for its sake.  It serves several groups where vLLM can take a failed
+# load of such a model as a failed request (KVConnectorTransferResults.failed_recving); older
+# vLLMs (0.26) can take only failed block ids, which they cannot map back to several groups,
+# so there its cache is off for a model vLLM gives several groups (kv_cache_groups), and a
+# sliding-window model is served once vLLM runs without the manager (one group).
 HAS_FAILED_RECVING = hasattr(vllm_base, "KVConnectorTransferResults")
-_BASES = (KVConnectorBase_V1, vllm_base.SupportsHMA) if HAS_FAILED_RECVING else (KVConnectorBase_V1,)
+_BASES = (KVConnectorBase_V1, vllm_base.SupportsHMA)
 # The KV cache groups whose blocks hold a prefix's KV as positions (served from blocks).
 SERVABLE_GROUP_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec"})
+NO_FAILED_REQUESTS = ("this vLLM cannot take a failed load of a model with several KV cache groups "
+                      "(it has no failed_recving); start vLLM with --disable-hybrid-kv-cache-manager "
+                      "to have pegaflow serve a sliding-window model (one group)")
 
 
-def kv_cache_groups(kv_cache_config, block_size: int) -> tuple[list[list[str]], str | None]:
+def kv_cache_groups(kv_cache_config, block_size: int,
+                    can_fail_requests: bool = HAS_FAILED_RECVING) -> tuple[list[list[str]], str | None]:
     """Each KV cache group's layer names, and why pegaflow cannot serve them (None: it can).
     A group whose state is not a block per position (Mamba's SSM state, a circular buffer,
-    ...) or whose blocks are of another size cannot be served from stored blocks."""
+    ...) or whose blocks are of another size cannot be served from stored blocks; nor can
+    several groups where a failed load could not be told to vLLM (``can_fail_requests``)."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     names = [list(g.layer_names) for g in groups]
     if len(groups) <= 1:
@@ -100,10 +108,10 @@ def kv_cache_groups(kv_cache_config, block_size: int) -> tuple[list[list[str]], 
     for g in groups:
         spec = scheduler_view(g.kv_cache_spec)  # (the same answer on both sides)
         if type(spec).__name__ not in SERVABLE_GROUP_SPECS:
-            return names, f"a KV cache group of {type(spec).__name__}"
+            return names, f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
         if getattr(spec, "block_size", block_size) != block_size:
             return names, f"a KV cache group of {spec.block_size}-token blocks (not {block_size})"
-    return names, None
+    return names, None if can_fail_requests else NO_FAILED_REQUESTS
 
 
 class PegaKVConnector(*_BASES):
@@ -115,8 +123,8 @@ class PegaKVConnector(*_BASES):
         self._groups, unservable = kv_cache_groups(kv_cache_config, block_size)
         self._is_off = unservable is not None  # (its KV memory is not even registered)
         if unservable is not None:
-            logger.error("pegaflow: this model has %s, whose state is not stored blocks of "
-                         "positions; the cache is off for it (vLLM computes every prompt)", unservable)
+            logger.error("pegaflow: the cache is off for this model (vLLM computes every prompt): %s",
+                         unservable)
             self.pega_config = dataclasses.replace(self.pega_config, enable_load=False, enable_save=False)
         base = kv_fields(vllm_config, kv_cache_config)
         logger.debug("pegaflow namespace fields: %s", base)

@@ -171,7 +171,21 @@ def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
     config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec", 32)]
     assert "32-token" in kv_cache_groups(config, BLOCK)[1]
     config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec")]
-    assert kv_cache_groups(config, BLOCK)[1] is None
+    assert kv_cache_groups(config, BLOCK, can_fail_requests=True)[1] is None
+    # A vLLM that cannot take a failed load of several groups (0.26): off, saying how to be
+    # served (one group, the hybrid manager off); one group needs no such word.
+    assert "--disable-hybrid-kv-cache-manager" in kv_cache_groups(config, BLOCK, can_fail_requests=False)[1]
+    config.kv_cache_groups = config.kv_cache_groups[:1]
+    assert kv_cache_groups(config, BLOCK, can_fail_requests=False)[1] is None
+
+
+def test_connector_claims_hybrid_support_on_every_vllm():
+    # vLLM turns its hybrid manager off for a connector that does not claim it, and a hybrid
+    # SSM model then fails to start: pegaflow claims it whatever vLLM can take.
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA, supports_hma
+
+    from pegaflow.connector import PegaKVConnector
+    assert issubclass(PegaKVConnector, SupportsHMA) and supports_hma(PegaKVConnector)
 
 
 def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off():
