@@ -96,7 +96,7 @@ NO_FAILED_REQUESTS = ("this vLLM cannot take a failed load of a model with sever
 
 
 def kv_cache_groups(kv_cache_config, block_size: int,
-                    can_fail_requests: bool = HAS_FAILED_RECVING) -> tuple[list[list[str]], str | None]:
+                    can_fail_requests: bool = True) -> tuple[list[list[str]], str | None]:
     """Each KV cache group's layer names, and why pegaflow cannot serve them (None: it can).
     A group whose state is not a block per position (Mamba's SSM state, a circular buffer,
     ...) or whose blocks are of another size cannot be served from stored blocks; nor can
@@ -120,7 +120,7 @@ class PegaKVConnector(*_BASES):
         transfer = vllm_config.kv_transfer_config
         self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config)
         block_size = vllm_config.cache_config.block_size
-        self._groups, unservable = kv_cache_groups(kv_cache_config, block_size)
+        self._groups, unservable = kv_cache_groups(kv_cache_config, block_size, HAS_FAILED_RECVING)
         self._is_off = unservable is not None  # (its KV memory is not even registered)
         if unservable is not None:
             logger.error("pegaflow: the cache is off for this model (vLLM computes every prompt): %s",

@@ -171,7 +171,7 @@ def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
     config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec", 32)]
     assert "32-token" in kv_cache_groups(config, BLOCK)[1]
     config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec")]
-    assert kv_cache_groups(config, BLOCK, can_fail_requests=True)[1] is None
+    assert kv_cache_groups(config, BLOCK)[1] is None
     # A vLLM that cannot take a failed load of several groups (0.26): off, saying how to be
     # served (one group, the hybrid manager off); one group needs no such word.
     assert "--disable-hybrid-kv-cache-manager" in kv_cache_groups(config, BLOCK, can_fail_requests=False)[1]
@@ -210,5 +210,35 @@ def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off():
     assert not scheduler.pega_config.enable_load and not scheduler.pega_config.enable_save
     request = make_request("r", PROMPT)
     assert scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
+    worker.shutdown()
+    scheduler.shutdown()
+
+
+def test_connector_sliding_window_groups_on_a_vllm_without_failed_requests_start_with_the_cache_off(
+        monkeypatch, caplog):
+    # vLLM 0.26 keeps its hybrid manager on for pegaflow but cannot take a failed load of
+    # several groups: the cache is off for such a model, and one ERROR says how to be served.
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from pegaflow.connector import connector as connector_module
+    from tests.pegaflow.connector.vllm_harness import TINY_MODEL
+
+    monkeypatch.setattr(connector_module, "HAS_FAILED_RECVING", False)
+
+    def group(name, spec_type):
+        return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": BLOCK})())
+
+    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[group("full", "FullAttentionSpec"),
+                                                                     group("swa", "SlidingWindowSpec")])
+    config = VllmInstance._vllm_config("nosuchengine", {}, TINY_MODEL, 256, "bfloat16", 1)
+    with caplog.at_level("ERROR", logger="pegaflow.connector.connector"):
+        scheduler = connector_module.PegaKVConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        worker = connector_module.PegaKVConnector(config, KVConnectorRole.WORKER, kv_cache_config)
+    worker.register_kv_caches({"full": torch.zeros(8, 2, 16, 128), "swa": torch.zeros(8, 2, 16, 128)})
+    assert worker._worker.memory is None
+    assert not scheduler.pega_config.enable_load and not scheduler.pega_config.enable_save
+    assert scheduler.get_num_new_matched_tokens(make_request("r", PROMPT), 0) == (0, False)
+    assert "--disable-hybrid-kv-cache-manager" in caplog.text
     worker.shutdown()
     scheduler.shutdown()
