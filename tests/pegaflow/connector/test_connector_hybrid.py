@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,6 +30,7 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not HAS_FAILED_RECVING, reason="this vLLM turns its hybrid manager off for us")]
 
 PROMPT = list(range(300, 300 + 6 * BLOCK + 5))  # 6 full blocks and 5 tokens
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -181,11 +185,19 @@ def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
 
 def test_connector_claims_hybrid_support_on_every_vllm():
     # vLLM turns its hybrid manager off for a connector that does not claim it, and a hybrid
-    # SSM model then fails to start: pegaflow claims it whatever vLLM can take.
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA, supports_hma
-
-    from pegaflow.connector import PegaKVConnector
-    assert issubclass(PegaKVConnector, SupportsHMA) and supports_hma(PegaKVConnector)
+    # SSM model then fails to start: pegaflow claims it whatever vLLM can take, a vLLM
+    # without failed_recving (0.26, played here by removing it before the import) included.
+    probe = ("from vllm.distributed.kv_transfer.kv_connector.v1 import base\n"
+             "for has in (True, False):\n"
+             "    if not has:\n"
+             "        del base.KVConnectorTransferResults\n"
+             "        import importlib, pegaflow.connector.connector as c; importlib.reload(c)\n"
+             "    from pegaflow.connector import connector as c\n"
+             "    print(c.HAS_FAILED_RECVING, base.supports_hma(c.PegaKVConnector))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "False", "True"], out.stdout
 
 
 def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off():

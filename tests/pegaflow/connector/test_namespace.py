@@ -49,7 +49,6 @@ def test_is_mla_every_group_mla_only():
     assert not is_mla(plain, _kv_cache_config())
 
 
-
 def _vllm_config(model: str = "/m/gemma"):
     return SimpleNamespace(
         model_config=SimpleNamespace(model=model, revision=None, quantization=None, hf_overrides=None,
