@@ -83,7 +83,7 @@ def instance_key(vllm_config) -> int:
 # model (Jamba, Qwen3-Next) then fails to start.  pegaflow claims it on every vLLM, so no
 # model fails to start for its sake.  It serves several groups where vLLM can take a failed
 # load of such a model as a failed request (KVConnectorTransferResults.failed_recving); older
-# vLLMs (0.26) can take only failed block ids, which they cannot map back to several groups,
+# vLLMs (up to 0.29) can take only failed block ids, which they cannot map back to several groups,
 # so there its cache is off for a model vLLM gives several groups (kv_cache_groups), and a
 # sliding-window model is served once vLLM runs without the manager (one group).
 HAS_FAILED_RECVING = hasattr(vllm_base, "KVConnectorTransferResults")
@@ -155,8 +155,9 @@ class PegaKVConnector(*_BASES):
                                       voters=(tp_size, tp_rank) if shares_tp else None)
         # (the scheduler's and the workers' namespaces must agree: a block saved under one is
         # found only by lookups under the same)
-        logger.info("pegaflow connector (%s) for engine %r, %s loads, saves %s, namespace %s",
-                    role.name.lower(), self.pega_config.engine_name, self.pega_config.load_mode,
+        logger.info("pegaflow connector (%s) for engine %r, loads %s, saves %s, namespace %s",
+                    role.name.lower(), self.pega_config.engine_name,
+                    self.pega_config.load_mode if self.pega_config.enable_load else "off",
                     "on" if self.pega_config.enable_save else "off",
                     " ".join(f"{n:016x}" for n in namespaces))
 

@@ -11,7 +11,7 @@ connector, runs them once: its cached tokens (its GPU cache starts empty) are wh
 engine served.  Where vLLM turns its hybrid KV cache manager off for pegaflow (0.26), R runs
 without it as well.  B's greedy tokens and top-5 logprobs must equal R's second pass bit for
 bit, and B must be served at least 95 % of what that pass hit.  With
-``PEGAFLOW_MODELS_JSON=path`` each family's figures are merged into that file (under
+``MODELS_JSON=path`` each family's figures are merged into that file (under
 ``families``).  Families: a sliding-window model (Gemma-3-1B shape), an MLA model
 (DeepSeek-V2-Lite shape, TP=1), and a dense model with an EAGLE drafter (its layers are not
 stored: the target's prefix is served, the outputs stay the target's).  A hybrid SSM
@@ -79,7 +79,7 @@ def _equal(batches: list, reference: list) -> bool:
 
 
 def _record(family: str, figures: dict) -> None:
-    path = os.environ.get("PEGAFLOW_MODELS_JSON")
+    path = os.environ.get("MODELS_JSON")
     if not path:
         return
     data = json.loads(Path(path).read_text()) if Path(path).exists() else {}

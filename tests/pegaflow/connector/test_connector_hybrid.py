@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pegaflow.connector.connector import HAS_FAILED_RECVING, kv_cache_groups
+from pegaflow.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import (
     BLOCK,
     NUM_LAYERS,
@@ -200,9 +201,10 @@ def test_connector_claims_hybrid_support_on_every_vllm():
     assert out.stdout.split() == ["True", "True", "False", "True"], out.stdout
 
 
-def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off():
+def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off(vllm_engine):
     # A worker of such a model registers nothing (its state's layout need not parse), and
-    # its scheduler side offers no hit and plans no save: vLLM computes every prompt.
+    # its scheduler side offers no hit, plans no save and holds no slot of the engine:
+    # vLLM computes every prompt.
     import torch
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
@@ -214,7 +216,7 @@ def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off():
 
     kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[group("attn", "FullAttentionSpec"),
                                                                      group("ssm", "MambaSpec")])
-    config = VllmInstance._vllm_config("nosuchengine", {}, TINY_MODEL, 256, "bfloat16", 1)
+    config = VllmInstance._vllm_config(vllm_engine.name, {}, TINY_MODEL, 256, "bfloat16", 1)
     worker = PegaKVConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     worker.register_kv_caches({"attn": torch.zeros(8, 2, 16, 128), "ssm": torch.zeros(8, 3, 5)})
     assert worker._worker.memory is None
@@ -222,6 +224,8 @@ def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off():
     assert not scheduler.pega_config.enable_load and not scheduler.pega_config.enable_save
     request = make_request("r", PROMPT)
     assert scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
+    assert scheduler._scheduler.link.client() is None  # (what every step's metadata asks)
+    assert read_stats(vllm_engine.name)["clients"] == []
     worker.shutdown()
     scheduler.shutdown()
 
