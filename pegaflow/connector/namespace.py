@@ -37,11 +37,14 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     parallel = vllm_config.parallel_config
+    pp_size = parallel.pipeline_parallel_size
     groups = []
     for group in kv_cache_config.kv_cache_groups:
         spec = scheduler_view(group.kv_cache_spec)
         groups.append({
-            "type": type(spec).__name__, "layers": len(group.layer_names),
+            # (under PP a worker's groups hold its stage's layers only, and the scheduler's
+            # copy is the first stage's: the stages' split is fingerprinted instead, below)
+            "type": type(spec).__name__, "layers": len(group.layer_names) if pp_size == 1 else None,
             "block_size": spec.block_size, "num_kv_heads": getattr(spec, "num_kv_heads", None),
             "head_size": getattr(spec, "head_size", None), "dtype": str(getattr(spec, "dtype", "")),
         })
@@ -57,9 +60,19 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
         "dtype": str(model.dtype), "cache_dtype": str(cache.cache_dtype),
         "kv_layout": str(getattr(cache, "kv_cache_layout", None) or _legacy_layout()),
         "hash_algo": str(getattr(cache, "prefix_caching_hash_algo", "")),
-        "tp_size": parallel.tensor_parallel_size, "pp_size": parallel.pipeline_parallel_size,
+        "tp_size": parallel.tensor_parallel_size, "pp_size": pp_size,
         "groups": groups,
+        **({"pp_layers": pipeline_split(model, pp_size)} if pp_size > 1 else {}),
     }
+
+
+def pipeline_split(model_config, pp_size: int) -> list[tuple[int, int]]:
+    """Each pipeline stage's decoder layers, [start, end), as vLLM splits them (it honours
+    VLLM_PP_LAYER_PARTITION): the same on the scheduler and on every stage's workers, where
+    the KV cache groups each side sees are not (a stage's hold its own layers only)."""
+    from vllm.distributed.utils import get_pp_indices
+    total = model_config.get_total_num_hidden_layers()
+    return [tuple(get_pp_indices(total, rank, pp_size)) for rank in range(pp_size)]
 
 
 def scheduler_view(spec):

@@ -186,7 +186,8 @@ def _fake_configs(**overrides):
     vllm_config = SimpleNamespace(
         model_config=SimpleNamespace(model=values["model"], revision=values["revision"], dtype=values["dtype"],
                                      quantization=values["quantization"],
-                                     hf_overrides=values["hf_overrides"], seed=values["seed"]),
+                                     hf_overrides=values["hf_overrides"], seed=values["seed"],
+                                     get_total_num_hidden_layers=lambda: values["num_layers"]),
         load_config=SimpleNamespace(load_format=values["load_format"]),
         cache_config=SimpleNamespace(cache_dtype=values["cache_dtype"], kv_cache_layout=values["kv_cache_layout"],
                                      prefix_caching_hash_algo=values["hash_algo"]),

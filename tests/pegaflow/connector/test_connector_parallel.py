@@ -68,6 +68,18 @@ def test_connector_tp2_dense_each_rank_is_served_its_own_kv(engine):
     _assert_served_from_the_pool(engine.name, False)
 
 
+def test_connector_tp2_scheduler_sends_each_rank_its_workers_namespace(engine):
+    # The scheduler looks up rank r's blocks under the r-th namespace it sends; each worker
+    # saves under its own: they must be the same, in rank order (two per-rank namespaces).
+    vllm = VllmInstance(engine.name, tp_size=TP)
+    try:
+        vllm.add(make_request("r", PROMPT))
+        sent = vllm.step().output.kv_connector_metadata.namespaces
+        assert sent == tuple(worker._worker.namespace for worker in vllm.workers) and len(set(sent)) == TP
+    finally:
+        vllm.close()
+
+
 def test_connector_tp2_mla_stores_one_copy_and_serves_every_rank_from_it(engine):
     # 1. A TP=2 MLA vLLM computes the prompt: both ranks save the same 5 latent blocks
     #    under one shared namespace.

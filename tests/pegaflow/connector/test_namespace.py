@@ -49,13 +49,48 @@ def test_is_mla_every_group_mla_only():
     assert not is_mla(plain, _kv_cache_config())
 
 
-def _vllm_config(model: str = "/m/gemma"):
+def _vllm_config(model: str = "/m/gemma", pp_size: int = 1, num_layers: int = 12):
     return SimpleNamespace(
         model_config=SimpleNamespace(model=model, revision=None, quantization=None, hf_overrides=None,
-                                     seed=0, dtype=torch.bfloat16),
+                                     seed=0, dtype=torch.bfloat16, get_total_num_hidden_layers=lambda: num_layers),
         cache_config=SimpleNamespace(cache_dtype="auto", kv_cache_layout="NHD", prefix_caching_hash_algo="sha256"),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=pp_size),
         load_config=SimpleNamespace(load_format="dummy"))
+
+
+def test_rank_namespace_pipeline_stages_of_uneven_layer_counts_same_on_scheduler_and_worker(monkeypatch):
+    from vllm.distributed.utils import get_pp_indices
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    try:
+        from vllm.v1.core.kv_cache_planning import _project_kv_cache_groups_to_worker as project
+    except ImportError:  # (where vLLM kept it before)
+        from vllm.v1.core.kv_cache_utils import _project_kv_cache_groups_to_worker as project
+
+    from pegaflow.connector.namespace import kv_fields
+    # 1. 26 layers over PP=4: vLLM gives the stages 6, 7, 7 and 6 layers, and each stage's
+    #    workers a group of their own layers; the scheduler's config is the first stage's.
+    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(26)]
+    whole = [KVCacheGroupSpec(names, spec)]
+    workers = []
+    for rank in range(4):
+        start, end = get_pp_indices(26, rank, 4)
+        groups = project(whole, {name: spec for name in names[start:end]})
+        workers.append(KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=groups))
+    assert [len(w.kv_cache_groups[0].layer_names) for w in workers] == [6, 7, 7, 6]
+    scheduler = generate_scheduler_kv_cache_config(workers)
+    # 2. Each stage's namespace is the one the scheduler looks up for that stage.
+    config = _vllm_config("/m/llama", pp_size=4, num_layers=26)
+    for rank, worker in enumerate(workers):
+        assert rank_namespace(kv_fields(config, worker), 0, rank) == rank_namespace(
+            kv_fields(config, scheduler), 0, rank)
+    # 3. Another split of the same stages (VLLM_PP_LAYER_PARTITION) holds other layers per
+    #    stage: another namespace.
+    default = kv_fields(config, scheduler)
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "8,6,6,6")
+    assert kv_fields(config, scheduler) != default
 
 
 def test_kv_fields_sliding_window_model_without_hybrid_manager_same_on_scheduler_and_worker():
