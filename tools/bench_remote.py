@@ -101,7 +101,7 @@ def tcp_transfer(hosts: TwoHosts, num_bytes: int) -> float:
     """Seconds one plain socket takes to move ``num_bytes`` from the first host to the second."""
     port = free_port(hosts)
     base = [sys.executable, "-m", "tools.bench_remote"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     sender = subprocess.Popen([*hosts.first.prefix, *base, "--tcp-send", f"{hosts.first.address}:{port}",
                                str(num_bytes)], cwd=ROOT, env=env)
     try:

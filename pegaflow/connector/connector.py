@@ -95,22 +95,37 @@ NO_FAILED_REQUESTS = ("this vLLM cannot take a failed load of a model with sever
                       "to have pegaflow serve a sliding-window model (one group)")
 
 
-def kv_cache_groups(kv_cache_config, block_size: int,
-                    can_fail_requests: bool = True) -> tuple[list[list[str]], str | None]:
+def kv_cache_groups(kv_cache_config, block_size: int, can_fail_requests: bool = True,
+                    hash_unit: int | None = None) -> tuple[list[list[str]], str | None]:
     """Each KV cache group's layer names, and why pegaflow cannot serve them (None: it can).
     A group whose state is not a block per position (Mamba's SSM state, a circular buffer,
     ...) or whose blocks are of another size cannot be served from stored blocks; nor can
-    several groups where a failed load could not be told to vLLM (``can_fail_requests``)."""
+    several groups where a failed load could not be told to vLLM (``can_fail_requests``),
+    or whose prefixes vLLM hashes every ``hash_unit`` tokens (``prefix_match_unit``) rather
+    than every block.  One group must keep a block for every position (full attention, MLA):
+    a failed load of a windowed one would be recomputed from its first loaded block, and
+    vLLM keeps no blocks for the window before it."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     names = [list(g.layer_names) for g in groups]
-    if len(groups) <= 1:
+    if not groups:
         return names, None
+    if len(groups) == 1:
+        spec = scheduler_view(groups[0].kv_cache_spec)
+        if "FullAttentionSpec" in {cls.__name__ for cls in type(spec).__mro__}:
+            return names, None
+        if type(spec).__name__ in SERVABLE_GROUP_SPECS:  # a window on every layer
+            return names, (f"one KV cache group of {type(spec).__name__}: a failed load could not be "
+                           "recomputed (vLLM keeps no blocks for the positions it let go)")
+        return names, f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
     for g in groups:
         spec = scheduler_view(g.kv_cache_spec)  # (the same answer on both sides)
         if type(spec).__name__ not in SERVABLE_GROUP_SPECS:
             return names, f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
         if getattr(spec, "block_size", block_size) != block_size:
             return names, f"a KV cache group of {spec.block_size}-token blocks (not {block_size})"
+    if hash_unit not in (None, block_size):
+        return names, (f"vLLM hashes prefixes every {hash_unit} tokens (prefix_match_unit), not every "
+                       f"{block_size}-token block")
     return names, None if can_fail_requests else NO_FAILED_REQUESTS
 
 
@@ -120,12 +135,16 @@ class PegaKVConnector(*_BASES):
         transfer = vllm_config.kv_transfer_config
         self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config)
         block_size = vllm_config.cache_config.block_size
-        self._groups, unservable = kv_cache_groups(kv_cache_config, block_size, HAS_FAILED_RECVING)
-        self._is_off = unservable is not None  # (its KV memory is not even registered)
+        self._groups, unservable = kv_cache_groups(
+            kv_cache_config, block_size, HAS_FAILED_RECVING,
+            getattr(vllm_config.cache_config, "prefix_match_unit", None))
         if unservable is not None:
             logger.error("pegaflow: the cache is off for this model (vLLM computes every prompt): %s",
                          unservable)
             self.pega_config = dataclasses.replace(self.pega_config, enable_load=False, enable_save=False)
+        # Off (a model it cannot serve, or loads and saves both disabled): its KV memory is not
+        # even registered, and neither side takes a slot of the engine.
+        self._is_off = not (self.pega_config.enable_load or self.pega_config.enable_save)
         base = kv_fields(vllm_config, kv_cache_config)
         logger.debug("pegaflow namespace fields: %s", base)
         tp_size = vllm_config.parallel_config.tensor_parallel_size

@@ -27,8 +27,11 @@ from tests.pegaflow.connector.vllm_harness import (
     make_request,
 )
 
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(not HAS_FAILED_RECVING, reason="this vLLM turns its hybrid manager off for us")]
+pytestmark = pytest.mark.vllm
+# Serving several groups needs a vLLM that can take a failed load of them (failed_recving);
+# on one that cannot (0.26) the cache is off for such a model (the tests below it).
+needs_failed_recving = pytest.mark.skipif(not HAS_FAILED_RECVING, reason="this vLLM cannot take a failed "
+                                          "load of several groups: pegaflow's cache is off for them")
 
 PROMPT = list(range(300, 300 + 6 * BLOCK + 5))  # 6 full blocks and 5 tokens
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,6 +52,7 @@ def _warm(engine_name: str, groups, prompt=PROMPT, **kwargs) -> None:
 
 
 @pytest.mark.parametrize("groups", [TWO_GROUPS, THREE_GROUPS], ids=["two-groups", "three-groups"])
+@needs_failed_recving
 def test_connector_hybrid_each_group_is_served_its_own_blocks_exactly(engine, groups):
     # 1. A first vLLM computes the prompt: every group saves its own blocks.
     _warm(engine.name, groups)
@@ -80,6 +84,7 @@ def test_connector_hybrid_each_group_is_served_its_own_blocks_exactly(engine, gr
         second.close()
 
 
+@needs_failed_recving
 def test_connector_hybrid_failed_load_fails_the_request_and_vllm_recomputes_it(engine):
     # 1. The prefix is stored; a fresh vLLM looks it up and plans its load.
     _warm(engine.name, TWO_GROUPS)
@@ -118,6 +123,7 @@ def test_connector_hybrid_failed_load_fails_the_request_and_vllm_recomputes_it(e
         second.close()
 
 
+@needs_failed_recving
 def test_connector_hybrid_block_a_window_let_go_waits_for_its_save_before_reuse(engine):
     # A long prompt in 64-token chunks on a small GPU cache: the sliding window gives blocks
     # back inside schedule() and vLLM hands them out again at once.  The engine is stopped,
@@ -184,21 +190,53 @@ def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
     assert kv_cache_groups(config, BLOCK, can_fail_requests=False)[1] is None
 
 
+def test_connector_hybrid_groups_hashed_finer_than_a_block_turn_the_cache_off():
+    # vLLM hashes a prefix every prefix_match_unit tokens where it has several groups: a
+    # block stored under such a hash would be served to a prompt sharing only its first
+    # unit of tokens.  Off, unless the unit is the block.
+    def group(name, spec_type):
+        return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": BLOCK})())
+
+    config = SimpleNamespace(kv_cache_groups=[group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec")])
+    assert "every 8 tokens" in kv_cache_groups(config, BLOCK, hash_unit=8)[1]
+    assert kv_cache_groups(config, BLOCK, hash_unit=BLOCK)[1] is None
+
+
+def test_connector_one_group_is_served_only_where_it_keeps_a_block_per_position():
+    # One group of full attention (MLA, a sink: its subclasses) keeps every position's block,
+    # so a failed load is recomputed from the failed block.  Of a window on every layer vLLM
+    # keeps no blocks before the window, and Mamba state is not positions: off for both.
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+
+    def one(spec):
+        return kv_cache_groups(SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l"],
+                                                                                kv_cache_spec=spec)]), BLOCK)[1]
+
+    assert one(FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)) is None
+    assert one(MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)) is None
+    window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16,
+                               sliding_window=4 * BLOCK)
+    assert "could not be recomputed" in one(window)
+    assert "MambaSpec" in one(type("MambaSpec", (), {"block_size": BLOCK})())
+
+
 def test_connector_claims_hybrid_support_on_every_vllm():
     # vLLM turns its hybrid manager off for a connector that does not claim it, and a hybrid
     # SSM model then fails to start: pegaflow claims it whatever vLLM can take, a vLLM
-    # without failed_recving (0.26, played here by removing it before the import) included.
+    # without failed_recving (0.26, or played here by removing it before the import) included.
     probe = ("from vllm.distributed.kv_transfer.kv_connector.v1 import base\n"
              "for has in (True, False):\n"
              "    if not has:\n"
-             "        del base.KVConnectorTransferResults\n"
+             "        vars(base).pop('KVConnectorTransferResults', None)\n"
              "        import importlib, pegaflow.connector.connector as c; importlib.reload(c)\n"
              "    from pegaflow.connector import connector as c\n"
              "    print(c.HAS_FAILED_RECVING, base.supports_hma(c.PegaKVConnector))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)))
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["True", "True", "False", "True"], out.stdout
+    assert out.stdout.split() == [str(HAS_FAILED_RECVING), "True", "False", "True"], out.stdout
 
 
 def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off(vllm_engine):

@@ -501,3 +501,16 @@ def test_connector_with_saving_off_sends_the_scheduler_no_save_reports(engine):
         assert saving.worker.build_connector_worker_meta() is not None
     finally:
         saving.close()
+
+
+def test_connector_with_loads_and_saves_off_holds_no_engine_slot(engine):
+    # Nothing to look up or save: vLLM runs with neither side attached to the engine (a
+    # client slot held for nothing could turn away an instance that caches).
+    vllm = VllmInstance(engine.name, extra={"enable_save": False, "enable_load": False})
+    try:
+        vllm.add(make_request("r", PROMPT))
+        vllm.run_until_done()
+        assert read_stats(engine.name)["clients"] == []
+        assert vllm.external_hits() == 0
+    finally:
+        vllm.close()

@@ -44,6 +44,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from pegaflow.connector import PegaKVConnector, kv_transfer_config
+from pegaflow.connector.connector import HAS_FAILED_RECVING
 from pegaflow.host_memory import HostKVBuffer
 
 TINY_MODEL = Path(__file__).resolve().parents[2] / "data" / "tiny-llama"
@@ -207,7 +208,7 @@ class VllmInstance:
                     worker.save_kv_layer(name, kv_caches[name], None)
             worker.wait_for_save()
             failed = set()
-            if hasattr(worker, "get_transfer_results"):  # vLLM 0.33: failed loads as failed requests
+            if HAS_FAILED_RECVING:  # (vLLM 0.30 on) failed loads as failed requests
                 results = worker.get_transfer_results(out.finished_req_ids)
                 sending, recving, failed = results.finished_sending, results.finished_recving, results.failed_recving
             else:
