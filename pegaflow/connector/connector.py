@@ -90,6 +90,8 @@ HAS_FAILED_RECVING = hasattr(vllm_base, "KVConnectorTransferResults")
 _BASES = (KVConnectorBase_V1, vllm_base.SupportsHMA)
 # The KV cache groups whose blocks hold a prefix's KV as positions (served from blocks).
 SERVABLE_GROUP_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec"})
+# Attention whose blocks vLLM lets go before a request ends (a window; R-SWA's decode blocks).
+LETS_BLOCKS_GO = frozenset({"SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec", "RSWASpec"})
 NO_FAILED_REQUESTS = ("this vLLM cannot take a failed load of a model with several KV cache groups "
                       "(it has no failed_recving); start vLLM with --disable-hybrid-kv-cache-manager "
                       "to have pegaflow serve a sliding-window model (one group)")
@@ -111,11 +113,12 @@ def kv_cache_groups(kv_cache_config, block_size: int, can_fail_requests: bool = 
         return names, None
     if len(groups) == 1:
         spec = scheduler_view(groups[0].kv_cache_spec)
-        if "FullAttentionSpec" in {cls.__name__ for cls in type(spec).__mro__}:
+        kind = type(spec).__name__
+        if kind not in LETS_BLOCKS_GO and "FullAttentionSpec" in {cls.__name__ for cls in type(spec).__mro__}:
             return names, None
-        if type(spec).__name__ in SERVABLE_GROUP_SPECS:  # a window on every layer
-            return names, (f"one KV cache group of {type(spec).__name__}: a failed load could not be "
-                           "recomputed (vLLM keeps no blocks for the positions it let go)")
+        if kind in LETS_BLOCKS_GO:
+            return names, (f"one KV cache group of {kind}: a failed load could not be recomputed "
+                           "(vLLM keeps no blocks for the positions it let go)")
         return names, f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
     for g in groups:
         spec = scheduler_view(g.kv_cache_spec)  # (the same answer on both sides)

@@ -41,13 +41,18 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
     groups = []
     for group in kv_cache_config.kv_cache_groups:
         spec = scheduler_view(group.kv_cache_spec)
-        groups.append({
-            # (under PP a worker's groups hold its stage's layers only, and the scheduler's
-            # copy is the first stage's: the stages' split is fingerprinted instead, below)
-            "type": type(spec).__name__, "layers": len(group.layer_names) if pp_size == 1 else None,
-            "block_size": spec.block_size, "num_kv_heads": getattr(spec, "num_kv_heads", None),
-            "head_size": getattr(spec, "head_size", None), "dtype": str(getattr(spec, "dtype", "")),
-        })
+        if pp_size == 1:
+            groups.append({
+                "type": type(spec).__name__, "layers": len(group.layer_names),
+                "block_size": spec.block_size, "num_kv_heads": getattr(spec, "num_kv_heads", None),
+                "head_size": getattr(spec, "head_size", None), "dtype": str(getattr(spec, "dtype", "")),
+            })
+        else:
+            # Under PP a worker's groups hold its stage's layers only, and the scheduler's copy
+            # is the first stage's: a group's layer count, and the heads of its first layer
+            # (a group of per-layer specs may mix head sizes), differ by stage.  The stages'
+            # split is fingerprinted instead (below); the heads follow from the model.
+            groups.append({"type": type(spec).__name__, "block_size": spec.block_size})
     load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", None))
     return {
         "model": str(model.model), "revision": str(getattr(model, "revision", None)),

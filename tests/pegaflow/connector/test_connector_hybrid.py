@@ -218,6 +218,8 @@ def test_connector_one_group_is_served_only_where_it_keeps_a_block_per_position(
     window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16,
                                sliding_window=4 * BLOCK)
     assert "could not be recomputed" in one(window)
+    assert "could not be recomputed" in one(type("RSWASpec", (FullAttentionSpec,), {})(
+        block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16))
     assert "MambaSpec" in one(type("MambaSpec", (), {"block_size": BLOCK})())
 
 

@@ -93,6 +93,39 @@ def test_rank_namespace_pipeline_stages_of_uneven_layer_counts_same_on_scheduler
     assert kv_fields(config, scheduler) != default
 
 
+def test_rank_namespace_pipeline_stages_starting_on_layers_of_other_heads_same_on_scheduler_and_worker(
+        monkeypatch):
+    from vllm.distributed.utils import get_pp_indices
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, UniformTypeKVCacheSpecs
+    try:
+        from vllm.v1.core.kv_cache_planning import _project_kv_cache_groups_to_worker as project
+    except ImportError:  # (where vLLM kept it before)
+        from vllm.v1.core.kv_cache_utils import _project_kv_cache_groups_to_worker as project
+
+    from pegaflow.connector.namespace import kv_fields
+    # 1. One group of per-layer specs mixing head sizes (every sixth layer 512, the others
+    #    256, as with the hybrid manager off for a model of such layers), split 5, 6, 6, 7:
+    #    stages 1 to 3 begin on a 512 layer, the scheduler's copy (stage 0's) on a 256 one.
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "5,6,6,7")
+    per_layer = {f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
+        block_size=16, num_kv_heads=2 if i % 6 == 5 else 4, head_size=512 if i % 6 == 5 else 256,
+        dtype=torch.bfloat16) for i in range(24)}
+    names = list(per_layer)
+    whole = [KVCacheGroupSpec(names, UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=per_layer))]
+    workers = []
+    for rank in range(4):
+        start, end = get_pp_indices(24, rank, 4)
+        groups = project(whole, {name: per_layer[name] for name in names[start:end]})
+        workers.append(KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=groups))
+    scheduler = generate_scheduler_kv_cache_config(workers)
+    # 2. Each stage's namespace is still the one the scheduler looks up for it.
+    config = _vllm_config("/m/gemma", pp_size=4, num_layers=24)
+    for rank, worker in enumerate(workers):
+        assert rank_namespace(kv_fields(config, worker), 0, rank) == rank_namespace(
+            kv_fields(config, scheduler), 0, rank)
+
+
 def test_kv_fields_sliding_window_model_without_hybrid_manager_same_on_scheduler_and_worker():
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, UniformTypeKVCacheSpecs
