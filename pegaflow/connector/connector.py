@@ -289,6 +289,8 @@ class PegaKVConnector(*_BASES):
     # -- stats into vLLM's metrics --------------------------------------------------------
 
     def get_kv_connector_stats(self):
+        if self._is_off:
+            return None  # nothing looked up, loaded or saved; nor an engine to be up or down
         side = self._worker if self._worker is not None else self._scheduler
         return side.take_stats() if side is not None else None
 

@@ -512,5 +512,7 @@ def test_connector_with_loads_and_saves_off_holds_no_engine_slot(engine):
         vllm.run_until_done()
         assert read_stats(engine.name)["clients"] == []
         assert vllm.external_hits() == 0
+        # (nor does it tell vLLM's metrics the engine is down: it reports nothing)
+        assert vllm.worker.get_kv_connector_stats() is None
     finally:
         vllm.close()
