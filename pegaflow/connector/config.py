@@ -51,6 +51,11 @@ class ConnectorConfig:
     def is_async_load(self) -> bool:
         return self.load_mode == "async"
 
+    @property
+    def is_off(self) -> bool:
+        """Nothing to look up or save: nothing registered, no engine slot taken."""
+        return not (self.enable_load or self.enable_save)
+
     @classmethod
     def from_sources(cls, extra_config: dict | None, environ: dict | None = None) -> "ConnectorConfig":
         extra_config = dict(extra_config or {})

@@ -113,23 +113,26 @@ def kv_cache_groups(kv_cache_config, block_size: int, can_fail_requests: bool = 
         return names, None
     if len(groups) == 1:
         spec = scheduler_view(groups[0].kv_cache_spec)
-        kind = type(spec).__name__
-        if kind not in LETS_BLOCKS_GO and "FullAttentionSpec" in {cls.__name__ for cls in type(spec).__mro__}:
+        if type(spec).__name__ in LETS_BLOCKS_GO:
+            return names, (f"one KV cache group of {type(spec).__name__}: a failed load could not be "
+                           "recomputed (vLLM keeps no blocks for the positions it let go)")
+        if "FullAttentionSpec" in {cls.__name__ for cls in type(spec).__mro__}:
             return names, None
-        if kind in LETS_BLOCKS_GO:
-            return names, (f"one KV cache group of {kind}: a failed load could not be recomputed "
-                           "(vLLM keeps no blocks for the positions it let go)")
-        return names, f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
+        return names, _not_positions(spec)
     for g in groups:
         spec = scheduler_view(g.kv_cache_spec)  # (the same answer on both sides)
         if type(spec).__name__ not in SERVABLE_GROUP_SPECS:
-            return names, f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
+            return names, _not_positions(spec)
         if getattr(spec, "block_size", block_size) != block_size:
             return names, f"a KV cache group of {spec.block_size}-token blocks (not {block_size})"
     if hash_unit not in (None, block_size):
         return names, (f"vLLM hashes prefixes every {hash_unit} tokens (prefix_match_unit), not every "
                        f"{block_size}-token block")
     return names, None if can_fail_requests else NO_FAILED_REQUESTS
+
+
+def _not_positions(spec) -> str:
+    return f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
 
 
 class PegaKVConnector(*_BASES):
@@ -147,7 +150,7 @@ class PegaKVConnector(*_BASES):
             self.pega_config = dataclasses.replace(self.pega_config, enable_load=False, enable_save=False)
         # Off (a model it cannot serve, or loads and saves both disabled): its KV memory is not
         # even registered, and neither side takes a slot of the engine.
-        self._is_off = not (self.pega_config.enable_load or self.pega_config.enable_save)
+        self._is_off = self.pega_config.is_off
         base = kv_fields(vllm_config, kv_cache_config)
         logger.debug("pegaflow namespace fields: %s", base)
         tp_size = vllm_config.parallel_config.tensor_parallel_size

@@ -76,8 +76,8 @@ class SchedulerSide:
         self._loading: dict[str, tuple[int, ...]] = {}  # hybrid: async loads' blocks, until finished
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
         self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
-        if not (config.enable_load or config.enable_save):
-            self.link.close()  # nothing to look up or save: no engine slot held for nothing
+        if config.is_off:
+            self.link.close()  # no engine slot held for nothing
 
     # -- lookup ---------------------------------------------------------------------------
 

@@ -37,6 +37,11 @@ PROMPT = list(range(300, 300 + 6 * BLOCK + 5))  # 6 full blocks and 5 tokens
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def _group(name: str, spec_type: str, block_size: int = BLOCK) -> SimpleNamespace:
+    """A KV cache group of one layer, its spec a stand-in of vLLM's class of that name."""
+    return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": block_size})())
+
+
 @pytest.fixture
 def engine(vllm_engine):
     return vllm_engine
@@ -172,16 +177,12 @@ def test_connector_hybrid_block_a_window_let_go_waits_for_its_save_before_reuse(
 def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
     # A group of Mamba state (or any spec whose blocks are not positions' KV) cannot be
     # served from stored blocks: the cache is off for that model, vLLM keeps working.
-    def group(name, spec_type, block_size=BLOCK):
-        spec = type(spec_type, (), {"block_size": block_size})()
-        return SimpleNamespace(layer_names=[name], kv_cache_spec=spec)
-
-    config = SimpleNamespace(kv_cache_groups=[group("a", "FullAttentionSpec"), group("m", "MambaSpec")])
+    config = SimpleNamespace(kv_cache_groups=[_group("a", "FullAttentionSpec"), _group("m", "MambaSpec")])
     names, why = kv_cache_groups(config, BLOCK)
     assert names == [["a"], ["m"]] and "MambaSpec" in why
-    config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec", 32)]
+    config.kv_cache_groups = [_group("a", "FullAttentionSpec"), _group("s", "SlidingWindowSpec", 32)]
     assert "32-token" in kv_cache_groups(config, BLOCK)[1]
-    config.kv_cache_groups = [group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec")]
+    config.kv_cache_groups = [_group("a", "FullAttentionSpec"), _group("s", "SlidingWindowSpec")]
     assert kv_cache_groups(config, BLOCK)[1] is None
     # A vLLM that cannot take a failed load of several groups (0.26): off, saying how to be
     # served (one group, the hybrid manager off); one group needs no such word.
@@ -194,10 +195,7 @@ def test_connector_hybrid_groups_hashed_finer_than_a_block_turn_the_cache_off():
     # vLLM hashes a prefix every prefix_match_unit tokens where it has several groups: a
     # block stored under such a hash would be served to a prompt sharing only its first
     # unit of tokens.  Off, unless the unit is the block.
-    def group(name, spec_type):
-        return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": BLOCK})())
-
-    config = SimpleNamespace(kv_cache_groups=[group("a", "FullAttentionSpec"), group("s", "SlidingWindowSpec")])
+    config = SimpleNamespace(kv_cache_groups=[_group("a", "FullAttentionSpec"), _group("s", "SlidingWindowSpec")])
     assert "every 8 tokens" in kv_cache_groups(config, BLOCK, hash_unit=8)[1]
     assert kv_cache_groups(config, BLOCK, hash_unit=BLOCK)[1] is None
 
@@ -251,11 +249,8 @@ def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off(vll
     from pegaflow.connector import PegaKVConnector
     from tests.pegaflow.connector.vllm_harness import TINY_MODEL
 
-    def group(name, spec_type):
-        return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": BLOCK})())
-
-    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[group("attn", "FullAttentionSpec"),
-                                                                     group("ssm", "MambaSpec")])
+    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[_group("attn", "FullAttentionSpec"),
+                                                                     _group("ssm", "MambaSpec")])
     config = VllmInstance._vllm_config(vllm_engine.name, {}, TINY_MODEL, 256, "bfloat16", 1)
     worker = PegaKVConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     worker.register_kv_caches({"attn": torch.zeros(8, 2, 16, 128), "ssm": torch.zeros(8, 3, 5)})
@@ -282,11 +277,8 @@ def test_connector_sliding_window_groups_on_a_vllm_without_failed_requests_start
 
     monkeypatch.setattr(connector_module, "HAS_FAILED_RECVING", False)
 
-    def group(name, spec_type):
-        return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": BLOCK})())
-
-    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[group("full", "FullAttentionSpec"),
-                                                                     group("swa", "SlidingWindowSpec")])
+    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[_group("full", "FullAttentionSpec"),
+                                                                     _group("swa", "SlidingWindowSpec")])
     config = VllmInstance._vllm_config("nosuchengine", {}, TINY_MODEL, 256, "bfloat16", 1)
     with caplog.at_level("ERROR", logger="pegaflow.connector.connector"):
         scheduler = connector_module.PegaKVConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)

@@ -58,34 +58,46 @@ def _vllm_config(model: str = "/m/gemma", pp_size: int = 1, num_layers: int = 12
         load_config=SimpleNamespace(load_format="dummy"))
 
 
-def test_rank_namespace_pipeline_stages_of_uneven_layer_counts_same_on_scheduler_and_worker(monkeypatch):
+def _stages(per_layer: dict, whole_spec, pp_size: int):
+    """Each pipeline stage's KV cache config as vLLM builds it (one group of the model's
+    layers, projected onto the stage's own), and the scheduler's (the first stage's)."""
     from vllm.distributed.utils import get_pp_indices
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
     try:
         from vllm.v1.core.kv_cache_planning import _project_kv_cache_groups_to_worker as project
     except ImportError:  # (where vLLM kept it before)
         from vllm.v1.core.kv_cache_utils import _project_kv_cache_groups_to_worker as project
+    names = list(per_layer)
+    whole = [KVCacheGroupSpec(names, whole_spec)]
+    workers = []
+    for rank in range(pp_size):
+        start, end = get_pp_indices(len(names), rank, pp_size)
+        groups = project(whole, {name: per_layer[name] for name in names[start:end]})
+        workers.append(KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=groups))
+    return workers, generate_scheduler_kv_cache_config(workers)
+
+
+def _assert_each_stage_found_by_the_scheduler(config, workers, scheduler) -> None:
+    from pegaflow.connector.namespace import kv_fields
+    for rank, worker in enumerate(workers):
+        assert rank_namespace(kv_fields(config, worker), 0, rank) == rank_namespace(
+            kv_fields(config, scheduler), 0, rank), f"stage {rank}"
+
+
+def test_rank_namespace_pipeline_stages_of_uneven_layer_counts_same_on_scheduler_and_worker(monkeypatch):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from pegaflow.connector.namespace import kv_fields
     # 1. 26 layers over PP=4: vLLM gives the stages 6, 7, 7 and 6 layers, and each stage's
     #    workers a group of their own layers; the scheduler's config is the first stage's.
     monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
     spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
-    names = [f"model.layers.{i}.self_attn.attn" for i in range(26)]
-    whole = [KVCacheGroupSpec(names, spec)]
-    workers = []
-    for rank in range(4):
-        start, end = get_pp_indices(26, rank, 4)
-        groups = project(whole, {name: spec for name in names[start:end]})
-        workers.append(KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=groups))
+    workers, scheduler = _stages({f"model.layers.{i}.self_attn.attn": spec for i in range(26)}, spec, 4)
     assert [len(w.kv_cache_groups[0].layer_names) for w in workers] == [6, 7, 7, 6]
-    scheduler = generate_scheduler_kv_cache_config(workers)
     # 2. Each stage's namespace is the one the scheduler looks up for that stage.
     config = _vllm_config("/m/llama", pp_size=4, num_layers=26)
-    for rank, worker in enumerate(workers):
-        assert rank_namespace(kv_fields(config, worker), 0, rank) == rank_namespace(
-            kv_fields(config, scheduler), 0, rank)
+    _assert_each_stage_found_by_the_scheduler(config, workers, scheduler)
     # 3. Another split of the same stages (VLLM_PP_LAYER_PARTITION) holds other layers per
     #    stage: another namespace.
     default = kv_fields(config, scheduler)
@@ -95,15 +107,7 @@ def test_rank_namespace_pipeline_stages_of_uneven_layer_counts_same_on_scheduler
 
 def test_rank_namespace_pipeline_stages_starting_on_layers_of_other_heads_same_on_scheduler_and_worker(
         monkeypatch):
-    from vllm.distributed.utils import get_pp_indices
-    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, UniformTypeKVCacheSpecs
-    try:
-        from vllm.v1.core.kv_cache_planning import _project_kv_cache_groups_to_worker as project
-    except ImportError:  # (where vLLM kept it before)
-        from vllm.v1.core.kv_cache_utils import _project_kv_cache_groups_to_worker as project
-
-    from pegaflow.connector.namespace import kv_fields
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, UniformTypeKVCacheSpecs
     # 1. One group of per-layer specs mixing head sizes (every sixth layer 512, the others
     #    256, as with the hybrid manager off for a model of such layers), split 5, 6, 6, 7:
     #    stages 1 to 3 begin on a 512 layer, the scheduler's copy (stage 0's) on a 256 one.
@@ -111,19 +115,9 @@ def test_rank_namespace_pipeline_stages_starting_on_layers_of_other_heads_same_o
     per_layer = {f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
         block_size=16, num_kv_heads=2 if i % 6 == 5 else 4, head_size=512 if i % 6 == 5 else 256,
         dtype=torch.bfloat16) for i in range(24)}
-    names = list(per_layer)
-    whole = [KVCacheGroupSpec(names, UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=per_layer))]
-    workers = []
-    for rank in range(4):
-        start, end = get_pp_indices(24, rank, 4)
-        groups = project(whole, {name: per_layer[name] for name in names[start:end]})
-        workers.append(KVCacheConfig(num_blocks=100, kv_cache_tensors=[], kv_cache_groups=groups))
-    scheduler = generate_scheduler_kv_cache_config(workers)
+    workers, scheduler = _stages(per_layer, UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=per_layer), 4)
     # 2. Each stage's namespace is still the one the scheduler looks up for it.
-    config = _vllm_config("/m/gemma", pp_size=4, num_layers=24)
-    for rank, worker in enumerate(workers):
-        assert rank_namespace(kv_fields(config, worker), 0, rank) == rank_namespace(
-            kv_fields(config, scheduler), 0, rank)
+    _assert_each_stage_found_by_the_scheduler(_vllm_config("/m/gemma", pp_size=4, num_layers=24), workers, scheduler)
 
 
 def test_kv_fields_sliding_window_model_without_hybrid_manager_same_on_scheduler_and_worker():
