@@ -1,0 +1,132 @@
+"""tools.bench_replicas's workloads and headline over fake replicas (no GPU): every turn
+routed, each replica's figures, the restart round, outputs compared with the ``none`` run."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tools import bench_replicas
+from tools.bench_replicas import headline, parse_args
+
+
+class _Replica(BaseHTTPRequestHandler):
+    """Answers a completion with the prompt's first ``max_tokens`` ids in one chunk; its
+    /metrics says it was served ``hits`` host tokens (one per request so far)."""
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, body: bytes, kind: str = "text/plain") -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        hits = self.server.requests * 100
+        self._send(("# TYPE vllm:external_prefix_cache_hits counter\n"
+                    f'vllm:external_prefix_cache_hits_total{{engine="0"}} {hits}.0\n'
+                    "# TYPE vllm:prefix_cache_hits counter\n"
+                    'vllm:prefix_cache_hits_total{engine="0"} 5.0\n').encode())
+
+    def do_POST(self):
+        if self.path == "/reset_prefix_cache":
+            self._send(b"")
+            return
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests += 1
+        ids = body["prompt"][:body["max_tokens"]]
+        chunk = json.dumps({"choices": [{"token_ids": ids}]})
+        self._send(f"data: {chunk}\n\ndata: [DONE]\n\n".encode(), "text/event-stream")
+
+
+class _FakeFleet:
+    def __init__(self, replicas: int):
+        self.servers = [self._serve() for _ in range(replicas)]
+        self.ready_s = [1.0] * replicas
+        self.restarts = 0
+
+    @staticmethod
+    def _serve() -> ThreadingHTTPServer:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Replica)
+        server.requests = 0
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    def port(self, replica: int) -> int:
+        return self.servers[replica].server_address[1]
+
+    def counters(self):
+        return {r: bench_replicas.hit_counters(self.port(r)) for r in range(len(self.servers))}
+
+    def reset_prefix_caches(self):
+        for r in range(len(self.servers)):
+            bench_replicas._get(self.port(r), "/reset_prefix_cache", method="POST")
+
+    def stop(self, replica: int):
+        self.servers[replica].shutdown()
+        self.servers[replica].server_close()
+
+    def start(self, replica: int) -> float:
+        self.servers[replica] = self._serve()  # a fresh process: its counters start at 0
+        self.restarts += 1
+        return 2.5
+
+    def close(self):
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def fleet():
+    made = _FakeFleet(2)
+    yield made
+    made.close()
+
+
+def _args(*extra: str):
+    return parse_args(["--users", "3", "--rounds", "3", "--context-tokens", "200", "--question-tokens", "8",
+                       "--answer-tokens", "4", "--docs", "2", "--doc-tokens", "100", "--doc-requests", "6",
+                       "--replicas", "2", *extra])
+
+
+def test_workloads_route_every_turn_and_count_each_replica(fleet):
+    run = bench_replicas._workloads("none", _args("--restart"), fleet, "t")
+    # 1. Three rounds of three users, the two later rounds timed; six shared-document requests.
+    assert [r["requests"] for r in run["rounds"]] == [3, 3, 3]
+    assert run["later_rounds"]["requests"] == 6 and run["docs"]["requests"] == 6
+    # 2. Each replica's external hits over the later rounds are its own requests' (100 each).
+    per = run["chat"]["per_replica"]
+    assert sum(p["requests"] for p in per) == 6
+    assert [p["served_tokens"] for p in per] == [100.0 * p["requests"] for p in per]
+    # 3. Cacheable: the full 16-token blocks of each user's history (200 + 8 + 3 computed).
+    assert run["chat"]["cacheable_tokens"] > 0 and run["chat"]["cacheable_tokens"] % 16 == 0
+    # 4. The restart: replica 0 started again, then one more round; its figures apart.
+    assert fleet.restarts == 1 and run["restart"]["time_to_ready_s"] == 2.5
+    assert run["restart"]["first_round"]["requests"] >= 1
+    assert len(run["results"]) == 9 + 6 + 3
+
+
+def test_headline_compares_every_answer_with_the_none_run(fleet):
+    args = _args()
+    reference = bench_replicas._workloads("none", args, fleet, "a") | {"engine": None}
+    same = bench_replicas._workloads("pegaflow", args, fleet, "b") | {"engine": None}
+    wrong = json.loads(json.dumps(same)) | {"config": "native"}
+    wrong["results"][4][1] = [9, 9, 9, 9]  # one answer of one request differs
+    table = headline([reference, same, wrong])
+    assert table["pegaflow"]["outputs_identical"] is True
+    assert table["native"]["outputs_identical"] is False
+    assert table["native"]["identical_share"] == pytest.approx(1 - 1 / len(wrong["results"]))
+    assert {"later_rounds_wall_s", "ttft_p50_ms", "ttft_p99_ms", "served_share"} <= set(table["none"])
+
+
+def test_parse_args_splits_the_gpu_among_replicas_and_refuses_none():
+    assert parse_args(["--replicas", "4"]).gpu_memory_utilization == pytest.approx(0.212)
+    with pytest.raises(SystemExit):
+        parse_args(["--replicas", "0"])

@@ -1,0 +1,361 @@
+"""Many replicas, one cache (GPU): N ``vllm serve`` processes behind a router, per configuration.
+
+    python -m tools.bench_replicas --replicas 2 --model tools/models/llama-3.1-8b-shape \\
+        --configs none native pegaflow --json docs/benchmarks/replicas.json
+
+Each configuration runs in its own processes, one after another (``--repeat`` interleaves them):
+``none`` (vLLM's prefix caching only), ``native`` (each replica its own ``--kv-offloading-size``:
+``--host-gib`` split evenly), ``pegaflow`` (one engine with a ``--host-gib`` pool, every replica
+attached to it).  The replicas share one GPU (each ``--gpu-memory-utilization``, its GPU KV cache
+capped by ``--gpu-blocks`` so the working set does not fit) and start one after another.  A
+router inside the bench (``tools/replica_router.py``) spreads requests with no session affinity
+(``--router round-robin|random``; ``affinity`` keeps each user on one replica).  vLLM's default
+compilation (CUDA graphs on) unless ``--eager``.
+
+Workloads, in this order:
+
+1. multi-round chat: ``--users`` users, each with a ``--context-tokens`` context, ``--rounds``
+   rounds, every turn routed (``tools/serving_workload.py``'s conversations);
+2. shared documents (``--doc-requests`` > 0): many users asking about ``--docs`` long documents,
+   at most ``--concurrency`` in flight, each request routed (after every replica's GPU prefix
+   cache is reset);
+3. rolling restart (``--restart``): replica 0 is stopped and started again, as an upgrade does,
+   and one more chat round follows.  Its time to ready and its requests' TTFT in that round are
+   measured beside its warm rounds' (the chat's later rounds).
+
+Per configuration: the wall time of the later rounds (the rounds after the first), their TTFT
+p50/p99, the share of their cacheable prompt tokens served from host memory (vLLM's external
+hits over the full blocks of what some replica computed before), per replica too, the share of
+turns that moved to another replica, each replica's time to ready, the restart figures, and
+whether every answer equals the first ``none`` run's.  Dummy weights, token-id prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from tools.bench_serving import PEGAFLOW_CONFIGS, Server, _get, complete, server_command
+from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
+from tools.serving_workload import RequestResult, conversations, identical_share, shared_prefix_prompts, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK_SIZE = 16
+CONFIGS = ("none", "native", "pegaflow")
+
+
+def hit_counters(port: int) -> dict[str, float]:
+    """A server's prefix-cache counters (tokens): its GPU cache's and the external (host) ones."""
+    from prometheus_client.parser import text_string_to_metric_families
+    names = {"vllm:prefix_cache_hits_total": "gpu_hit_tokens",
+             "vllm:external_prefix_cache_hits_total": "host_hit_tokens"}
+    out = dict.fromkeys(names.values(), 0.0)
+    for family in text_string_to_metric_families(_get(port, "/metrics")):
+        for sample in family.samples:
+            if sample.name in names:
+                out[names[sample.name]] += sample.value
+    return out
+
+
+class Fleet:
+    """N ``vllm serve`` replicas of one configuration on ports ``port``, ``port+1``, ...,
+    started one after another (each measures the GPU's free memory at start)."""
+
+    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str):
+        self.config, self.args, self.engine_name, self.log_dir, self.tag = config, args, engine_name, log_dir, tag
+        self.servers: list[Server | None] = [None] * args.replicas
+        self.ready_s: list[float] = [0.0] * args.replicas
+        for replica in range(args.replicas):
+            self.start(replica)
+
+    def port(self, replica: int) -> int:
+        return self.args.port + replica
+
+    def start(self, replica: int) -> float:
+        """Starts one replica; its time from launch to /health answering."""
+        a = self.args
+        one = SimpleNamespace(**vars(a))
+        one.port = self.port(replica)
+        one.host_gib = max(1, a.host_gib // a.replicas) if self.config == "native" else a.host_gib
+        started = time.monotonic()
+        log_path = self.log_dir / f"{self.tag}.r{replica}.log"
+        self.servers[replica] = Server(server_command(self.config, one, self.engine_name), one.port, log_path)
+        self.ready_s[replica] = round(time.monotonic() - started, 2)
+        return self.ready_s[replica]
+
+    def stop(self, replica: int) -> None:
+        if (server := self.servers[replica]) is not None:
+            server.stop()
+            self.servers[replica] = None
+
+    def counters(self) -> dict[int, dict[str, float]]:
+        return {r: hit_counters(self.port(r)) for r in range(self.args.replicas)}
+
+    def reset_prefix_caches(self) -> None:
+        for replica in range(self.args.replicas):
+            _get(self.port(replica), "/reset_prefix_cache", method="POST")
+
+    def close(self) -> None:
+        for replica in range(self.args.replicas):
+            self.stop(replica)
+
+
+def send_all(fleet: Fleet, jobs: list[tuple[str, list[int], int]], max_tokens: int,
+             concurrency: int) -> list[RequestResult]:
+    """``jobs``: (key, prompt, replica); at most ``concurrency`` in flight."""
+    def one(job):
+        key, prompt, replica = job
+        return complete(fleet.port(replica), prompt, max_tokens, key)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        return list(pool.map(one, jobs))
+
+
+class Chat:
+    """The multi-round chat, each turn routed; remembers where each user's last turn went."""
+
+    def __init__(self, args, router: Router):
+        self.args, self.router = args, router
+        self.users = conversations(args.users, args.context_tokens, args.question_tokens, seed=args.seed)
+        self.last_replica: dict[int, int] = {}
+        self.computed: dict[int, int] = {}  # tokens of the history some replica has computed
+
+    def round(self, fleet: Fleet, index: int) -> list[Routed]:
+        prompts = [u.next_prompt() for u in self.users]
+        replicas = self.router.route([u.user for u in self.users])
+        jobs = [(f"r{index}u{u.user}", p, rep) for u, p, rep in zip(self.users, prompts, replicas)]
+        results = send_all(fleet, jobs, self.args.answer_tokens, len(jobs))
+        routed = []
+        for user, prompt, replica, result in zip(self.users, prompts, replicas, results):
+            moved = user.user in self.last_replica and self.last_replica[user.user] != replica
+            routed.append(Routed(result, replica, cacheable_tokens(len(prompt), self.computed.get(user.user, 0),
+                                                                   BLOCK_SIZE), moved))
+            user.record(prompt, result.tokens)
+            # The answer's last token was never fed back, so its KV was never computed.
+            self.computed[user.user] = len(prompt) + max(0, len(result.tokens) - 1)
+            self.last_replica[user.user] = replica
+        return routed
+
+
+def shared_docs(fleet: Fleet, args, router: Router) -> list[Routed]:
+    prompts = shared_prefix_prompts(args.docs, args.doc_tokens, args.doc_requests, args.question_tokens,
+                                    seed=args.seed + 1000)
+    replicas = router.route([i % args.docs for i in range(len(prompts))])
+    jobs = [(f"d{i}", p, rep) for i, (p, rep) in enumerate(zip(prompts, replicas))]
+    results = send_all(fleet, jobs, args.answer_tokens, args.concurrency)
+    seen: set[int] = set()
+    routed = []
+    for i, (result, replica) in enumerate(zip(results, replicas)):
+        doc = i % args.docs
+        # A document's first request computes it; every later one could be served.
+        computed = args.doc_tokens if doc in seen else 0
+        seen.add(doc)
+        routed.append(Routed(result, replica, cacheable_tokens(len(prompts[i]), computed, BLOCK_SIZE), False))
+    return routed
+
+
+def _delta(after: dict[int, dict[str, float]], before: dict[int, dict[str, float]], key: str) -> dict[int, float]:
+    return {r: after[r][key] - before[r][key] for r in after}
+
+
+def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
+    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
+    name = f"replicas{os.getpid()}"
+    engine = None
+    if config in PEGAFLOW_CONFIGS:
+        engine = EngineProcess(name, *args.engine_arg, backend="cuda", pool_size=f"{args.host_gib}GiB",
+                               start_timeout_s=600, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
+    try:
+        fleet = Fleet(config, args, name, log_dir, tag)
+        try:
+            return _workloads(config, args, fleet, tag) | {"engine": _engine_stats(name) if engine else None}
+        finally:
+            fleet.close()
+    finally:
+        if engine is not None:
+            engine.stop(timeout_s=LARGE_POOL_STOP_S)
+
+
+def _engine_stats(name: str) -> dict:
+    from pegaflow.engine_stats import read_stats
+    s = read_stats(name)
+    return {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
+
+
+def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
+    router = Router(args.router, args.replicas, seed=args.seed)
+    chat = Chat(args, router)
+    rounds: list[list[Routed]] = [chat.round(fleet, 0)]
+    before = fleet.counters()
+    for r in range(1, args.rounds):
+        rounds.append(chat.round(fleet, r))
+    after = fleet.counters()
+    later = [x for rnd in rounds[1:] for x in rnd]
+    out = {"config": config, "tag": tag, "time_to_ready_s": list(fleet.ready_s),
+           "rounds": [summarize([x.result for x in rnd]) for rnd in rounds],
+           "later_rounds": summarize([x.result for x in later]),
+           "later_rounds_wall_s": round(sum(summarize([x.result for x in rnd])["wall_s"] for rnd in rounds[1:]), 4),
+           "chat": replica_figures(later, _delta(after, before, "host_hit_tokens"), args.replicas),
+           "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values())}
+    docs: list[Routed] = []
+    if args.doc_requests:
+        fleet.reset_prefix_caches()
+        before = fleet.counters()
+        docs = shared_docs(fleet, args, router)
+        after = fleet.counters()
+        out["docs"] = replica_figures(docs, _delta(after, before, "host_hit_tokens"), args.replicas) | \
+            {"wall_s": summarize([x.result for x in docs])["wall_s"]}
+    restart: list[Routed] = []
+    if args.restart:
+        fleet.stop(0)
+        ready_s = fleet.start(0)
+        before = fleet.counters()
+        restart = chat.round(fleet, args.rounds)
+        after = fleet.counters()
+        mine = [x for x in restart if x.replica == 0]
+        warm = [x for x in later if x.replica == 0]
+        out["restart"] = {"time_to_ready_s": ready_s,
+                          "first_round": replica_figures(mine, {0: _delta(after, before, "host_hit_tokens")[0]}, 1),
+                          "warm_rounds_ttft_p50_ms": replica_figures(warm, {}, 1)["ttft_p50_ms"]}
+    every = [x for rnd in rounds for x in rnd] + docs + restart
+    out["results"] = [[x.result.key, x.result.tokens, x.result.error] for x in every]
+    return out
+
+
+def _as_results(run: dict) -> list[RequestResult]:
+    return [RequestResult(key, 0, tokens, 0.0, 0.0, 0.0, error) for key, tokens, error in run["results"]]
+
+
+def headline(runs: list[dict]) -> dict:
+    """Per configuration, the median over repeats (and the spread) of each figure; outputs
+    identical: every answer equals the first ``none`` run's."""
+    reference = next((_as_results(r) for r in runs if r["config"] == "none"), None)
+    out = {}
+    for config in dict.fromkeys(r["config"] for r in runs):
+        mine = [r for r in runs if r["config"] == config]
+        figures = {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
+                   "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
+                   "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
+                   "served_share": [r["chat"]["served_share"] or 0.0 for r in mine],
+                   "moved_share": [r["chat"]["moved_share"] or 0.0 for r in mine],
+                   "time_to_ready_s": [statistics.median(r["time_to_ready_s"]) for r in mine],
+                   "docs_wall_s": [r["docs"]["wall_s"] for r in mine if "docs" in r],
+                   "docs_served_share": [r["docs"]["served_share"] or 0.0 for r in mine if "docs" in r],
+                   "restart_time_to_ready_s": [r["restart"]["time_to_ready_s"] for r in mine if "restart" in r],
+                   "restart_first_round_ttft_p50_ms": [r["restart"]["first_round"]["ttft_p50_ms"]
+                                                       for r in mine if "restart" in r],
+                   "restart_warm_ttft_p50_ms": [r["restart"]["warm_rounds_ttft_p50_ms"]
+                                                for r in mine if "restart" in r]}
+        row = {k: statistics.median(v) for k, v in figures.items() if v}
+        row.update({f"{k}_spread": [min(v), max(v)] for k, v in figures.items() if len(v) > 1})
+        row["errors"] = sum(r["chat"]["errors"] + r.get("docs", {}).get("errors", 0) for r in mine)
+        row["runs"] = len(mine)
+        if reference is not None:
+            shares = [identical_share(_as_results(r), reference) for r in mine]
+            row["identical_share"] = min(shares)
+            row["outputs_identical"] = all(s == 1.0 for s in shares)
+        out[config] = row
+    return out
+
+
+COLUMNS = (("later rounds s", "later_rounds_wall_s", "{:.2f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
+           ("TTFT p99", "ttft_p99_ms", "{:.0f}"), ("served", "served_share", "{:.3f}"),
+           ("moved", "moved_share", "{:.2f}"), ("docs s", "docs_wall_s", "{:.2f}"),
+           ("ready s", "time_to_ready_s", "{:.1f}"), ("restart ready s", "restart_time_to_ready_s", "{:.1f}"),
+           ("restart TTFT", "restart_first_round_ttft_p50_ms", "{:.0f}"),
+           ("warm TTFT", "restart_warm_ttft_p50_ms", "{:.0f}"), ("identical", "identical_share", "{:.3f}"))
+
+
+def print_table(table: dict) -> None:
+    print(f"{'config':<12}" + "".join(f"{title:>16}" for title, _, _ in COLUMNS))
+    for config, row in table.items():
+        cells = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in COLUMNS]
+        print(f"{config:<12}" + "".join(f"{c:>16}" for c in cells))
+    if any(row["errors"] for row in table.values()):
+        print("requests failed: " + ", ".join(f"{c} {row['errors']}" for c, row in table.items()
+                                              if row["errors"]), file=sys.stderr)
+
+
+def write_json(args, runs: list[dict]) -> None:
+    if args.merge:
+        first = json.loads(Path(args.merge[0]).read_text())
+        gpu, model = first["gpu"], first["model"]
+    else:
+        import torch
+        gpu, model = torch.cuda.get_device_name(0), args.model
+    table = headline(runs)
+    Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model, "replicas": args.replicas,
+                                           "router": args.router, "args": vars(args), **table, "runs": runs},
+                                          indent=1))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--router", choices=ROUTERS, default="round-robin")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=[*CONFIGS, *PEGAFLOW_CONFIGS])
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
+    p.add_argument("--users", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--context-tokens", type=int, default=8000)
+    p.add_argument("--question-tokens", type=int, default=64)
+    p.add_argument("--answer-tokens", type=int, default=16)
+    p.add_argument("--docs", type=int, default=4, help="shared documents")
+    p.add_argument("--doc-tokens", type=int, default=6000)
+    p.add_argument("--doc-requests", type=int, default=32, help="0: no shared-documents workload")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--restart", action="store_true", help="then restart replica 0 and run one more round")
+    p.add_argument("--gpu-blocks", type=int, default=1500, help="each replica's GPU KV cache, in blocks")
+    p.add_argument("--host-gib", type=int, default=64, help="the host cache, in all (native: split evenly)")
+    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="each replica's share of the GPU (default: 0.85 / replicas)")
+    p.add_argument("--port", type=int, default=8011, help="replica i listens on port + i")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default="/tmp/bench_replicas")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
+                   help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="write every figure here (rewritten after every configuration)")
+    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                   help="run nothing: one table of the runs in these --json files (a run split over calls)")
+    args = p.parse_args(argv)
+    if args.replicas < 1:
+        p.error(f"--replicas must be at least 1, not {args.replicas}")
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = round(0.85 / args.replicas, 3)
+    args.trace = False
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
+    if not args.merge:
+        log_dir = Path(args.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for rep in range(args.repeat):
+            for i, config in enumerate(args.configs):
+                runs.append(run_config(config, args, log_dir, f"{config}{rep}-{i}"))
+                print(json.dumps({k: runs[-1][k] for k in ("tag", "later_rounds_wall_s", "time_to_ready_s")} |
+                                 {"ttft_p50_ms": runs[-1]["later_rounds"]["ttft_p50_ms"],
+                                  "served_share": runs[-1]["chat"]["served_share"]}), flush=True)
+                if args.json:
+                    write_json(args, runs)
+    table = headline(runs)
+    print_table(table)
+    if args.json:
+        write_json(args, runs)
+    return 1 if any(row["errors"] for row in table.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
