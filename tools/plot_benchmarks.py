@@ -34,6 +34,8 @@ CONFIG_LABELS = {
     "pegaflow": "pegaflow (layerwise)",
     "pegaflow-auto": "pegaflow",
 }
+COLORS = {"no offload": "0.55", "vLLM native offload": "tab:orange", "pegaflow (layerwise)": "tab:cyan",
+          "pegaflow": "tab:blue"}
 PATH_LABELS = {"kernel": "copy kernel", "copy-engine": "copy engine (page by page)", "staged": "staged (default)"}
 
 
@@ -96,7 +98,8 @@ def transfer_series(result: dict, direction: str) -> tuple[list[Series], float]:
     engine = [(row["tokens"], row["gbps"]) for row in result["rows"]
               if row["through"] == "engine" and row["path"] == "auto" and row["dir"] == direction]
     if engine:
-        series.append(Series("through the engine process", tuple(r[0] for r in engine), tuple(r[1] for r in engine)))
+        label = f"through the engine process (auto, {engine[0][0]} tokens)"
+        series.append(Series(label, tuple(r[0] for r in engine), tuple(r[1] for r in engine)))
     if not series:
         raise PlotDataError(f"no {direction} rows")
     return series, limit
@@ -108,14 +111,14 @@ def draw_serving_rounds(result: dict, axes_of: Callable) -> object:
     width = 0.8 / len(rounds)
     for i, (label, walls) in enumerate(rounds.items()):
         xs = [n + (i - (len(rounds) - 1) / 2) * width for n in range(len(walls))]
-        bars = axes[0].bar(xs, walls, width, label=label)
+        bars = axes[0].bar(xs, walls, width, label=label, color=COLORS.get(label))
         axes[0].bar_label(bars, fmt="%.2f", fontsize=7)
     num_rounds = max(len(walls) for walls in rounds.values())
     axes[0].set_xticks(range(num_rounds), ["round 1 (cold)"] + [f"round {n + 1}" for n in range(1, num_rounds)])
     axes[0].set_ylabel("round wall time, s (lower is better)")
     axes[0].set_title(f"vllm serve, multi-round chat: 12 users of 8 000 tokens, GPU cache holds a third\n"
                       f"{result.get('gpu', 'GPU')}, CUDA graphs on")
-    axes[0].legend()
+    axes[0].legend(loc="center right")
     return figure
 
 
@@ -123,13 +126,13 @@ def draw_ttft(result: dict, axes_of: Callable) -> object:
     bars = ttft_bars(result)
     figure, axes = axes_of(1)
     ys = list(range(len(bars)))[::-1]
-    drawn = axes[0].barh(ys, [bar.median_ms for bar in bars], color=["0.6", "tab:orange", "tab:blue", "0.8"])
-    axes[0].bar_label(drawn, fmt="%.1f ms", padding=3)
+    axes[0].barh(ys, [bar.median_ms for bar in bars], color=["0.55", "tab:orange", "tab:blue", "0.8"])
     for y, bar in zip(ys, bars):
         if bar.p90_ms is not None:
             axes[0].plot([bar.p90_ms], [y], marker="|", markersize=14, color="black")
+        axes[0].text(max(bar.median_ms, bar.p90_ms or 0) + 4, y, f"{bar.median_ms:.1f} ms", va="center")
     axes[0].set_yticks(ys, [bar.label for bar in bars])
-    axes[0].set_xlabel("time to first token, ms: median, | p90 (lower is better)")
+    axes[0].set_xlabel("time to first token, ms: bar the median, black tick the p90 (lower is better)")
     axes[0].set_xlim(0, max(bar.median_ms for bar in bars) * 1.2)
     axes[0].set_title(f"10 000-token prompt, Llama-3.1-8B shape, one at a time\n{result.get('gpu', 'GPU')}, "
                       f"vLLM offline LLM API, {result.get('compilation', '')}".rstrip(", "))
@@ -146,6 +149,9 @@ def draw_transfer(result: dict, axes_of: Callable) -> object:
             ax.plot(one.xs, one.ys, label=one.label, **style)
         ax.axhline(limit, color="black", linestyle="--", label=f"PCIe limit: one 4 GiB pinned copy, {limit:.1f}")
         ax.set_xscale("log", base=2)
+        ticks = sorted({x for one in series for x in one.xs if x & (x - 1) == 0})  # powers of two
+        ax.set_xticks(ticks, [str(x) for x in ticks], fontsize=8)
+        ax.minorticks_off()
         ax.set_xlabel("prefix tokens (Llama-3.1-8B shape, 64 KiB pages)")
         ax.set_title(title)
         ax.set_ylim(40, limit * 1.04)
