@@ -14,7 +14,7 @@ from typing import Any
 
 from pegaflow.errors import ConfigError
 
-DISTRIBUTION = "pegaflow-llm"  # the name pip knows this project by
+DISTRIBUTION = "vllm-kv-offload-engine"  # the name pip knows this project by (pyproject.toml)
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40,

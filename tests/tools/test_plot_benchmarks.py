@@ -1,0 +1,102 @@
+import json
+
+import pytest
+
+from tools import plot_benchmarks
+from tools.plot_benchmarks import DEFAULT_DIR, PLOTS, PlotDataError, serving_rounds, transfer_series, ttft_bars
+
+pytest.importorskip("matplotlib")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _serving():
+    return {"gpu": "Test GPU", "runs": [
+        {"config": "none", "rounds": [{"wall_s": 2.9}, {"wall_s": 2.8}, {"wall_s": 2.85}]},
+        {"config": "native", "rounds": [{"wall_s": 2.9}, {"wall_s": 0.61}, {"wall_s": 0.66}]},
+        {"config": "pegaflow-auto", "rounds": [{"wall_s": 3.0}, {"wall_s": 0.56}, {"wall_s": 0.64}]},
+    ]}
+
+
+def _ttft():
+    return {"gpu": "Test GPU", "compilation": "eager", "cold_none_ms_median": 271.7,
+            "warm_native_ms_median": 71.7, "warm_native_ms_p90": 81.9,
+            "warm_pegaflow_ms_median": 49.5, "warm_pegaflow_ms_p90": 51.2,
+            "warm_pegaflow_ms_median_staged": 44.0, "warm_pegaflow_ms_p90_staged": 46.6,
+            "gpu_hit_ms_median": 20.2, "gpu_hit_ms_p90": 25.4}
+
+
+def _transfer():
+    rows = [{"through": "direct", "path": path, "block": 16, "tokens": tokens, "dir": direction, "gbps": gbps}
+            for path, gbps in (("kernel", 49.0), ("copy-engine", 52.0), ("staged", 53.5))
+            for tokens in (1024, 10000) for direction in ("h2d", "d2h")]
+    rows += [{"through": "direct", "path": "staged", "block": 64, "tokens": 1024, "dir": "h2d", "gbps": 1.0},
+             {"through": "engine", "path": "auto", "block": 16, "tokens": 10000, "dir": "h2d", "gbps": 51.2},
+             {"through": "engine", "path": "auto", "block": 16, "tokens": 10000, "dir": "d2h", "gbps": 51.1}]
+    return {"gpu": "Test GPU", "date": "2026-11-30", "pinned_h2d_gbps": 55.2, "pinned_d2h_gbps": 55.1, "rows": rows}
+
+
+def _write_fixture(directory):
+    for plot, result in zip(PLOTS, (_serving(), _ttft(), _transfer())):
+        (directory / plot.source).write_text(json.dumps(result))
+
+
+def test_plot_benchmarks_reads_each_figure_from_its_json():
+    # the serving rounds per configuration, in the order the servers ran, labelled for readers
+    assert serving_rounds(_serving()) == {"no offload": [2.9, 2.8, 2.85], "vLLM native offload": [2.9, 0.61, 0.66],
+                                          "pegaflow": [3.0, 0.56, 0.64]}
+    # the warm pegaflow bar is the staged (default) path's where the run measured it
+    bars = ttft_bars(_ttft())
+    assert [(bar.median_ms, bar.p90_ms) for bar in bars] == [(271.7, None), (71.7, 81.9), (44.0, 46.6), (20.2, 25.4)]
+    # 64 KiB pages only, per path, and the engine's point; the limit is the run's own pinned copy
+    series, limit = transfer_series(_transfer(), "d2h")
+    assert limit == 55.1
+    assert [(one.xs, one.ys) for one in series] == [((1024, 10000), (49.0, 49.0)), ((1024, 10000), (52.0, 52.0)),
+                                                    ((1024, 10000), (53.5, 53.5)), ((10000,), (51.1,))]
+
+
+def test_plot_benchmarks_fixture_writes_every_plot_as_png(tmp_path, capsys):
+    _write_fixture(tmp_path)
+    assert plot_benchmarks.main(["--dir", str(tmp_path)]) == 0
+    for plot in PLOTS:
+        image = (tmp_path / f"{plot.name}.png").read_bytes()
+        assert image.startswith(PNG_MAGIC) and len(image) > 10_000
+    assert capsys.readouterr().out.count("wrote ") == len(PLOTS)
+
+
+def test_plot_benchmarks_svg_format_writes_svg(tmp_path):
+    _write_fixture(tmp_path)
+    assert plot_benchmarks.main(["--dir", str(tmp_path), "--format", "svg"]) == 0
+    assert b"<svg" in (tmp_path / "ttft.svg").read_bytes()
+
+
+def test_plot_benchmarks_missing_file_is_one_line_and_others_drawn(tmp_path, capsys):
+    _write_fixture(tmp_path)
+    (tmp_path / PLOTS[0].source).unlink()
+    assert plot_benchmarks.main(["--dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith("skip ")] == \
+        [f"skip {PLOTS[0].name}: {tmp_path / PLOTS[0].source} not found"]
+    assert not (tmp_path / f"{PLOTS[0].name}.png").exists()
+    assert all((tmp_path / f"{plot.name}.png").exists() for plot in PLOTS[1:])
+
+
+def test_plot_benchmarks_file_without_its_fields_is_skipped_saying_which(tmp_path, capsys):
+    _write_fixture(tmp_path)
+    (tmp_path / "ttft_copy_path.json").write_text(json.dumps({"gpu": "Test GPU"}))
+    assert plot_benchmarks.main(["--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skip ttft: ttft_copy_path.json: no 'cold_none_ms_median'" in out
+    assert not (tmp_path / "ttft.png").exists() and (tmp_path / "transfer.png").exists()
+
+
+def test_plot_benchmarks_committed_results_hold_what_the_plots_read():
+    # docs/benchmarks.md embeds plots drawn from these files: each must still be readable
+    for plot, read in zip(PLOTS, (serving_rounds, ttft_bars, lambda r: transfer_series(r, "h2d"))):
+        with open(DEFAULT_DIR / plot.source) as source:
+            assert read(json.load(source))
+
+
+def test_plot_benchmarks_empty_runs_is_a_plot_data_error():
+    with pytest.raises(PlotDataError, match="no runs"):
+        serving_rounds({"runs": []})
