@@ -57,17 +57,18 @@ CHECK_TIMEOUT_S = 600.0   # one import check: torch and vLLM imported cold
 START_TIMEOUT_S = 300.0   # a server pins its whole pool before it answers
 STOP_TIMEOUT_S = 120.0
 
-# What each configuration's processes must be able to import, in their order: torch before a
-# compiled extension that links it, then the connector vLLM will load.
+# What each configuration's processes must be able to load, in their order: torch before
+# LMCache's compiled extensions, each loaded from its file (``lmcache.c_ops`` is a shim that
+# hides a failed load behind a warning), then the connector vLLM will load.
+_LMCACHE_EXTENSIONS = (
+    "import glob, importlib.util, os, torch, lmcache\n"
+    "for path in sorted(glob.glob(os.path.join(os.path.dirname(lmcache.__file__), '*.so'))):\n"
+    "    name = 'lmcache.' + os.path.basename(path).split('.')[0]\n"
+    "    importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))\n")
 _CHECKS = {
-    "lmcache": ("import importlib, importlib.util, torch, lmcache\n"
-                "importlib.import_module('lmcache.cuda_ops' if importlib.util.find_spec('lmcache.cuda_ops')"
-                " else 'lmcache.c_ops')\n"
-                "import lmcache.integration.vllm.vllm_v1_adapter\n"),
-    "lmcache-mp": ("import importlib, importlib.util, torch, lmcache\n"
-                   "importlib.import_module('lmcache.cuda_ops' if importlib.util.find_spec('lmcache.cuda_ops')"
-                   " else 'lmcache.c_ops')\n"
-                   "import lmcache.v1.multiprocess.server, lmcache.integration.vllm.vllm_multi_process_adapter\n"),
+    "lmcache": _LMCACHE_EXTENSIONS + "import lmcache.integration.vllm.vllm_v1_adapter\n",
+    "lmcache-mp": _LMCACHE_EXTENSIONS + (
+        "import lmcache.v1.multiprocess.server, lmcache.integration.vllm.vllm_multi_process_adapter\n"),
     "pegaflow-rs": (
         "import os, subprocess, sys, torch, pegaflow\n"
         "if not os.path.realpath(pegaflow.__file__).startswith(os.path.realpath(sys.argv[1])):\n"
@@ -235,9 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m tools.peers``: each configuration's one line: runnable here, or why not."""
     import argparse
     p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("configs", nargs="*", default=list(PEERS), choices=PEERS)
+    p.add_argument("configs", nargs="*", help=f"some of {', '.join(PEERS)} (default: every one)")
     args = p.parse_args(argv)
-    for config in args.configs:
+    if unknown := sorted(set(args.configs) - set(PEERS)):
+        p.error(f"unknown {unknown}; choose from {list(PEERS)}")
+    for config in args.configs or PEERS:
         reason = unavailable(config)
         print(f"{config}: runs here ({site_of(config)})" if reason is None else skip_line(config, reason))
     return 0

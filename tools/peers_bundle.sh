@@ -14,7 +14,6 @@
 # then tools/peers.py finds them there (PEGAFLOW_PEERS_DIR overrides $HOME/vb/peers).
 set -euo pipefail
 out="${1:-.gpu-bundle/peers}"
-cache="${PEGAFLOW_BUNDLE_CACHE:-$HOME/.cache/pegaflow-gpu-bundle}/peers"
 
 # peer folder -> wheels (exact versions; docs/peers.md says why each is needed)
 lmcache=(lmcache==0.5.3 aiofile==3.12.3 caio==0.12.10 sortedcontainers==2.4.0)
@@ -24,19 +23,15 @@ plat=(--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platfo
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 pyargs=(--python-version 3.12 --implementation cp --only-binary=:all: "${plat[@]}")
 
-fetch() {  # fetch FOLDER SPEC...: the wheels of SPEC into $cache/FOLDER
+fetch() {  # fetch FOLDER SPEC...: exactly the wheels of SPEC into $out/FOLDER (pip caches them)
   local folder="$1"; shift
-  mkdir -p "$cache/$folder"
-  python3 -m pip download -q --no-deps "${pyargs[@]}" -d "$cache/$folder" "$@" \
+  mkdir -p "$out/$folder"
+  python3 -m pip download -q --no-deps "${pyargs[@]}" -d "$out/$folder" "$@" \
     2> >(grep -v "is ignored: it is neither" >&2)
 }
+rm -rf "$out"; mkdir -p "$out"
 fetch lmcache "${lmcache[@]}"
 fetch pegaflow-rs "${pegaflow_rs[@]}"
-
-rm -rf "$out"; mkdir -p "$out"
-for folder in lmcache pegaflow-rs; do
-  mkdir -p "$out/$folder" && cp "$cache/$folder"/*.whl "$out/$folder/"
-done
 cat > "$out/unpack.sh" <<'EOF'
 #!/usr/bin/env bash
 # Unpack each peer's wheels into a folder of its own beside this script (no pip needed).

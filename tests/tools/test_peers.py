@@ -84,13 +84,21 @@ def test_peers_unavailable_without_the_bundle_says_where_in_one_line(peers_dir):
         peers.unavailable("lmcache-v9")
 
 
-def test_peers_unavailable_gives_the_extension_import_error(peers_dir):
-    # 1. A stand-in LMCache whose compiled extension fails to load, as one built for another torch does.
-    _write(peers_dir / "lmcache" / "site", {
-        "lmcache/__init__.py": "",
-        "lmcache/c_ops.py": "raise ImportError('c_ops.so: undefined symbol: _ZN3c10Stand_in')\n"})
-    # 2. The reason is that error's line, word for word.
-    assert peers.unavailable("lmcache") == "ImportError: c_ops.so: undefined symbol: _ZN3c10Stand_in"
+def test_peers_unavailable_gives_the_extension_load_error(peers_dir):
+    # 1. A stand-in LMCache whose compiled extension cannot be loaded (not an ELF file at all).
+    site = peers_dir / "lmcache" / "site"
+    _write(site, {"lmcache/__init__.py": "", "lmcache/integration/vllm/vllm_v1_adapter.py": ""})
+    extension = site / "lmcache" / "c_ops.cpython-312-x86_64-linux-gnu.so"
+    extension.write_bytes(b"not a shared object, and long enough for the loader to read its header" * 4)
+    # 2. The reason is the loader's own line, word for word.
+    assert peers.unavailable("lmcache") == f"ImportError: {extension}: invalid ELF header"
+    # 3. Extensions fine, the vLLM side not: that error instead.
+    extension.unlink()
+    _write(site, {"lmcache/integration/vllm/vllm_v1_adapter.py": "raise ImportError('needs vLLM 0.99')\n"})
+    assert peers.unavailable("lmcache") == "ImportError: needs vLLM 0.99"
+    # 4. Both fine: it runs.
+    _write(site, {"lmcache/integration/vllm/vllm_v1_adapter.py": ""})
+    assert peers.unavailable("lmcache") is None
 
 
 def test_peers_unavailable_pegaflow_rs_finds_its_package_not_this_repos(peers_dir):
