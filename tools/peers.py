@@ -155,7 +155,8 @@ def unavailable(config: str) -> str | None:
     if done.returncode == 0:
         return None
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return lines[-1] if lines else f"its import check exited with status {done.returncode}"
+    reason = lines[-1] if lines else f"its import check exited with status {done.returncode}"
+    return reason if site.is_dir() else f"{reason} (no {site}: tools/peers_bundle.sh carries it)"
 
 
 def plan(config: str, pool_bytes: int) -> Plan:

@@ -84,6 +84,11 @@ def test_peers_unavailable_without_the_bundle_says_where_in_one_line(peers_dir):
         peers.unavailable("lmcache-v9")
 
 
+def test_peers_unavailable_lmcache_not_carried_names_the_import_error_and_the_bundle(peers_dir):
+    reason = peers.unavailable("lmcache")  # this test environment has no lmcache installed
+    assert reason.startswith("ModuleNotFoundError: No module named 'lmcache'") and "peers_bundle.sh" in reason
+
+
 def test_peers_unavailable_gives_the_extension_load_error(peers_dir):
     # 1. A stand-in LMCache whose compiled extension cannot be loaded (not an ELF file at all).
     site = peers_dir / "lmcache" / "site"
