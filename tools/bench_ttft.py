@@ -226,6 +226,7 @@ def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
 
 def _peer_phases(args) -> dict[str, dict]:
     """Per peer of ``--peers``: its phase beside the server it needs, or ``skipped``: why."""
+    from pegaflow.errors import PeerError
     from pegaflow.values import parse_size
     results = {}
     for config in args.peers:
@@ -235,8 +236,13 @@ def _peer_phases(args) -> dict[str, dict]:
             results[config] = {"skipped": reason}
             continue
         run = peers.plan(config, parse_size(args.pool_size))
-        with peers.side_process(run, Path(tempfile.gettempdir()) / f"bench_ttft.{config}.server.log"):
-            results[config] = _spawn(args, config, run)
+        log = Path(tempfile.gettempdir()) / f"bench_ttft.{config}.server.log"
+        try:  # a peer that fails at run time is a row that says so, not the end of the bench
+            with peers.side_process(run, log):
+                results[config] = _spawn(args, config, run)
+        except (PeerError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            print(f"bench_ttft: {config} failed: {exc} (its server's log: {log})", file=sys.stderr)
+            results[config] = {"failed": str(exc)}
     return results
 
 
@@ -484,7 +490,7 @@ def main() -> int:
               f"a new request sent with a disk hit: first token {result['beside_disk_new_ttft_ms_' + mode]:.1f} "
               f"ms, TPOT {result['beside_disk_new_tpot_ms_' + mode]:.2f} ms")
     for name, row in result["configs"].items():
-        print(f"{name}: skipped: {row['skipped']}" if "skipped" in row else
+        print(f"{name}: {next(iter(row))}: {next(iter(row.values()))}" if "ttft_warm_ms" not in row else
               f"{name}: warm {row['ttft_warm_ms']:.1f} ms, served {row['served_share']:.1%} of the cacheable "
               f"tokens, outputs identical: {row['outputs_identical']}")
     for name in by_backend:

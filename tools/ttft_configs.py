@@ -38,7 +38,7 @@ def row(phase: dict, reference: list[list[int]]) -> dict:
 
 def config_rows(peg: dict, native: dict | None, none: dict, peer_runs: dict[str, dict]) -> dict[str, dict]:
     """``none``, ``pegaflow``, ``native`` (unless None) and each peer, in that order; a peer
-    that could not run keeps its ``skipped`` reason instead of figures."""
+    that could not run keeps its ``skipped`` reason (or ``failed``: its error) instead of figures."""
     reference = none["cold_tokens"]
     cold, cold_p90 = stats(none["cold_ms"])
     rows = {"none": {"ttft_warm_ms": cold, "ttft_warm_ms_p90": cold_p90, "served_share": 0.0,
@@ -47,5 +47,5 @@ def config_rows(peg: dict, native: dict | None, none: dict, peer_runs: dict[str,
     if native is not None:
         rows["native"] = row(native, reference)
     for config, run in peer_runs.items():
-        rows[config] = dict(run) if "skipped" in run else row(run, reference)
+        rows[config] = dict(run) if "skipped" in run or "failed" in run else row(run, reference)
     return rows

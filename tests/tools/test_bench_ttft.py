@@ -138,3 +138,20 @@ def test_bench_ttft_peer_phases_skip_a_missing_peer_with_one_line(tmp_path, monk
     assert set(results) == {"pegaflow-rs"} and "peers_bundle.sh" in results["pegaflow-rs"]["skipped"]
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"bench_ttft: skipping pegaflow-rs: {results['pegaflow-rs']['skipped']}"]
+
+
+def test_bench_ttft_peer_phases_a_peer_failing_at_run_time_is_a_row_not_the_end(tmp_path, monkeypatch, capsys):
+    # 1. A peer that imports fine but whose server exits at once.
+    import argparse
+    import sys
+
+    from tools import peers
+    from tools.bench_ttft import _peer_phases
+    monkeypatch.setattr(peers, "unavailable", lambda config: None)
+    monkeypatch.setattr(peers, "plan", lambda config, pool_bytes: peers.Plan(
+        config, {}, {}, None, (sys.executable, "-c", "import sys; sys.exit(4)"),
+        f"http://127.0.0.1:{peers.free_port()}/health"))
+    # 2. Its row says it failed, and why; the bench goes on.
+    results = _peer_phases(argparse.Namespace(peers=["lmcache-mp"], pool_size="1GiB"))
+    assert "exited (4)" in results["lmcache-mp"]["failed"]
+    assert "bench_ttft: lmcache-mp failed:" in capsys.readouterr().err

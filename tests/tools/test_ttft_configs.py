@@ -21,9 +21,10 @@ def test_ttft_configs_rows_report_share_and_identity_per_configuration():
     tokens = [[5], [6]]
     none = {"cold_ms": [300.0, 280.0, 290.0], "cold_tokens": tokens, "gpu_hit_tokens": tokens}
     peers = {"lmcache": _phase([80.0, 90.0], 62.0, tokens, [[5], [7]]),
-             "pegaflow-rs": {"skipped": "ImportError: undefined symbol: x"}}
+             "pegaflow-rs": {"skipped": "ImportError: undefined symbol: x"},
+             "lmcache-mp": {"failed": "its server exited (1)"}}
     rows = config_rows(_phase([40.0, 60.0], 200.0, tokens), _phase([70.0, 70.0], 100.0, tokens), none, peers)
-    assert list(rows) == ["none", "pegaflow", "native", "lmcache", "pegaflow-rs"]
+    assert list(rows) == ["none", "pegaflow", "native", "lmcache", "pegaflow-rs", "lmcache-mp"]
     assert rows["none"] == {"ttft_warm_ms": 290.0, "ttft_warm_ms_p90": 300.0, "served_share": 0.0,
                             "outputs_identical": True}
     assert rows["pegaflow"]["ttft_warm_ms"] == 50.0 and rows["pegaflow"]["served_share"] == 1.0
@@ -33,6 +34,7 @@ def test_ttft_configs_rows_report_share_and_identity_per_configuration():
     assert rows["pegaflow"]["outputs_identical"] is True and rows["native"]["outputs_identical"] is True
     # 3. A skipped peer keeps its reason and no figures.
     assert rows["pegaflow-rs"] == {"skipped": "ImportError: undefined symbol: x"}
+    assert rows["lmcache-mp"] == {"failed": "its server exited (1)"}
 
 
 def test_ttft_configs_wrong_cold_tokens_are_wrong_too():
