@@ -68,7 +68,7 @@ _LMCACHE_EXTENSIONS = (
 _CHECKS = {
     "lmcache": _LMCACHE_EXTENSIONS + "import lmcache.integration.vllm.vllm_v1_adapter\n",
     "lmcache-mp": _LMCACHE_EXTENSIONS + (
-        "import lmcache.v1.multiprocess.server, lmcache.integration.vllm.vllm_multi_process_adapter\n"),
+        "import lmcache.v1.multiprocess.http_server, lmcache.integration.vllm.vllm_multi_process_adapter\n"),
     "pegaflow-rs": (
         "import os, subprocess, sys, torch, pegaflow\n"
         "if not os.path.realpath(pegaflow.__file__).startswith(os.path.realpath(sys.argv[1])):\n"
