@@ -19,8 +19,10 @@ out="${1:-.gpu-bundle/peers}"
 lmcache=(lmcache==0.5.3 aiofile==3.12.3 caio==0.12.10 sortedcontainers==2.4.0)
 pegaflow_rs=(pegaflow-llm-cu13==0.25.1)
 
-plat=(--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
-      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+# glibc 2.28 at most for LMCache's folder (caio then comes as its pure-Python wheel); PegaFlow
+# 0.25.1 is built for glibc 2.34 only.
+plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64)
 pyargs=(--python-version 3.12 --implementation cp --only-binary=:all: "${plat[@]}")
 
 fetch() {  # fetch FOLDER SPEC...: exactly the wheels of SPEC into $out/FOLDER (pip caches them)
@@ -31,6 +33,7 @@ fetch() {  # fetch FOLDER SPEC...: exactly the wheels of SPEC into $out/FOLDER (
 }
 rm -rf "$out"; mkdir -p "$out"
 fetch lmcache "${lmcache[@]}"
+pyargs+=(--platform manylinux_2_34_x86_64)
 fetch pegaflow-rs "${pegaflow_rs[@]}"
 cat > "$out/unpack.sh" <<'EOF'
 #!/usr/bin/env bash
