@@ -141,7 +141,7 @@ def unavailable(config: str) -> str | None:
     """None when ``config``'s processes can import what they need here; else the reason, one
     line: the folder that is missing, or the last line of the import's error."""
     if config not in PEERS:
-        raise ValueError(f"unknown peer configuration {config!r}; expected one of {PEERS}")
+        raise _unknown(config)
     site = site_of(config)
     if config == "pegaflow-rs" and not (site / "pegaflow").is_dir():
         return f"no PegaFlow package under {site} (tools/peers_bundle.sh carries it)"
@@ -184,7 +184,12 @@ def plan(config: str, pool_bytes: int) -> Plan:
         return Plan(config, {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
                              "kv_role": "kv_both", "kv_connector_extra_config": extra}, env, cwd, server,
                     f"http://127.0.0.1:{http_port}/health", process_env(config))
-    raise ValueError(f"unknown peer configuration {config!r}; expected one of {PEERS}")
+    raise _unknown(config)
+
+
+def _unknown(config: str) -> Exception:
+    from pegaflow.errors import ConfigError  # here, not at the top: see the module's docstring
+    return ConfigError(f"unknown peer configuration {config!r}; expected one of {PEERS}")
 
 
 @contextlib.contextmanager

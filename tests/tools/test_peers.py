@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pegaflow.errors import PeerError
+from pegaflow.errors import ConfigError, PeerError
 from tools import peers
 
 GIB = 1 << 30
@@ -80,8 +80,10 @@ def test_peers_unavailable_without_the_bundle_says_where_in_one_line(peers_dir):
     reason = peers.unavailable("pegaflow-rs")
     assert "peers_bundle.sh" in reason and "\n" not in reason
     assert peers.skip_line("pegaflow-rs", reason).startswith("skipping pegaflow-rs: no PegaFlow package")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="lmcache-v9"):
         peers.unavailable("lmcache-v9")
+    with pytest.raises(ConfigError, match="lmcache-v9"):
+        peers.plan("lmcache-v9", GIB)
 
 
 def test_peers_unavailable_lmcache_not_carried_names_the_import_error_and_the_bundle(peers_dir):
