@@ -161,6 +161,8 @@ def unavailable(config: str) -> str | None:
 
 def plan(config: str, pool_bytes: int) -> Plan:
     """The settings of one run of ``config`` whose host cache holds ``pool_bytes``."""
+    if config not in PEERS:
+        raise _unknown(config)
     env, cwd, gib = process_env(config), process_cwd(config), pool_bytes / (1 << 30)
     if config == "lmcache":
         env |= {"LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": f"{gib:g}",
@@ -184,7 +186,7 @@ def plan(config: str, pool_bytes: int) -> Plan:
         return Plan(config, {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
                              "kv_role": "kv_both", "kv_connector_extra_config": extra}, env, cwd, server,
                     f"http://127.0.0.1:{http_port}/health", process_env(config))
-    raise _unknown(config)
+    raise AssertionError(f"a configuration of PEERS without a plan: {config}")
 
 
 def _unknown(config: str) -> Exception:
