@@ -94,3 +94,8 @@ class CudaError(PegaflowError):
 class RemoteTierError(PegaflowError):
     """The remote tier (``--remote``) cannot start: its package is not installed, or its
     store refused the setup (master or metadata server unreachable, memory not registered)."""
+
+
+class PeerError(PegaflowError):
+    """A peer system a benchmark compares against (LMCache, PegaFlow) could not be started:
+    its server exited or did not answer its health check in time."""

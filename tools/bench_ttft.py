@@ -1,13 +1,18 @@
 """Time to first token on real vLLM: cold, warm from pegaflow, warm from vLLM's native CPU
-offloading, and a GPU prefix-cache hit, all measured in one run; plus TPOT with the
-connector saving against no connector, and 8 prompts at once.
+offloading, warm from each peer (LMCache, PegaFlow: ``tools/peers.py``; one that cannot run
+here is skipped with one line), and a GPU prefix-cache hit, all measured in one run; plus TPOT
+with the connector saving against no connector, and 8 prompts at once.  Per configuration:
+warm TTFT, the share of cacheable prompt tokens its host cache served on the warm pass, and
+whether its outputs equal no connector's (``configs`` in the JSON).
 
     python -m tools.bench_ttft --model tools/models/llama-3.1-8b-shape [--json]
 
 Each vLLM runs in its own process, one after another (dummy weights, greedy), in vLLM's
 default compilation (CUDA graphs on) unless ``--eager``.
 The pegaflow engine is started here with the cuda backend unless --engine-name names a
-running one.
+running one; a started engine is stopped before the native and peer phases (their host caches
+would otherwise sit beside its pool).  The native and peer phases keep vLLM's prefix caching
+on, as their users run them, and reset it between the cold and the warm pass.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pegaflow.connector.config import LOAD_MODES
+from tools import peers
+from tools.ttft_configs import cacheable_tokens, config_rows
+from tools.ttft_configs import stats as _stats
 
+# Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
+# PegaFlow's package of the same name first on its path (tools/peers.py).
 ROOT = Path(__file__).resolve().parent.parent
 PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
 
@@ -35,15 +44,22 @@ def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
 
 
+def _load_modes() -> tuple[str, ...]:
+    from pegaflow.connector.config import LOAD_MODES
+    return LOAD_MODES
+
+
 def _llm(args, kind: str):
     from vllm import LLM
-
-    from pegaflow.connector import kv_transfer_config
     common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=args.eager,
                   seed=0, max_model_len=args.prompt_tokens + args.decode_tokens + 64,
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
     if args.no_async_scheduling:
         common["async_scheduling"] = False
+    if kind in peers.PEERS:  # as the peer's plan says (tools/peers.py)
+        from vllm.config import KVTransferConfig
+        return LLM(**common, kv_transfer_config=KVTransferConfig(**json.loads(args.kv_transfer_config)))
+    from pegaflow.connector import kv_transfer_config
     if kind in ("pegaflow", "disk"):
         return LLM(**common, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config(
             args.engine_name, disk_load_mode=args.disk_load_mode))
@@ -143,6 +159,13 @@ def _timed(result: dict, name: str, timings: tuple[list[float], list[list[int]]]
     result[f"{name}_step_ms"] = list(LAST_STEP_MS)
 
 
+def _timed_warm(result: dict, llm, prompts: list[list[int]]) -> None:
+    """The warm pass, and the prompt tokens vLLM counted as read from the host cache in it."""
+    hits_before = _external_hits(llm)
+    _timed(result, "warm", _time_each(llm, prompts, 1))
+    result["warm_hit_tokens"] = _external_hits(llm) - hits_before
+
+
 def run_phase(args) -> dict:
     """One vLLM process: what ``--phase`` names; returns its measurements."""
     from transformers import AutoConfig
@@ -159,21 +182,23 @@ def run_phase(args) -> dict:
         *alone, last = prompts
         _timed(result, "disk", _time_each(llm, alone, 1))
         # Its own seed per mode: the engine of an earlier mode wrote its new request to disk.
-        seed = 5 + LOAD_MODES.index(args.disk_load_mode)
+        seed = 5 + _load_modes().index(args.disk_load_mode)
         result["beside"] = _beside(llm, _prompts(seed, 1, args.prompt_tokens // 10, vocab)[0], last, args)
         result["disk_tokens"].append(result["beside"].pop("hit_tokens"))
         _timed(result, "pool", _time_each(llm, prompts, 1))  # read back into its pool by then
         return result
     _timed(result, "cold", _time_each(llm, prompts, 1))
+    result["cacheable_tokens"] = cacheable_tokens(prompts, llm.llm_engine.vllm_config.cache_config.block_size)
     if args.phase == "pegaflow":
-        _timed(result, "warm", _time_each(llm, prompts, 1))
+        _timed_warm(result, llm, prompts)
         result["warm_batch_ms"] = _time_batch(llm, prompts, 1)
         result["external_hit_tokens"] = _external_hits(llm)
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
-    elif args.phase == "native":
-        llm.reset_prefix_cache()
-        _timed(result, "warm", _time_each(llm, prompts, 1))
-        _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # with the offloading connector
+    elif args.phase == "native" or args.phase in peers.PEERS:
+        llm.reset_prefix_cache()  # the GPU's copy gone, the host cache's kept
+        _timed_warm(result, llm, prompts)
+        if args.phase == "native":
+            _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # with the offloading connector
     else:
         _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # vLLM's prefix cache alone
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
@@ -181,18 +206,44 @@ def run_phase(args) -> dict:
     return result
 
 
-def _spawn(args, phase: str) -> dict:
+def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
+    """One phase in its own process; ``run``: a peer's, with its environment and directory."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, "-m", "tools.bench_ttft", "--phase", phase, "--phase-out", out] + _passthrough(args)
+    if run is not None:
+        cmd += ["--kv-transfer-config", json.dumps(run.kv_transfer_config)]
     try:  # stdout carries only our JSON; a phase that hangs fails the bench
         # vLLM 0.26 seeds its block hashes per process unless PYTHONHASHSEED is set: the disk
         # phase's vLLM must hash the prompts as the first one did
-        env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"))
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S, env=env)
+        env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **(run.env if run else {}))
+        subprocess.run(cmd, check=True, cwd=(run and run.cwd) or ROOT, stdout=sys.stderr,
+                       timeout=PHASE_TIMEOUT_S, env=env)
         return json.loads(Path(out).read_text())
     finally:
         Path(out).unlink(missing_ok=True)
+
+
+def _peer_phases(args) -> dict[str, dict]:
+    """Per peer of ``--peers``: its phase beside the server it needs, or ``skipped``: why."""
+    from pegaflow.errors import PeerError
+    from pegaflow.values import parse_size
+    results = {}
+    for config in args.peers:
+        reason = peers.unavailable(config)
+        if reason is not None:
+            print("bench_ttft: " + peers.skip_line(config, reason), file=sys.stderr)
+            results[config] = {"skipped": reason}
+            continue
+        run = peers.plan(config, parse_size(args.pool_size))
+        log = Path(tempfile.gettempdir()) / f"bench_ttft.{config}.server.log"
+        try:  # a peer that fails at run time is a row that says so, not the end of the bench
+            with peers.side_process(run, log):
+                results[config] = _spawn(args, config, run)
+        except (PeerError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            print(f"bench_ttft: {config} failed: {exc} (its server's log: {log})", file=sys.stderr)
+            results[config] = {"failed": str(exc)}
+    return results
 
 
 def _disk_phases(engine, start, args) -> dict[str, dict]:
@@ -241,17 +292,12 @@ def summarize_disk(peg: dict, disks: dict[str, dict], none: dict) -> dict:
 def _passthrough(args) -> list[str]:
     flags = [flag for flag, on in (("--tpot-only", args.tpot_only), ("--eager", args.eager),
                                    ("--no-async-scheduling", args.no_async_scheduling)) if on]
-    return ["--model", args.model, "--num-prompts", str(args.num_prompts),
+    return ["--model", str(Path(args.model).resolve()), "--num-prompts", str(args.num_prompts),
             "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
             "--decode-prompts", str(args.decode_prompts), "--engine-name", args.engine_name,
             "--gpu-memory-utilization", str(args.gpu_memory_utilization),
             "--native-offload-gib", str(args.native_offload_gib),
             "--disk-load-mode", args.disk_load_mode, *flags]
-
-
-def _stats(values: list[float]) -> tuple[float, float]:
-    ordered = sorted(values)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
 
 
 def summarize(peg: dict, native: dict | None, none: dict, gpu: str) -> dict:
@@ -334,19 +380,26 @@ def main() -> int:
                         "directory: every block is written to disk as it is stored (in every pegaflow "
                         "phase: their figures then include that), then a new engine (empty pool) serves "
                         "the prompts from it")
-    p.add_argument("--disk-load-modes", nargs="+", choices=LOAD_MODES, default=["async"],
+    p.add_argument("--disk-load-modes", nargs="+", default=["async"],
                    help="with --disk-path: run the disk phase once per connector disk_load_mode, each "
                         "with a new engine on the same disk (the first one's figures are the plain keys)")
     p.add_argument("--disk-load-mode", default="async", help=argparse.SUPPRESS)
     p.add_argument("--skip-native", action="store_true",
                    help="leave out the vLLM native offload phase (and its columns)")
-    p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk"], help=argparse.SUPPRESS)
+    p.add_argument("--peers", nargs="*", choices=peers.PEERS, default=["lmcache", "pegaflow-rs"],
+                   help="peers measured beside pegaflow, each with a host cache of --pool-size "
+                        "(tools/peers.py; one that cannot run here is skipped with one line)")
+    p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk", *peers.PEERS],
+                   help=argparse.SUPPRESS)
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
         Path(args.phase_out).write_text(json.dumps(run_phase(args)))
         return 0
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
+    if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
+        p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(_load_modes())}")
     backends = args.copy_backends or [None]
     engine, given_engine = None, args.engine_name
 
@@ -387,13 +440,14 @@ def main() -> int:
             by_backend[backend or "default"] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
         disks = _disk_phases(engine, start, args) if disk_dir else None
-        native = None if args.skip_native else _spawn(args, "native")
-        none = _spawn(args, "none")
     finally:
         if engine is not None:
             engine.stop(timeout_s=LARGE_POOL_STOP_S)
         if disk_dir:
             shutil.rmtree(disk_dir, ignore_errors=True)
+    native = None if args.skip_native else _spawn(args, "native")
+    peer_runs = _peer_phases(args)
+    none = _spawn(args, "none")
     peg = by_backend[backends[0] or "default"]
     result = summarize(peg, native, none, _gpu_name())
     if disks is not None:
@@ -402,6 +456,7 @@ def main() -> int:
             if not result[f"lookup_disk_blocks_{mode}"]:
                 print(f"bench_ttft: the disk phase ({mode}) found nothing on disk: its figure is a "
                       "recompute, not a read from disk", file=sys.stderr)
+    result["configs"] = config_rows(peg, native, none, peer_runs)
     result["copy_backend"] = backends[0] or "engine default"
     for name, phase in by_backend.items():  # --copy-backends: each path's own warm figures
         warm, warm_p90 = _stats(phase["warm_ms"])
@@ -434,6 +489,10 @@ def main() -> int:
               f"ms, cold {result['cold_ms']:.1f} ms; outputs identical: {result['outputs_identical_disk']}; "
               f"a new request sent with a disk hit: first token {result['beside_disk_new_ttft_ms_' + mode]:.1f} "
               f"ms, TPOT {result['beside_disk_new_tpot_ms_' + mode]:.2f} ms")
+    for name, row in result["configs"].items():
+        print(f"{name}: {next(iter(row))}: {next(iter(row.values()))}" if "ttft_warm_ms" not in row else
+              f"{name}: warm {row['ttft_warm_ms']:.1f} ms, served {row['served_share']:.1%} of the cacheable "
+              f"tokens, outputs identical: {row['outputs_identical']}")
     for name in by_backend:
         print(f"copy path {name}: warm {result['warm_pegaflow_ms_median_' + name]:.1f} ms "
               f"(p90 {result['warm_pegaflow_ms_p90_' + name]:.1f}), cold {result['cold_ms_median_' + name]:.1f} ms")

@@ -113,3 +113,45 @@ def test_bench_ttft_summarize_disk_keeps_each_load_mode_apart():
     # 2. A token of one mode that differs from no connector's: not identical.
     disks["layerwise"]["pool_tokens"] = [[5], [9]]
     assert summarize_disk(peg, disks, none)["outputs_identical_disk"] is False
+
+
+def test_bench_ttft_imports_no_pegaflow_of_this_repo_at_import():
+    # A pegaflow-rs phase runs this module with PegaFlow's package of the same name first on
+    # its path: importing this repo's pegaflow at the top would load it, and break the phase.
+    import subprocess
+    import sys
+
+    from tools.bench_ttft import ROOT
+    code = ("import sys, tools.bench_ttft\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'pegaflow')\n"
+            "sys.exit(f'imported {loaded}' if loaded else 0)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_bench_ttft_peer_phases_skip_a_missing_peer_with_one_line(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from tools.bench_ttft import _peer_phases
+    monkeypatch.setenv("PEGAFLOW_PEERS_DIR", str(tmp_path))  # no peer carried here
+    results = _peer_phases(argparse.Namespace(peers=["pegaflow-rs"], pool_size="1GiB"))
+    assert set(results) == {"pegaflow-rs"} and "peers_bundle.sh" in results["pegaflow-rs"]["skipped"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench_ttft: skipping pegaflow-rs: {results['pegaflow-rs']['skipped']}"]
+
+
+def test_bench_ttft_peer_phases_a_peer_failing_at_run_time_is_a_row_not_the_end(tmp_path, monkeypatch, capsys):
+    # 1. A peer that imports fine but whose server exits at once.
+    import argparse
+    import sys
+
+    from tools import peers
+    from tools.bench_ttft import _peer_phases
+    monkeypatch.setattr(peers, "unavailable", lambda config: None)
+    monkeypatch.setattr(peers, "plan", lambda config, pool_bytes: peers.Plan(
+        config, {}, {}, None, (sys.executable, "-c", "import sys; sys.exit(4)"),
+        f"http://127.0.0.1:{peers.free_port()}/health"))
+    # 2. Its row says it failed, and why; the bench goes on.
+    results = _peer_phases(argparse.Namespace(peers=["lmcache-mp"], pool_size="1GiB"))
+    assert "exited (4)" in results["lmcache-mp"]["failed"]
+    assert "bench_ttft: lmcache-mp failed:" in capsys.readouterr().err

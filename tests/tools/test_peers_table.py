@@ -1,0 +1,63 @@
+"""tools/peers_table.py: every system on every workload from the benches' JSON."""
+
+import json
+
+from tools.peers_table import build, main, markdown
+
+
+def _inputs():
+    ttft = {"gpu": "NVIDIA H200", "configs": {
+        "none": {"ttft_warm_ms": 480.0, "served_share": 0.0, "outputs_identical": True},
+        "native": {"ttft_warm_ms": 90.0, "served_share": 1.0, "outputs_identical": True},
+        "lmcache": {"ttft_warm_ms": 40.0, "served_share": 0.97, "outputs_identical": False},
+        "pegaflow-rs": {"skipped": "ImportError: undefined symbol: x"},
+        "pegaflow": {"ttft_warm_ms": 48.0, "served_share": 1.0, "outputs_identical": True}}}
+    serving = {"gpu": "NVIDIA H200", "model": "m", "args": {"later_rounds_wall_s": 1}, "runs": [],
+               "none": {"later_rounds_wall_s": 9.0, "throughput_rps": 2.0, "outputs_identical": True},
+               "pegaflow": {"later_rounds_wall_s": 6.0, "throughput_rps": 5.0, "outputs_identical": True},
+               "pegaflow-rs": {"later_rounds_wall_s": 7.5, "throughput_rps": 4.0, "outputs_identical": True}}
+    return {"ttft": ttft, "serving": serving}
+
+
+def test_peers_table_cells_and_pegaflow_against_the_fastest_other():
+    table = build(_inputs(), "2026-12-06")
+    assert table["gpu"] == "NVIDIA H200" and table["date"] == "2026-12-06"
+    # 1. Cells per configuration and workload; a skipped peer keeps its reason.
+    assert table["configs"]["pegaflow"]["warm_ttft_10k"] == {"ttft_warm_ms": 48.0, "outputs_identical": True,
+                                                             "served_share": 1.0}
+    assert table["configs"]["pegaflow-rs"]["warm_ttft_10k"] == {"skipped": "ImportError: undefined symbol: x"}
+    assert table["configs"]["pegaflow-rs"]["multi_round"]["later_rounds_wall_s"] == 7.5
+    assert "replicas" not in table["versus"] and "args" not in table["configs"]
+    # 2. TTFT: lmcache is faster (40 ms) but wrong: the mark is native's 90 ms, pegaflow ahead.
+    assert table["versus"]["warm_ttft_10k"] == {"best_other": "native", "pegaflow_over_best": 48.0 / 90.0,
+                                                "pegaflow_ahead": True}
+    # 3. Wall time: pegaflow-rs is the fastest other (7.5 s); pegaflow 6.0 s, ahead.
+    assert table["versus"]["multi_round"] == {"best_other": "pegaflow-rs", "pegaflow_over_best": 0.8,
+                                              "pegaflow_ahead": True}
+    # 4. Throughput: higher is better; none is left out of the comparison.
+    assert table["versus"]["shared_prefix"] == {"best_other": "pegaflow-rs", "pegaflow_over_best": 1.25,
+                                                "pegaflow_ahead": True}
+
+
+def test_peers_table_markdown_marks_wrong_and_skipped(tmp_path, capsys):
+    # 1. Through the command line, as the lead runs it; the JSON written is build()'s.
+    paths = {}
+    for bench, data in _inputs().items():
+        paths[bench] = tmp_path / f"{bench}.json"
+        paths[bench].write_text(json.dumps(data))
+    out = tmp_path / "peers.json"
+    assert main(["--ttft", str(paths["ttft"]), "--serving", str(paths["serving"]), "--out", str(out),
+                 "--date", "2026-12-06"]) == 0
+    assert json.loads(out.read_text()) == build(_inputs(), "2026-12-06")
+    text = capsys.readouterr().out
+    assert text == markdown(build(_inputs(), "2026-12-06")) + "\n"
+    # 2. The header names the card and the date; columns in a fixed order; a wrong peer is marked.
+    lines = text.splitlines()
+    assert lines[0] == "NVIDIA H200, 2026-12-06"
+    assert lines[2] == ("| workload | none | native | lmcache | pegaflow-rs | pegaflow | "
+                        "pegaflow vs fastest correct other |")
+    ttft_row = next(line for line in lines if line.startswith("| warm 10k-token TTFT"))
+    assert "40 ms (97% served) **wrong outputs**" in ttft_row and "| skipped |" in ttft_row
+    assert ttft_row.endswith("| 0.53x native's (ahead) |")
+    wall_row = next(line for line in lines if line.startswith("| multi-round"))
+    assert wall_row == "| multi-round serving, later rounds | 9 s | - | - | 7.5 s | 6 s | 0.80x pegaflow-rs's (ahead) |"

@@ -1,0 +1,258 @@
+"""The peers a benchmark measures pegaflow against, each run with vLLM the way its own
+documentation runs it, so that every system stands in the same table of the same run.
+
+Configurations (``PEERS``):
+
+- ``lmcache``: LMCache inside vLLM's process, through vLLM's ``LMCacheConnectorV1``; its local
+  CPU backend holds as much as pegaflow's pool (``LMCACHE_MAX_LOCAL_CPU_SIZE``, GiB), chunks of
+  256 tokens (its default).  vLLM's prefix caching stays on, as its docs run it.
+- ``lmcache-mp``: LMCache's multi-process mode, the one its docs recommend for several vLLMs
+  sharing one cache: one ``lmcache server`` whose L1 is the pool's size, reached over ZMQ by
+  every vLLM through vLLM's ``LMCacheMPConnector``.  For the replicas bench.
+- ``pegaflow-rs``: PegaFlow (the Rust engine): its ``PegaKVConnector`` and one
+  ``pegaflow-server`` with a pinned pool of the same size, reached over gRPC.
+
+Where the packages come from: ``tools/peers_bundle.sh`` unpacks each peer into
+``peers_dir()/<config's peer>/site`` (``$PEGAFLOW_PEERS_DIR``, else ``$HOME/vb/peers``).
+PegaFlow's package is also called ``pegaflow``: its processes run with its folder first on
+PYTHONPATH and a working directory outside this repo, so this repo's ``pegaflow`` never
+shadows it.  This module therefore imports nothing of this repo's ``pegaflow`` at import time.
+
+Interface, for ``bench_ttft``, ``bench_serving`` and ``bench_replicas``:
+
+- ``unavailable(config) -> str | None``: why ``config`` cannot run here, in one line (the
+  exact import or loader error), or None; print ``skip_line(config, reason)`` and go on.
+- ``plan(config, pool_bytes) -> Plan``: what a vLLM of that configuration needs:
+  ``plan.serve_args()`` (extra ``vllm serve`` arguments), ``plan.kv_transfer_config`` (for
+  ``LLM(kv_transfer_config=KVTransferConfig(**...))``), ``plan.env`` (added to the vLLM
+  process's environment; it sets PYTHONPATH, so merge, don't prepend this repo) and
+  ``plan.cwd`` (run the vLLM process there; None: anywhere, e.g. the repo root).
+  Ports are free ones picked here; one plan serves every replica of a run.
+- ``side_process(plan, log_path)``: a context manager that starts the server the plan needs
+  (``pegaflow-server``, ``lmcache server``; nothing for ``lmcache``), returns once its health
+  check answers, and stops it (SIGINT to its process group, then SIGKILL) on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = ("lmcache", "lmcache-mp", "pegaflow-rs")
+PEER_PACKAGE = {"lmcache": "lmcache", "lmcache-mp": "lmcache", "pegaflow-rs": "pegaflow-rs"}
+LMCACHE_CHUNK_TOKENS = 256
+CHECK_TIMEOUT_S = 600.0   # one import check: torch and vLLM imported cold
+START_TIMEOUT_S = 300.0   # a server pins its whole pool before it answers
+STOP_TIMEOUT_S = 120.0
+
+# What each configuration's processes must be able to load, in their order: torch before
+# LMCache's compiled extensions, each loaded from its file (``lmcache.c_ops`` is a shim that
+# hides a failed load behind a warning), then the connector vLLM will load.
+_LMCACHE_EXTENSIONS = (
+    "import glob, importlib.util, os, torch, lmcache\n"
+    "for path in sorted(glob.glob(os.path.join(os.path.dirname(lmcache.__file__), '*.so'))):\n"
+    "    name = 'lmcache.' + os.path.basename(path).split('.')[0]\n"
+    "    importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))\n")
+_CHECKS = {
+    "lmcache": _LMCACHE_EXTENSIONS + "import lmcache.integration.vllm.vllm_v1_adapter\n",
+    "lmcache-mp": _LMCACHE_EXTENSIONS + (
+        "import lmcache.v1.multiprocess.http_server, lmcache.integration.vllm.vllm_multi_process_adapter\n"),
+    "pegaflow-rs": (
+        "import os, subprocess, sys, torch, pegaflow\n"
+        "if not os.path.realpath(pegaflow.__file__).startswith(os.path.realpath(sys.argv[1])):\n"
+        "    sys.exit(f'pegaflow is {pegaflow.__file__}, not PegaFlow under {sys.argv[1]}')\n"
+        "import pegaflow.pegaflow, pegaflow.connector\n"
+        "from pegaflow._bin_utils import binary_env, find_binary\n"
+        "ldd = subprocess.run(['ldd', find_binary('pegaflow-server-py')], env=binary_env(),\n"
+        "                     capture_output=True, text=True)\n"
+        "lost = [line.split()[0] for line in ldd.stdout.splitlines() if 'not found' in line]\n"
+        "if ldd.returncode or lost:\n"
+        "    sys.exit(f'pegaflow-server-py cannot load {lost or ldd.stderr.strip()}')\n"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One configuration's vLLM settings and the server it needs (``server_argv`` empty: none)."""
+
+    config: str
+    kv_transfer_config: dict
+    env: dict[str, str]
+    cwd: Path | None
+    server_argv: tuple[str, ...] = ()
+    health_url: str = ""
+    server_env: dict[str, str] = field(default_factory=dict)
+
+    def serve_args(self) -> list[str]:
+        return ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+
+
+def peers_dir() -> Path:
+    return Path(os.environ.get("PEGAFLOW_PEERS_DIR") or Path.home() / "vb" / "peers")
+
+
+def site_of(config: str) -> Path:
+    return peers_dir() / PEER_PACKAGE[config] / "site"
+
+
+def skip_line(config: str, reason: str) -> str:
+    return f"skipping {config}: {reason}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(config: str) -> dict[str, str]:
+    """The environment entries every process of ``config`` needs: its package first on the path
+    (then this repo, for ``tools``), LMCache's usage reports off (the GPU machine has no network)."""
+    path = [str(site_of(config)), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    if config.startswith("lmcache"):
+        env["LMCACHE_TRACK_USAGE"] = "false"
+    return env
+
+
+def process_cwd(config: str) -> Path | None:
+    """PegaFlow's processes run outside this repo: the working directory comes first on
+    ``sys.path`` and would put this repo's ``pegaflow`` ahead of PegaFlow's."""
+    if config != "pegaflow-rs":
+        return None
+    cwd = Path(tempfile.gettempdir()) / "pegaflow-rs-cwd"
+    cwd.mkdir(exist_ok=True)
+    return cwd
+
+
+def unavailable(config: str) -> str | None:
+    """None when ``config``'s processes can import what they need here; else the reason, one
+    line: the folder that is missing, or the last line of the import's error."""
+    if config not in PEERS:
+        raise _unknown(config)
+    site = site_of(config)
+    if config == "pegaflow-rs" and not (site / "pegaflow").is_dir():
+        return f"no PegaFlow package under {site} (tools/peers_bundle.sh carries it)"
+    env = dict(os.environ, **process_env(config))
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHECKS[config], str(site)], env=env,
+                              cwd=process_cwd(config) or ROOT, capture_output=True, text=True,
+                              timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"its import check did not finish in {CHECK_TIMEOUT_S:.0f} s"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    reason = lines[-1] if lines else f"its import check exited with status {done.returncode}"
+    return reason if site.is_dir() else f"{reason} (no {site}: tools/peers_bundle.sh carries it)"
+
+
+def plan(config: str, pool_bytes: int) -> Plan:
+    """The settings of one run of ``config`` whose host cache holds ``pool_bytes``."""
+    if config not in PEERS:
+        raise _unknown(config)
+    env, cwd, gib = process_env(config), process_cwd(config), pool_bytes / (1 << 30)
+    if config == "lmcache":
+        env |= {"LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": f"{gib:g}",
+                "LMCACHE_CHUNK_SIZE": str(LMCACHE_CHUNK_TOKENS)}
+        return Plan(config, {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, env, cwd)
+    port, http_port = free_port(), free_port()
+    if config == "lmcache-mp":
+        server = (sys.executable, "-m", "lmcache.cli.main", "server", "--l1-size-gb", f"{gib:g}",
+                  "--host", "localhost", "--port", str(port), "--chunk-size", str(LMCACHE_CHUNK_TOKENS),
+                  "--http-host", "127.0.0.1", "--http-port", str(http_port))
+        extra = {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": port}
+        return Plan(config, {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                             "kv_connector_extra_config": extra}, env, cwd, server,
+                    f"http://127.0.0.1:{http_port}/healthcheck", process_env(config))
+    if config == "pegaflow-rs":
+        # its pool size in bytes: its "gb" is a GiB, a plain number is bytes
+        server = (sys.executable, "-m", "pegaflow._server", "--addr", f"127.0.0.1:{port}",
+                  "--http-addr", f"127.0.0.1:{http_port}", "--pool-size", str(pool_bytes))
+        env |= {"PEGAFLOW_HOST": "http://127.0.0.1", "PEGAFLOW_PORT": str(port)}
+        extra = {"pegaflow.host": "http://127.0.0.1", "pegaflow.port": port}
+        return Plan(config, {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+                             "kv_role": "kv_both", "kv_connector_extra_config": extra}, env, cwd, server,
+                    f"http://127.0.0.1:{http_port}/health", process_env(config))
+    raise AssertionError(f"a configuration of PEERS without a plan: {config}")
+
+
+def _unknown(config: str) -> Exception:
+    from pegaflow.errors import ConfigError  # here, not at the top: see the module's docstring
+    return ConfigError(f"unknown peer configuration {config!r}; expected one of {PEERS}")
+
+
+@contextlib.contextmanager
+def side_process(run: Plan, log_path: Path, start_timeout_s: float = START_TIMEOUT_S) -> Iterator[None]:
+    """The server ``run`` needs, up (its health check answered) for the ``with`` block."""
+    if not run.server_argv:
+        yield
+        return
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(run.server_argv, env=dict(os.environ, **run.server_env),
+                                cwd=run.cwd or ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own group: SIGINT reaches the binary too
+        try:
+            _wait_healthy(proc, run, log_path, start_timeout_s)
+            yield
+        finally:
+            _stop(proc)
+
+
+def _wait_healthy(proc: subprocess.Popen, run: Plan, log_path: Path, timeout_s: float) -> None:
+    from pegaflow.errors import PeerError  # here, not at the top: see the module's docstring
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise PeerError(f"{run.config}'s server exited ({proc.returncode}); see {log_path}")
+        try:
+            with urllib.request.urlopen(run.health_url, timeout=5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise PeerError(f"{run.config}'s server did not answer {run.health_url} "
+                                f"in {timeout_s:.0f} s; see {log_path}") from None
+            time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):  # it ended between poll and the signal
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tools.peers``: each configuration's one line: runnable here, or why not."""
+    import argparse
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("configs", nargs="*", help=f"some of {', '.join(PEERS)} (default: every one)")
+    args = p.parse_args(argv)
+    if unknown := sorted(set(args.configs) - set(PEERS)):
+        p.error(f"unknown {unknown}; choose from {list(PEERS)}")
+    for config in args.configs or PEERS:
+        reason = unavailable(config)
+        print(f"{config}: runs here ({site_of(config)})" if reason is None else skip_line(config, reason))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Carry the peers of the benchmarks (LMCache, PegaFlow) to the GPU machine: download their
+# cp312 wheels, and the few packages they import that neither the GPU image nor the vLLM
+# 0.26.0 bundle (../shared/gpu/make-vllm-bundle.sh) has, into one chunk folder of about 23 MiB.
+#
+# usage: bash tools/peers_bundle.sh [OUT_DIR]      (default: .gpu-bundle/peers, git-ignored)
+#
+# On the GPU machine, after the vLLM bundle is unpacked into $HOME/vb (its README), one more
+# command moves this chunk out of the tree and unpacks each peer into a folder of its own
+# (PegaFlow's package is also called `pegaflow`: it must never share a path with this repo's):
+#
+#   mkdir -p $HOME/vb/peers && mv .gpu-bundle/peers/* $HOME/vb/peers/ && bash $HOME/vb/peers/unpack.sh
+#
+# then tools/peers.py finds them there (PEGAFLOW_PEERS_DIR overrides $HOME/vb/peers).
+set -euo pipefail
+out="${1:-.gpu-bundle/peers}"
+
+# peer folder -> wheels (exact versions; docs/peers.md says why each is needed)
+lmcache=(lmcache==0.5.3 aiofile==3.12.3 caio==0.12.10 sortedcontainers==2.4.0)
+pegaflow_rs=(pegaflow-llm-cu13==0.25.1)
+
+# glibc 2.28 at most for LMCache's folder (caio then comes as its pure-Python wheel); PegaFlow
+# 0.25.1 is built for glibc 2.34 only.
+plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64)
+pyargs=(--python-version 3.12 --implementation cp --only-binary=:all: "${plat[@]}")
+
+fetch() {  # fetch FOLDER SPEC...: exactly the wheels of SPEC into $out/FOLDER (pip caches them)
+  local folder="$1"; shift
+  mkdir -p "$out/$folder"
+  python3 -m pip download -q --no-deps "${pyargs[@]}" -d "$out/$folder" "$@" \
+    2> >(grep -v "is ignored: it is neither" >&2)
+}
+rm -rf "$out"; mkdir -p "$out"
+fetch lmcache "${lmcache[@]}"
+pyargs+=(--platform manylinux_2_34_x86_64)
+fetch pegaflow-rs "${pegaflow_rs[@]}"
+cat > "$out/unpack.sh" <<'EOF'
+#!/usr/bin/env bash
+# Unpack each peer's wheels into a folder of its own beside this script (no pip needed).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+for folder in lmcache pegaflow-rs; do
+  for wheel in "$here/$folder"/*.whl; do
+    python3 - "$wheel" "$here/$folder/site" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2])
+PY
+  done
+done
+chmod +x "$here"/pegaflow-rs/site/pegaflow/pegaflow-server-py "$here"/pegaflow-rs/site/pegaflow/pegaflow-metaserver-py
+echo "peers unpacked under $here: lmcache/site, pegaflow-rs/site"
+EOF
+chmod +x "$out/unpack.sh"
+du -sh "$out" >&2
+find "$out" -name '*.whl' -printf '%s\t%p\n' | sort -rn >&2
+echo "peers bundle ready in $out: move it to the GPU machine as tools/peers_bundle.sh's header says" >&2

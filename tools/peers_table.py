@@ -1,0 +1,130 @@
+"""Every system on every workload in one table, from the JSON that bench_ttft, bench_serving and
+bench_replicas write when run with every configuration side by side: the raw file
+(``docs/benchmarks/peers.json``) and the headline table that opens docs/benchmarks.md.
+
+    python -m tools.peers_table --ttft ttft.json --serving serving.json --replicas replicas.json \\
+        --out docs/benchmarks/peers.json --date 2026-12-06
+
+Per configuration and workload: the workload's figure (``ttft_warm_ms``, ``later_rounds_wall_s``
+or ``throughput_rps``), ``served_share`` where its bench reports one and ``outputs_identical``; a
+configuration a bench skipped or that failed keeps that reason.  Per workload, pegaflow against
+the fastest other system that ran with outputs not known wrong (``none`` aside): the ratio of
+their figures.  Every input is
+optional; the workloads of a bench not given are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+# workload: (bench, figure, unit, higher is better, title)
+WORKLOADS = {
+    "warm_ttft_10k": ("ttft", "ttft_warm_ms", "ms", False, "warm 10k-token TTFT"),
+    "multi_round": ("serving", "later_rounds_wall_s", "s", False, "multi-round serving, later rounds"),
+    "shared_prefix": ("serving", "throughput_rps", "req/s", True, "shared prefix throughput"),
+    "replicas": ("replicas", "later_rounds_wall_s", "s", False, "replicas, later rounds"),
+}
+SYSTEMS = ("none", "native", "lmcache", "lmcache-mp", "pegaflow-rs", "pegaflow")
+NOT_RUN = ("skipped", "failed")
+
+
+def _rows(bench: str, data: dict) -> dict[str, dict]:
+    """A bench's row per configuration: bench_ttft keeps them under ``configs``; the serving
+    benches at the top level beside ``gpu``, ``args`` and ``runs``."""
+    if bench == "ttft":
+        return data["configs"]
+    return {name: row for name, row in data.items() if isinstance(row, dict) and name not in ("args",)
+            and ({"later_rounds_wall_s", *NOT_RUN} & set(row))}
+
+
+def _cell(row: dict, figure: str) -> dict | None:
+    """None: this configuration's bench ran without this workload."""
+    if reason := next((row[k] for k in NOT_RUN if k in row), None):
+        return {next(k for k in NOT_RUN if k in row): reason}
+    if figure not in row:
+        return None
+    cell = {figure: row[figure], "outputs_identical": row.get("outputs_identical")}
+    if "served_share" in row:
+        cell["served_share"] = row["served_share"]
+    return cell
+
+
+def _versus(cells: dict[str, dict], figure: str, higher_better: bool) -> dict | None:
+    """pegaflow's figure over the best other system's that ran with outputs not known wrong
+    (``none`` aside): a fast peer with wrong outputs is no mark to beat; its cell says wrong."""
+    others = {n: c[figure] for n, c in cells.items()
+              if n not in ("pegaflow", "none") and figure in c and c["outputs_identical"] is not False}
+    if "pegaflow" not in cells or figure not in cells["pegaflow"] or not others:
+        return None
+    best = (max if higher_better else min)(others, key=others.get)
+    ratio = cells["pegaflow"][figure] / others[best]
+    ahead = ratio > 1 if higher_better else ratio < 1
+    return {"best_other": best, "pegaflow_over_best": ratio, "pegaflow_ahead": ahead}
+
+
+def build(inputs: dict[str, dict], date: str) -> dict:
+    """``inputs``: bench name (ttft, serving, replicas) -> its JSON."""
+    gpus = sorted({data["gpu"] for data in inputs.values()})
+    out = {"gpu": gpus[0] if len(gpus) == 1 else gpus, "date": date, "configs": {}, "versus": {}}
+    for workload, (bench, figure, _, higher_better, _) in WORKLOADS.items():
+        if bench not in inputs:
+            continue
+        cells = {name: cell for name, row in _rows(bench, inputs[bench]).items()
+                 if (cell := _cell(row, figure)) is not None}
+        for name, cell in cells.items():
+            out["configs"].setdefault(name, {})[workload] = cell
+        out["versus"][workload] = _versus(cells, figure, higher_better)
+    return out
+
+
+def _format(cell: dict | None, figure: str, unit: str) -> str:
+    if cell is None:
+        return "-"
+    if figure not in cell:
+        return next(iter(cell))  # skipped / failed
+    text = f"{cell[figure]:.3g} {unit}" if cell[figure] < 100 else f"{cell[figure]:.0f} {unit}"
+    if "served_share" in cell:
+        text += f" ({cell['served_share']:.0%} served)"
+    return text + (" **wrong outputs**" if cell["outputs_identical"] is False else "")
+
+
+def markdown(table: dict) -> str:
+    """The headline table: a row per workload, a column per system, the card and the date."""
+    systems = [s for s in SYSTEMS if s in table["configs"]] + sorted(set(table["configs"]) - set(SYSTEMS))
+    lines = [f"{table['gpu']}, {table['date']}", "",
+             "| workload | " + " | ".join(systems) + " | pegaflow vs fastest correct other |",
+             "|---" * (len(systems) + 2) + "|"]
+    for workload, versus in table["versus"].items():
+        _, figure, unit, _, title = WORKLOADS[workload]
+        cells = [_format(table["configs"][s].get(workload), figure, unit) for s in systems]
+        vs = "-" if versus is None else (f"{versus['pegaflow_over_best']:.2f}x {versus['best_other']}'s "
+                                         f"({'ahead' if versus['pegaflow_ahead'] else 'behind'})")
+        lines.append(f"| {title} | " + " | ".join(cells) + f" | {vs} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ttft", help="bench_ttft --json output (its stdout, saved)")
+    p.add_argument("--serving", help="bench_serving --json file")
+    p.add_argument("--replicas", help="bench_replicas --json file")
+    p.add_argument("--out", help="write the table's JSON here (e.g. docs/benchmarks/peers.json)")
+    p.add_argument("--date", default=datetime.date.today().isoformat())
+    args = p.parse_args(argv)
+    inputs = {bench: json.loads(Path(path).read_text()) for bench, path in
+              (("ttft", args.ttft), ("serving", args.serving), ("replicas", args.replicas)) if path}
+    if not inputs:
+        p.error("give at least one of --ttft, --serving, --replicas")
+    table = build(inputs, args.date)
+    if args.out:
+        Path(args.out).write_text(json.dumps(table, indent=1) + "\n")
+    print(markdown(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
