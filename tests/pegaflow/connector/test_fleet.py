@@ -256,3 +256,45 @@ def test_fleet_stat_shows_which_instance_feeds_which(name):
     assert [s["lookup_hit_blocks"] for s in schedulers] == [0, _num_full_tokens(prompt) // BLOCK]
     assert all(c["inflight_copies"] == 0 for c in clients)
     assert workers[0]["namespace"] == workers[1]["namespace"] == schedulers[0]["namespace"]
+
+
+def _run_together(fleet: list[VllmInstance], max_steps: int = 400) -> None:
+    """Steps every instance in turn until none has a request left, as replicas running side by
+    side do: one instance's saves and another's lookups interleave on the engine."""
+    for _ in range(max_steps):
+        busy = [vllm for vllm in fleet if vllm.scheduler.requests]
+        if not busy:
+            return
+        for vllm in busy:
+            vllm.step()
+        time.sleep(1e-3)
+    raise AssertionError("requests still running")
+
+
+@pytest.mark.parametrize("num_instances", [2, 3])
+def test_fleet_conversations_routed_round_robin_are_served_by_every_instance(name, num_instances):
+    # 1. Three users chat for three rounds; each turn goes to another instance than the
+    #    user's previous turn (a router without affinity), all instances running side by side.
+    rng = random.Random(num_instances)
+    histories = [[rng.randrange(10, 30000) for _ in range(4 * BLOCK + 5)] for _ in range(3)]
+    with _engine(name):
+        fleet = _instances(name, num_instances)
+        try:
+            for round_ in range(3):
+                expected = [0] * num_instances
+                before = [vllm.served_tokens for vllm in fleet]
+                for vllm in fleet:  # a GPU cache too small to keep a user's turns between rounds
+                    vllm.scheduler.reset_prefix_cache()
+                for user, history in enumerate(histories):
+                    prompt = history + [rng.randrange(10, 30000) for _ in range(BLOCK + 3)]
+                    target = (round_ + user) % num_instances
+                    fleet[target].add(make_request(f"r{round_}u{user}", prompt))
+                    # 2. From the second round on, the instance is served the full blocks of
+                    #    the user's previous prompt, which another instance computed.
+                    expected[target] += len(history) // BLOCK * BLOCK if round_ else 0
+                    histories[user] = prompt
+                _run_together(fleet)
+                assert [v.served_tokens - b for v, b in zip(fleet, before)] == expected, round_
+        finally:
+            for vllm in fleet:
+                vllm.close()
