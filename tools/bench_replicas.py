@@ -6,9 +6,11 @@
 Each configuration runs in its own processes, one after another (``--repeat`` interleaves them):
 ``none`` (vLLM's prefix caching only), ``native`` (each replica its own ``--kv-offloading-size``:
 ``--host-gib`` split evenly), ``pegaflow`` (one engine with a ``--host-gib`` pool, every replica
-attached to it).  The replicas share one GPU (each ``--gpu-memory-utilization``, its GPU KV cache
-capped by ``--gpu-blocks`` so the working set does not fit) and start one after another.  A
-router inside the bench (``tools/replica_router.py``) spreads requests with no session affinity
+attached to it), and the peers of ``tools/peers.py`` (``lmcache``: a private cache per replica,
+split like native's; ``lmcache-mp`` and ``pegaflow-rs``: one server with the whole budget).
+The replicas share one GPU (each ``--gpu-memory-utilization``, its GPU KV cache capped by
+``--gpu-blocks`` so the working set does not fit) and start one after another.  A router
+inside the bench (``tools/replica_router.py``) spreads requests with no session affinity
 (``--router round-robin|random``; ``affinity`` keeps each user on one replica).  vLLM's default
 compilation (CUDA graphs on) unless ``--eager``.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -42,13 +45,15 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tools.bench_serving import PEGAFLOW_CONFIGS, Server, _get, complete, server_command
+from tools import peers
+from tools.bench_serving import PEGAFLOW_CONFIGS, Server, _get, available_configs, complete, server_command
 from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
 from tools.serving_workload import RequestResult, conversations, identical_share, shared_prefix_prompts, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK_SIZE = 16
 CONFIGS = ("none", "native", "pegaflow")
+SPLIT_PEERS = ("lmcache",)  # peers whose cache lives in each vLLM process: the host budget split
 
 
 def hit_counters(port: int) -> dict[str, float]:
@@ -68,8 +73,9 @@ class Fleet:
     """N ``vllm serve`` replicas of one configuration on ports ``port``, ``port+1``, ...,
     started one after another (each measures the GPU's free memory at start)."""
 
-    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str):
+    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None):
         self.config, self.args, self.engine_name, self.log_dir, self.tag = config, args, engine_name, log_dir, tag
+        self.plan = plan  # a peer's settings (tools/peers.py), shared by every replica
         self.servers: list[Server | None] = [None] * args.replicas
         self.ready_s: list[float] = [0.0] * args.replicas
         for replica in range(args.replicas):
@@ -86,7 +92,10 @@ class Fleet:
         one.host_gib = max(1, a.host_gib // a.replicas) if self.config == "native" else a.host_gib
         started = time.monotonic()
         log_path = self.log_dir / f"{self.tag}.r{replica}.log"
-        self.servers[replica] = Server(server_command(self.config, one, self.engine_name), one.port, log_path)
+        plan = self.plan
+        self.servers[replica] = Server(server_command(self.config, one, self.engine_name,
+                                                      plan.serve_args() if plan else None),
+                                       one.port, log_path, plan.env if plan else None, plan.cwd if plan else None)
         self.ready_s[replica] = round(time.monotonic() - started, 2)
         return self.ready_s[replica]
 
@@ -172,12 +181,19 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     if config in PEGAFLOW_CONFIGS:
         engine = EngineProcess(name, *args.engine_arg, backend="cuda", pool_size=f"{args.host_gib}GiB",
                                start_timeout_s=600, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
+    plan = None
+    if config in peers.PEERS:  # LMCache in vLLM's process: a private cache each, split like native's
+        split = args.replicas if config in SPLIT_PEERS else 1
+        plan = peers.plan(config, (args.host_gib << 30) // split)
     try:
-        fleet = Fleet(config, args, name, log_dir, tag)
-        try:
-            return _workloads(config, args, fleet, tag) | {"engine": _engine_stats(name) if engine else None}
-        finally:
-            fleet.close()
+        with contextlib.ExitStack() as stack:
+            if plan is not None:
+                stack.enter_context(peers.side_process(plan, log_dir / f"{tag}.peer.log"))
+            fleet = Fleet(config, args, name, log_dir, tag, plan)
+            try:
+                return _workloads(config, args, fleet, tag) | {"engine": _engine_stats(name) if engine else None}
+            finally:
+                fleet.close()
     finally:
         if engine is not None:
             engine.stop(timeout_s=LARGE_POOL_STOP_S)
@@ -301,7 +317,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--router", choices=ROUTERS, default="round-robin")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=[*CONFIGS, *PEGAFLOW_CONFIGS])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=[*CONFIGS, *PEGAFLOW_CONFIGS, *peers.PEERS],
+                   help="lmcache (a private cache per replica, split like native's), lmcache-mp (LMCache's "
+                        "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/peers.py; "
+                        "a peer whose packages are missing is skipped with one line")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
     p.add_argument("--users", type=int, default=9)
@@ -340,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
     if not args.merge:
+        args.configs = available_configs(args.configs)
         log_dir = Path(args.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         for rep in range(args.repeat):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -38,7 +39,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tools import step_timeline
+from tools import peers, step_timeline
 from tools.serving_workload import (
     RequestResult,
     conversations,
@@ -153,8 +154,10 @@ def external_hit_tokens(port: int) -> float:
     return counters(port).get("vllm:external_prefix_cache_hits_total", 0.0)
 
 
-def server_command(config: str, args, engine_name: str) -> list[str]:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model, "--load-format", "dummy",
+def server_command(config: str, args, engine_name: str, peer_args: list[str] | None = None) -> list[str]:
+    """``peer_args``: a peer's ``--kv-transfer-config`` (``tools/peers.py``'s ``Plan.serve_args``)."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(Path(args.model).resolve()),
+           "--load-format", "dummy",
            "--skip-tokenizer-init", "--served-model-name", SERVED_NAME, "--port", str(args.port),
            "--seed", "0", "--max-model-len", str(args.max_model_len),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
@@ -168,18 +171,21 @@ def server_command(config: str, args, engine_name: str) -> list[str]:
         cmd += ["--kv-transfer-config", json.dumps({
             "kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
             "kv_role": "kv_both", "kv_connector_extra_config": extra})]
-    return cmd
+    return cmd + list(peer_args or ())
 
 
 class Server:
-    """A ``vllm serve`` process, up once /health answers; its log in ``log_path``."""
+    """A ``vllm serve`` process, up once /health answers; its log in ``log_path``.  ``extra_env``
+    may set PYTHONPATH whole (a peer's package ahead of this repo's) and ``cwd`` move it out of
+    the repository (``tools/peers.py`` says why)."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path, extra_env: dict | None = None):
+    def __init__(self, cmd: list[str], port: int, log_path: Path, extra_env: dict | None = None,
+                 cwd: Path | None = None):
         env = dict(os.environ, PYTHONHASHSEED="0", VLLM_SERVER_DEV_MODE="1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                   **(extra_env or {}))
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env.update(extra_env or {})
         self.port, self.log = port, open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:
@@ -216,17 +222,23 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
         logging_path = log_dir / f"{tag}.logging.json"
         logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
         extra_env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
+    plan = peers.plan(config, args.host_gib << 30) if config in peers.PEERS else None
     try:
-        server = Server(server_command(config, args, name), args.port, log_dir / f"{tag}.log", extra_env)
-        try:
-            counts0 = counters(args.port)
-            rounds = multi_round(args.port, args)
-            counts1 = counters(args.port)
-            _get(args.port, "/reset_prefix_cache", method="POST")
-            prefix = shared_prefix(args.port, args) if args.prefix_requests else []
-            counts2 = counters(args.port)
-        finally:
-            server.stop()
+        with contextlib.ExitStack() as stack:
+            if plan is not None:  # a peer: its server (if it has one) up first, its settings
+                stack.enter_context(peers.side_process(plan, log_dir / f"{tag}.peer.log"))
+                extra_env.update(plan.env)
+            server = Server(server_command(config, args, name, plan.serve_args() if plan else None), args.port,
+                            log_dir / f"{tag}.log", extra_env, plan.cwd if plan else None)
+            try:
+                counts0 = counters(args.port)
+                rounds = multi_round(args.port, args)
+                counts1 = counters(args.port)
+                _get(args.port, "/reset_prefix_cache", method="POST")
+                prefix = shared_prefix(args.port, args) if args.prefix_requests else []
+                counts2 = counters(args.port)
+            finally:
+                server.stop()
         engine_stats = None
         if engine is not None:
             from pegaflow.engine_stats import read_stats
@@ -260,6 +272,18 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             # sent, first token, done (monotonic s, the clock of the step timeline's lines)
             "timings": [[r.key, round(r.started_s, 6), round(r.first_token_s, 6), round(r.done_s, 6)]
                         for rnd in rounds for r in rnd]}
+
+
+def available_configs(configs: list[str]) -> list[str]:
+    """``configs`` less the peers whose packages cannot be imported here (one line each)."""
+    kept = []
+    for config in configs:
+        reason = peers.unavailable(config) if config in peers.PEERS else None
+        if reason is None:
+            kept.append(config)
+        else:
+            print(peers.skip_line(config, reason), file=sys.stderr, flush=True)
+    return kept
 
 
 def _window(results: list[RequestResult]) -> tuple[float, float]:
@@ -302,9 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--configs", nargs="+", default=["none", "native", "pegaflow"],
-                   choices=["none", "native", *PEGAFLOW_CONFIGS],
+                   choices=["none", "native", *PEGAFLOW_CONFIGS, *peers.PEERS],
                    help="pegaflow: the connector's defaults (load_mode auto); pegaflow-auto / -async / "
-                        "-layerwise: under that load_mode")
+                        "-layerwise: under that load_mode; lmcache, lmcache-mp, pegaflow-rs: the peers "
+                        "(tools/peers.py), skipped with one line where their packages are missing")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
     p.add_argument("--users", type=int, default=12)
@@ -336,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
     if not args.merge:
+        args.configs = available_configs(args.configs)
         log_dir = Path(args.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         for rep in range(args.repeat):

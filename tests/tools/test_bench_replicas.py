@@ -130,3 +130,28 @@ def test_parse_args_splits_the_gpu_among_replicas_and_refuses_none():
     assert parse_args(["--replicas", "4"]).gpu_memory_utilization == pytest.approx(0.212)
     with pytest.raises(SystemExit):
         parse_args(["--replicas", "0"])
+
+
+def test_available_configs_skips_a_missing_peer_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(bench_replicas.peers, "unavailable",
+                        lambda config: "No module named 'lmcache'" if config == "lmcache" else None)
+    assert bench_replicas.available_configs(["none", "lmcache", "pegaflow-rs", "pegaflow"]) == \
+        ["none", "pegaflow-rs", "pegaflow"]
+    assert capsys.readouterr().err.strip().splitlines() == ["skipping lmcache: No module named 'lmcache'"]
+
+
+def test_run_config_gives_an_in_process_peer_its_share_of_the_host_budget(monkeypatch, tmp_path):
+    # 1. LMCache in vLLM's process holds a private cache per replica, split like native's;
+    #    PegaFlow's server is one for every replica, with the whole budget.
+    pools = {}
+
+    def plan(config, pool_bytes):
+        pools[config] = pool_bytes
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(bench_replicas.peers, "plan", plan)
+    args = _args("--replicas", "4", "--host-gib", "64")
+    for config in ("lmcache", "pegaflow-rs"):
+        with pytest.raises(RuntimeError, match="stop here"):
+            bench_replicas.run_config(config, args, tmp_path, config)
+    assert pools == {"lmcache": 16 << 30, "pegaflow-rs": 64 << 30}
