@@ -261,6 +261,7 @@ def headline(runs: list[dict]) -> dict:
                    "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
                    "served_share": [r["chat"]["served_share"] or 0.0 for r in mine],
                    "moved_share": [r["chat"]["moved_share"] or 0.0 for r in mine],
+                   "cached_share": [c for r in mine if (c := r["chat"].get("cached_share")) is not None],
                    "time_to_ready_s": [statistics.median(r["time_to_ready_s"]) for r in mine],
                    "docs_wall_s": [r["docs"]["wall_s"] for r in mine if "docs" in r],
                    "docs_served_share": [r["docs"]["served_share"] or 0.0 for r in mine if "docs" in r],
@@ -282,7 +283,8 @@ def headline(runs: list[dict]) -> dict:
 
 
 COLUMNS = (("later rounds s", "later_rounds_wall_s", "{:.2f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
-           ("TTFT p99", "ttft_p99_ms", "{:.0f}"), ("served", "served_share", "{:.3f}"),
+           ("TTFT p99", "ttft_p99_ms", "{:.0f}"), ("host served", "served_share", "{:.3f}"),
+           ("cached", "cached_share", "{:.3f}"),
            ("moved", "moved_share", "{:.2f}"), ("docs s", "docs_wall_s", "{:.2f}"),
            ("ready s", "time_to_ready_s", "{:.1f}"), ("restart ready s", "restart_time_to_ready_s", "{:.1f}"),
            ("restart TTFT", "restart_first_round_ttft_p50_ms", "{:.0f}"),

@@ -61,10 +61,12 @@ PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "peg
 def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str = "127.0.0.1") -> RequestResult:
     """One streamed token-id completion; the first chunk carrying tokens is the first token."""
     body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True, "stream": True, "return_token_ids": True})
+                       "ignore_eos": True, "stream": True, "return_token_ids": True,
+                       "stream_options": {"include_usage": True}})
     started = time.monotonic()
     first = done = 0.0
     tokens: list[int] = []
+    cached: int | None = None
     conn = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT_S)
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -76,7 +78,11 @@ def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str 
             line = raw.strip()
             if not line.startswith(b"data:") or (data := line[5:].strip()) == b"[DONE]":
                 continue
-            ids = json.loads(data)["choices"][0].get("token_ids") or []
+            chunk = json.loads(data)
+            ids = [t for choice in chunk.get("choices") or [] for t in choice.get("token_ids") or []]
+            details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:  # the last chunk: usage
+                cached = int(details["cached_tokens"])
             if ids and not first:
                 first = time.monotonic()
             tokens += ids
@@ -88,7 +94,7 @@ def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str 
         conn.close()
     if not tokens:  # answered, but with no token: not a result to time
         return RequestResult(key, len(prompt), [], started, done, done, error="no token in the answer")
-    return RequestResult(key, len(prompt), tokens, started, first, done)
+    return RequestResult(key, len(prompt), tokens, started, first, done, cached_tokens=cached)
 
 
 def run_all(port: int, jobs: list[tuple[str, list[int], float]], max_tokens: int,
@@ -159,6 +165,7 @@ def server_command(config: str, args, engine_name: str, peer_args: list[str] | N
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(Path(args.model).resolve()),
            "--load-format", "dummy",
            "--skip-tokenizer-init", "--served-model-name", SERVED_NAME, "--port", str(args.port),
+           "--enable-prompt-tokens-details",  # each answer's usage says how many prompt tokens were cached
            "--seed", "0", "--max-model-len", str(args.max_model_len),
            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
            "--num-gpu-blocks-override", str(args.gpu_blocks)]

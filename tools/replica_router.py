@@ -7,8 +7,9 @@ unit-tested in CI).
   keeps each user on one replica (the friendly case a session-sticky balancer gives).
 - ``cacheable_tokens``: what a complete cache could serve of a prompt, given the conversation's
   history that some replica has already computed.
-- ``replica_figures``: per replica and in all, the served share and the TTFT of a set of
-  routed results.
+- ``replica_figures``: per replica and in all, the served share (from host memory), the cached
+  share (not computed: host or the replica's own GPU cache) and the TTFT of a set of routed
+  results.
 """
 
 from __future__ import annotations
@@ -90,7 +91,13 @@ def _figures(routed: list[Routed], hits: float) -> dict:
     ok = [r for r in routed if not r.result.error]
     ttft = [r.result.ttft_s * 1e3 for r in ok]
     cacheable = sum(r.cacheable_tokens for r in routed)
-    return {"requests": len(routed), "errors": len(routed) - len(ok),
+    # Not computed, wherever it came from (the replica's GPU cache or the host), per request
+    # from its answer's usage; capped at what could be cached, like the served share.
+    known = [r for r in ok if r.result.cached_tokens is not None]
+    known_cacheable = sum(r.cacheable_tokens for r in known)
+    not_computed = sum(min(r.result.cached_tokens, r.cacheable_tokens) for r in known)
+    return {"cached_share": round(not_computed / known_cacheable, 4) if known_cacheable else None,
+            "requests": len(routed), "errors": len(routed) - len(ok),
             "ttft_p50_ms": round(percentile(ttft, 50), 2), "ttft_p99_ms": round(percentile(ttft, 99), 2),
             "cacheable_tokens": cacheable, "served_tokens": hits,
             "served_share": round(hits / cacheable, 4) if cacheable else None,

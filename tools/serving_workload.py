@@ -82,6 +82,7 @@ class RequestResult:
     first_token_s: float     # when the first token arrived
     done_s: float
     error: str = ""
+    cached_tokens: int | None = None  # prompt tokens vLLM did not compute (its GPU cache or a connector)
 
     @property
     def ttft_s(self) -> float:

@@ -60,6 +60,9 @@ class _Fake(BaseHTTPRequestHandler):
             self.wfile.write(f'data: {json.dumps({"choices": [{"token_ids": [token]}]})}\n\n'.encode())
             self.wfile.flush()
             time.sleep(0.005)
+        if body.get("stream_options", {}).get("include_usage"):  # vLLM's last chunk: usage, no choice
+            usage = {"prompt_tokens": len(body["prompt"]), "prompt_tokens_details": {"cached_tokens": 16}}
+            self.wfile.write(f'data: {json.dumps({"choices": [], "usage": usage})}\n\n'.encode())
         self.wfile.write(b"data: [DONE]\n\n")
         with _Fake.lock:
             _Fake.in_flight -= 1
@@ -79,6 +82,7 @@ def test_complete_collects_streamed_tokens_and_times_the_first(port):
     assert result.error == "" and result.tokens == [5, 6, 7] and result.key == "k"
     assert result.ttft_s >= _Fake.FIRST_S and result.done_s >= result.first_token_s
     assert result.tpot_s is not None and result.tpot_s > 0
+    assert result.cached_tokens == 16  # from the usage chunk, which carries no choice
 
 
 def test_complete_http_error_is_a_result_with_the_error(port):

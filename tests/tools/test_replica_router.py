@@ -8,8 +8,8 @@ from tools.replica_router import Routed, Router, cacheable_tokens, replica_figur
 from tools.serving_workload import RequestResult
 
 
-def _result(key: str, ttft_s: float, error: str = "") -> RequestResult:
-    return RequestResult(key, 100, [1, 2], 10.0, 10.0 + ttft_s, 11.0, error)
+def _result(key: str, ttft_s: float, error: str = "", cached: int | None = None) -> RequestResult:
+    return RequestResult(key, 100, [1, 2], 10.0, 10.0 + ttft_s, 11.0, error, cached_tokens=cached)
 
 
 def test_router_round_robin_spreads_each_round_evenly():
@@ -70,3 +70,13 @@ def test_replica_figures_share_per_replica_and_in_all():
 def test_replica_figures_nothing_cacheable_has_no_share():
     figures = replica_figures([Routed(_result("a", 0.1), 0, 0, False)], {0: 0.0}, 1)
     assert figures["served_share"] is None
+
+
+def test_replica_figures_cached_share_counts_what_was_not_computed_capped_at_cacheable():
+    # 1. One request hit 320 of its 320 cacheable tokens (more counted: capped), one 80 of 160;
+    #    one whose answer said nothing of its cache is left out of the share.
+    routed = [Routed(_result("a", 0.1, cached=400), 0, 320, True), Routed(_result("b", 0.1, cached=80), 1, 160, False),
+              Routed(_result("c", 0.1), 1, 999, True)]
+    figures = replica_figures(routed, {0: 0.0, 1: 0.0}, 2)
+    assert figures["cached_share"] == pytest.approx(400 / 480, abs=1e-4)
+    assert figures["per_replica"][1]["cached_share"] == 0.5
