@@ -6,7 +6,7 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
                                instance, and for a voter how many vote and its index)
     REGISTER(region, layers)   a region of KV memory and where each layer's pages are
     REGISTER_EVENTS(handles)   the client's pool of IPC events (cuda)
-    LOOKUP(ns, hashes)         -> value = contiguous READY prefix (on through blocks the disk
+    LOOKUP(ns, hashes, arg)    -> value = contiguous READY prefix (on through blocks the disk
                                tier holds: their reads start; then through those the remote
                                store holds: answered once it says, their fetches started),
                                value2 = lease id, value3 = how many come from disk or the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers
 from engine.votes import VoterTable
+from engine.waiting_lookups import WaitingLookup, WaitingLookups, unread_marks, writing_stop
 from pegaflow import shm
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, CommandFlag, Opcode, Status
@@ -53,6 +55,7 @@ _ROLES = frozenset(int(r) for r in ClientRole)
 _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
+MAX_LOOKUP_WAIT_MS = 10_000  # the most a LOOKUP may ask to wait for saves in flight
 
 
 class Dispatcher:
@@ -67,6 +70,12 @@ class Dispatcher:
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
+        # LOOKUPs waiting for saves in flight (``waiting_lookups.py``): by default for at most
+        # ``lookup_wait_s`` (the engine's --lookup-wait-ms; 0: never), and ``clients`` says
+        # whose rings may hold a SAVE not read yet (the server's attached clients)
+        self.waiting = WaitingLookups(index, self._answer_waiting)
+        self.lookup_wait_s = 0.0
+        self.clients: Callable[[], tuple] = tuple
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -237,6 +246,18 @@ class Dispatcher:
 
     def _lookup(self, client, rec, payload):
         keys = self._hash_keys(rec, payload)
+        wait_s = min(rec.arg - 1, MAX_LOOKUP_WAIT_MS) / 1e3 if rec.arg else self.lookup_wait_s
+        if wait_s > 0:
+            num_ready, why = writing_stop(self.index, keys)
+            marks = unread_marks(self.clients(), client) if why == "absent" else []
+            if why == "writing" or marks:  # answered once the saves land (or the deadline)
+                now = time.monotonic()
+                self.waiting.park(WaitingLookup(client, rec, keys, now + wait_s, time.perf_counter(),
+                                                now, num_ready, marks, why == "writing"))
+                return ANSWERED_LATER, None
+        return self._lookup_now(client, rec, keys)
+
+    def _lookup_now(self, client, rec, keys):
         num_hits, lease_id = self.index.lookup(client.slot, keys, client.instance)
         remote = self.remote
         if remote is not None:  # the prefix may go on in the remote store: answered once it says
@@ -246,6 +267,28 @@ class Dispatcher:
             if remote.try_lookup(client, rec, keys, num_hits, lease_id):
                 return ANSWERED_LATER, None
         return Status.OK, self._lookup_values(client, rec.num_items, num_hits, lease_id)
+
+    def _answer_waiting(self, waiting: WaitingLookup) -> None:
+        """A LOOKUP whose wait for saves in flight is over: the index walked again, answered."""
+        self.gauges_stale = True
+        client, rec = waiting.client, waiting.rec
+        if waiting.is_waiting_saves:
+            num_now, why = writing_stop(self.index, waiting.keys)
+            self.stats.add("lookup_waits")
+            self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
+            self.stats.add("lookup_wait_blocks", max(0, num_now - waiting.num_ready))
+            self.stats.add("lookup_wait_timeouts", int(why == "writing"))
+        status, values = Status.OK, (0, 0, 0)
+        if client.is_attached:
+            try:
+                status, values = self._lookup_now(client, rec, waiting.keys)
+            except Exception:  # boundary, as in the server's loop: answered, the engine goes on
+                logger.exception("slot %d: internal error answering a waiting LOOKUP", client.slot)
+                status, values = Status.INTERNAL, (0, 0, 0)
+        if status is not ANSWERED_LATER:
+            self.reply(client, rec.request_id, rec.opcode, status, rec.num_items, values, waiting.received_at)
+        if client.pending_detach and client.num_inflight == 0:
+            self._finish_detach(client)
 
     def _lookup_values(self, client, num_items: int, num_hits: int, lease_id: int) -> tuple[int, int, int]:
         """A LOOKUP's answer (counted in the stats): hits, lease, blocks still on their way."""

@@ -211,7 +211,7 @@ _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "
             "disk-threads": "3", "remote": "mooncake", "remote-master": "10.0.0.1:50051",
             "remote-metadata": "http://10.0.0.1:8080/metadata", "remote-protocol": "rdma",
             "remote-device": "mlx5_0", "remote-host": "10.0.0.2", "remote-segment-size": "2GiB",
-            "remote-publish": "reused", "remote-timeout-ms": "20"}
+            "remote-publish": "reused", "remote-timeout-ms": "20", "lookup-wait-ms": "15"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
@@ -227,9 +227,10 @@ def test_options_each_env_var_and_flag_set_their_field(clean_env, option):
 
 
 def test_options_readme_lists_every_flag_with_its_env_var():
-    # The README's engine flag table cannot drift from the code.
+    # The engine flag tables (README.md's, or a docs/ page's) cannot drift from the code.
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    root = Path(__file__).resolve().parents[2]
+    readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
     for option in OPTIONS:
         assert f"`--{option.flag}`" in readme and f"`{option.env}`" in readme, option.flag
 
@@ -280,6 +281,8 @@ def test_config_remote_values_are_checked(clean_env):
         config_from_args(["--remote-protocol", "udp"], environ={})
     with pytest.raises(ConfigError, match="remote-timeout-ms"):
         config_from_args(["--remote-timeout-ms", "0"], environ={})
+    with pytest.raises(ConfigError, match="lookup-wait-ms"):
+        config_from_args(["--lookup-wait-ms", "-1"], environ={})
     with pytest.raises(ConfigError, match="remote"):
         config_from_args(["--remote", "redis"], environ={})
     assert config_from_args([], environ={}).remote == "off"
