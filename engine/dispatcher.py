@@ -45,13 +45,14 @@ from engine.votes import VoterTable
 from engine.waiting_lookups import WaitingLookup, WaitingLookups, unread_marks, writing_stop
 from pegaflow import shm
 from pegaflow.errors import CommandError
-from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, CommandFlag, Opcode, Status
+from pegaflow.wire import HASH, KV_ROLE_SHIFT, WIRE_VERSION, ClientRole, CommandFlag, KvRole, Opcode, Status
 
 logger = logging.getLogger(__name__)
 
 NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
 _OK, _ATTACH = Status.OK, Opcode.ATTACH  # enum members read off their class cost ~70 ns each
 _ROLES = frozenset(int(r) for r in ClientRole)
+_KV_ROLES = frozenset(int(r) for r in KvRole)
 _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
@@ -185,8 +186,9 @@ class Dispatcher:
             client.num_voters, client.voter = int(words[1]), int(words[2])
         client.pid, client.is_attached = rec.arg, True
         client.instance, client.namespace = int(words[0]), rec.namespace
-        role = rec.flags if rec.flags in _ROLES else ClientRole.OTHER
-        self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role,
+        role = rec.flags & 0xFF if rec.flags & 0xFF in _ROLES else ClientRole.OTHER
+        kv_role = rec.flags >> KV_ROLE_SHIFT if rec.flags >> KV_ROLE_SHIFT in _KV_ROLES else KvRole.BOTH
+        self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role | kv_role << KV_ROLE_SHIFT,
                                    rec.layer if role == ClientRole.WORKER else 0, rec.namespace)
         return Status.OK, (0, 0, 0)
 
