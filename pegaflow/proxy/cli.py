@@ -52,5 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger(__name__).info("prefill %s, decode %s", " ".join(proxy.prefill.urls),
                                      " ".join(proxy.decode.urls))
-    web.run_app(proxy.app(), host=args.host, port=args.port, print=None)
+    access_log = logging.getLogger("aiohttp.access") if args.log_level == "DEBUG" else None  # one line a request
+    web.run_app(proxy.app(), host=args.host, port=args.port, print=None, access_log=access_log)
     return 0
