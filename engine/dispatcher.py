@@ -42,7 +42,7 @@ from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers
 from engine.votes import VoterTable
-from engine.waiting_lookups import WaitingLookup, WaitingLookups, unread_marks, writing_stop
+from engine.waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
 from pegaflow import shm
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, KV_ROLE_SHIFT, WIRE_VERSION, ClientRole, CommandFlag, KvRole, Opcode, Status
@@ -249,14 +249,8 @@ class Dispatcher:
     def _lookup(self, client, rec, payload):
         keys = self._hash_keys(rec, payload)
         wait_s = min(rec.arg - 1, MAX_LOOKUP_WAIT_MS) / 1e3 if rec.arg else self.lookup_wait_s
-        if wait_s > 0:
-            num_ready, why = writing_stop(self.index, keys)
-            marks = unread_marks(self.clients(), client) if why == "absent" else []
-            if why == "writing" or marks:  # answered once the saves land (or the deadline)
-                now = time.monotonic()
-                self.waiting.park(WaitingLookup(client, rec, keys, now + wait_s, time.perf_counter(),
-                                                now, num_ready, marks, why == "writing"))
-                return ANSWERED_LATER, None
+        if wait_s > 0 and self.waiting.try_park(client, rec, keys, wait_s, self.clients()):
+            return ANSWERED_LATER, None  # answered once the saves land (or at the deadline)
         return self._lookup_now(client, rec, keys)
 
     def _lookup_now(self, client, rec, keys):
@@ -275,7 +269,7 @@ class Dispatcher:
         self.gauges_stale = True
         client, rec = waiting.client, waiting.rec
         if waiting.is_waiting_saves:
-            num_now, why = writing_stop(self.index, waiting.keys)
+            num_now, why = writing_stop(self.index, waiting.keys, time.monotonic())
             self.stats.add("lookup_waits")
             self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
             self.stats.add("lookup_wait_blocks", max(0, num_now - waiting.num_ready))

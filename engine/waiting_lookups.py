@@ -8,7 +8,9 @@ prefill vLLM answered before its saves landed), and of two replicas sent one pre
 apart.  Such a LOOKUP is parked here, off the dispatcher's path, and answered (by the
 dispatcher, with a fresh walk of the index) once
 
-    - its prefix stops at a block nobody is writing (the saves landed, or failed), or
+    - its prefix stops at a block nobody is writing (the saves landed, or failed; a block
+      no copy is filling that began more than ABANDONED_WRITE_S ago counts as nobody's:
+      some layers or votes of it never came, and the housekeeping drops it later), or
     - its deadline passes (``--lookup-wait-ms`` from its arrival, or the one it asked for):
       then with the READY part only.
 
@@ -22,10 +24,13 @@ A parked LOOKUP counts in its client's ``num_inflight`` (its slot stays until an
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.entries import ORPHAN, Key
+
+ABANDONED_WRITE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -41,10 +46,10 @@ class WaitingLookup:
     is_waiting_saves: bool = False  # it stopped at a block being written (counted once)
 
 
-def writing_stop(index, keys: list[Key]) -> tuple[int, str]:
+def writing_stop(index, keys: list[Key], now: float) -> tuple[int, str]:
     """Where ``keys``' prefix stops in ``index``: (num usable, why), why one of "end",
     "writing" (a block some client is saving), "absent" (no entry) or "other" (doomed,
-    orphaned or another kind of entry that will not become READY by a save)."""
+    orphaned, abandoned, or another kind of entry that will not become READY by a save)."""
     entries, writing = index.entries, index.writing
     for i, key in enumerate(keys):
         entry = entries.get(key)
@@ -53,7 +58,7 @@ def writing_stop(index, keys: list[Key]) -> tuple[int, str]:
         if entry.is_ready or entry.is_promoting and not entry.is_doomed:
             continue
         is_saving = key in writing and not entry.is_doomed and entry.owner_slot != ORPHAN \
-            and not entry.is_promoting
+            and not entry.is_promoting and (entry.pending_mask or now - entry.started_at < ABANDONED_WRITE_S)
         return i, "writing" if is_saving else "other"
     return len(keys), "end"
 
@@ -73,6 +78,20 @@ class WaitingLookups:
         self.index = index
         self.answer = answer  # the dispatcher's: walks the index again and answers
         self.items: list[WaitingLookup] = []
+
+    def try_park(self, client, rec, keys: list[Key], wait_s: float, clients) -> bool:
+        """Park this LOOKUP if its prefix stops at a block being saved, or at one the index
+        does not know while other ``clients`` have commands unread (True); else answer now."""
+        if not self.index.writing and not any(c is not client and c.submissions.is_ready() for c in clients):
+            return False  # (nothing to wait for: the common case costs no walk)
+        now = time.monotonic()
+        num_ready, why = writing_stop(self.index, keys, now)
+        marks = unread_marks(clients, client) if why == "absent" else []
+        if why != "writing" and not marks:
+            return False
+        self.park(WaitingLookup(client, rec, keys, now + wait_s, time.perf_counter(), now, num_ready,
+                                marks, why == "writing"))
+        return True
 
     def __len__(self) -> int:
         return len(self.items)
@@ -112,7 +131,7 @@ class WaitingLookups:
                                 if c.is_attached and c.submissions.position < end]
             if waiting.catch_up:
                 return False
-        _, why = writing_stop(self.index, waiting.keys)
+        _, why = writing_stop(self.index, waiting.keys, now)
         if why == "writing":
             waiting.is_waiting_saves = True
             return False

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.entries import Entry
-from engine.waiting_lookups import WaitingLookup, WaitingLookups, unread_marks, writing_stop
+from engine.waiting_lookups import ABANDONED_WRITE_S, WaitingLookup, WaitingLookups, unread_marks, writing_stop
 from pegaflow.ring import RingConsumer, RingProducer, reset_slots
 from pegaflow.wire import SUBMISSION
 
@@ -122,7 +122,8 @@ class _Index:
         self.entries, self.writing = {}, {}
 
     def add(self, key, is_ready: bool) -> Entry:
-        entry = Entry(0, 16, 0b1111, owner_slot=1, done_mask=0b1111 if is_ready else 0b0001)
+        entry = Entry(0, 16, 0b1111, owner_slot=1, started_at=time.monotonic(),
+                      done_mask=0b1111 if is_ready else 0b0001)
         self.entries[key] = entry
         if not is_ready:
             self.writing[key] = entry
@@ -143,13 +144,19 @@ def _ring(num_slots: int = 8) -> tuple[RingProducer, RingConsumer]:
 def test_writing_stop_tells_where_and_why_a_prefix_stops():
     index = _Index()
     keys = [(1, bytes([i])) for i in range(4)]
+    now = time.monotonic()
     index.add(keys[0], True)
-    assert writing_stop(index, keys) == (1, "absent")
-    index.add(keys[1], False)
-    assert writing_stop(index, keys) == (1, "writing")
-    index.entries[keys[1]].is_doomed = True  # dropped while written: it never becomes READY
-    assert writing_stop(index, keys) == (1, "other")
-    assert writing_stop(index, keys[:1]) == (1, "end")
+    assert writing_stop(index, keys, now) == (1, "absent")
+    entry = index.add(keys[1], False)
+    assert writing_stop(index, keys, now) == (1, "writing")
+    # Begun long ago with no copy filling it: abandoned (its other layers never came), not
+    # waited for; while a copy fills it, it is waited for however old.
+    assert writing_stop(index, keys, now + 2 * ABANDONED_WRITE_S) == (1, "other")
+    entry.pending_mask = 0b0010
+    assert writing_stop(index, keys, now + 2 * ABANDONED_WRITE_S) == (1, "writing")
+    entry.is_doomed = True  # dropped while written: it never becomes READY
+    assert writing_stop(index, keys, now) == (1, "other")
+    assert writing_stop(index, keys[:1], now) == (1, "end")
 
 
 def test_waiting_lookup_catches_up_with_rings_read_after_it(rng):
