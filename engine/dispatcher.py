@@ -248,13 +248,18 @@ class Dispatcher:
 
     def _lookup(self, client, rec, payload):
         keys = self._hash_keys(rec, payload)
-        wait_s = min(rec.arg - 1, MAX_LOOKUP_WAIT_MS) / 1e3 if rec.arg else self.lookup_wait_s
-        if wait_s > 0 and self.waiting.try_park(client, rec, keys, wait_s, self.clients()):
-            return ANSWERED_LATER, None  # answered once the saves land (or at the deadline)
-        return self._lookup_now(client, rec, keys)
-
-    def _lookup_now(self, client, rec, keys):
         num_hits, lease_id = self.index.lookup(client.slot, keys, client.instance)
+        wait_s = min(rec.arg - 1, MAX_LOOKUP_WAIT_MS) / 1e3 if rec.arg else self.lookup_wait_s
+        is_reading = lease_id and self.index.leases[lease_id].num_disk  # (the disk tier has the rest)
+        if wait_s > 0 and num_hits < len(keys) and not is_reading and self.waiting.try_park(
+                client, rec, keys, num_hits, wait_s, self.clients()):
+            if lease_id:  # answered once the saves land (or at the deadline), with a fresh lookup
+                self.index.release(lease_id)
+            return ANSWERED_LATER, None
+        return self._lookup_on(client, rec, keys, num_hits, lease_id)
+
+    def _lookup_on(self, client, rec, keys, num_hits: int, lease_id: int):
+        """The rest of a LOOKUP whose local prefix is leased: through the remote store, if any."""
         remote = self.remote
         if remote is not None:  # the prefix may go on in the remote store: answered once it says
             if lease_id:
@@ -269,15 +274,16 @@ class Dispatcher:
         self.gauges_stale = True
         client, rec = waiting.client, waiting.rec
         if waiting.is_waiting_saves:
-            num_now, why = writing_stop(self.index, waiting.keys, time.monotonic())
+            num_more, why = writing_stop(self.index, waiting.keys[waiting.num_ready:], time.monotonic())
             self.stats.add("lookup_waits")
             self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
-            self.stats.add("lookup_wait_blocks", max(0, num_now - waiting.num_ready))
+            self.stats.add("lookup_wait_blocks", num_more)
             self.stats.add("lookup_wait_timeouts", int(why == "writing"))
         status, values = Status.OK, (0, 0, 0)
         if client.is_attached:
             try:
-                status, values = self._lookup_now(client, rec, waiting.keys)
+                num_hits, lease_id = self.index.lookup(client.slot, waiting.keys, client.instance)
+                status, values = self._lookup_on(client, rec, waiting.keys, num_hits, lease_id)
             except Exception:  # boundary, as in the server's loop: answered, the engine goes on
                 logger.exception("slot %d: internal error answering a waiting LOOKUP", client.slot)
                 status, values = Status.INTERNAL, (0, 0, 0)

@@ -79,13 +79,12 @@ class WaitingLookups:
         self.answer = answer  # the dispatcher's: walks the index again and answers
         self.items: list[WaitingLookup] = []
 
-    def try_park(self, client, rec, keys: list[Key], wait_s: float, clients) -> bool:
-        """Park this LOOKUP if its prefix stops at a block being saved, or at one the index
-        does not know while other ``clients`` have commands unread (True); else answer now."""
-        if not self.index.writing and not any(c is not client and c.submissions.is_ready() for c in clients):
-            return False  # (nothing to wait for: the common case costs no walk)
+    def try_park(self, client, rec, keys: list[Key], num_ready: int, wait_s: float, clients) -> bool:
+        """Park this LOOKUP, whose READY prefix is ``num_ready`` blocks (the index's lookup
+        walked it), if it stops at a block being saved, or at one the index does not know
+        while other ``clients`` have commands unread (True); else it is answered now."""
         now = time.monotonic()
-        num_ready, why = writing_stop(self.index, keys, now)
+        _, why = writing_stop(self.index, keys[num_ready:num_ready + 1], now)  # the block it stops at
         marks = unread_marks(clients, client) if why == "absent" else []
         if why != "writing" and not marks:
             return False
@@ -131,7 +130,7 @@ class WaitingLookups:
                                 if c.is_attached and c.submissions.position < end]
             if waiting.catch_up:
                 return False
-        _, why = writing_stop(self.index, waiting.keys, now)
+        _, why = writing_stop(self.index, waiting.keys[waiting.num_ready:], now)  # (answered after a fresh walk)
         if why == "writing":
             waiting.is_waiting_saves = True
             return False
