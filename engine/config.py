@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 MAX_SLOTS = 4096
 MAX_IDLE_SPIN_S = 1.0
+MAX_LOOKUP_WAIT_S = 10.0
 MAX_PIN_THREADS = 256
 MAX_DISK_THREADS = 256
 MAX_REMOTE_TIMEOUT_S = 2.0  # a LOOKUP waits this long for the store at most (the connector's own wait is 5 s)
@@ -72,6 +73,7 @@ class EngineConfig:
     remote_segment_bytes: int = 1 << 30  # memory this engine contributes to the store
     remote_publish: str = "all"
     remote_timeout_s: float = 0.04  # a LOOKUP's remote existence check, at most
+    lookup_wait_s: float = 0.04  # a LOOKUP's wait for the saves in flight its prefix goes on with
 
     def __post_init__(self) -> None:
         check_engine_name(self.name)
@@ -119,6 +121,9 @@ class EngineConfig:
         if len(set(self.disk_paths)) != len(self.disk_paths):
             raise ConfigError(f"--disk-path names a directory twice: {','.join(self.disk_paths)}")
         self._check_remote()
+        if not 0 <= self.lookup_wait_s <= MAX_LOOKUP_WAIT_S:
+            raise ConfigError(f"--lookup-wait-ms {self.lookup_wait_s * 1e3:g}: must lie in "
+                              f"[0, {MAX_LOOKUP_WAIT_S * 1e3:g}]")
         if not 0 <= self.idle_spin_s <= MAX_IDLE_SPIN_S:
             raise ConfigError(f"--idle-spin-ms {self.idle_spin_s * 1e3:g}: must lie in "
                               f"[0, {MAX_IDLE_SPIN_S * 1e3:g}]")
@@ -219,6 +224,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("idle-spin-ms", "idle_spin_s", "2", "after its last work the engine polls this long "
            "before sleeping: a command arriving later first wakes it (0.1-2 ms on a VM), one "
            "arriving sooner costs a busy core meanwhile", lambda text: float(text) / 1e3),
+    Option("lookup-wait-ms", "lookup_wait_s", "40", "the most a LOOKUP whose prefix goes on with "
+           "blocks another client is still saving waits for them (a decode vLLM right after its "
+           "prefill vLLM, a replica right after its twin); past it the READY part is served; 0: "
+           "never wait; keep it below the connector's lookup_timeout_ms (50)",
+           lambda text: float(text) / 1e3),
     Option("keep-pool", "keep_pool", "off", "leave the pool and its table in /dev/shm when the "
            "engine stops (or dies), and take in the blocks a kept pool of the same size holds at "
            "start: the cache outlives an engine restart; the pool's memory stays in use while no "

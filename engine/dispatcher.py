@@ -6,7 +6,7 @@ Protocol (each a SUBMISSION on the client's ring, answered by one COMPLETION):
                                instance, and for a voter how many vote and its index)
     REGISTER(region, layers)   a region of KV memory and where each layer's pages are
     REGISTER_EVENTS(handles)   the client's pool of IPC events (cuda)
-    LOOKUP(ns, hashes)         -> value = contiguous READY prefix (on through blocks the disk
+    LOOKUP(ns, hashes, arg)    -> value = contiguous READY prefix (on through blocks the disk
                                tier holds: their reads start; then through those the remote
                                store holds: answered once it says, their fetches started),
                                value2 = lease id, value3 = how many come from disk or the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,18 +42,21 @@ from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers
 from engine.votes import VoterTable
+from engine.waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
 from pegaflow import shm
 from pegaflow.errors import CommandError
-from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, CommandFlag, Opcode, Status
+from pegaflow.wire import HASH, KV_ROLE_SHIFT, WIRE_VERSION, ClientRole, CommandFlag, KvRole, Opcode, Status
 
 logger = logging.getLogger(__name__)
 
 NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
 _OK, _ATTACH = Status.OK, Opcode.ATTACH  # enum members read off their class cost ~70 ns each
 _ROLES = frozenset(int(r) for r in ClientRole)
+_KV_ROLES = frozenset(int(r) for r in KvRole)
 _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
+MAX_LOOKUP_WAIT_MS = 10_000  # the most a LOOKUP may ask to wait for saves in flight
 
 
 class Dispatcher:
@@ -67,6 +71,12 @@ class Dispatcher:
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
+        # LOOKUPs waiting for saves in flight (``waiting_lookups.py``): by default for at most
+        # ``lookup_wait_s`` (the engine's --lookup-wait-ms; 0: never), and ``clients`` says
+        # whose rings may hold a SAVE not read yet (the server's attached clients)
+        self.waiting = WaitingLookups(index, self._answer_waiting)
+        self.lookup_wait_s = 0.0
+        self.clients: Callable[[], tuple] = tuple
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -176,8 +186,9 @@ class Dispatcher:
             client.num_voters, client.voter = int(words[1]), int(words[2])
         client.pid, client.is_attached = rec.arg, True
         client.instance, client.namespace = int(words[0]), rec.namespace
-        role = rec.flags if rec.flags in _ROLES else ClientRole.OTHER
-        self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role,
+        role = rec.flags & 0xFF if rec.flags & 0xFF in _ROLES else ClientRole.OTHER
+        kv_role = rec.flags >> KV_ROLE_SHIFT if rec.flags >> KV_ROLE_SHIFT in _KV_ROLES else KvRole.BOTH
+        self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role | kv_role << KV_ROLE_SHIFT,
                                    rec.layer if role == ClientRole.WORKER else 0, rec.namespace)
         return Status.OK, (0, 0, 0)
 
@@ -238,6 +249,17 @@ class Dispatcher:
     def _lookup(self, client, rec, payload):
         keys = self._hash_keys(rec, payload)
         num_hits, lease_id = self.index.lookup(client.slot, keys, client.instance)
+        wait_s = min(rec.arg - 1, MAX_LOOKUP_WAIT_MS) / 1e3 if rec.arg else self.lookup_wait_s
+        is_reading = lease_id and self.index.leases[lease_id].num_disk  # (the disk tier has the rest)
+        if wait_s > 0 and num_hits < len(keys) and not is_reading and self.waiting.try_park(
+                client, rec, keys, num_hits, wait_s, self.clients()):
+            if lease_id:  # answered once the saves land (or at the deadline), with a fresh lookup
+                self.index.release(lease_id)
+            return ANSWERED_LATER, None
+        return self._lookup_on(client, rec, keys, num_hits, lease_id)
+
+    def _lookup_on(self, client, rec, keys, num_hits: int, lease_id: int):
+        """The rest of a LOOKUP whose local prefix is leased: through the remote store, if any."""
         remote = self.remote
         if remote is not None:  # the prefix may go on in the remote store: answered once it says
             if lease_id:
@@ -246,6 +268,29 @@ class Dispatcher:
             if remote.try_lookup(client, rec, keys, num_hits, lease_id):
                 return ANSWERED_LATER, None
         return Status.OK, self._lookup_values(client, rec.num_items, num_hits, lease_id)
+
+    def _answer_waiting(self, waiting: WaitingLookup) -> None:
+        """A LOOKUP whose wait for saves in flight is over: the index walked again, answered."""
+        self.gauges_stale = True
+        client, rec = waiting.client, waiting.rec
+        if waiting.is_waiting_saves:
+            num_more, why = writing_stop(self.index, waiting.keys[waiting.num_ready:], time.monotonic())
+            self.stats.add("lookup_waits")
+            self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
+            self.stats.add("lookup_wait_blocks", num_more)
+            self.stats.add("lookup_wait_timeouts", int(why == "writing"))
+        status, values = Status.OK, (0, 0, 0)
+        if client.is_attached:
+            try:
+                num_hits, lease_id = self.index.lookup(client.slot, waiting.keys, client.instance)
+                status, values = self._lookup_on(client, rec, waiting.keys, num_hits, lease_id)
+            except Exception:  # boundary, as in the server's loop: answered, the engine goes on
+                logger.exception("slot %d: internal error answering a waiting LOOKUP", client.slot)
+                status, values = Status.INTERNAL, (0, 0, 0)
+        if status is not ANSWERED_LATER:
+            self.reply(client, rec.request_id, rec.opcode, status, rec.num_items, values, waiting.received_at)
+        if client.pending_detach and client.num_inflight == 0:
+            self._finish_detach(client)
 
     def _lookup_values(self, client, num_items: int, num_hits: int, lease_id: int) -> tuple[int, int, int]:
         """A LOOKUP's answer (counted in the stats): hits, lease, blocks still on their way."""

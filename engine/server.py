@@ -97,10 +97,12 @@ class EngineServer:
             CLIENT_STATS, config.num_slots, STATS.itemsize))
         self.stats.set("pool_bytes_capacity", self.index.pool.bytes_total)
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
+        self.dispatcher.lookup_wait_s = config.lookup_wait_s
         self._pin_seen = PinProgress()  # the pinner's progress the pool has grown by
         self._is_pinning = True
         self._take_pinned()
         self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher)
+        self.dispatcher.clients = lambda: self.table.attached  # rings a waiting LOOKUP reads past
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
         self.disk = self.remote = None
         try:  # its paths are checked and its files taken in before the engine serves
@@ -172,6 +174,9 @@ class EngineServer:
             for done in self.backend.poll():
                 self.dispatcher.on_copy_done(done)
                 did_work = True
+        waiting = self.dispatcher.waiting
+        if waiting.items and (did_work or now >= waiting.next_deadline()):  # saves landed, rings read
+            did_work |= waiting.resume(now) > 0
         if now >= self._next_housekeeping:
             self._housekeeping(now)
             self.dispatcher.update_gauges()
@@ -189,6 +194,7 @@ class EngineServer:
             deadline = min(deadline, now + HELD_BACK_POLL_S)  # reading answers rings no doorbell
         if self.remote is not None:  # a LOOKUP waiting on the remote store is answered at its deadline
             deadline = min(deadline, self.remote.lookups.next_deadline())
+        deadline = min(deadline, self.dispatcher.waiting.next_deadline())  # and one waiting for saves
         # No spin first: serve_forever has spun for idle_spin_s before calling this.
         if sleep_until(self._has_submissions, self.doorbell, deadline):
             self._next_claim_check = 0.0
@@ -288,6 +294,9 @@ class EngineServer:
         pinner_stopped = self.pinner.stop()  # before the backend closes: it unpins only what is over
         for client, rec in self.dispatcher.transfers.parked.take_all():  # waiting for disk reads
             self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
+        for waiting in self.dispatcher.waiting.take_all():  # LOOKUPs waiting for saves
+            self.dispatcher.reply(waiting.client, waiting.rec.request_id, waiting.rec.opcode,
+                                  Status.SHUTTING_DOWN)
         is_disk_stopped = self.disk is None or self.disk.close()  # its I/O uses the pool's pages
         is_disk_stopped = (self.remote is None or self.remote.close()) and is_disk_stopped
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S

@@ -28,16 +28,21 @@ class EngineCommands:
         """A round trip; returns the engine's number of copies in flight."""
         return checked(_PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
-    def lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> LookupResult:
+    def lookup(self, namespace: int, hashes, timeout_s: float | None = None,
+               wait_ms: int | None = None) -> LookupResult:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s),
+        done = checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms),
                                                  timeout_s))
         return done.result
 
-    def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None) -> int:
+    def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None,
+                      wait_ms: int | None = None) -> int:
+        """``wait_ms``: the most the engine waits for blocks of the prefix still being saved
+        (None: the engine's --lookup-wait-ms; 0: no wait)."""
         records = _records(hashes)
+        arg = 0 if wait_ms is None else 1 + max(0, int(wait_ms))
         return self.submit(Opcode.LOOKUP, payload=[records], num_items=len(records),
-                           namespace=namespace, timeout_s=timeout_s)
+                           namespace=namespace, arg=arg, timeout_s=timeout_s)
 
     def release(self, lease_id: int) -> int:
         """End a lease; returns the request id to wait on."""

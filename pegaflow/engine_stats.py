@@ -15,6 +15,7 @@ from pegaflow.values import package_version
 from pegaflow.wire import (
     CLIENT_STATS,
     CONTROL_HEADER,
+    KV_ROLE_SHIFT,
     LATENCY_BUCKETS_S,
     LATENCY_OPCODES,
     MAGIC,
@@ -22,6 +23,7 @@ from pegaflow.wire import (
     STATS_COUNTER_NAMES,
     WIRE_VERSION,
     ClientRole,
+    KvRole,
     Opcode,
     Status,
 )
@@ -90,10 +92,13 @@ def latency_quantile(histogram: dict, q: float) -> float | None:
 def _clients(records: np.ndarray) -> list[dict]:
     """One dict per attached client slot: who it said it is at ATTACH, and what it did."""
     roles = {int(r): r.name.lower() for r in ClientRole}
+    kv_roles = {int(r): f"kv_{r.name.lower()}" for r in KvRole}
     out = []
     for slot in np.flatnonzero(records["is_attached"]).tolist():
         r = records[slot]
-        out.append({"slot": slot, "pid": int(r["pid"]), "role": roles.get(int(r["role"]), "other"),
+        role = int(r["role"])
+        out.append({"slot": slot, "pid": int(r["pid"]), "role": roles.get(role & 0xFF, "other"),
+                    "kv_role": kv_roles.get(role >> KV_ROLE_SHIFT, "kv_both"),
                     "rank": int(r["rank"]), "namespace": f"{int(r['namespace']):016x}",
                     **{key: int(r[key]) for key in ("blocks_saved", "blocks_loaded", "lookups",
                                                     "lookup_hit_blocks", "inflight_copies")}})

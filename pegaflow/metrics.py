@@ -82,6 +82,10 @@ METRICS = {
     "remote_checksum_failures": (True, "fetched blocks whose length or checksum was wrong: misses, never served"),
     "remote_lookup_timeouts": (True, "LOOKUPs answered without the remote store: it was slow or unreachable"),
     "remote_errors": (True, "remote store calls that failed (unreachable master, RPC errors)"),
+    "lookup_waits": (True, "LOOKUPs that waited for blocks other clients were still saving"),
+    "lookup_wait_blocks": (True, "blocks those LOOKUPs were served because they waited"),
+    "lookup_wait_timeouts": (True, "waiting LOOKUPs answered at --lookup-wait-ms with the READY part"),
+    "lookup_wait_ns": (True, "nanoseconds LOOKUPs waited for saves in flight (summed)"),
 }
 
 

@@ -163,6 +163,14 @@ class RingConsumer(_RingView):
     def is_ready(self) -> bool:
         return self.words[self._at] == self._ready
 
+    def num_published(self) -> int:
+        """How many records are published and not taken yet (a scan of their seq words)."""
+        words, stride, n, first = self.words, self.stride, self.num_slots, self._ready - 1
+        count = 0
+        while count < n and words[(first + count) % n * stride] == first + count + 1:
+            count += 1
+        return count
+
     def try_peek(self):
         """The next record (a private copy, as a named tuple) if one is published, without
         handing its slot back: the producer may reuse the record's payload only after

@@ -65,10 +65,11 @@ def format_once(s: dict) -> str:
     if errors:
         lines.append("errors by status: " + ", ".join(f"{k}={v}" for k, v in errors.items()))
     if s["clients"]:
-        lines.append(f"{'slot':>4} {'pid':>8} {'role':<9} {'rank':>4} {'namespace':<16} "
+        lines.append(f"{'slot':>4} {'pid':>8} {'role':<9} {'kv_role':<11} {'rank':>4} {'namespace':<16} "
                      f"{'saved':>9} {'loaded':>9} {'lookups':>8} {'hit':>9} {'inflight':>8}")
     for c in s["clients"]:
-        lines.append(f"{c['slot']:>4} {c['pid']:>8} {c['role']:<9} {c['rank']:>4} {c['namespace']:<16} "
+        lines.append(f"{c['slot']:>4} {c['pid']:>8} {c['role']:<9} {c['kv_role']:<11} {c['rank']:>4} "
+                     f"{c['namespace']:<16} "
                      f"{c['blocks_saved']:>9} {c['blocks_loaded']:>9} {c['lookups']:>8} "
                      f"{c['lookup_hit_blocks']:>9} {c['inflight_copies']:>8}")
     return "\n".join(lines)

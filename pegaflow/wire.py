@@ -94,11 +94,28 @@ class RegionKind(IntEnum):
 
 
 class ClientRole(IntEnum):
-    """What a client says it is at ATTACH (``flags``), for the per-client stats."""
+    """What a client says it is at ATTACH (``flags``' low byte), for the per-client stats."""
 
     OTHER = 0
     SCHEDULER = 1
     WORKER = 2
+
+
+class KvRole(IntEnum):
+    """Its vLLM's ``kv_role`` (ATTACH ``flags``' second byte; CLIENT_STATS ``role`` likewise):
+    a prefill server saves and never loads, a decode server loads and (by default) does not save."""
+
+    BOTH = 0
+    PRODUCER = 1
+    CONSUMER = 2
+
+
+KV_ROLE_SHIFT = 8
+
+
+def attach_role(role: ClientRole, kv_role: KvRole = KvRole.BOTH) -> int:
+    """ATTACH's ``flags``: the client's role and its vLLM's kv_role."""
+    return int(role) | int(kv_role) << KV_ROLE_SHIFT
 
 
 class CommandFlag(IntFlag):
@@ -252,6 +269,9 @@ _STATS_COUNTERS = [
     "remote_puts_dropped", "remote_lookups", "remote_lookup_ns", "lookup_remote_blocks",
     "remote_blocks_fetched", "remote_bytes_fetched", "remote_fetch_ns", "remote_fetch_failures",
     "remote_checksum_failures", "remote_lookup_timeouts", "remote_errors",
+    # LOOKUPs that waited for saves in flight (``engine/waiting_lookups.py``), the blocks the
+    # wait gained them, those answered at the deadline with the READY part, the time waited
+    "lookup_waits", "lookup_wait_blocks", "lookup_wait_timeouts", "lookup_wait_ns",
 ]
 NUM_OPCODE_COUNTERS = 16
 NUM_STATUS_COUNTERS = 16
@@ -296,7 +316,7 @@ def _fingerprint() -> int:
     text = repr([
         WIRE_VERSION,
         *([(m.name, int(m)) for m in kind] for kind in (Opcode, Status, SlotState, RegionKind,
-                                                         CommandFlag, ClientRole)),
+                                                         CommandFlag, ClientRole, KvRole)),
         *(d.descr for d in (CONTROL_HEADER, SLOT, RING_HEADER, SUBMISSION, COMPLETION,
                             HASH, REGION, LAYER, EVENT_HANDLE, STATS, CLIENT_STATS)),
     ])

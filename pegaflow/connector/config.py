@@ -2,7 +2,9 @@
 
 Each option comes from ``kv_connector_extra_config`` first, then its ``PEGAFLOW_*``
 environment variable (``ENV_VARS``), then the default; README.md's connector table says
-what each means.
+what each means.  vLLM's ``kv_role`` sets what the connector does (docs/disaggregation.md):
+``kv_producer`` (a prefill server) saves and never loads, ``kv_consumer`` (a decode server)
+loads and does not save unless ``enable_save`` says so, ``kv_both`` does both.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from dataclasses import dataclass, fields
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
 from pegaflow.values import as_bool
+from pegaflow.wire import KvRole
 
 ENV_VARS = {
     "engine_name": "PEGAFLOW_NAME", "load_mode": "PEGAFLOW_LOAD_MODE",
     "enable_save": "PEGAFLOW_ENABLE_SAVE", "enable_load": "PEGAFLOW_ENABLE_LOAD",
     "lookup_timeout_ms": "PEGAFLOW_LOOKUP_TIMEOUT_MS", "command_timeout_ms": "PEGAFLOW_COMMAND_TIMEOUT_MS",
     "reconnect_interval_s": "PEGAFLOW_RECONNECT_INTERVAL_S", "num_load_slots": "PEGAFLOW_NUM_LOAD_SLOTS",
-    "disk_load_mode": "PEGAFLOW_DISK_LOAD_MODE",
+    "disk_load_mode": "PEGAFLOW_DISK_LOAD_MODE", "lookup_wait_ms": "PEGAFLOW_LOOKUP_WAIT_MS",
 }
+KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
 LOAD_MODES = ("layerwise", "async", "auto")
 
 
@@ -35,6 +39,8 @@ class ConnectorConfig:
     reconnect_interval_s: float = 5.0
     num_load_slots: int = 64
     disk_load_mode: str = "async"  # how a hit the engine reads from its disk tier first loads
+    lookup_wait_ms: float = -1.0  # a LOOKUP's wait for blocks still being saved (<0: the engine's)
+    kv_role: str = "kv_both"  # vLLM's, not an extra-config key
 
     def __post_init__(self) -> None:
         check_engine_name(self.engine_name)
@@ -46,6 +52,23 @@ class ConnectorConfig:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         if self.num_load_slots < 1:
             raise ConfigError(f"num_load_slots must be at least 1, got {self.num_load_slots}")
+        if self.kv_role not in KV_ROLES:
+            raise ConfigError(f"kv_role={self.kv_role!r}: choose one of {', '.join(KV_ROLES)}")
+        if self.kv_role == "kv_producer" and self.enable_load:
+            raise ConfigError("kv_role kv_producer never loads: enable_load must be off")
+        if self.lookup_wait_ms >= self.lookup_timeout_ms:
+            raise ConfigError(f"lookup_wait_ms={self.lookup_wait_ms:g} must stay below lookup_timeout_ms="
+                              f"{self.lookup_timeout_ms:g}: the engine must answer before the connector gives up")
+
+    @property
+    def wire_kv_role(self) -> KvRole:
+        """The role shown in the engine's client list (pegaflow-stat)."""
+        return KvRole[self.kv_role.removeprefix("kv_").upper()]
+
+    @property
+    def lookup_wait_arg(self) -> int | None:
+        """What a LOOKUP asks the engine to wait for saves in flight (None: its default)."""
+        return None if self.lookup_wait_ms < 0 else int(self.lookup_wait_ms)
 
     @property
     def is_async_load(self) -> bool:
@@ -57,10 +80,13 @@ class ConnectorConfig:
         return not (self.enable_load or self.enable_save)
 
     @classmethod
-    def from_sources(cls, extra_config: dict | None, environ: dict | None = None) -> "ConnectorConfig":
+    def from_sources(cls, extra_config: dict | None, environ: dict | None = None,
+                     kv_role: str = "kv_both") -> "ConnectorConfig":
+        """``kv_role``: vLLM's; a producer's loads are off, and so are a consumer's saves
+        unless ``enable_save`` is given."""
         extra_config = dict(extra_config or {})
         environ = os.environ if environ is None else environ
-        known = {f.name: f for f in fields(cls)}
+        known = {f.name: f for f in fields(cls) if f.name in ENV_VARS}
         unknown = sorted(k for k in extra_config if k not in known)
         if unknown:
             raise ConfigError(f"unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
@@ -75,10 +101,14 @@ class ConnectorConfig:
                                 else type(default)(raw))
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"{name}={raw!r}: {exc}") from exc
-        return cls(**values)
+        if kv_role == "kv_producer":
+            values["enable_load"] = False
+        elif kv_role == "kv_consumer":
+            values.setdefault("enable_save", False)
+        return cls(**values, kv_role=kv_role)
 
 
-def kv_transfer_config(engine_name: str = "pegaflow", **options):
+def kv_transfer_config(engine_name: str = "pegaflow", kv_role: str = "kv_both", **options):
     """vLLM's ``KVTransferConfig`` for pegaflow: ``LLM(..., kv_transfer_config=kv_transfer_config())``.
 
     ``options`` are ``kv_connector_extra_config`` keys (the table above), checked here so a
@@ -86,9 +116,9 @@ def kv_transfer_config(engine_name: str = "pegaflow", **options):
     """
     from vllm.config import KVTransferConfig
     extra = {"engine_name": engine_name, **options}
-    ConnectorConfig.from_sources(extra, environ={})
+    ConnectorConfig.from_sources(extra, environ={}, kv_role=kv_role)
     fields = {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
-              "kv_role": "kv_both", "kv_connector_extra_config": extra}
+              "kv_role": kv_role, "kv_connector_extra_config": extra}
     if "kv_load_failure_policy" in getattr(KVTransferConfig, "__dataclass_fields__", {}):
         fields["kv_load_failure_policy"] = "recompute"  # a cache miss never fails a request
     return KVTransferConfig(**fields)

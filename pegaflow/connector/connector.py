@@ -139,7 +139,8 @@ class PegaKVConnector(*_BASES):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         transfer = vllm_config.kv_transfer_config
-        self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config)
+        self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config,
+                                                        kv_role=transfer.kv_role or "kv_both")
         block_size = vllm_config.cache_config.block_size
         self._groups, unservable = kv_cache_groups(
             kv_cache_config, block_size, HAS_FAILED_RECVING,
@@ -180,8 +181,8 @@ class PegaKVConnector(*_BASES):
                                       voters=(tp_size, tp_rank) if shares_tp else None)
         # (the scheduler's and the workers' namespaces must agree: a block saved under one is
         # found only by lookups under the same)
-        logger.info("pegaflow connector (%s) for engine %r, loads %s, saves %s, namespace %s",
-                    role.name.lower(), self.pega_config.engine_name,
+        logger.info("pegaflow connector (%s, %s) for engine %r, loads %s, saves %s, namespace %s",
+                    role.name.lower(), self.pega_config.kv_role, self.pega_config.engine_name,
                     self.pega_config.load_mode if self.pega_config.enable_load else "off",
                     "on" if self.pega_config.enable_save else "off",
                     " ".join(f"{n:016x}" for n in namespaces))

@@ -55,7 +55,8 @@ class Lookups:
         self.release_orphans(client)
         try:
             records = encode_hashes(hashes)
-            ids = tuple(client.submit_lookup(namespace, records) for namespace in self.namespaces)
+            wait_ms = self.config.lookup_wait_arg
+            ids = tuple(client.submit_lookup(namespace, records, wait_ms=wait_ms) for namespace in self.namespaces)
         except PegaflowError as exc:
             self.link.fail(exc)
             return

@@ -29,7 +29,7 @@ from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
 from pegaflow.connector.metadata import GroupBlocks, LoadSpec, PegaConnectorMetadata, SavesDone, SaveSpec
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.trace import log_schedule
-from pegaflow.wire import ClientRole
+from pegaflow.wire import ClientRole, attach_role
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class SchedulerSide:
         self.namespaces = namespaces  # one per TP rank
         self.block_size = block_size
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler",
-                               identity=(ClientRole.SCHEDULER, 0, namespaces[0] if namespaces else 0,
+                               identity=(attach_role(ClientRole.SCHEDULER, config.wire_kv_role), 0,
+                                         namespaces[0] if namespaces else 0,
                                          instance))
         self.requests: dict[str, RequestState] = {}
         self._held: set[str] = set()  # finished and held, not yet told to the workers

@@ -33,7 +33,7 @@ from pegaflow.connector.step_loads import StepLoads
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
 from pegaflow.errors import PegaflowError
-from pegaflow.wire import BLOCK_ID, NO_EVENT, ClientRole, encode_hashes
+from pegaflow.wire import BLOCK_ID, NO_EVENT, ClientRole, attach_role, encode_hashes
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ class WorkerSide:
         self.num_blocks = num_blocks
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s,
                                f"pegaflow worker rank {rank}", self._register,
-                               identity=(ClientRole.WORKER, rank, namespace, instance),
+                               identity=(attach_role(ClientRole.WORKER, config.wire_kv_role), rank,
+                                         namespace, instance),
                                on_lost=self._connection_lost, voters=voters)
         self.is_voter = voters is not None
         self._meta: PegaConnectorMetadata | None = None

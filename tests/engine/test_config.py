@@ -211,7 +211,7 @@ _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "
             "disk-threads": "3", "remote": "mooncake", "remote-master": "10.0.0.1:50051",
             "remote-metadata": "http://10.0.0.1:8080/metadata", "remote-protocol": "rdma",
             "remote-device": "mlx5_0", "remote-host": "10.0.0.2", "remote-segment-size": "2GiB",
-            "remote-publish": "reused", "remote-timeout-ms": "20"}
+            "remote-publish": "reused", "remote-timeout-ms": "20", "lookup-wait-ms": "15"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
@@ -280,6 +280,8 @@ def test_config_remote_values_are_checked(clean_env):
         config_from_args(["--remote-protocol", "udp"], environ={})
     with pytest.raises(ConfigError, match="remote-timeout-ms"):
         config_from_args(["--remote-timeout-ms", "0"], environ={})
+    with pytest.raises(ConfigError, match="lookup-wait-ms"):
+        config_from_args(["--lookup-wait-ms", "-1"], environ={})
     with pytest.raises(ConfigError, match="remote"):
         config_from_args(["--remote", "redis"], environ={})
     assert config_from_args([], environ={}).remote == "off"

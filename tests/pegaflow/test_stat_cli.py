@@ -199,3 +199,23 @@ def test_stat_cli_remote_line_only_with_a_remote_tier():
                  remote_lookups=2, remote_lookup_ns=4 * 10**6, lookup_remote_blocks=8, remote_checksum_failures=1)
     [line] = remote_lines(stats)
     assert line.startswith("remote  put 10") and "2 lookups asked it (mean 2.0 ms)" in line and "1 corrupt" in line
+
+
+def test_stat_cli_client_list_shows_each_kv_role(engine):
+    # A prefill vLLM's worker and a decode vLLM's scheduler say their kv_role at ATTACH;
+    # the client list (JSON and text) shows it beside their role.
+    from pegaflow.client import EngineClient
+    from pegaflow.wire import ClientRole, KvRole, attach_role
+    producer = EngineClient.connect(engine.name, role=attach_role(ClientRole.WORKER, KvRole.PRODUCER))
+    consumer = EngineClient.connect(engine.name, role=attach_role(ClientRole.SCHEDULER, KvRole.CONSUMER))
+    plain = engine.connect()
+    try:
+        listed = {c["slot"]: (c["role"], c["kv_role"]) for c in json.loads(
+            _stat("--once", "--json", "--name", engine.name).stdout)["clients"]}
+        assert listed == {producer.slot: ("worker", "kv_producer"), consumer.slot: ("scheduler", "kv_consumer"),
+                          plain.slot: ("other", "kv_both")}
+        text = _stat("--once", "--name", engine.name).stdout
+        assert "kv_role" in text and "kv_producer" in text and "kv_consumer" in text
+    finally:
+        for client in (producer, consumer, plain):
+            client.close()

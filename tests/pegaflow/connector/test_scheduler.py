@@ -28,7 +28,7 @@ class SlowClient:
     def take_orphans(self):
         return []
 
-    def submit_lookup(self, namespace, records):
+    def submit_lookup(self, namespace, records, wait_ms=None):
         return next(self._ids)
 
     def wait(self, request_id, timeout_s):
@@ -81,7 +81,7 @@ class AnsweringClient:
     def take_orphans(self):
         return []
 
-    def submit_lookup(self, namespace, records):
+    def submit_lookup(self, namespace, records, wait_ms=None):
         self.lookups += 1
         return next(self._ids)
 

@@ -1,0 +1,205 @@
+"""The proxy against fake prefill and decode servers: routing, streaming, a failing prefill.
+
+Each fake server is a real aiohttp server on a free local port that records what it was
+sent (in one log shared by all, so the order of prefill and decode shows) and answers
+like vLLM's OpenAI server: JSON, or server-sent events when asked to stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from pegaflow.errors import ConfigError
+from pegaflow.proxy.app import Proxy, ProxyConfig
+from pegaflow.proxy.routing import RoundRobin, prefill_body
+
+STREAM_CHUNKS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n',
+                 b"data: [DONE]\n\n"]
+
+
+class FakeServer:
+    def __init__(self, name: str, log: list, status: int = 200):
+        self.name, self.log, self.status = name, log, status
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.status)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.log.append((self.name, request.path, body, request.headers.get("X-Request-Id")))
+        if self.status != 200:
+            return web.json_response({"error": "down"}, status=self.status)
+        if not body.get("stream"):
+            return web.json_response({"server": self.name, "max_tokens": body.get("max_tokens")})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in STREAM_CHUNKS:
+            await response.write(chunk)
+            await asyncio.sleep(0.01)  # (separate writes: the proxy must pass each through)
+        await response.write_eof()
+        return response
+
+
+async def _serve(*fakes: FakeServer) -> list[TestServer]:
+    servers = [TestServer(f.app()) for f in fakes]
+    for server in servers:
+        await server.start_server()
+    return servers
+
+
+def _url(server: TestServer) -> str:
+    return f"http://127.0.0.1:{server.port}"
+
+
+async def _with_proxy(prefill: list[str], decode: list[str], body):
+    """Run ``body(client)`` against a proxy in front of those servers."""
+    proxy = Proxy(ProxyConfig(tuple(prefill), tuple(decode), prefill_timeout_s=30, decode_timeout_s=30))
+    async with TestClient(TestServer(proxy.app())) as client:
+        return await body(client)
+
+
+def test_proxy_sends_prefill_then_decode_round_robin():
+    async def scenario():
+        log = []
+        fakes = [FakeServer("p0", log), FakeServer("p1", log), FakeServer("d0", log), FakeServer("d1", log)]
+        servers = await _serve(*fakes)
+
+        async def body(client):
+            answers = []
+            for i in range(4):
+                answer = await client.post("/v1/completions", json={"prompt": [1, 2, i], "max_tokens": 9},
+                                           headers={"X-Request-Id": f"r{i}"})
+                assert answer.status == 200
+                answers.append(await answer.json())
+            return answers
+
+        try:
+            answers = await _with_proxy([_url(s) for s in servers[:2]], [_url(s) for s in servers[2:]], body)
+        finally:
+            for server in servers:
+                await server.close()
+        return log, answers
+
+    log, answers = asyncio.run(scenario())
+    # 1. Each request went to a prefill server (one token, no stream), then to a decode
+    #    server (as sent), each kind in turn.
+    assert [(name, body["prompt"][2]) for name, _, body, _ in log] == [
+        ("p0", 0), ("d0", 0), ("p1", 1), ("d1", 1), ("p0", 2), ("d0", 2), ("p1", 3), ("d1", 3)]
+    for name, _, body, request_id in log:
+        assert body["max_tokens"] == (1 if name.startswith("p") else 9)
+        assert body["stream"] is False if name.startswith("p") else "stream" not in body
+        assert request_id is not None
+    # 2. The caller got the decode server's answer.
+    assert [a["server"] for a in answers] == ["d0", "d1", "d0", "d1"]
+
+
+def test_proxy_streams_decode_answer_through_byte_for_byte():
+    async def scenario():
+        log = []
+        servers = await _serve(FakeServer("p", log), FakeServer("d", log))
+
+        async def body(client):
+            answer = await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
+                "stream": True, "stream_options": {"include_usage": True}})
+            assert answer.status == 200 and answer.headers["Content-Type"].startswith("text/event-stream")
+            return await answer.read()
+
+        try:
+            data = await _with_proxy([_url(servers[0])], [_url(servers[1])], body)
+        finally:
+            for server in servers:
+                await server.close()
+        return log, data
+
+    log, data = asyncio.run(scenario())
+    assert data == b"".join(STREAM_CHUNKS)
+    (_, _, prefill, _), (_, _, decode, _) = log
+    assert prefill["max_completion_tokens"] == 1 and prefill["stream"] is False
+    assert "stream_options" not in prefill
+    assert decode["stream"] is True and decode["max_completion_tokens"] == 5
+
+
+@pytest.mark.parametrize("failure", ["error_status", "refused"])
+def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
+    async def scenario():
+        log = []
+        servers = await _serve(FakeServer("p", log, status=500), FakeServer("d", log))
+        prefill_url = _url(servers[0])
+        if failure == "refused":
+            await servers[0].close()  # nothing listens there any more
+
+        async def body(client):
+            answer = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+            metrics = await (await client.get("/metrics")).text()
+            health = await client.get("/health")
+            return answer.status, await answer.json(), metrics, health.status, await health.json()
+
+        try:
+            result = await _with_proxy([prefill_url], [_url(servers[1])], body)
+        finally:
+            for server in servers:
+                await server.close()
+        return log, result
+
+    log, (status, answer, metrics, health_status, health) = asyncio.run(scenario())
+    # The decode server answered (it computed the prompt itself); the failure is counted and
+    # the proxy is not healthy without a prefill server.
+    assert status == 200 and answer["server"] == "d"
+    assert log[-1][0] == "d" and log[-1][2]["max_tokens"] == 3
+    assert "pegaflow_proxy_prefill_failures_total 1.0" in metrics
+    assert health_status == 503 and not health["healthy"]
+    assert [s["healthy"] for s in health["servers"]] == [False, True]
+
+
+def test_proxy_answers_bad_body_400_and_dead_decode_502():
+    async def scenario():
+        log = []
+        servers = await _serve(FakeServer("p", log), FakeServer("d", log))
+        decode_url = _url(servers[1])
+        await servers[1].close()
+
+        async def body(client):
+            not_json = await client.post("/v1/completions", data=b"{not json",
+                                         headers={"Content-Type": "application/json"})
+            not_object = await client.post("/v1/completions", json=[1, 2])
+            no_decode = await client.post("/v1/completions", json={"prompt": "x"})
+            return (not_json.status, not_object.status, no_decode.status, await no_decode.json(),
+                    await (await client.get("/metrics")).text())
+
+        try:
+            return await _with_proxy([_url(servers[0])], [decode_url], body)
+        finally:
+            await servers[0].close()
+
+    bad, not_object, no_decode, error, metrics = asyncio.run(scenario())
+    assert (bad, not_object, no_decode) == (400, 400, 502)
+    assert "decode server" in error["error"]["message"]
+    assert "pegaflow_proxy_bad_requests_total 2.0" in metrics
+    assert "pegaflow_proxy_decode_failures_total 1.0" in metrics
+
+
+def test_round_robin_checks_urls_and_prefill_body_keeps_the_prompt():
+    with pytest.raises(ConfigError, match="http://host:port"):
+        RoundRobin(("localhost:8000",))
+    with pytest.raises(ConfigError, match="at least one"):
+        RoundRobin(())
+    servers = RoundRobin(("http://a:1/", "http://b:2"))
+    assert [servers.pick() for _ in range(3)] == ["http://a:1", "http://b:2", "http://a:1"]
+    body = {"prompt": [5, 6], "max_tokens": 50, "temperature": 0.0, "n": 3, "min_tokens": 4,
+            "logprobs": 2, "stream": True, "stream_options": {}}
+    assert prefill_body(body) == {"prompt": [5, 6], "max_tokens": 1, "temperature": 0.0, "n": 1,
+                                  "stream": False}
+    assert json.loads(json.dumps(body))["max_tokens"] == 50  # the request itself is left alone
