@@ -30,7 +30,7 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 11
+WIRE_VERSION = 12  # 12: ATTACH carries the kv_role, LOOKUP its wait for saves in flight
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
