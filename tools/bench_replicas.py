@@ -46,7 +46,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tools import peers
-from tools.bench_serving import PEGAFLOW_CONFIGS, Server, _get, available_configs, complete, server_command
+from tools.bench_serving import (
+    PEGAFLOW_CONFIGS,
+    Server,
+    _get,
+    available_configs,
+    complete,
+    measured_on,
+    print_failures,
+    server_command,
+)
 from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
 from tools.serving_workload import RequestResult, conversations, identical_share, shared_prefix_prompts, summarize
 
@@ -296,18 +305,11 @@ def print_table(table: dict) -> None:
     for config, row in table.items():
         cells = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in COLUMNS]
         print(f"{config:<12}" + "".join(f"{c:>16}" for c in cells))
-    if any(row["errors"] for row in table.values()):
-        print("requests failed: " + ", ".join(f"{c} {row['errors']}" for c, row in table.items()
-                                              if row["errors"]), file=sys.stderr)
+    print_failures(table)
 
 
 def write_json(args, runs: list[dict]) -> None:
-    if args.merge:
-        first = json.loads(Path(args.merge[0]).read_text())
-        gpu, model = first["gpu"], first["model"]
-    else:
-        import torch
-        gpu, model = torch.cuda.get_device_name(0), args.model
+    gpu, model = measured_on(args)
     table = headline(runs)
     Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model, "replicas": args.replicas,
                                            "router": args.router, "args": vars(args), **table, "runs": runs},

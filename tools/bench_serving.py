@@ -392,19 +392,28 @@ def print_table(table: dict) -> None:
         print(f"{config:<14} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
               f"{row['ttft_p99_ms']:>12.1f} {row.get('throughput_rps', float('nan')):>11.2f} "
               f"{row.get('identical_share', float('nan')):>9.3f}")
+    print_failures(table)
+
+
+def print_failures(table: dict) -> None:
+    """One line on stderr naming the configurations some of whose requests failed."""
     if any(row["errors"] for row in table.values()):
         print("requests failed: " + ", ".join(f"{c} {row['errors']}" for c, row in table.items()
                                               if row["errors"]), file=sys.stderr)
 
 
-def write_json(args, runs: list[dict]) -> None:
-    """Every figure and every run; merged runs keep the GPU and model they were measured with."""
+def measured_on(args) -> tuple[str, str]:
+    """The GPU and model of a run; merged runs keep those they were measured with."""
     if args.merge:
         first = json.loads(Path(args.merge[0]).read_text())
-        gpu, model = first["gpu"], first["model"]
-    else:
-        import torch
-        gpu, model = torch.cuda.get_device_name(0), args.model
+        return first["gpu"], first["model"]
+    import torch
+    return torch.cuda.get_device_name(0), args.model
+
+
+def write_json(args, runs: list[dict]) -> None:
+    """Every figure and every run."""
+    gpu, model = measured_on(args)
     Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model,
                                            "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
                                            **headline(runs), "runs": runs}, indent=1))
