@@ -195,8 +195,8 @@ _BACKENDS = ("auto", "cuda", "host")
 
 OPTIONS: tuple[Option, ...] = (
     Option("name", "name", "pegaflow", "engine name; clients attach by it"),
-    Option("pool-size", "pool_bytes", "4GiB", "host memory for KV blocks, e.g. 512MiB, 64GiB "
-           "(binary units) or 64GB (decimal)", parse_size),
+    Option("pool-size", "pool_bytes", "4GiB", "host memory for KV blocks, with its unit: e.g. "
+           "512MiB, 64GiB (binary units) or 64GB (decimal)", parse_size),
     Option("slab-size", "slab_bytes", "64MiB", "pool allocation unit per block size (the largest "
            "block it stores); clamped to the pool size", parse_size),
     Option("backend", "backend", "auto", "auto: cuda when a GPU is present, else host",
@@ -235,7 +235,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("disk-path", "disk_paths", "", "the disk tier: directories (comma-separated, one per "
            "drive) where blocks evicted from the pool are kept, one file each with its key and "
            "checksum; read back into the pool on a hit, and taken in again by the next engine on "
-           "the same paths (empty: no disk tier)", _disk_paths),
+           "the same paths; a path is created if its parent exists (empty: no disk tier)", _disk_paths),
     Option("disk-size", "disk_bytes", "0", "bytes of blocks each --disk-path holds, e.g. 500GiB "
            "(0: 90 % of the least free space among the paths at start)", parse_size),
     Option("disk-admission", "disk_admission", "evicted", "which blocks go to disk: evicted (every "
@@ -277,8 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "every vLLM on this host.  Each flag can also be set by its PEGAFLOW_* "
                     "environment variable; a flag beats its variable.")
     p.add_argument("--version", action="version", version=version_line("pegaflow engine"))
+    p.add_argument("--clean", metavar="NAME", help="start nothing: remove the shared memory (pool, "
+                   "segments, semaphores, locks) a dead engine of this name left, a kept pool "
+                   "included; refused while it runs")
     for option in OPTIONS:
-        text = f"{option.help} (env {option.env}; default {option.default})"
+        text = f"{option.help} (env {option.env}" + (f"; default {option.default})" if option.default else ")")
         if option.is_switch:
             p.add_argument(f"--{option.flag}", action=argparse.BooleanOptionalAction, default=None,
                            help=text)

@@ -189,16 +189,18 @@ def test_engine_config_lease_ttl_must_be_finite_and_positive(ttl):
 
 
 def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
-    # 1. The parser has exactly the table's flags (and --help, --version).
+    # 1. The parser has exactly the table's flags (and --help, --version, the --clean command).
     from engine.config import build_parser
     parser = build_parser()
     flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
     expected = {f"--{o.flag}" for o in OPTIONS} | {f"--no-{o.flag}" for o in OPTIONS if o.is_switch}
-    assert flags - {"--help", "--version"} == expected
-    # 2. Each flag's help names its env var and its default.
+    assert flags - {"--help", "--version", "--clean"} == expected
+    # 2. Each flag's help names its env var and its default (none said for an empty one).
     text = " ".join(parser.format_help().split())
     for option in OPTIONS:
-        assert f"env {option.env}; default {option.default})" in text, option.flag
+        said = f"env {option.env}; default {option.default})" if option.default else f"env {option.env})"
+        assert said in text, option.flag
+    assert "default )" not in text and "``" not in text
     # 3. The table's defaults are EngineConfig's defaults.
     assert config_from_args([], environ={}) == EngineConfig()
 
