@@ -15,7 +15,7 @@ import sys  # noqa: E402
 
 from engine.config import build_parser, config_from_args, warn_unknown_env  # noqa: E402
 from engine.server import EngineServer  # noqa: E402
-from pegaflow.errors import PegaflowError, ShmError  # noqa: E402
+from pegaflow.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 from pegaflow.shm import check_engine_name  # noqa: E402
 
 logger = logging.getLogger("engine")
@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     warn_unknown_env()
     try:
         server = EngineServer(config)
+    except StartInterruptedError as exc:
+        logger.info("stopped before serving: %s", exc)
+        return 0
     except PegaflowError as exc:
         logger.error("cannot start: %s", exc)
         return 1

@@ -20,7 +20,7 @@ from engine.copy.base import PATHS as COPY_PATHS
 from pegaflow.cli import ArgumentParser
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
-from pegaflow.values import as_bool, format_size, parse_size, version_line
+from pegaflow.values import as_bool, as_float, format_size, parse_size, version_line
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ MAX_IDLE_SPIN_S = 1.0
 MAX_PIN_THREADS = 256
 MAX_DISK_THREADS = 256
 MAX_REMOTE_TIMEOUT_S = 2.0  # a LOOKUP waits this long for the store at most (the connector's own wait is 5 s)
+MAX_REMOTE_START_TIMEOUT_S = 600.0
 DISK_ADMISSIONS = ("evicted", "reused", "all")
 REMOTE_KINDS = ("off", "mooncake")
 REMOTE_PROTOCOLS = ("tcp", "rdma")
@@ -72,6 +73,7 @@ class EngineConfig:
     remote_segment_bytes: int = 1 << 30  # memory this engine contributes to the store
     remote_publish: str = "all"
     remote_timeout_s: float = 0.04  # a LOOKUP's remote existence check, at most
+    remote_start_timeout_s: float = 5.0  # the store's setup at start, at most
 
     def __post_init__(self) -> None:
         check_engine_name(self.name)
@@ -135,6 +137,9 @@ class EngineConfig:
             raise ConfigError(f"--remote-master {self.remote_master!r}: expected host:port")
         if self.remote_segment_bytes < 0:
             raise ConfigError(f"--remote-segment-size {self.remote_segment_bytes}: must not be negative")
+        if not 0 < self.remote_start_timeout_s <= MAX_REMOTE_START_TIMEOUT_S:  # (nan fails too)
+            raise ConfigError(f"--remote-start-timeout {self.remote_start_timeout_s:g}: must lie in "
+                              f"(0, {MAX_REMOTE_START_TIMEOUT_S:g}] seconds")
         if not 0 < self.remote_timeout_s <= MAX_REMOTE_TIMEOUT_S:
             raise ConfigError(f"--remote-timeout-ms {self.remote_timeout_s * 1e3:g}: must lie in "
                               f"(0, {MAX_REMOTE_TIMEOUT_S * 1e3:g}]")
@@ -266,6 +271,9 @@ OPTIONS: tuple[Option, ...] = (
            "store's answer on which blocks it holds (past it, or with the store unreachable, the "
            "rest of the prefix is a miss); keep it below the connector's lookup_timeout_ms (50)",
            lambda text: float(text) / 1e3),
+    Option("remote-start-timeout", "remote_start_timeout_s", "5", "seconds the engine waits at start "
+           "for the remote store's setup (the master and metadata server answering) before it gives "
+           "up with an error; SIGTERM stops it sooner", lambda text: as_float("--remote-start-timeout", text)),
     Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True)),
 )
 

@@ -94,3 +94,8 @@ class CudaError(PegaflowError):
 class RemoteTierError(PegaflowError):
     """The remote tier (``--remote``) cannot start: its package is not installed, or its
     store refused the setup (master or metadata server unreachable, memory not registered)."""
+
+
+class StartInterruptedError(PegaflowError):
+    """A stop signal (SIGTERM, SIGINT) came while the engine was starting: it stops without
+    having served, leaving nothing behind."""

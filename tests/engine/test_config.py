@@ -213,7 +213,7 @@ _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "
             "disk-threads": "3", "remote": "mooncake", "remote-master": "10.0.0.1:50051",
             "remote-metadata": "http://10.0.0.1:8080/metadata", "remote-protocol": "rdma",
             "remote-device": "mlx5_0", "remote-host": "10.0.0.2", "remote-segment-size": "2GiB",
-            "remote-publish": "reused", "remote-timeout-ms": "20"}
+            "remote-publish": "reused", "remote-timeout-ms": "20", "remote-start-timeout": "3"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
@@ -285,3 +285,7 @@ def test_config_remote_values_are_checked(clean_env):
     with pytest.raises(ConfigError, match="remote"):
         config_from_args(["--remote", "redis"], environ={})
     assert config_from_args([], environ={}).remote == "off"
+    for bad in ("0", "-1", "nan", "inf", "601", "soon"):
+        with pytest.raises(ConfigError, match="--remote-start-timeout"):
+            config_from_args(["--remote-start-timeout", bad], environ={})
+    assert config_from_args(["--remote-start-timeout", "2.5"], environ={}).remote_start_timeout_s == 2.5
