@@ -172,3 +172,12 @@ def test_promtool_check_fails_on_an_abbreviated_unit():
     check = subprocess.run([_promtool(), "check", "metrics"], input=bad, capture_output=True, text=True,
                            timeout=60)
     assert check.returncode != 0 and "abbreviated units" in check.stdout + check.stderr
+
+
+def test_metrics_operations_page_lists_every_name_by_the_rule():
+    # docs/operations.md's table of JSON keys and metric names cannot drift from the code.
+    from pegaflow.metrics import METRICS, metric_name
+    page = (ROOT / "docs" / "operations.md").read_text()
+    for key, (is_counter, _) in METRICS.items():
+        kind = "counter" if is_counter else "gauge"
+        assert f"| `{key}` | `{metric_name(key)}` | {kind} |" in page, key
