@@ -18,6 +18,7 @@ up).  ``python -m`` of this module is the child.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.02
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 LOCAL_BUFFER_BYTES = 16 << 20  # the store's least staging buffer
+_PR_SET_PDEATHSIG = 1
 _GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 
 
@@ -55,7 +57,7 @@ def probe_setup(setup_args: list, timeout_s: float) -> None:
     """Run the store's setup with ``setup_args`` in a child process, at most ``timeout_s``;
     RemoteTierError when it fails or is late, StartInterruptedError on a stop signal."""
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", __spec__.name, json.dumps(setup_args)],
+        proc = subprocess.Popen([sys.executable, "-m", __spec__.name, str(os.getpid()), json.dumps(setup_args)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 env=_child_env())
         deadline = time.monotonic() + timeout_s
@@ -100,7 +102,17 @@ def _child_env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
 
 
-def _child(setup_args: list) -> int:
+def _die_with_parent(parent_pid: int) -> None:
+    """Be killed when the engine dies (SIGKILLed while it waits): a setup retrying a silent
+    master would otherwise go on for minutes, an orphan."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # it died before that took hold
+        os._exit(1)
+
+
+def _child(parent_pid: int, setup_args: list) -> int:
+    _die_with_parent(parent_pid)
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
     from mooncake.store import MooncakeDistributedStore
     code = MooncakeDistributedStore().setup(*setup_args)
@@ -108,4 +120,4 @@ def _child(setup_args: list) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(json.loads(sys.argv[1])))
+    sys.exit(_child(int(sys.argv[1]), json.loads(sys.argv[2])))

@@ -5,13 +5,18 @@ line of its own, keeps the store's client's log out of its own, and leaves nothi
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_open_remote_without_the_package_the_engine_refuses_to_start(engine_factory, monkeypatch, tmp_path):
@@ -102,3 +107,43 @@ def test_open_remote_sigterm_while_the_store_is_set_up_stops_the_engine_cleanly(
     engine.proc.send_signal(signal.SIGTERM)
     assert _exit_code(engine) == 0, engine.stderr_text()
     assert "stopped before serving" in engine.stderr_text()
+
+
+def test_open_remote_trial_dies_with_an_engine_killed_meanwhile(engine_factory, silent_port):
+    _require_mooncake()
+    # 1. An engine trying a master that never answers, its trial setup in a child process.
+    engine = engine_factory(wait=False, extra=("--remote", "mooncake", "--remote-master",
+                                               f"127.0.0.1:{silent_port}", "--remote-start-timeout", "600"))
+    deadline = time.monotonic() + 60
+    while not (children := _children(engine.proc.pid)):
+        if engine.proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the engine never started its trial:\n{engine.stderr_text()}")
+        time.sleep(0.05)
+    # 2. SIGKILL: the child goes with it (no orphan retrying for minutes)...
+    engine.is_clean_exit_expected = False
+    engine.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in children):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the trial {children} outlived its engine")
+        time.sleep(0.05)
+    # 3. ...and --clean gives back what the killed engine left in /dev/shm.
+    cleaned = subprocess.run([sys.executable, "-m", "engine", "--clean", engine.name], capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
+    assert cleaned.returncode == 0 and "removed what the engine named" in cleaned.stdout, cleaned.stderr
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "Z"
