@@ -113,6 +113,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _child(parent_pid: int, setup_args: list) -> int:
     _die_with_parent(parent_pid)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # (blocked by the starting engine)
     os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
     from mooncake.store import MooncakeDistributedStore
     code = MooncakeDistributedStore().setup(*setup_args)
