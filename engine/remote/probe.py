@@ -19,10 +19,12 @@ up).  ``python -m`` of this module is the child.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import logging
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -43,14 +45,30 @@ _GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 
 
 def check_master(master: str, timeout_s: float) -> None:
-    """RemoteTierError unless something accepts a TCP connection at ``master`` (host:port)."""
+    """RemoteTierError unless something accepts a TCP connection at ``master`` (host:port)
+    within ``timeout_s``; StartInterruptedError on a stop signal meanwhile."""
     host, _, port = master.rpartition(":")
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        family, kind, proto, _, address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setblocking(False)
+            error = sock.connect_ex(address)
+            while error in (errno.EINPROGRESS, errno.EAGAIN):
+                if _stop_pending():
+                    raise StartInterruptedError("a stop signal came while the remote master was tried")
+                if time.monotonic() >= deadline:
+                    raise RemoteTierError(f"--remote-master {master}: no connection within {timeout_s:g} s "
+                                          f"(--remote-start-timeout): is mooncake_master running there?")
+                if select.select([], [sock], [], POLL_S)[1]:
+                    error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     except OSError as exc:
-        why = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        error, why = exc.errno, exc.strerror or str(exc)
+    else:
+        why = os.strerror(error) if error else ""
+    if error:
         raise RemoteTierError(f"--remote-master {master}: cannot connect ({why}): is mooncake_master "
-                              f"running there?") from None
+                              f"running there?")
 
 
 def probe_setup(setup_args: list, timeout_s: float) -> None:
