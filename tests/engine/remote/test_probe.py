@@ -3,9 +3,9 @@ and given up on a stop signal, the client's last log line quoted without its pre
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
+import threading
 
 import pytest
 
@@ -40,7 +40,7 @@ def test_probe_setup_with_a_stop_signal_waiting_is_interrupted():
     # 1. SIGTERM blocked, as the starting engine has it, and one waiting.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # (this thread's: others may not block it)
         # 2. The trial is given up (its child killed) and the start interrupted, not failed.
         with pytest.raises(StartInterruptedError):
             probe_setup(["127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", "127.0.0.1:1"], 600.0)
