@@ -1,6 +1,6 @@
 """Config values as people write them: sizes with units, on/off flags, numbers, and the version.
 
-Sizes: a number with an optional unit in any case.  Binary units say so (KiB, MiB, GiB,
+Sizes: a number and its unit, in any case.  Binary units say so (KiB, MiB, GiB,
 TiB, and the short K, M, G, T as in ``docker --shm-size``); decimal ones say so too
 (kB, MB, GB, TB: powers of 1000), and B is bytes.  A number without a unit is refused
 (but 0): ``--pool-size 512`` means 512 of something, and 512 bytes is never what was meant.
