@@ -19,7 +19,9 @@ install: system-libs
 	$(PY) -m pip install -e '.[test,remote]'
 
 # Installs (as root, with apt-get) those of REMOTE_DEBS that are missing; elsewhere it says
-# what to install and goes on (the remote tier's tests then skip, saying why).
+# what to install and goes on (the remote tier's tests then skip, saying why).  Then promtool,
+# which a test runs on the Prometheus metrics: taken out of Debian's prometheus package into
+# $(VENV)/bin (no root needed, and no Prometheus server installed as a service).
 system-libs:
 	@missing=""; for deb in $(REMOTE_DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$deb 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$deb"; \
@@ -30,6 +32,13 @@ system-libs:
 	else DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing || \
 	  echo "apt-get failed: install$$missing for the remote tier"; fi
+	@if command -v promtool >/dev/null 2>&1 || [ -x $(VENV)/bin/promtool ]; then echo "promtool: there"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then echo "not a Debian host: no promtool (its test skips)"; \
+	else tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -qq prometheus >/dev/null 2>&1) && \
+	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/x && mkdir -p $(VENV)/bin && \
+	  cp $$tmp/x/usr/bin/promtool $(VENV)/bin/promtool && echo "promtool: in $(VENV)/bin" || \
+	  echo "promtool: apt-get download prometheus failed (apt-get update first?); its test skips"; \
+	  rm -rf $$tmp; fi
 
 # The CI test command: the lint gate, then the tests (GPU tests skip themselves where CUDA
 # is absent).
@@ -46,7 +55,7 @@ run-engine:
 	$(PY) -m engine $(ENGINE_ARGS)
 
 smoke:
-	$(PY) -m tools.smoke --name $(NAME)
+	$(PY) -m pegaflow.smoke --name $(NAME)
 
 stat:
 	$(VENV)/bin/pegaflow-stat --name $(NAME)

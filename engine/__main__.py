@@ -13,14 +13,28 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from engine.config import config_from_args, warn_unknown_env  # noqa: E402
+from engine.config import build_parser, config_from_args, warn_unknown_env  # noqa: E402
 from engine.server import EngineServer  # noqa: E402
-from pegaflow.errors import PegaflowError  # noqa: E402
+from pegaflow.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
+from pegaflow.shm import check_engine_name  # noqa: E402
 
 logger = logging.getLogger("engine")
 
 _PR_SET_TIMERSLACK = 29
 TIMER_SLACK_NS = 1000
+
+
+def clean_command(name: str) -> int:
+    """``--clean NAME``: 0 when nothing of a dead engine is left, 1 when refused (it runs)."""
+    from engine.cleanup import clean, describe
+    check_engine_name(name)  # a bad name is a ConfigError: exit 2, as for any bad flag
+    try:
+        cleaned = clean(name)
+    except ShmError as exc:
+        print(f"pegaflow engine: {exc}", file=sys.stderr)
+        return 1
+    print(f"pegaflow engine: {describe(name, cleaned)}")
+    return 1 if cleaned.not_removed else 0
 
 
 def tighten_timer_slack() -> None:
@@ -35,6 +49,9 @@ def tighten_timer_slack() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        clean_name = build_parser().parse_args(argv).clean
+        if clean_name is not None:
+            return clean_command(clean_name)
         config = config_from_args(argv)
     except PegaflowError as exc:
         print(f"pegaflow engine: {exc}", file=sys.stderr)
@@ -44,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     warn_unknown_env()
     try:
         server = EngineServer(config)
+    except StartInterruptedError as exc:
+        logger.info("stopped before serving: %s", exc)
+        return 0
     except PegaflowError as exc:
         logger.error("cannot start: %s", exc)
         return 1

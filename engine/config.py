@@ -20,7 +20,7 @@ from engine.copy.base import PATHS as COPY_PATHS
 from pegaflow.cli import ArgumentParser
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
-from pegaflow.values import as_bool, format_size, parse_size, version_line
+from pegaflow.values import as_bool, as_float, format_size, parse_size, version_line
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ MAX_LOOKUP_WAIT_S = 10.0
 MAX_PIN_THREADS = 256
 MAX_DISK_THREADS = 256
 MAX_REMOTE_TIMEOUT_S = 2.0  # a LOOKUP waits this long for the store at most (the connector's own wait is 5 s)
+MAX_REMOTE_START_TIMEOUT_S = 600.0
 DISK_ADMISSIONS = ("evicted", "reused", "all")
 REMOTE_KINDS = ("off", "mooncake")
 REMOTE_PROTOCOLS = ("tcp", "rdma")
@@ -74,6 +75,7 @@ class EngineConfig:
     remote_publish: str = "all"
     remote_timeout_s: float = 0.04  # a LOOKUP's remote existence check, at most
     lookup_wait_s: float = 0.04  # a LOOKUP's wait for the saves in flight its prefix goes on with
+    remote_start_timeout_s: float = 5.0  # the store's setup at start, at most
 
     def __post_init__(self) -> None:
         check_engine_name(self.name)
@@ -140,6 +142,9 @@ class EngineConfig:
             raise ConfigError(f"--remote-master {self.remote_master!r}: expected host:port")
         if self.remote_segment_bytes < 0:
             raise ConfigError(f"--remote-segment-size {self.remote_segment_bytes}: must not be negative")
+        if not 0 < self.remote_start_timeout_s <= MAX_REMOTE_START_TIMEOUT_S:  # (nan fails too)
+            raise ConfigError(f"--remote-start-timeout {self.remote_start_timeout_s:g}: must lie in "
+                              f"(0, {MAX_REMOTE_START_TIMEOUT_S:g}] seconds")
         if not 0 < self.remote_timeout_s <= MAX_REMOTE_TIMEOUT_S:
             raise ConfigError(f"--remote-timeout-ms {self.remote_timeout_s * 1e3:g}: must lie in "
                               f"(0, {MAX_REMOTE_TIMEOUT_S * 1e3:g}]")
@@ -200,8 +205,8 @@ _BACKENDS = ("auto", "cuda", "host")
 
 OPTIONS: tuple[Option, ...] = (
     Option("name", "name", "pegaflow", "engine name; clients attach by it"),
-    Option("pool-size", "pool_bytes", "4GiB", "host memory for KV blocks, e.g. 512MiB, 64GiB "
-           "(binary units) or 64GB (decimal)", parse_size),
+    Option("pool-size", "pool_bytes", "4GiB", "host memory for KV blocks, with its unit: e.g. "
+           "512MiB, 64GiB (binary units) or 64GB (decimal)", parse_size),
     Option("slab-size", "slab_bytes", "64MiB", "pool allocation unit per block size (the largest "
            "block it stores); clamped to the pool size", parse_size),
     Option("backend", "backend", "auto", "auto: cuda when a GPU is present, else host",
@@ -245,7 +250,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("disk-path", "disk_paths", "", "the disk tier: directories (comma-separated, one per "
            "drive) where blocks evicted from the pool are kept, one file each with its key and "
            "checksum; read back into the pool on a hit, and taken in again by the next engine on "
-           "the same paths (empty: no disk tier)", _disk_paths),
+           "the same paths; a path is created if its parent exists (empty: no disk tier)", _disk_paths),
     Option("disk-size", "disk_bytes", "0", "bytes of blocks each --disk-path holds, e.g. 500GiB "
            "(0: 90 % of the least free space among the paths at start)", parse_size),
     Option("disk-admission", "disk_admission", "evicted", "which blocks go to disk: evicted (every "
@@ -276,6 +281,9 @@ OPTIONS: tuple[Option, ...] = (
            "store's answer on which blocks it holds (past it, or with the store unreachable, the "
            "rest of the prefix is a miss); keep it below the connector's lookup_timeout_ms (50)",
            lambda text: float(text) / 1e3),
+    Option("remote-start-timeout", "remote_start_timeout_s", "5", "seconds the engine waits at start "
+           "for the remote store's setup (the master and metadata server answering) before it gives "
+           "up with an error; SIGTERM stops it sooner", lambda text: as_float("--remote-start-timeout", text)),
     Option("log-level", "log_level", "INFO", "log level", _choice("log-level", _LOG_LEVELS, upper=True)),
 )
 
@@ -287,8 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "every vLLM on this host.  Each flag can also be set by its PEGAFLOW_* "
                     "environment variable; a flag beats its variable.")
     p.add_argument("--version", action="version", version=version_line("pegaflow engine"))
+    p.add_argument("--clean", metavar="NAME", help="start nothing: remove the shared memory (pool, "
+                   "segments, semaphores, locks) a dead engine of this name left, a kept pool "
+                   "included; refused while it runs")
     for option in OPTIONS:
-        text = f"{option.help} (env {option.env}; default {option.default})"
+        text = f"{option.help} (env {option.env}" + (f"; default {option.default})" if option.default else ")")
         if option.is_switch:
             p.add_argument(f"--{option.flag}", action=argparse.BooleanOptionalAction, default=None,
                            help=text)

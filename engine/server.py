@@ -130,11 +130,12 @@ class EngineServer:
                            format_size(config.pool_bytes), format_size(config.slab_bytes),
                            format_size(config.usable_pool_bytes))
         steps = [b - a for a, b in zip(marks, marks[1:])]
-        logger.info("engine %r ready: %s backend, pool %s (%d slabs of %s; the largest block it "
+        logger.info("engine %r ready: %s backend, pool %s (%d %s of %s; the largest block it "
                     "stores is one slab; %s of it pinned so far), %d client slots; in %.2f s "
                     "(shared memory %.2f s, backend %.2f s, first chunk %.2f s)", config.name,
                     self.backend.name, format_size(config.usable_pool_bytes), pool.num_slabs,
-                    format_size(config.slab_bytes), format_size(pool.bytes_ready), config.num_slots,
+                    "slab" if pool.num_slabs == 1 else "slabs", format_size(config.slab_bytes),
+                    format_size(pool.bytes_ready), config.num_slots,
                     time.perf_counter() - marks[0], *steps)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 

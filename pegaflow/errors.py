@@ -99,3 +99,8 @@ class RemoteTierError(PegaflowError):
 class PeerError(PegaflowError):
     """A peer system a benchmark compares against (LMCache, PegaFlow) could not be started:
     its server exited or did not answer its health check in time."""
+
+
+class StartInterruptedError(PegaflowError):
+    """A stop signal (SIGTERM, SIGINT) came while the engine was starting: it stops without
+    having served, leaving nothing behind."""

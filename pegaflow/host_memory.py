@@ -1,6 +1,6 @@
 """KV memory in host shared memory: what the host backend copies to and from.
 
-With ``--backend host`` there is no GPU: a client (a test, ``tools/smoke.py``, or the
+With ``--backend host`` there is no GPU: a client (a test, ``pegaflow.smoke``, or the
 connector in CI) keeps its "device" KV caches in a segment it creates, and REGISTERs
 the segment's name.  The client is the creator, so it alone unlinks it.
 """

@@ -2,14 +2,20 @@
 
     pegaflow-stat --name pegaflow --serve-metrics 9464      # then scrape 127.0.0.1:9464/metrics
 
-Each metric is ``pegaflow_`` + the key ``pegaflow-stat --once --json`` shows (counters end
-in ``_total``), so a figure reads the same in both; ``METRICS`` is that one list, with its
-help text.  Also: ``pegaflow_commands_total{opcode}``, ``pegaflow_errors_total{status}``,
-``pegaflow_latency_seconds{opcode}`` (a histogram of the engine's receipt-to-answer time of
-LOOKUP, LOAD and SAVE), ``pegaflow_start_time_seconds``, ``pegaflow_build_info{version,
-wire_version}``, and ``pegaflow_up``: 1 while the engine runs and beats its heartbeat (0,
-and nothing else, while it does not: down, stopped or stuck).  Every series has an
-``engine`` label.  Read-only: the exporter never attaches to the engine as a client.
+Each metric is named for the key ``pegaflow-stat --once --json`` shows, by one rule
+(``metric_name``; docs/operations.md has the table): ``pegaflow_`` + the key, a time in
+nanoseconds (``*_ns``) spelt out in Prometheus's base unit (``*_seconds``, its value divided
+by 1e9), and ``_total`` after a counter's name.  So ``disk_write_ns`` is
+``pegaflow_disk_write_seconds_total`` and ``pool_pin_ns`` ``pegaflow_pool_pin_seconds``;
+``promtool check metrics`` passes on them.  ``METRICS`` is that one list, with its help
+text.  Also: ``pegaflow_commands_total{opcode}`` and ``pegaflow_errors_total{status}`` (the
+keys ``commands`` and ``errors``, by label), ``pegaflow_latency_seconds{opcode}`` (a
+histogram of the engine's receipt-to-answer time of LOOKUP, LOAD and SAVE),
+``pegaflow_start_time_seconds`` (``start_ns``), ``pegaflow_build_info{version,
+wire_version}``, and ``pegaflow_up``: 1 while the engine runs and beats its heartbeat
+(``heartbeat_ns``; 0, and nothing else, while it does not: down, stopped or stuck).  Every
+series has an ``engine`` label.  Read-only: the exporter never attaches to the engine as a
+client.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ METRICS = {
     "pool_bytes_capacity": (False, "bytes of the pool"),
     "pool_bytes_ready": (False, "bytes of the pool pinned and in use (below the capacity while "
                                 "the engine pins the rest in the background)"),
+    "pool_pin_ns": (False, "seconds pinning the whole pool took (0 until it is done)"),
     "pool_blocks_used": (False, "KV blocks the pool holds"),
     "leases_active": (False, "lookup leases pinning blocks for a coming LOAD"),
     "clients_attached": (False, "client slots in use (a vLLM scheduler or worker each)"),
@@ -56,10 +63,10 @@ METRICS = {
     "disk_blocks_used": (False, "KV blocks the disk tier holds"),
     "disk_blocks_written": (True, "blocks written from the pool to the disk tier"),
     "disk_bytes_written": (True, "bytes written to the disk tier"),
-    "disk_write_ns": (True, "nanoseconds the disk tier's threads spent writing (summed over threads)"),
+    "disk_write_ns": (True, "seconds the disk tier's threads spent writing (summed over threads)"),
     "disk_blocks_read": (True, "blocks read back from the disk tier into the pool (promoted)"),
     "disk_bytes_read": (True, "bytes read from the disk tier"),
-    "disk_read_ns": (True, "nanoseconds the disk tier's threads spent reading (summed over threads)"),
+    "disk_read_ns": (True, "seconds the disk tier's threads spent reading (summed over threads)"),
     "disk_checksum_failures": (True, "disk blocks found corrupt (checksum or key): dropped, served as misses"),
     "disk_io_errors": (True, "disk tier reads and writes that failed (a miss; the block stays in the pool)"),
     "disk_writes_refused": (True, "blocks the disk tier had no room for"),
@@ -69,15 +76,15 @@ METRICS = {
     "remote_enabled": (False, "1 with a remote tier (--remote), else 0"),
     "remote_blocks_put": (True, "blocks published from the pool to the remote store"),
     "remote_bytes_put": (True, "bytes published to the remote store"),
-    "remote_put_ns": (True, "nanoseconds spent publishing to the remote store (summed over batches)"),
+    "remote_put_ns": (True, "seconds spent publishing to the remote store (summed over batches)"),
     "remote_put_failures": (True, "blocks the remote store refused or failed to take"),
     "remote_puts_dropped": (True, "blocks not published: the remote tier's queue was full"),
     "remote_lookups": (True, "LOOKUPs whose local prefix ended short and asked the remote store"),
-    "remote_lookup_ns": (True, "nanoseconds of the remote store's answers to those LOOKUPs (summed)"),
+    "remote_lookup_ns": (True, "seconds of the remote store's answers to those LOOKUPs (summed)"),
     "lookup_remote_blocks": (True, "blocks LOOKUPs found in the remote store (fetched into the pool)"),
     "remote_blocks_fetched": (True, "blocks fetched from the remote store, checked and READY"),
     "remote_bytes_fetched": (True, "bytes fetched from the remote store"),
-    "remote_fetch_ns": (True, "nanoseconds spent fetching from the remote store (summed over batches)"),
+    "remote_fetch_ns": (True, "seconds spent fetching from the remote store (summed over batches)"),
     "remote_fetch_failures": (True, "blocks that could not be fetched (gone mid-fetch, store errors): misses"),
     "remote_checksum_failures": (True, "fetched blocks whose length or checksum was wrong: misses, never served"),
     "remote_lookup_timeouts": (True, "LOOKUPs answered without the remote store: it was slow or unreachable"),
@@ -85,13 +92,23 @@ METRICS = {
     "lookup_waits": (True, "LOOKUPs that waited for blocks other clients were still saving"),
     "lookup_wait_blocks": (True, "blocks those LOOKUPs were served because they waited"),
     "lookup_wait_timeouts": (True, "waiting LOOKUPs answered at --lookup-wait-ms with the READY part"),
-    "lookup_wait_ns": (True, "nanoseconds LOOKUPs waited for saves in flight (summed)"),
+    "lookup_wait_ns": (True, "seconds LOOKUPs waited for saves in flight (summed)"),
 }
 
 
+NS_SUFFIX = "_ns"  # a JSON key's unit: nanoseconds, exported as seconds
+
+
 def metric_name(key: str) -> str:
+    """The exported name of JSON key ``key``: ``disk_write_ns`` -> ``pegaflow_disk_write_seconds_total``."""
     is_counter, _ = METRICS[key]
-    return f"pegaflow_{key}_total" if is_counter else f"pegaflow_{key}"
+    base = key.removesuffix(NS_SUFFIX) + "_seconds" if key.endswith(NS_SUFFIX) else key
+    return f"pegaflow_{base}_total" if is_counter else f"pegaflow_{base}"
+
+
+def metric_value(key: str, value: int) -> float:
+    """JSON key ``key``'s value in its metric's unit (nanoseconds become seconds)."""
+    return value / 1e9 if key.endswith(NS_SUFFIX) else value
 
 
 class EngineCollector(Collector):
@@ -120,7 +137,7 @@ class EngineCollector(Collector):
         for key, (is_counter, text) in METRICS.items():
             family_type = CounterMetricFamily if is_counter else GaugeMetricFamily
             family = family_type(metric_name(key).removesuffix("_total"), text, labels=["engine"])
-            family.add_metric(labels, stats[key])
+            family.add_metric(labels, metric_value(key, stats[key]))
             yield family
         commands = CounterMetricFamily("pegaflow_commands", "commands answered, by opcode",
                                        labels=["engine", "opcode"])

@@ -35,7 +35,7 @@ def _read_live(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
         raise EngineDeadError(
             f"engine {name!r} (pid {snapshot['engine_pid']}) is not running: what is left is the "
             f"shared memory of a crash (these counters are its last); starting an engine named "
-            f"{name!r} removes it")
+            f"{name!r} removes it, so does `pegaflow-engine --clean {name}`")
     return snapshot
 
 
@@ -140,7 +140,7 @@ def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="pegaflow-stat", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="pegaflow-stat", description="a read-only view of a running engine's counters")
     parser.add_argument("--version", action="version", version=version_line("pegaflow-stat"))
     parser.add_argument("--name", default=os.environ.get("PEGAFLOW_NAME", "pegaflow"),
                         help="engine name (env PEGAFLOW_NAME; default %(default)s)")

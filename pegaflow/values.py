@@ -1,13 +1,15 @@
-"""Config values as people write them: sizes with units, on/off flags, and the version.
+"""Config values as people write them: sizes with units, on/off flags, numbers, and the version.
 
-Sizes: a number with an optional unit in any case.  Binary units say so (KiB, MiB, GiB,
+Sizes: a number and its unit, in any case.  Binary units say so (KiB, MiB, GiB,
 TiB, and the short K, M, G, T as in ``docker --shm-size``); decimal ones say so too
-(kB, MB, GB, TB: powers of 1000).  A plain number is bytes.
+(kB, MB, GB, TB: powers of 1000), and B is bytes.  A number without a unit is refused
+(but 0): ``--pool-size 512`` means 512 of something, and 512 bytes is never what was meant.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import metadata
 from typing import Any
@@ -22,12 +24,18 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
 
 
 def parse_size(text: str) -> int:
-    """'4GiB' -> 4294967296, '4GB' -> 4000000000; plain numbers are bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ConfigError(f"size {text!r}: expected a number with an optional unit like 512MiB, "
-                          f"4GiB or 4GB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    """'4GiB' -> 4294967296, '4GB' -> 4000000000, '10B' -> 10, '0' -> 0; '512' is refused
+    (no unit), so is '-5GiB' (negative)."""
+    match = re.fullmatch(r"\s*(-?)(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(3).lower() not in _UNITS:
+        raise ConfigError(f"size {text!r}: expected a number with a unit like 512MiB, 4GiB or 4GB")
+    sign, number, unit = match.groups()
+    if sign and float(number):
+        raise ConfigError(f"size {text!r} is negative")
+    if not unit and float(number):
+        raise ConfigError(f"size {text!r} has no unit: write {number}MiB or {number}GiB (or "
+                          f"{number}B if bytes are meant)")
+    return int(float(number) * _UNITS[unit.lower()])
 
 
 def format_size(num_bytes: int) -> str:
@@ -50,6 +58,30 @@ def as_bool(key: str, value: Any) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{key}={value!r}: expected true or false")
+
+
+def as_int(key: str, value: Any) -> int:
+    """``value`` as a whole number: an int, or its digits as text.  2.7, '2.7', True and 'true'
+    are refused (never turned into 2 or 1)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+        return int(value)
+    raise ConfigError(f"{key}={value!r}: expected a whole number")
+
+
+def as_float(key: str, value: Any) -> float:
+    """``value`` as a finite number: an int, a float, or one as text.  nan, inf and True are
+    refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key}={value!r}: expected a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{key}={value!r}: expected a number") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{key}={value!r}: expected a finite number")
+    return number
 
 
 @functools.cache  # a search of the installed packages: once per process, not per stats read

@@ -196,7 +196,7 @@ def summary(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "host"))
     parser.add_argument("--pool-size", default="4GiB")
     parser.add_argument("--pin-threads", help="the engine's --pin-threads (default: its own)")

@@ -330,7 +330,7 @@ def headline(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--configs", nargs="+", default=["none", "native", "pegaflow"],
                    choices=["none", "native", *PEGAFLOW_CONFIGS, *peers.PEERS],

@@ -34,6 +34,21 @@ def disk_size(paths: list[Path], size_bytes: int) -> int:
     return min(free)
 
 
+def make_path(path: Path) -> None:
+    """Create ``path`` if its parent exists; a missing parent is refused: a mistyped mount
+    point would put the blocks on whatever disk holds the tree made for it (the root disk),
+    sized at 90 % of that disk."""
+    if not path.parent.exists():
+        raise ConfigError(f"--disk-path {path}: its parent {path.parent} does not exist (is the "
+                          f"drive mounted?); create it first if it is meant")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--disk-path {path}: its parent {path.parent} is not a directory")
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--disk-path {path}: {exc.strerror}") from exc
+
+
 def lock_path(path: Path) -> int:
     """Hold ``path`` for this engine (an flock the kernel drops when it dies): two engines on
     one path would evict and remove each other's blocks.  Returns the lock's fd."""
@@ -57,10 +72,7 @@ def open_disk_tier(config, index, pool_segment, stats, wake: Callable[[], None])
     from engine.disk.tier import DiskTier
     paths = [Path(p) for p in config.disk_paths]
     for path in paths:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"--disk-path {path}: {exc.strerror}") from exc
+        make_path(path)
         if not os.access(path, os.W_OK):
             raise ConfigError(f"--disk-path {path}: not writable by this user")
     locks = []

@@ -10,16 +10,22 @@ class (a test's fake store has the same methods).
     close()
 
 Every call blocks (a stopped master: up to the store's 30 s RPC timeout), so only the
-tier's worker threads make them.  ``mooncake`` is imported here alone, only with ``--remote
-mooncake``: without the package the engine refuses to start with a RemoteTierError.
+tier's worker threads make them.  The setup is tried first in a child process
+(``probe.py``): bounded by ``--remote-start-timeout``, stopped by SIGTERM, its log kept out
+of the engine's.  ``mooncake`` is imported here alone, only with ``--remote mooncake``:
+without the package the engine refuses to start with a RemoteTierError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import sys
+import tempfile
 
+from engine.remote.probe import check_master, last_line, probe_setup
 from pegaflow.errors import RemoteTierError
 
 logger = logging.getLogger(__name__)
@@ -27,6 +33,25 @@ logger = logging.getLogger(__name__)
 LOCAL_BUFFER_BYTES = 16 << 20  # the store's own staging buffer (our calls use registered memory)
 ALREADY_EXISTS = -706  # OBJECT_ALREADY_EXISTS: a put of a block some engine published first
 NOT_FOUND = -704       # OBJECT_NOT_FOUND
+
+
+@contextlib.contextmanager
+def stderr_kept_apart():
+    """File descriptor 2 (where the store's C++ client logs) into a file for the block's
+    time; yields a list that holds what was written once the block ends.  The engine's own
+    log is not written meanwhile: the store's calls hold the GIL."""
+    said: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile("w+") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            said.append(log.read())
 
 
 def local_address(master: str) -> str:
@@ -50,15 +75,29 @@ class MooncakeStore:
                 "--remote mooncake needs the mooncake-transfer-engine package (pip install -e "
                 f"'.[remote]', or mooncake-transfer-engine-non-cuda on a host without CUDA): {exc}") from None
         self.host = config.remote_host or local_address(config.remote_master)
+        timeout_s = config.remote_start_timeout_s
+        logger.info("remote store: trying its master at %s (at most %g s, --remote-start-timeout)",
+                    config.remote_master, timeout_s)
+        check_master(config.remote_master, timeout_s)
+        try:
+            probe_setup([self.host, config.remote_metadata, 0, LOCAL_BUFFER_BYTES, config.remote_protocol,
+                         config.remote_device, config.remote_master], timeout_s)
+        except RemoteTierError as exc:
+            raise RemoteTierError(f"{exc}; are the master at {config.remote_master} and the metadata "
+                                  f"server at {config.remote_metadata} up, and {self.host} this host's "
+                                  f"address?") from None
         self._store = MooncakeDistributedStore()
         self._replicas = ReplicateConfig()
-        code = self._store.setup(self.host, config.remote_metadata, config.remote_segment_bytes,
-                                 LOCAL_BUFFER_BYTES, config.remote_protocol, config.remote_device,
-                                 config.remote_master)
+        with stderr_kept_apart() as said:  # the store's own log lines: DEBUG, not the engine's log
+            code = self._store.setup(self.host, config.remote_metadata, config.remote_segment_bytes,
+                                     LOCAL_BUFFER_BYTES, config.remote_protocol, config.remote_device,
+                                     config.remote_master)
+        if said:
+            logger.debug("remote store's client, at setup:\n%s", said[0].rstrip())
         if code != 0:
-            raise RemoteTierError(f"--remote mooncake: the store's setup failed (code {code}): is "
-                                  f"the master at {config.remote_master} and the metadata server at "
-                                  f"{config.remote_metadata} up, and {self.host} this host's address?")
+            last = last_line(said[0]) if said else ""
+            raise RemoteTierError(f"--remote mooncake: the store's setup failed (code {code}"
+                                  + (f"; its client said: {last})" if last else ")"))
 
         if config.remote_segment_bytes:  # its blocks in its own segment: a put is a local copy,
             self._replicas.preferred_segment = self._store.get_hostname()  # and they go with it

@@ -9,12 +9,13 @@ loads and does not save unless ``enable_save`` says so, ``kv_both`` does both.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
-from pegaflow.values import as_bool
+from pegaflow.values import as_bool, as_float, as_int
 from pegaflow.wire import KvRole
 
 ENV_VARS = {
@@ -48,8 +49,8 @@ class ConnectorConfig:
             if getattr(self, key) not in LOAD_MODES:
                 raise ConfigError(f"{key}={getattr(self, key)!r}: choose one of {', '.join(LOAD_MODES)}")
         for key in ("lookup_timeout_ms", "command_timeout_ms", "reconnect_interval_s"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+            if not 0 < getattr(self, key) < math.inf:  # nan fails too
+                raise ConfigError(f"{key} must be a positive finite number, got {getattr(self, key)}")
         if self.num_load_slots < 1:
             raise ConfigError(f"num_load_slots must be at least 1, got {self.num_load_slots}")
         if self.kv_role not in KV_ROLES:
@@ -92,20 +93,29 @@ class ConnectorConfig:
             raise ConfigError(f"unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
         values = {}
         for name, spec in known.items():
-            raw = extra_config.get(name, environ.get(ENV_VARS[name]))
-            if raw is None:
-                continue
-            default = spec.default
-            try:
-                values[name] = (as_bool(name, raw) if isinstance(default, bool)
-                                else type(default)(raw))
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{name}={raw!r}: {exc}") from exc
+            if extra_config.get(name) is not None:
+                values[name] = _converted(spec.default, name, extra_config[name])
+            elif environ.get(ENV_VARS[name]) is not None:
+                values[name] = _converted(spec.default, ENV_VARS[name], environ[ENV_VARS[name]])
         if kv_role == "kv_producer":
             values["enable_load"] = False
         elif kv_role == "kv_consumer":
             values.setdefault("enable_save", False)
         return cls(**values, kv_role=kv_role)
+
+
+def _converted(default, key: str, raw):
+    """``raw`` as the type of ``default``, checked as the engine checks its flags; an error
+    names ``key`` (the option, or its env var) and the value once."""
+    if isinstance(default, bool):
+        return as_bool(key, raw)
+    if isinstance(default, int):
+        return as_int(key, raw)
+    if isinstance(default, float):
+        return as_float(key, raw)
+    if not isinstance(raw, str):
+        raise ConfigError(f"{key}={raw!r}: expected text")
+    return raw
 
 
 def kv_transfer_config(engine_name: str = "pegaflow", kv_role: str = "kv_both", **options):

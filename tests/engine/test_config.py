@@ -189,16 +189,18 @@ def test_engine_config_lease_ttl_must_be_finite_and_positive(ttl):
 
 
 def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
-    # 1. The parser has exactly the table's flags (and --help, --version).
+    # 1. The parser has exactly the table's flags (and --help, --version, the --clean command).
     from engine.config import build_parser
     parser = build_parser()
     flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
     expected = {f"--{o.flag}" for o in OPTIONS} | {f"--no-{o.flag}" for o in OPTIONS if o.is_switch}
-    assert flags - {"--help", "--version"} == expected
-    # 2. Each flag's help names its env var and its default.
+    assert flags - {"--help", "--version", "--clean"} == expected
+    # 2. Each flag's help names its env var and its default (none said for an empty one).
     text = " ".join(parser.format_help().split())
     for option in OPTIONS:
-        assert f"env {option.env}; default {option.default})" in text, option.flag
+        said = f"env {option.env}; default {option.default})" if option.default else f"env {option.env})"
+        assert said in text, option.flag
+    assert "default )" not in text and "``" not in text
     # 3. The table's defaults are EngineConfig's defaults.
     assert config_from_args([], environ={}) == EngineConfig()
 
@@ -211,7 +213,8 @@ _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "
             "disk-threads": "3", "remote": "mooncake", "remote-master": "10.0.0.1:50051",
             "remote-metadata": "http://10.0.0.1:8080/metadata", "remote-protocol": "rdma",
             "remote-device": "mlx5_0", "remote-host": "10.0.0.2", "remote-segment-size": "2GiB",
-            "remote-publish": "reused", "remote-timeout-ms": "20", "lookup-wait-ms": "15"}
+            "remote-publish": "reused", "remote-timeout-ms": "20", "lookup-wait-ms": "15",
+            "remote-start-timeout": "3"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
@@ -285,3 +288,7 @@ def test_config_remote_values_are_checked(clean_env):
     with pytest.raises(ConfigError, match="remote"):
         config_from_args(["--remote", "redis"], environ={})
     assert config_from_args([], environ={}).remote == "off"
+    for bad in ("0", "-1", "nan", "inf", "601", "soon"):
+        with pytest.raises(ConfigError, match="--remote-start-timeout"):
+            config_from_args(["--remote-start-timeout", bad], environ={})
+    assert config_from_args(["--remote-start-timeout", "2.5"], environ={}).remote_start_timeout_s == 2.5

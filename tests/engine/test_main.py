@@ -29,6 +29,12 @@ def _engine(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (["--frobnicate"], {}, "unrecognized arguments: --frobnicate"),
     ([], {"PEGAFLOW_POOL_SIZE": "lots"}, "PEGAFLOW_POOL_SIZE: size 'lots'"),
     ([], {"PEGAFLOW_KEEP_POOL": "maybe"}, "PEGAFLOW_KEEP_POOL"),
+    (["--pool-size", "512"], {}, "--pool-size: size '512' has no unit: write 512MiB or 512GiB"),
+    ([], {"PEGAFLOW_POOL_SIZE": "64"}, "PEGAFLOW_POOL_SIZE: size '64' has no unit"),
+    (["--pool-size", "-5GiB"], {}, "--pool-size: size '-5GiB' is negative"),
+    (["--pool-size=-5GiB"], {}, "--pool-size: size '-5GiB' is negative"),
+    (["--slab-size", "-1"], {}, "--slab-size: size '-1' is negative"),
+    (["--clean", "a/b"], {}, "engine name 'a/b'"),
 ])
 def test_main_mistake_is_one_line_and_exit_2(argv, env, says):
     # 1. Each mistake: exit 2 before anything is made, one line on stderr that names it.

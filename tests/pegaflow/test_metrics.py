@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,12 +69,35 @@ def test_metrics_names_are_the_json_keys_with_their_own_help(engine):
         assert key in snapshot and name in families, key
         assert families[name].type == ("counter" if is_counter else "gauge")
         assert families[name].documentation not in ("", key.replace("_", " ")), key
+        assert "nanosecond" not in families[name].documentation, key  # its value is seconds
     # 2. The start time is a timestamp (the convention), and the build is named.
     assert abs(families["pegaflow_start_time_seconds"].samples[0].value - snapshot["start_ns"] / 1e9) < 1e-3
     import pegaflow
     from pegaflow.wire import WIRE_VERSION
     info = families["pegaflow_build_info"].samples[0]
     assert info.labels["version"] == pegaflow.__version__ and info.labels["wire_version"] == str(WIRE_VERSION)
+
+
+def test_metrics_name_rule_spells_nanoseconds_out_as_seconds():
+    # 1. One rule from JSON key to metric: pegaflow_ + key, _ns as _seconds, _total on counters.
+    from pegaflow.metrics import METRICS, metric_name, metric_value
+    assert metric_name("disk_write_ns") == "pegaflow_disk_write_seconds_total"
+    assert metric_name("pool_pin_ns") == "pegaflow_pool_pin_seconds"
+    assert metric_name("blocks_saved") == "pegaflow_blocks_saved_total"
+    assert metric_name("pool_bytes_used") == "pegaflow_pool_bytes_used"
+    assert metric_value("remote_put_ns", 1_500_000_000) == 1.5 and metric_value("lookups", 7) == 7
+    # 2. No name keeps an abbreviated unit, and every time the engine counts is exported.
+    from pegaflow.wire import STATS_COUNTER_NAMES
+    assert not [key for key in METRICS if "_ns" in metric_name(key)]
+    exported_elsewhere = {"engine_pid", "start_ns", "heartbeat_ns", "commands", "errors"}
+    assert set(STATS_COUNTER_NAMES) - set(METRICS) == exported_elsewhere
+
+
+def test_metrics_times_are_seconds_of_the_json_nanoseconds(engine):
+    # 1. Once the pool is pinned, pool_pin_ns is set: its metric is the same time in seconds.
+    snapshot = engine.wait_stats(lambda s: s["pool_pin_ns"] > 0, 30.0)
+    samples = _samples(_scrape(engine.name))
+    assert samples[("pegaflow_pool_pin_seconds", (("engine", engine.name),))] == snapshot["pool_pin_ns"] / 1e9
 
 
 def test_metrics_latency_histogram_counts_each_lookup(engine):
@@ -96,19 +121,63 @@ def test_metrics_latency_histogram_counts_each_lookup(engine):
     assert sample("_count", "load") == sample("_count", "save") == 0
 
 
-def test_stat_cli_serves_metrics_over_http(engine):
-    # 1. The exporter on an ephemeral port says where it serves.
-    proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stat_cli", "--name", engine.name,
+def _serve_and_scrape(engine_name: str) -> str:
+    """``pegaflow-stat --serve-metrics`` on an ephemeral port, scraped once over HTTP."""
+    proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stat_cli", "--name", engine_name,
                              "--serve-metrics", "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
+        # 1. The exporter says where it serves.
         line = readline_within(proc)
         assert "/metrics" in line, proc.stderr.read() if proc.poll() is not None else line
         url = line.split(" at ", 1)[1].strip()
         # 2. A scrape returns the engine's metrics.
         with urllib.request.urlopen(url, timeout=10) as response:
-            body = response.read().decode()
-        assert f'pegaflow_up{{engine="{engine.name}"}} 1.0' in body
+            return response.read().decode()
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_stat_cli_serves_metrics_over_http(engine):
+    body = _serve_and_scrape(engine.name)
+    assert f'pegaflow_up{{engine="{engine.name}"}} 1.0' in body
+
+
+def _promtool() -> str:
+    found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip("promtool not found (on PATH or beside this Python): `make install` puts it in the "
+                    "venv from Debian's prometheus package, or apt-get install prometheus")
+    return found
+
+
+def test_stat_cli_metrics_pass_promtool_check(engine):
+    # 1. An engine that has saved, looked up and loaded (the smoke check): every family has samples.
+    from pegaflow.smoke import run
+    assert run(engine.name) is None
+    engine.wait_stats(lambda s: s["pool_pin_ns"] > 0, 30.0)
+    body = _serve_and_scrape(engine.name)
+    assert "pegaflow_pool_pin_seconds" in body and "pegaflow_latency_seconds_bucket" in body
+    # 2. Prometheus's own linter finds nothing: units spelt out, _total on counters only.
+    check = subprocess.run([_promtool(), "check", "metrics"], input=body, capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_promtool_check_fails_on_an_abbreviated_unit():
+    # The check above can fail: promtool refuses the names this exporter once had.
+    bad = ('# HELP pegaflow_disk_write_ns_total time\n# TYPE pegaflow_disk_write_ns_total counter\n'
+           'pegaflow_disk_write_ns_total{engine="x"} 5.0\n')
+    check = subprocess.run([_promtool(), "check", "metrics"], input=bad, capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode != 0 and "abbreviated units" in check.stdout + check.stderr
+
+
+def test_metrics_operations_page_lists_every_name_by_the_rule():
+    # docs/operations.md's table of JSON keys and metric names cannot drift from the code.
+    from pegaflow.metrics import METRICS, metric_name
+    page = (ROOT / "docs" / "operations.md").read_text()
+    for key, (is_counter, _) in METRICS.items():
+        kind = "counter" if is_counter else "gauge"
+        assert f"| `{key}` | `{metric_name(key)}` | {kind} |" in page, key

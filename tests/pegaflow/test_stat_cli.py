@@ -32,6 +32,7 @@ def test_stat_cli_crashed_engine_is_reported_dead_not_running(engine_factory):
     engine.stop(signal.SIGKILL)
     once = _stat("--once", "--name", engine.name)
     assert once.returncode == 1 and "is not running" in once.stderr and "crash" in once.stderr
+    assert f"pegaflow-engine --clean {engine.name}" in once.stderr  # the way to remove it
     # 3. ...and the JSON view still shows the last counters, with alive false and exit 1.
     dead = _stat("--once", "--json", "--name", engine.name)
     assert dead.returncode == 1 and json.loads(dead.stdout)["alive"] is False
@@ -130,6 +131,13 @@ def test_stat_cli_mistake_is_one_line_and_exit_2(argv, says):
     assert done.returncode == 2, done.stderr
     assert says in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_stat_cli_help_is_tidy():
+    # 1. No RST markup, no empty default; each default said once, where it has one.
+    done = _stat("--help")
+    assert done.returncode == 0 and "``" not in done.stdout and "default )" not in done.stdout
+    assert "a read-only view of a running engine's counters" in done.stdout
 
 
 def test_stat_cli_version_names_the_release_and_the_wire_protocol():

@@ -130,6 +130,18 @@ def test_disk_tier_unwritable_path_is_a_clear_start_error(engine_factory, tmp_pa
     assert "--disk-path" in engine.stderr_text()
 
 
+def test_disk_tier_path_whose_parent_is_missing_is_refused_and_nothing_made(engine_factory, tmp_path):
+    # 1. A mistyped mount point: /mnt/nvme0 missing, the path under it.
+    path = tmp_path / "nvme0" / "pegaflow"
+    engine = engine_factory(wait=False, **_disk(path))
+    # 2. The engine refuses to start, naming the missing parent, and creates no tree for it
+    #    (which would land on the root disk and be sized at 90 % of it).
+    assert engine.proc.wait(30) != 0
+    engine.is_clean_exit_expected = False
+    assert f"its parent {tmp_path / 'nvme0'} does not exist" in engine.stderr_text()
+    assert not (tmp_path / "nvme0").exists()
+
+
 def test_disk_tier_dropped_blocks_leave_the_disk_too(engine_factory, kv_client, rng, tmp_path):
     # 1. Blocks in the pool and on disk, leased by a lookup, when their writer finds them
     #    computed from bad data.

@@ -118,6 +118,39 @@ def test_connector_config_non_positive_number_raises_config_error(key, raw):
         ConnectorConfig.from_sources({}, environ={_env_name(key): raw})
 
 
+@pytest.mark.parametrize("key,raw,expected", [
+    ("lookup_timeout_ms", float("nan"), "expected a finite number"),
+    ("lookup_timeout_ms", float("inf"), "expected a finite number"),
+    ("lookup_timeout_ms", "nan", "expected a finite number"),
+    ("command_timeout_ms", "inf", "expected a finite number"),
+    ("reconnect_interval_s", True, "expected a number"),
+    ("num_load_slots", 2.7, "expected a whole number"),
+    ("num_load_slots", "2.7", "expected a whole number"),
+    ("num_load_slots", True, "expected a whole number"),
+    ("num_load_slots", "true", "expected a whole number"),
+    ("engine_name", 5, "expected text"),
+])
+def test_connector_config_bad_value_is_refused_naming_it_once(key, raw, expected):
+    # 1. nan/inf never reach a deadline, 2.7 is never 2 slots nor true 1: each is refused.
+    with pytest.raises(ConfigError) as refused:
+        ConnectorConfig.from_sources({key: raw}, environ={})
+    # 2. One message: the option and its value once, then what was expected.
+    assert str(refused.value) == f"{key}={raw!r}: {expected}"
+
+
+@pytest.mark.parametrize("key,raw", [("num_load_slots", "2.7"), ("lookup_timeout_ms", "nan")])
+def test_connector_config_bad_env_value_names_the_variable(key, raw):
+    with pytest.raises(ConfigError) as refused:
+        ConnectorConfig.from_sources({}, environ={_env_name(key): raw})
+    assert str(refused.value).startswith(f"{_env_name(key)}={raw!r}: expected a")
+
+
+def test_connector_config_nan_timeout_built_directly_is_refused():
+    # 1. The dataclass itself refuses what from_sources would (nan compares false to 0).
+    with pytest.raises(ConfigError, match="lookup_timeout_ms"):
+        ConnectorConfig(lookup_timeout_ms=float("nan"))
+
+
 def _env_name(key: str) -> str:
     return "PEGAFLOW_" + key.upper()
 

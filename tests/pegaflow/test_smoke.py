@@ -1,4 +1,5 @@
-"""tools/smoke.py against a real engine, and what ``pegaflow-stat --json`` then reports."""
+"""pegaflow.smoke (``pegaflow-smoke``) against a real engine, and what ``pegaflow-stat --json``
+then reports; the console script an install makes, and ``python -m tools.smoke`` as before."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOKE = REPO_ROOT / "tools" / "smoke.py"
+SMOKE = ("-m", "pegaflow.smoke")
 NUM_SAVED = 64
 ENTRY_BYTES = 4 * 4096  # smoke's 4 layers of 4 KiB pages
 
@@ -33,7 +34,7 @@ def buffers_left_by(pid: int) -> list[str]:
 
 def test_smoke_against_running_engine_prints_smoke_ok(engine):
     # 1. The smoke client saves, looks up and loads 64 blocks, and checks every byte.
-    done = run_tool(str(SMOKE), "--name", engine.name)
+    done = run_tool(*SMOKE, "--name", engine.name)
     assert (done.returncode, done.stdout.strip()) == (0, "smoke ok"), done.stderr
     assert buffers_left_by(done.pid) == []
     # 2. pegaflow-stat sees exactly what it did.
@@ -50,14 +51,14 @@ def test_smoke_against_running_engine_prints_smoke_ok(engine):
 def test_smoke_twice_dedups_nothing_and_still_passes(engine):
     # 1. A second run uses fresh random hashes: it stores another 64 blocks, all byte-exact.
     for _ in range(2):
-        done = run_tool(str(SMOKE), "--name", engine.name)
+        done = run_tool(*SMOKE, "--name", engine.name)
         assert done.returncode == 0, done.stderr
     assert engine.wait_stats(lambda s: s["blocks_saved"] == 2 * NUM_SAVED)["save_dedup_blocks"] == 0
 
 
 def test_smoke_without_engine_exits_1_with_the_reason():
     # 1. No engine under that name: a non-zero exit and a reason, not a traceback.
-    done = run_tool(str(SMOKE), "--name", f"t{os.getpid()}_absent")
+    done = run_tool(*SMOKE, "--name", f"t{os.getpid()}_absent")
     assert done.returncode == 1
     assert "smoke FAILED" in done.stderr and "EngineNotRunningError" in done.stderr
     assert "Traceback" not in done.stderr
@@ -66,3 +67,22 @@ def test_smoke_without_engine_exits_1_with_the_reason():
     for entry in left:  # keep the host clean, then fail
         os.unlink("/dev/shm/" + entry)
     assert left == []
+
+
+def test_smoke_is_a_console_script_of_the_package():
+    # 1. An install makes `pegaflow-smoke`, pointing at pegaflow.smoke:main.
+    scripts = (REPO_ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    assert 'pegaflow-smoke = "pegaflow.smoke:main"' in scripts.splitlines()
+    # 2. It needs nothing a wheel leaves out: no tools, no tests, no engine module imported.
+    probe = run_tool("-c", "import sys, pegaflow.smoke; print(sorted({m.split('.')[0] for m in sys.modules} "
+                     "& {'tools', 'tests', 'engine'}))")
+    assert (probe.returncode, probe.stdout.strip()) == (0, "[]"), probe.stderr
+
+
+def test_smoke_old_command_and_help_still_work(engine):
+    # 1. `python -m tools.smoke` (what make smoke ran) is the same check.
+    done = run_tool("-m", "tools.smoke", "--name", engine.name)
+    assert (done.returncode, done.stdout.strip()) == (0, "smoke ok"), done.stderr
+    # 2. Its help names the flag, its default, and no RST markup.
+    helped = run_tool(*SMOKE, "--help")
+    assert helped.returncode == 0 and "default pegaflow" in helped.stdout and "``" not in helped.stdout
