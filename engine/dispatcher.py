@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from engine.claims import attach_problem
 from engine.clients import ClientState
 from engine.copy.base import CopyBackend, CopyDone
 from engine.index import BlockIndex
@@ -41,7 +42,6 @@ from engine.registration import register_events, register_region
 from engine.stats import StatsWriter
 from engine.transfers import Transfers
 from engine.votes import VoterTable
-from pegaflow import shm
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, WIRE_VERSION, ClientRole, CommandFlag, Opcode, Status
 
@@ -67,6 +67,7 @@ class Dispatcher:
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
+        self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -166,10 +167,12 @@ class Dispatcher:
         return _OK, (len(self.pending), 0, 0)
 
     def _attach(self, client, rec, payload):
-        # The pid decides when the slot is reclaimed: only a process that maps this slot's
-        # ring (the kernel says so) may name itself; a lie would keep or steal a slot.
-        if client.ring_name and not shm.maps_segment(rec.arg, client.ring_name):
-            raise CommandError(Status.BAD_ARGUMENT, f"pid {rec.arg} does not map this slot's ring")
+        # The pid decides when the slot is reclaimed: only the claimant, a process that maps
+        # this slot's ring (the kernel says so), may name itself; a lie would keep or steal a slot.
+        why = attach_problem(rec.arg, client.pid, client.ring_name, self.own_pid_is_client) \
+            if client.ring_name else None
+        if why is not None:
+            raise CommandError(Status.BAD_ARGUMENT, why)
         words = payload.view("<u8") if len(payload) in (8, 24) else np.zeros(1, "<u8")
         if len(words) == 3:  # a voter (wire.py: voting)
             self.voters.join(rec.namespace, client.slot, int(words[1]), int(words[2]))

@@ -151,8 +151,11 @@ class EngineSegments:
             self.pool_table = self._segment("pool.table", table_size) if table_size else None
         self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
                                       cfg.arena_bytes) for i in range(cfg.num_slots)]
-        for view in self.rings:
-            self.reset_ring(view)
+        # Generations are counted here: the copies in shared memory are the clients' to overwrite.
+        self._ring_generations = [0] * cfg.num_slots
+        self._slot_generations = [0] * cfg.num_slots
+        for slot in range(cfg.num_slots):
+            self.reset_ring(slot)
         self.lock = ControlLock.create(self.config.name)
         self.doorbell = self._semaphore("doorbell")
         self.completion_bells = [self._semaphore(f"cq.{i}") for i in range(cfg.num_slots)]
@@ -222,12 +225,14 @@ class EngineSegments:
         self._semaphores.append(name)
         return sem
 
-    def reset_ring(self, view: RingSegmentView) -> None:
+    def reset_ring(self, slot: int) -> None:
+        """Slot ``slot``'s ring as new, for its next client (nothing of it is read back)."""
+        view = self.rings[slot]
         reset_slots(view.submissions)
         reset_slots(view.completions)
-        header = view.header[0]
+        self._ring_generations[slot] = (self._ring_generations[slot] + 1) % 2**64
         view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
-                          int(header["generation"]) + 1, 0, 0, 0)
+                          self._ring_generations[slot], 0, 0, 0)
 
     def mark_serving(self) -> None:
         """Clients may attach from now on (until now their claims would wait)."""
@@ -278,8 +283,9 @@ class EngineSegments:
             self._name_lock = None
 
     def free_slot(self, slot: int) -> None:
+        self._slot_generations[slot] = (self._slot_generations[slot] + 1) % 2**64
         self.slots["pid"][slot] = 0
-        self.slots["generation"][slot] += 1
+        self.slots["generation"][slot] = self._slot_generations[slot]
         self.slots["state"][slot] = SlotState.FREE
 
     def has_claims(self) -> bool:

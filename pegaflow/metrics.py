@@ -51,6 +51,8 @@ METRICS = {
     "leases_active": (False, "lookup leases pinning blocks for a coming LOAD"),
     "clients_attached": (False, "client slots in use (a vLLM scheduler or worker each)"),
     "inflight_copies": (False, "SAVE and LOAD copies in flight on the backend"),
+    "clients_refused": (True, "slot claims refused and clients closed for values they wrote into shared "
+                              "memory (a pid not theirs, a slot state rewritten, no ATTACH in time)"),
     "disk_bytes_used": (False, "bytes of KV blocks the disk tier holds"),
     "disk_bytes_capacity": (False, "bytes the disk tier may hold (all its paths; 0: no disk tier)"),
     "disk_blocks_used": (False, "KV blocks the disk tier holds"),

@@ -195,8 +195,15 @@ def maps_segment(pid: int, name: str) -> bool:
         return False
 
 
+MAX_PID = 1 << 22  # Linux's largest pid_max: no process has a larger pid
+
+
 def is_pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not).  Any integer may
+    come in (it may have been read from shared memory): one that is no pid (0 would mean
+    our process group to ``kill``, one past ``MAX_PID`` overflows it) runs nowhere."""
+    if not 0 < pid <= MAX_PID:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

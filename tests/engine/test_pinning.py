@@ -157,6 +157,7 @@ def start_engine(backend: HostBackend, **fields) -> tuple[EngineServer, threadin
                              "pool_bytes": 8 * MIB, "slab_bytes": MIB, "pin_chunk_bytes": 2 * MIB,
                              "num_slots": 4, "ring_slots": 64, **fields})
     server = EngineServer(config, backend)
+    server.serve_own_process()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return server, thread
