@@ -12,7 +12,7 @@ from pegaflow import shm
 from pegaflow.client import EngineClient
 from pegaflow.locks import ControlLock
 from pegaflow.slots import open_control
-from pegaflow.wire import CONTROL_HEADER, RING_HEADER, SLOT, SlotState
+from pegaflow.wire import CONTROL_HEADER, SLOT, SlotState
 
 SLOT_FIELDS = ("state", "pid", "generation", "claim_ns")
 RING_FIELDS = ("magic", "version", "ring_slots", "arena_bytes", "generation", "client_sleeping",
