@@ -71,6 +71,22 @@ def _claim_name(name: str) -> int:
     return fd
 
 
+def _create_replacing(name: str, create, unlink):
+    """``create()`` a segment or semaphore under ``name``; one found there (we hold the name:
+    a leftover, or planted by another user) is removed first, with one line.  Another
+    user's that we may not remove, or one planted again at once: ForeignSegmentError."""
+    try:
+        return create()
+    except posix_ipc.ExistentialError:
+        logger.warning("removing %s, which was there before this engine made it", name)
+    unlink(name)
+    try:
+        return create()
+    except posix_ipc.ExistentialError:
+        raise ForeignSegmentError(f"{name} was made again as soon as this engine removed it: "
+                                  f"another process plants it; find and stop it") from None
+
+
 class EngineSegments:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -208,12 +224,7 @@ class EngineSegments:
 
     def _segment(self, what: str, size: int) -> shm.Segment:
         name = shm.ipc_name(self.config.name, what)
-        try:
-            segment = shm.create_segment(name, size)
-        except posix_ipc.ExistentialError:  # we hold the name: a leftover, or planted
-            logger.warning("removing %s, which was there before this engine made it", name)
-            shm.unlink_segment(name)
-            segment = shm.create_segment(name, size)
+        segment = _create_replacing(name, lambda: shm.create_segment(name, size), shm.unlink_segment)
         self._segments.append(segment)
         if what != "pool":  # the pool's pages are the backend's to fault in or allocate
             shm.reserve(segment)  # a full /dev/shm is refused now, never a SIGBUS later
@@ -221,7 +232,7 @@ class EngineSegments:
 
     def _semaphore(self, what: str, initial: int = 0) -> posix_ipc.Semaphore:
         name = shm.ipc_name(self.config.name, what)
-        sem = shm.create_semaphore(name, initial)
+        sem = _create_replacing(name, lambda: shm.create_semaphore(name, initial), shm.unlink_semaphore)
         self._semaphores.append(name)
         return sem
 
