@@ -48,7 +48,9 @@ def _mutate(rng: np.random.Generator, rogue: EngineClient) -> None:
     if rng.random() < 0.6:
         field = dtype.names[int(rng.integers(len(dtype.names)))]
         bits = dtype.fields[field][0].itemsize * 8
-        value = EXTREMES[int(rng.integers(len(EXTREMES)))] if rng.random() < 0.5 else int.from_bytes(rng.bytes(bits // 8), "little")
+        is_extreme = rng.random() < 0.5
+        value = EXTREMES[int(rng.integers(len(EXTREMES)))] if is_extreme else \
+            int.from_bytes(rng.bytes(bits // 8), "little")
         record[field] = value % 2**bits
         return
     offset = int(rng.integers(dtype.itemsize))
