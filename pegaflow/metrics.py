@@ -19,7 +19,7 @@ import logging
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from pegaflow.engine_stats import read_stats
+from pegaflow.engine_stats import STALE_AFTER_S, read_stats
 from pegaflow.errors import EngineNotRunningError, PegaflowError
 from pegaflow.values import package_version
 from pegaflow.wire import WIRE_VERSION
@@ -93,13 +93,14 @@ def metric_name(key: str) -> str:
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine_name: str):
+    def __init__(self, engine_name: str, stale_after_s: float = STALE_AFTER_S):
         self.engine_name = engine_name
+        self.stale_after_s = stale_after_s  # a heartbeat older than this: not responding, down
 
     def collect(self):
         up = GaugeMetricFamily("pegaflow_up", "1 while the engine runs and answers", labels=["engine"])
         try:
-            stats = read_stats(self.engine_name)
+            stats = read_stats(self.engine_name, self.stale_after_s)
         except EngineNotRunningError:
             stats = None
         except PegaflowError as exc:  # unreadable (permissions, another wire layout): down

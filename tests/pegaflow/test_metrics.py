@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pegaflow.engine_stats import read_stats
 from pegaflow.metrics import EngineCollector
 from tests.conftest import readline_within
 
@@ -112,3 +116,22 @@ def test_stat_cli_serves_metrics_over_http(engine):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_metrics_stopped_engine_is_down_past_the_stale_after_given(engine):
+    # 1. SIGSTOPped: once its heartbeat is older than the exporter's --stale-after, it is
+    #    down (pegaflow_up 0, nothing else), though its process is there.
+    os.kill(engine.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 60.0
+        while read_stats(engine.name)["heartbeat_age_s"] <= 1.0:
+            if time.monotonic() >= deadline:
+                pytest.fail("the stopped engine's heartbeat never aged")
+            time.sleep(0.1)
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine.name, stale_after_s=1.0))
+        samples = _samples(generate_latest(registry).decode())
+        assert samples[("pegaflow_up", (("engine", engine.name),))] == 0.0
+        assert not any(name.startswith("pegaflow_commands") for name, _ in samples)
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)
