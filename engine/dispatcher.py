@@ -141,8 +141,8 @@ class Dispatcher:
         what the command did."""
         if self.gauges_stale:
             self.update_gauges()
+        self.stats.count_command(opcode, status, received_at)  # first: the answer finds it counted
         client.answer(request_id, opcode, status, num_items, *values)
-        self.stats.count_command(opcode, status, received_at)
 
     def update_gauges(self) -> None:
         self.gauges_stale = False
