@@ -401,7 +401,11 @@ def test_connector_reconnects_when_the_engine_comes_back():
         # 2. A new engine of that name starts; after the retry interval the same vLLM
         #    uses it again: it saves, and a second request with the prefix hits.
         with EngineProcess(name) as second_engine:
-            time.sleep(0.3)
+            links = [vllm.scheduler.connector._scheduler.link] + [w._worker.link for w in vllm.workers]
+            deadline = time.monotonic() + 30.0
+            while not all(link.client() is not None for link in links):  # each tries every 0.2 s
+                assert time.monotonic() < deadline, "the vLLM never reconnected"
+                time.sleep(0.05)
             vllm.add(make_request("warm-again", PROMPT))
             vllm.run_until_done()
             assert read_stats(second_engine.name)["blocks_saved"] == 5
