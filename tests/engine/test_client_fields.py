@@ -4,6 +4,7 @@ blocks load back exactly; a claim under a pid not the claimant's is never held."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -12,7 +13,7 @@ import pytest
 
 from engine.client_table import ATTACH_TIMEOUT_S
 from pegaflow.client import EngineClient
-from pegaflow.errors import CommandError
+from pegaflow.errors import CommandError, RingFullError
 from pegaflow.wire import RING_HEADER, SLOT, Opcode, SlotState, Status
 from tests.engine.conftest import KVClient
 from tests.engine.shm_fields import SlotTable, connect_on_slot, ring_header, slot_record
@@ -157,4 +158,35 @@ def test_client_fields_slot_state_rewritten_closes_that_client(fields_engine, ho
     finally:
         table.close()
     client.close(detach=False)
+    _assert_serving(fields_engine, honest, rng)
+
+
+@pytest.mark.parametrize("ring", ["submissions", "completions"])
+@pytest.mark.parametrize("value", [0, 1, 2**63, 2**64 - 1])
+def test_client_fields_seq_words_of_its_rings_any_value_leaves_the_engine_serving(
+        fields_engine, honest, rng, ring, value):
+    # 1. A client writes the value into every seq word (the rings' counters) of one of its
+    #    rings, sends a PING and goes.
+    rogue = EngineClient.connect(fields_engine.name, timeout_s=10.0)
+    getattr(rogue._view, ring)["seq"] = value
+    with contextlib.suppress(RingFullError):  # its own ring may look full to it now
+        rogue.submit(Opcode.PING, timeout_s=0.01)
+    rogue.close(detach=False)
+    # 2. The engine lives and another client's blocks are exact.
+    _assert_serving(fields_engine, honest, rng)
+
+
+@pytest.mark.parametrize("offset,num_bytes", [(2**64 - 1, 1), (2**64 - 8, 16), (0, 2**32 - 1),
+                                              (2**63, 2**31)])
+def test_client_fields_payload_past_the_arena_is_bad_payload(fields_engine, honest, rng, offset, num_bytes):
+    # A command whose arena offset and size lie past the arena (or wrap 64 bits): refused
+    # with BAD_PAYLOAD, answered once; the engine serves on.
+    client = KVClient(fields_engine.name)
+    try:
+        request_id = client.submit_raw(opcode=Opcode.LOOKUP, num_items=1, payload_offset=offset,
+                                       payload_bytes=num_bytes, namespace=1)
+        assert int(client.take_raw(request_id)["status"]) == Status.BAD_PAYLOAD
+        assert client.client.ping() == 0
+    finally:
+        client.close()
     _assert_serving(fields_engine, honest, rng)
