@@ -1,11 +1,21 @@
-"""The engine's attached clients, slot by slot: claims accepted, detached clients retired
-once they have read their last answer, dead ones reclaimed (their leases, blocks and
-memory released first), each freed slot given back to the control segment."""
+"""The engine's attached clients, slot by slot: claims accepted (or refused), detached
+clients retired once they have read their last answer, dead ones reclaimed (their leases,
+blocks and memory released first), each freed slot given back to the control segment.
+
+A client may write anything into its slot and its ring header; what the engine reads there
+is checked (``claims.py``): a claim naming no process of the client's, a slot whose state
+word was rewritten, a claimant that never ATTACHes within the attach timeout, each closes
+that client with the reason logged and counted; the engine serves on.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 
+import numpy as np
+
+from engine.claims import claim_problem, state_name
 from engine.clients import ClientState
 from pegaflow import shm
 from pegaflow.ring import RingConsumer, RingProducer
@@ -15,11 +25,18 @@ from pegaflow.wire import SlotState
 
 logger = logging.getLogger(__name__)
 
+# A claim accepted this long ago with no ATTACH since is reclaimed (at the housekeeping pass
+# after it: within a second more).  A client ATTACHes milliseconds after its claim is accepted.
+ATTACH_TIMEOUT_S = 5.0
+
 
 class ClientTable:
-    def __init__(self, engine_name: str, segments, stats, dispatcher) -> None:
+    def __init__(self, engine_name: str, segments, stats, dispatcher,
+                 attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         self.engine_name = engine_name
         self.segments, self.stats, self.dispatcher = segments, stats, dispatcher
+        self.attach_timeout_s = attach_timeout_s
+        self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self.clients: dict[int, ClientState] = {}
         self.attached: tuple[ClientState, ...] = ()  # the clients' values, for the hot loop
 
@@ -38,17 +55,33 @@ class ClientTable:
 
     def _accept_claimed_slots(self) -> None:
         for slot in self.segments.claimed_slots().tolist():
-            view = self.segments.rings[slot]
-            self.segments.reset_ring(view)
-            bell = Doorbell(self.segments.completion_bells[slot], view.client_sleeping)
-            bell.drain()
-            self.clients[slot] = ClientState(slot, view, RingConsumer(view.submissions),
-                                             RingProducer(view.completions, bell),
-                                             pid=int(self.segments.slots["pid"][slot]),
-                                             ring_name=shm.ipc_name(self.engine_name, f"ring.{slot}"))
-            self.segments.slots["state"][slot] = SlotState.ACTIVE
-            self._changed()
-            logger.info("client slot %d claimed by pid %d", slot, self.clients[slot].pid)
+            old = self.clients.get(slot)
+            if old is not None and not self.close(old, "its slot was claimed again", free_slot=False):
+                continue  # its copies still run: the claim waits for them
+            pid = int(self.segments.slots["pid"][slot])
+            why = claim_problem(pid, self.own_pid_is_client)
+            if why is not None:
+                self._refuse_claim(slot, why)
+                continue
+            self._accept(slot, pid)
+
+    def _accept(self, slot: int, pid: int) -> None:
+        view = self.segments.rings[slot]
+        self.segments.reset_ring(slot)
+        bell = Doorbell(self.segments.completion_bells[slot], view.client_sleeping)
+        bell.drain()
+        self.clients[slot] = ClientState(slot, view, RingConsumer(view.submissions),
+                                         RingProducer(view.completions, bell), pid=pid,
+                                         ring_name=shm.ipc_name(self.engine_name, f"ring.{slot}"),
+                                         accepted_at=time.monotonic())
+        self.segments.slots["state"][slot] = SlotState.ACTIVE
+        self._changed()
+        logger.info("client slot %d claimed by pid %d", slot, pid)
+
+    def _refuse_claim(self, slot: int, why: str) -> None:
+        logger.warning("client slot %d: claim refused: %s", slot, why)
+        self.stats.add("clients_refused")
+        self.segments.free_slot(slot)
 
     def retire(self, client: ClientState, force: bool = False) -> None:
         """A DETACHed client: its slot is free once it has read its last completion (or
@@ -61,13 +94,66 @@ class ClientTable:
         logger.info("client slot %d (pid %d) detached", client.slot, client.pid)
 
     def check_alive(self) -> None:
-        """Housekeeping: retire the detached, reclaim the dead and those that closed their ring."""
+        """Housekeeping: retire the detached, reclaim the dead and those that closed their
+        ring, close those whose slot says otherwise or that never ATTACHed, and free slots
+        a client wrote a state into after its own was freed."""
+        now = time.monotonic()
         for client in list(self.clients.values()):
+            why = self._problem(client, now)
+            if why is not None:
+                self.close(client, why)
+                continue
             is_alive = is_pid_alive(client.pid)
             if client.is_detached:
                 self.retire(client, force=not is_alive)
             elif not is_alive or client.closed_by_client:
                 self._reclaim_dead(client, "is gone" if not is_alive else "closed its ring")
+        self._free_stray_slots()
+
+    def _problem(self, client: ClientState, now: float) -> str | None:
+        """Why ``client`` is closed now (None: it is not)."""
+        if client.close_reason:
+            return client.close_reason  # still closing: its copies were in flight
+        state = int(self.segments.slots["state"][client.slot])
+        if state not in (SlotState.ACTIVE, SlotState.CLAIMED):  # a CLAIMED one: accept_claims'
+            return f"its slot's state was rewritten to {state_name(state)}"
+        if not client.is_attached and not client.is_detached and \
+                now - client.accepted_at > self.attach_timeout_s:
+            return f"no ATTACH accepted within {self.attach_timeout_s:g}s of its claim"
+        return None
+
+    def close(self, client: ClientState, why: str, free_slot: bool = True) -> bool:
+        """Close a client for what it wrote (logged and counted once): True once its slot
+        is dropped, False while its copies still run (the next housekeeping tries again)."""
+        if not client.close_reason:
+            logger.warning("client slot %d (pid %d) closed: %s", client.slot, client.pid, why)
+            self.stats.add("clients_refused")
+            client.close_reason = why
+            client.is_attached = False  # its further commands are refused
+        if client.num_inflight:
+            return False
+        self.dispatcher.release_client(client)
+        client.backlog.clear()
+        self._drop(client, free_slot)
+        return True
+
+    def _free_stray_slots(self) -> None:
+        """Slots no client holds whose state is neither FREE nor CLAIMED (written by a client
+        whose slot was freed): FREE again, under the control lock."""
+        states = self.segments.slots["state"]
+        stray = [slot for slot in np.flatnonzero((states != SlotState.FREE) & (states != SlotState.CLAIMED)).tolist()
+                 if slot not in self.clients]
+        if not stray or not self.segments.lock.try_acquire():
+            return  # (lock taken: the next pass)
+        try:
+            for slot in stray:
+                state = int(states[slot])
+                if slot not in self.clients and state not in (SlotState.FREE, SlotState.CLAIMED):
+                    logger.warning("client slot %d: state %s with no client; freed", slot, state_name(state))
+                    self.stats.add("clients_refused")
+                    self.segments.free_slot(slot)
+        finally:
+            self.segments.lock.release()
 
     def _reclaim_dead(self, client: ClientState, why: str) -> None:
         if client.num_inflight:
@@ -78,11 +164,13 @@ class ClientTable:
         client.backlog.clear()
         self._drop(client)
 
-    def _drop(self, client: ClientState) -> None:
-        """Free the slot of a client whose memory, leases and blocks are already released."""
+    def _drop(self, client: ClientState, free_slot: bool = True) -> None:
+        """Free the slot of a client whose memory, leases and blocks are already released
+        (``free_slot`` False: a new claim of it is being accepted)."""
         self.clients.pop(client.slot, None)
         self.stats.client_gone(client.slot)
-        self.segments.free_slot(client.slot)
+        if free_slot and int(self.segments.slots["state"][client.slot]) != SlotState.CLAIMED:
+            self.segments.free_slot(client.slot)  # (a CLAIMED one: accept_claims checks it)
         self._changed()
 
     def _changed(self) -> None:

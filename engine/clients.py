@@ -35,6 +35,8 @@ class ClientState:
     backlog: deque = field(default_factory=deque)  # COMPLETION fields after seq
     uid: int = field(default_factory=lambda: next(_client_ids))  # unique in this engine's life
     ring_name: str = ""  # its ring segment: ATTACH's pid must map it ("" in unit tests: unchecked)
+    accepted_at: float = 0.0  # when its claim was accepted (monotonic): ATTACH is due within the attach timeout
+    close_reason: str = ""  # why the engine closes it (set once; its copies may still run)
 
     @property
     def num_layers(self) -> int:

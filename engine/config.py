@@ -30,6 +30,7 @@ MAX_IDLE_SPIN_S = 1.0
 MAX_LOOKUP_WAIT_S = 10.0
 MAX_PIN_THREADS = 256
 MAX_DISK_THREADS = 256
+MAX_LEASE_TTL_S = 86400.0  # a lease pins its blocks at most a day (past that it is a leak)
 MAX_REMOTE_TIMEOUT_S = 2.0  # a LOOKUP waits this long for the store at most (the connector's own wait is 5 s)
 MAX_REMOTE_START_TIMEOUT_S = 600.0
 DISK_ADMISSIONS = ("evicted", "reused", "all")
@@ -105,8 +106,8 @@ class EngineConfig:
             raise ConfigError(f"--arena-size {self.arena_bytes} bytes: must be at least 4KiB")
         if self.log_level not in _LOG_LEVELS:
             raise ConfigError(f"--log-level {self.log_level!r}: choose DEBUG, INFO, WARNING or ERROR")
-        if not 0 < self.lease_ttl_s < math.inf:  # nan fails too: it never expires anything
-            raise ConfigError(f"--lease-ttl must be a positive number of seconds, got {self.lease_ttl_s}")
+        if not 0 < self.lease_ttl_s <= MAX_LEASE_TTL_S:  # nan fails too: it never expires anything
+            raise ConfigError(f"--lease-ttl {self.lease_ttl_s:g}: must lie in (0, {MAX_LEASE_TTL_S:g}] seconds")
         if self.pin_chunk_bytes <= 0:
             raise ConfigError(f"--pin-chunk must be positive, got {self.pin_chunk_bytes}")
         if not 0 <= self.pin_threads <= MAX_PIN_THREADS:
@@ -225,7 +226,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("arena-size", "arena_bytes", "8MiB", "payload arena per client (block ids and hashes "
            "of its commands in flight)", parse_size),
     Option("lease-ttl", "lease_ttl_s", "120", "seconds a lookup's lease pins its blocks if never "
-           "used", float, old_env="PEGAFLOW_LEASE_TTL_S"),
+           f"used, in (0, {MAX_LEASE_TTL_S:g}]", float, old_env="PEGAFLOW_LEASE_TTL_S"),
     Option("idle-spin-ms", "idle_spin_s", "2", "after its last work the engine polls this long "
            "before sleeping: a command arriving later first wakes it (0.1-2 ms on a VM), one "
            "arriving sooner costs a busy core meanwhile", lambda text: float(text) / 1e3),

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.claims import attach_problem
 from engine.clients import ClientState
 from engine.copy.base import CopyBackend, CopyDone
 from engine.index import BlockIndex
@@ -43,7 +44,6 @@ from engine.stats import StatsWriter
 from engine.transfers import Transfers
 from engine.votes import VoterTable
 from engine.waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
-from pegaflow import shm
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, KV_ROLE_SHIFT, WIRE_VERSION, ClientRole, CommandFlag, KvRole, Opcode, Status
 
@@ -77,6 +77,7 @@ class Dispatcher:
         self.waiting = WaitingLookups(index, self._answer_waiting)
         self.lookup_wait_s = 0.0
         self.clients: Callable[[], tuple] = tuple
+        self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self._handlers = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -150,8 +151,8 @@ class Dispatcher:
         what the command did."""
         if self.gauges_stale:
             self.update_gauges()
+        self.stats.count_command(opcode, status, received_at)  # first: the answer finds it counted
         client.answer(request_id, opcode, status, num_items, *values)
-        self.stats.count_command(opcode, status, received_at)
 
     def update_gauges(self) -> None:
         self.gauges_stale = False
@@ -176,10 +177,12 @@ class Dispatcher:
         return _OK, (len(self.pending), 0, 0)
 
     def _attach(self, client, rec, payload):
-        # The pid decides when the slot is reclaimed: only a process that maps this slot's
-        # ring (the kernel says so) may name itself; a lie would keep or steal a slot.
-        if client.ring_name and not shm.maps_segment(rec.arg, client.ring_name):
-            raise CommandError(Status.BAD_ARGUMENT, f"pid {rec.arg} does not map this slot's ring")
+        # The pid decides when the slot is reclaimed: only the claimant, a process that maps
+        # this slot's ring (the kernel says so), may name itself; a lie would keep or steal a slot.
+        why = attach_problem(rec.arg, client.pid, client.ring_name, self.own_pid_is_client) \
+            if client.ring_name else None
+        if why is not None:
+            raise CommandError(Status.BAD_ARGUMENT, why)
         words = payload.view("<u8") if len(payload) in (8, 24) else np.zeros(1, "<u8")
         if len(words) == 3:  # a voter (wire.py: voting)
             self.voters.join(rec.namespace, client.slot, int(words[1]), int(words[2]))

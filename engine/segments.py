@@ -71,6 +71,22 @@ def _claim_name(name: str) -> int:
     return fd
 
 
+def _create_replacing(name: str, create, unlink):
+    """``create()`` a segment or semaphore under ``name``; one found there (we hold the name:
+    a leftover, or planted by another user) is removed first, with one line.  Another
+    user's that we may not remove, or one planted again at once: ForeignSegmentError."""
+    try:
+        return create()
+    except posix_ipc.ExistentialError:
+        logger.warning("removing %s, which was there before this engine made it", name)
+    unlink(name)
+    try:
+        return create()
+    except posix_ipc.ExistentialError:
+        raise ForeignSegmentError(f"{name} was made again as soon as this engine removed it: "
+                                  f"another process plants it; find and stop it") from None
+
+
 class EngineSegments:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -151,8 +167,11 @@ class EngineSegments:
             self.pool_table = self._segment("pool.table", table_size) if table_size else None
         self.rings = [RingSegmentView(self._segment(f"ring.{i}", ring_bytes), cfg.ring_slots,
                                       cfg.arena_bytes) for i in range(cfg.num_slots)]
-        for view in self.rings:
-            self.reset_ring(view)
+        # Generations are counted here: the copies in shared memory are the clients' to overwrite.
+        self._ring_generations = [0] * cfg.num_slots
+        self._slot_generations = [0] * cfg.num_slots
+        for slot in range(cfg.num_slots):
+            self.reset_ring(slot)
         self.lock = ControlLock.create(self.config.name)
         self.doorbell = self._semaphore("doorbell")
         self.completion_bells = [self._semaphore(f"cq.{i}") for i in range(cfg.num_slots)]
@@ -205,12 +224,7 @@ class EngineSegments:
 
     def _segment(self, what: str, size: int) -> shm.Segment:
         name = shm.ipc_name(self.config.name, what)
-        try:
-            segment = shm.create_segment(name, size)
-        except posix_ipc.ExistentialError:  # we hold the name: a leftover, or planted
-            logger.warning("removing %s, which was there before this engine made it", name)
-            shm.unlink_segment(name)
-            segment = shm.create_segment(name, size)
+        segment = _create_replacing(name, lambda: shm.create_segment(name, size), shm.unlink_segment)
         self._segments.append(segment)
         if what != "pool":  # the pool's pages are the backend's to fault in or allocate
             shm.reserve(segment)  # a full /dev/shm is refused now, never a SIGBUS later
@@ -218,16 +232,18 @@ class EngineSegments:
 
     def _semaphore(self, what: str, initial: int = 0) -> posix_ipc.Semaphore:
         name = shm.ipc_name(self.config.name, what)
-        sem = shm.create_semaphore(name, initial)
+        sem = _create_replacing(name, lambda: shm.create_semaphore(name, initial), shm.unlink_semaphore)
         self._semaphores.append(name)
         return sem
 
-    def reset_ring(self, view: RingSegmentView) -> None:
+    def reset_ring(self, slot: int) -> None:
+        """Slot ``slot``'s ring as new, for its next client (nothing of it is read back)."""
+        view = self.rings[slot]
         reset_slots(view.submissions)
         reset_slots(view.completions)
-        header = view.header[0]
+        self._ring_generations[slot] = (self._ring_generations[slot] + 1) % 2**64
         view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
-                          int(header["generation"]) + 1, 0, 0, 0)
+                          self._ring_generations[slot], 0, 0, 0)
 
     def mark_serving(self) -> None:
         """Clients may attach from now on (until now their claims would wait)."""
@@ -278,8 +294,9 @@ class EngineSegments:
             self._name_lock = None
 
     def free_slot(self, slot: int) -> None:
+        self._slot_generations[slot] = (self._slot_generations[slot] + 1) % 2**64
         self.slots["pid"][slot] = 0
-        self.slots["generation"][slot] += 1
+        self.slots["generation"][slot] = self._slot_generations[slot]
         self.slots["state"][slot] = SlotState.FREE
 
     def has_claims(self) -> bool:

@@ -139,6 +139,11 @@ class EngineServer:
                     time.perf_counter() - marks[0], *steps)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
+    def serve_own_process(self) -> None:
+        """Take clients of this very process (an engine run in a test's process): its pid
+        is otherwise never a client's."""
+        self.table.own_pid_is_client = self.dispatcher.own_pid_is_client = True
+
     def request_stop(self) -> None:
         self.is_stopping = True
         self.doorbell.sem.release()  # wake the loop if it sleeps
@@ -278,7 +283,7 @@ class EngineServer:
 
     def _housekeeping(self, now: float) -> None:
         is_timed = self.index.leases or self.index.writing or any(
-            c.is_detached for c in self.table.attached)
+            c.is_detached or not c.is_attached for c in self.table.attached)
         self._next_housekeeping = now + (self.config.housekeeping_s if is_timed else
                                          max(self.config.housekeeping_s, LIVENESS_ONLY_S))
         if self.dispatcher.transfers.parked:  # LOADs waiting for disk reads past their deadline

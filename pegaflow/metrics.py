@@ -25,7 +25,7 @@ import logging
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from pegaflow.engine_stats import read_stats
+from pegaflow.engine_stats import STALE_AFTER_S, read_stats
 from pegaflow.errors import EngineNotRunningError, PegaflowError
 from pegaflow.values import package_version
 from pegaflow.wire import WIRE_VERSION
@@ -58,6 +58,8 @@ METRICS = {
     "leases_active": (False, "lookup leases pinning blocks for a coming LOAD"),
     "clients_attached": (False, "client slots in use (a vLLM scheduler or worker each)"),
     "inflight_copies": (False, "SAVE and LOAD copies in flight on the backend"),
+    "clients_refused": (True, "slot claims refused and clients closed for values they wrote into shared "
+                              "memory (a pid not theirs, a slot state rewritten, no ATTACH in time)"),
     "disk_bytes_used": (False, "bytes of KV blocks the disk tier holds"),
     "disk_bytes_capacity": (False, "bytes the disk tier may hold (all its paths; 0: no disk tier)"),
     "disk_blocks_used": (False, "KV blocks the disk tier holds"),
@@ -112,13 +114,14 @@ def metric_value(key: str, value: int) -> float:
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine_name: str):
+    def __init__(self, engine_name: str, stale_after_s: float = STALE_AFTER_S):
         self.engine_name = engine_name
+        self.stale_after_s = stale_after_s  # a heartbeat older than this: not responding, down
 
     def collect(self):
         up = GaugeMetricFamily("pegaflow_up", "1 while the engine runs and answers", labels=["engine"])
         try:
-            stats = read_stats(self.engine_name)
+            stats = read_stats(self.engine_name, self.stale_after_s)
         except EngineNotRunningError:
             stats = None
         except PegaflowError as exc:  # unreadable (permissions, another wire layout): down

@@ -136,12 +136,24 @@ def attach_segment(name: str, readonly: bool = False) -> Segment:
 
 
 def unlink_segment(name: str) -> bool:
-    """Unlink a segment by name; False if it was already gone."""
+    """Unlink a segment by name; False if it was already gone.  ForeignSegmentError if it
+    is another user's that this one may not remove."""
     try:
         posix_ipc.unlink_shared_memory(name)
     except posix_ipc.ExistentialError:
         return False
+    except posix_ipc.PermissionsError as exc:
+        raise _not_removable(name, f"/dev/shm/{name.lstrip('/')}", exc) from None
     return True
+
+
+def _not_removable(name: str, path: str, exc: Exception) -> ForeignSegmentError:
+    try:
+        owner = f"uid {os.lstat(path).st_uid}"
+    except OSError:
+        owner = "another user"
+    return ForeignSegmentError(f"{name} is there, owned by {owner}, and this user (uid {os.geteuid()}) "
+                               f"may not remove it ({exc}): have its owner or root remove {path}")
 
 
 def create_semaphore(name: str, initial: int = 0) -> posix_ipc.Semaphore:
@@ -166,10 +178,14 @@ def attach_semaphore(name: str) -> posix_ipc.Semaphore:
 
 
 def unlink_semaphore(name: str) -> bool:
+    """Unlink a semaphore by name; False if it was already gone.  ForeignSegmentError if it
+    is another user's that this one may not remove."""
     try:
         posix_ipc.unlink_semaphore(name)
     except posix_ipc.ExistentialError:
         return False
+    except posix_ipc.PermissionsError as exc:
+        raise _not_removable(name, f"/dev/shm/sem.{name.lstrip('/')}", exc) from None
     return True
 
 
@@ -195,8 +211,15 @@ def maps_segment(pid: int, name: str) -> bool:
         return False
 
 
+MAX_PID = 1 << 22  # Linux's largest pid_max: no process has a larger pid
+
+
 def is_pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped, does not).  Any integer may
+    come in (it may have been read from shared memory): one that is no pid (0 would mean
+    our process group to ``kill``, one past ``MAX_PID`` overflows it) runs nowhere."""
+    if not 0 < pid <= MAX_PID:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -19,6 +18,9 @@ from pegaflow.engine_stats import STALE_AFTER_S, kept_pool_blocks, latency_quant
 from pegaflow.errors import ConfigError, EngineDeadError, EngineNotRespondingError, EngineNotRunningError, ShmError
 from pegaflow.shm import check_engine_name
 from pegaflow.values import format_size, version_line
+
+MAX_INTERVAL_S = 3600.0
+MAX_STALE_AFTER_S = 3600.0  # the engine beats every 2.5 s at most: an hour of silence is a dead engine
 
 _RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
           ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
@@ -146,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine name (env PEGAFLOW_NAME; default %(default)s)")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument("--json", action="store_true", help="with --once: one JSON object")
-    parser.add_argument("--interval", type=float, default=1.0, help="live refresh, seconds")
+    parser.add_argument("--interval", type=float, default=1.0,
+                        help=f"live refresh, seconds, in (0, {MAX_INTERVAL_S:g}] (default %(default)s)")
     parser.add_argument("--stale-after", type=float, default=STALE_AFTER_S,
                         help="an engine whose heartbeat is older than this many seconds is not "
-                             "responding: exit 3 (default %(default)s)")
+                             "responding: exit 3, or pegaflow_up 0 with --serve-metrics; in "
+                             f"(0, {MAX_STALE_AFTER_S:g}] (default %(default)s)")
     parser.add_argument("--serve-metrics", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics of the engine at /metrics until stopped; "
                              "HOST defaults to 127.0.0.1 (0.0.0.0: every interface)")
@@ -158,12 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         check_engine_name(args.name)
     except ConfigError as exc:
         parser.error(str(exc))  # one line and exit 2, as for any other bad flag
-    if not 0 < args.interval < math.inf:
-        parser.error(f"--interval {args.interval:g}: must be a positive number of seconds")
+    for flag, value, most in (("--interval", args.interval, MAX_INTERVAL_S),
+                              ("--stale-after", args.stale_after, MAX_STALE_AFTER_S)):
+        if not 0 < value <= most:  # nan fails too
+            parser.error(f"{flag} {value:g}: must lie in (0, {most:g}] seconds")
     if args.serve_metrics:
-        return serve_metrics(args.name, args.serve_metrics)
-    if not 0 < args.stale_after < math.inf:
-        parser.error(f"--stale-after {args.stale_after:g}: must be a positive number of seconds")
+        return serve_metrics(args.name, args.serve_metrics, args.stale_after)
     try:
         if args.json:
             snapshot = read_stats(args.name, args.stale_after)  # a crashed engine's too
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def serve_metrics(name: str, where: str) -> int:
+def serve_metrics(name: str, where: str, stale_after_s: float = STALE_AFTER_S) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from pegaflow.metrics import EngineCollector
@@ -213,7 +217,7 @@ def serve_metrics(name: str, where: str) -> int:
               file=sys.stderr)
         return 2
     registry = CollectorRegistry()
-    registry.register(EngineCollector(name))
+    registry.register(EngineCollector(name, stale_after_s))
     try:
         server, _ = start_http_server(port_number, addr=host or "127.0.0.1", registry=registry)
     except OSError as exc:

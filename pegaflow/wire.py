@@ -252,6 +252,9 @@ _STATS_COUNTERS = [
     "evictions", "lease_expiries",
     "pool_bytes_used", "pool_bytes_capacity", "pool_bytes_ready", "pool_pin_ns", "pool_blocks_used",
     "leases_active", "clients_attached", "inflight_copies",
+    # claims refused and clients closed for what they wrote into shared memory (a pid not
+    # theirs, a slot state rewritten, no ATTACH within the attach timeout)
+    "clients_refused",
     # the disk tier (all 0 without one): bytes and blocks on disk, blocks written from the
     # pool and read (promoted) back into it, their bytes and I/O time, blocks found corrupt
     # (checksum or key) and I/O errors (each a miss), writes refused for room

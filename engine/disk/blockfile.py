@@ -6,7 +6,8 @@ File layout (``block_path``: ``<root>/pegaflow-blocks/<namespace:016x>/<hash[:2]
     4096   data (entry_bytes)            the pool entry's bytes, as they were
 
 A write goes to ``<file>.tmp`` and is renamed into place, so a torn write never looks like a
-block.  I/O goes straight between the caller's buffer and the file: O_DIRECT where every
+block.  Files are made 0600 and directories 0700; only this user's regular files are read
+(``ownership.py``).  I/O goes straight between the caller's buffer and the file: O_DIRECT where every
 buffer's address and length are 4 KiB multiples and the file system takes it, buffered
 otherwise (tmpfs refuses O_DIRECT with EINVAL at open).
 """
@@ -25,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
+from engine.disk.ownership import DIR_MODE, FILE_MODE, is_own_file
 from engine.entries import Key
 from pegaflow.errors import WireVersionError
 from pegaflow.wire import HASH_BYTES
@@ -149,7 +151,7 @@ def write_block(path: Path | str, key: Key, src: memoryview, num_layers: int = 0
         try:
             num_bytes, is_direct = _transfer(tmp_path, flags, [memoryview(header), src], is_write=True)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(path.parent)
             num_bytes, is_direct = _transfer(tmp_path, flags, [memoryview(header), src], is_write=True)
         if num_bytes != HEADER_BYTES + src.nbytes:
             raise OSError(errno.EIO, f"short write ({num_bytes} bytes)", str(tmp_path))
@@ -161,11 +163,25 @@ def write_block(path: Path | str, key: Key, src: memoryview, num_layers: int = 0
     return is_direct
 
 
+def make_private_dirs(path: Path) -> None:
+    """``path`` and its missing parents, each made 0700 (``mkdir(parents=True)`` makes the
+    parents world-readable)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another I/O thread
+            directory.mkdir(mode=DIR_MODE)
+
+
 def read_block(path: Path | str, key: Key, dst: memoryview) -> str | None:
     """Read ``key``'s data into ``dst``: None if it checks out, else what is wrong with the file
     (another key, another size, a short file, a checksum mismatch).  Raises OSError."""
     header = _header_buffer()
     num_bytes, _ = _transfer(path, os.O_RDONLY, [memoryview(header), dst], is_write=False)
+    if num_bytes < 0:
+        return "the file is not a regular file of this user"
     try:
         file_key, entry_bytes, expected, _ = decode_header(header[:num_bytes])
     except WireVersionError as exc:
@@ -199,11 +215,13 @@ def list_blocks(root: Path) -> tuple[list[FoundBlock], list[Path]]:
 
 def _inspect(root: Path, path: Path) -> FoundBlock | None:
     try:
-        with open(path, "rb", buffering=0) as f:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
             raw = f.read(HEADER_BYTES)
             stat = os.fstat(f.fileno())
         header = decode_header(raw)
     except (OSError, WireVersionError):
+        return None
+    if not is_own_file(stat):
         return None
     if stat.st_size != HEADER_BYTES + header.entry_bytes or block_path(root, header.key) != path:
         return None
@@ -216,19 +234,23 @@ def _is_aligned(views: list[memoryview]) -> bool:
 
 
 def _open(path: Path, flags: int, want_direct: bool) -> tuple[int, bool]:
+    flags |= os.O_NOFOLLOW  # (a link is never the engine's: ownership.py)
     if want_direct and _O_DIRECT:
         try:
-            return os.open(path, flags | _O_DIRECT, 0o644), True
+            return os.open(path, flags | _O_DIRECT, FILE_MODE), True
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-    return os.open(path, flags, 0o644), False
+    return os.open(path, flags, FILE_MODE), False
 
 
 def _transfer(path: Path, flags: int, views: list[memoryview], is_write: bool) -> tuple[int, bool]:
-    """Move ``views`` to or from the file's start; (bytes moved, whether O_DIRECT was used)."""
+    """Move ``views`` to or from the file's start; (bytes moved, whether O_DIRECT was used).
+    A read of a file that is not this user's regular file moves nothing: (-1, False)."""
     fd, is_direct = _open(path, flags, _is_aligned(views))
     try:
+        if not is_write and not is_own_file(os.fstat(fd)):
+            return -1, False
         return _move_all(fd, views, is_write), is_direct
     finally:
         os.close(fd)

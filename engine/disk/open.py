@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.disk.ownership import DIR_MODE, check_disk_path, secure_tree
 from pegaflow.errors import ConfigError
 from pegaflow.values import format_size
 
@@ -44,7 +45,7 @@ def make_path(path: Path) -> None:
     if not path.parent.is_dir():
         raise ConfigError(f"--disk-path {path}: its parent {path.parent} is not a directory")
     try:
-        path.mkdir(exist_ok=True)
+        path.mkdir(mode=DIR_MODE, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--disk-path {path}: {exc.strerror}") from exc
 
@@ -52,7 +53,15 @@ def make_path(path: Path) -> None:
 def lock_path(path: Path) -> int:
     """Hold ``path`` for this engine (an flock the kernel drops when it dies): two engines on
     one path would evict and remove each other's blocks.  Returns the lock's fd."""
-    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:  # ELOOP: a link planted where the lock goes
+        raise ConfigError(f"--disk-path {path}: cannot open {LOCK_NAME}: {exc.strerror}") from exc
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise ConfigError(f"--disk-path {path}: {LOCK_NAME} is owned by uid {owner}, not this user: "
+                          f"remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -68,17 +77,20 @@ def lock_path(path: Path) -> int:
 def open_disk_tier(config, index, pool_segment, stats, wake: Callable[[], None]):
     if not config.disk_paths:
         return None
-    from engine.disk.store import DiskStore  # only with a disk tier (it needs xxhash)
+    from engine.disk.blockfile import BLOCKS_DIR  # only with a disk tier (they need xxhash)
+    from engine.disk.store import DiskStore
     from engine.disk.tier import DiskTier
     paths = [Path(p) for p in config.disk_paths]
     for path in paths:
         make_path(path)
+        check_disk_path(path)
         if not os.access(path, os.W_OK):
             raise ConfigError(f"--disk-path {path}: not writable by this user")
     locks = []
     try:
         for path in paths:
             locks.append(lock_path(path))
+            secure_tree(path / BLOCKS_DIR)
         size = disk_size(paths, config.disk_bytes)
         store = DiskStore(paths, size, config.disk_threads, wake=wake)
         num_blocks = store.scan()

@@ -70,7 +70,7 @@ class DiskStore:
             logger.warning("disk tier: %d bytes per path hold no block (each takes %d bytes of header "
                            "beside its data): every write is refused", size_bytes, HEADER_BYTES)
         for path in self._paths:
-            (path / BLOCKS_DIR).mkdir(parents=True, exist_ok=True)
+            blockfile.make_private_dirs(path / BLOCKS_DIR)
         self._size_bytes = size_bytes
         self._used_bytes = [0] * len(self._paths)
         self._blocks: collections.OrderedDict[Key, _Block] = collections.OrderedDict()  # oldest first

@@ -132,10 +132,31 @@ def test_engine_config_out_of_range_field_raises_config_error(fields, message):
     {"backend": "cuda"}, {"backend": "host"}, {"copy_backend": "kernel"}, {"copy_backend": "copy-engine"},
     {"copy_backend": "staged"}, {"device_staging_bytes": 0},
     {"name": "A" * 64}, {"idle_spin_s": 0.0}, {"idle_spin_s": 1.0},
+    {"lease_ttl_s": 1e-3}, {"lease_ttl_s": 86400.0}, {"remote_timeout_s": 2.0},
 ])
 def test_engine_config_boundary_values_accepted(fields):
-    # 1. The limits themselves are valid.
-    EngineConfig(**fields)
+    # 1. The limits themselves are valid, and kept as given.
+    config = EngineConfig(**fields)
+    assert {field: getattr(config, field) for field in fields} == fields
+
+
+DURATION_FLAGS = ("lease-ttl", "idle-spin-ms", "remote-timeout-ms")
+
+
+@pytest.mark.parametrize("flag", DURATION_FLAGS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "-1", "86401000"])
+def test_config_duration_flag_refuses_nan_inf_and_absurd_values(clean_env, flag, value):
+    # Every duration flag: a value that is no duration, or one past its documented bound
+    # (a lease that never ends, a spin or wait of days), is one ConfigError naming the flag.
+    with pytest.raises(ConfigError, match=f"--{flag}"):
+        config_from_args([f"--{flag}={value}"], environ={})
+
+
+def test_config_duration_flags_are_every_duration_option():
+    # A new duration option is covered above, or this fails.
+    from engine.config import OPTIONS
+    durations = {o.flag for o in OPTIONS if o.field.endswith("_s")}
+    assert durations == set(DURATION_FLAGS)
 
 
 @pytest.mark.parametrize("pool,slab,chunk,expected", [

@@ -202,16 +202,100 @@ def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(e
 
 
 @needs_root
-def test_foreign_lock_directory_of_another_user_is_refused_with_one_line(tmp_path):
-    # Another user made the directory where pegaflow's locks go (so it could hold or swap
-    # our lock files): the engine refuses it, naming the path, instead of using it.
+@pytest.mark.parametrize("squat", ["dir", "dir777", "link"])
+def test_foreign_lock_directory_of_another_user_gets_a_fallback(tmp_path, squat):
+    # 1. Another user made the directory where pegaflow's locks go (a directory of any
+    #    mode, or a link): it is never used, the next name that is ours is.
     from pegaflow import locks
     fake_shm = tmp_path / "shm"
     fake_shm.mkdir()
     planted = fake_shm / f"pegaflow-{os.geteuid()}"
-    planted.mkdir(mode=0o700)
-    os.chown(planted, OTHER_UID, OTHER_UID)
-    with pytest.raises(ForeignSegmentError, match="uid 54321"):
+    if squat == "link":
+        (fake_shm / "elsewhere").mkdir(mode=0o700)
+        os.symlink(fake_shm / "elsewhere", planted)
+        os.lchown(planted, OTHER_UID, OTHER_UID)
+    else:
+        planted.mkdir()
+        os.chmod(planted, 0o777 if squat == "dir777" else 0o700)
+        os.chown(planted, OTHER_UID, OTHER_UID)
+    fallback = locks.lock_dir(str(fake_shm))
+    assert fallback == f"{planted}.1"
+    st = os.lstat(fallback)
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700
+    # 2. Every process walks the same names: the next call meets in the same directory,
+    #    even once the squatter's is gone (ours exists, so none is made under the first name).
+    os.unlink(planted) if squat == "link" else os.rmdir(planted)
+    assert locks.lock_dir(str(fake_shm)) == fallback and not planted.exists()
+
+
+@needs_root
+def test_foreign_lock_directories_all_taken_is_one_line_naming_owner_and_fix(tmp_path):
+    from pegaflow import locks
+    fake_shm = tmp_path / "shm"
+    fake_shm.mkdir()
+    for i in range(locks.NUM_LOCK_DIRS):
+        planted = fake_shm / (f"pegaflow-{os.geteuid()}" + (f".{i}" if i else ""))
+        planted.mkdir(mode=0o700)
+        os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(ForeignSegmentError) as info:
         locks.lock_dir(str(fake_shm))
-    os.chown(planted, os.geteuid(), os.getegid())  # ours again: taken as it is
-    assert locks.lock_dir(str(fake_shm)) == str(planted)
+    message = str(info.value)
+    assert "\n" not in message and "owned by uid 54321" in message and "rm -r" in message
+
+
+@needs_root
+def test_foreign_lock_directory_squatted_engine_and_client_still_meet(tmp_path, monkeypatch):
+    # The squatted name under a stand-in /dev/shm: an engine (in a thread of this process)
+    # starts, and a client attaches to it through the fallback directory.
+    import threading
+
+    from engine.config import EngineConfig
+    from engine.server import EngineServer
+    from pegaflow import locks
+    monkeypatch.setattr(locks, "SHM_BASE", str(tmp_path))
+    planted = tmp_path / f"pegaflow-{os.geteuid()}"
+    planted.mkdir(mode=0o755)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    server = EngineServer(EngineConfig(name=unique_engine_name("squat"), backend="host",
+                                       pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
+    server.serve_own_process()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = EngineClient.connect(server.config.name, timeout_s=10.0)
+        assert client.ping() == 0
+        client.close()
+        assert sorted(os.listdir(f"{planted}.1")) == [f"{server.config.name}.claims",
+                                                      f"{server.config.name}.lock"]
+    finally:
+        server.request_stop()
+        thread.join(10)
+    assert not thread.is_alive() and os.listdir(planted) == []
+
+
+@needs_root
+@pytest.mark.parametrize("what", ["doorbell", "cq.0", "cq.3"])
+def test_foreign_semaphore_planted_under_an_engine_name_is_replaced(engine_factory, what):
+    # Another user's semaphore where the engine will create one: removed (one line) and
+    # the engine starts, instead of exiting with a traceback.
+    import posix_ipc
+    name = unique_engine_name("forsem")
+    planted = posix_ipc.Semaphore(shm.ipc_name(name, what), posix_ipc.O_CREX, mode=0o666, initial_value=5)
+    planted.close()
+    os.chown(_dev_shm("sem." + shm.ipc_name(name, what).lstrip("/")), OTHER_UID, OTHER_UID)
+    engine = engine_factory(name)
+    assert engine.connect().ping() == 0
+    log = engine.stderr_text()
+    assert "was there before this engine made it" in log and "Traceback" not in log
+
+
+def test_foreign_semaphore_that_cannot_be_removed_is_one_typed_line(monkeypatch):
+    # As a user who may not remove another's semaphore: a typed error, naming the fix.
+    import posix_ipc
+
+    def refuse(name):
+        raise posix_ipc.PermissionsError("Permission denied")
+    monkeypatch.setattr(posix_ipc, "unlink_semaphore", refuse)
+    with pytest.raises(ForeignSegmentError, match="may not remove it") as info:
+        shm.unlink_semaphore(shm.ipc_name("x", "doorbell"))
+    assert "remove /dev/shm/sem.pegaflow." in str(info.value)

@@ -157,6 +157,7 @@ def start_engine(backend: HostBackend, **fields) -> tuple[EngineServer, threadin
                              "pool_bytes": 8 * MIB, "slab_bytes": MIB, "pin_chunk_bytes": 2 * MIB,
                              "num_slots": 4, "ring_slots": 64, **fields})
     server = EngineServer(config, backend)
+    server.serve_own_process()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return server, thread
@@ -263,14 +264,13 @@ def test_engine_kept_blocks_past_the_first_chunk_are_served_once_pinned(rng):
 
 
 def test_engine_process_answers_before_its_pool_is_pinned_and_stops_mid_pinning(engine_factory):
-    # 1. A 64 MiB pool pinned 4 MiB at a time, at most 4 MiB a second: the rest takes 15 s.
-    engine = engine_factory(extra=("--pin-chunk", "4MiB", "--pin-rate", "4MiB"))
+    # 1. A 64 MiB pool pinned 4 MiB at a time, at most 1 MiB a second: the rest takes a minute.
+    engine = engine_factory(extra=("--pin-chunk", "4MiB", "--pin-rate", "1MiB"))
     # 2. It answers a client (engine_factory waited for a PING) with most of the pool unpinned.
     stats = engine.stats()
     assert 4 * MIB <= stats["pool_bytes_ready"] < stats["pool_bytes_capacity"] == 64 * MIB
     assert stats["pool_pin_ns"] == 0
     assert "in the background" in engine.stderr_text()
-    # 3. SIGTERM while it pins: a clean exit within seconds (the harness checks /dev/shm).
-    started = time.monotonic()
-    assert engine.stop(signal.SIGTERM) == 0
-    assert time.monotonic() - started < 5.0
+    # 3. SIGTERM while it pins: a clean exit (the harness checks /dev/shm), waited for half
+    #    as long as the pinning would take: an exit that waited for it would come too late.
+    assert engine.stop(signal.SIGTERM, timeout_s=30.0) == 0

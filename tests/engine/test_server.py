@@ -29,7 +29,8 @@ from pegaflow.wire import CONTROL_HEADER, RING_HEADER, SLOT, Opcode, SlotState, 
 from tests.conftest import readline_within
 
 NAMESPACE = 0x5E7
-SIGTERM_EXIT_S = 5.0
+SIGTERM_EXIT_S = 60.0  # a wait for the exit, not a bound on it
+WAIT_S = 30.0  # how long a test waits for what should take milliseconds
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count()
 
@@ -62,10 +63,9 @@ def test_server_sigterm_unlinks_every_segment_and_exits_0(engine, kv_client, rng
     assert {f"sem.{prefix}{w}" for w in ("doorbell", "cq.0", "cq.7")} <= set(names)
     from pegaflow.locks import lock_path
     assert os.path.exists(lock_path(engine.name, "claims"))
-    # 2. SIGTERM: it exits 0 by itself, promptly, with a client still attached.
-    start = time.monotonic()
+    # 2. SIGTERM: it exits 0 by itself, with a client still attached (how fast is for
+    #    tools/bench_engine_start.py to say; here it is waited for generously).
     assert engine.stop(signal.SIGTERM, timeout_s=SIGTERM_EXIT_S) == 0
-    assert time.monotonic() - start < SIGTERM_EXIT_S
     # 3. Everything it created is gone; the client's own KV buffer is the client's to unlink.
     assert shm_entries(engine.name) == []
     assert not os.path.exists(lock_path(engine.name, "claims"))
@@ -78,13 +78,13 @@ def test_server_sigint_also_stops_cleanly(engine):
     assert shm_entries(engine.name) == []
 
 
-def wait_until_asleep(engine, timeout_s: float = 5.0) -> None:
+def wait_until_asleep(engine, timeout_s: float = 30.0, poll_s: float = 1e-3) -> None:
     control = shm.attach_segment(shm.ipc_name(engine.name, "control"), readonly=True)
     header = control.array(CONTROL_HEADER, 1)
     deadline = time.monotonic() + timeout_s
     while not header["engine_sleeping"][0]:
         assert time.monotonic() < deadline, "the idle engine never went to sleep"
-        time.sleep(1e-3)
+        time.sleep(poll_s)
     del header
     control.close()
 
@@ -104,10 +104,12 @@ def test_server_idle_spin_flag_keeps_polling_that_long_after_work(engine_factory
     client = engine.connect()
     try:
         client.ping()
-        # 2. A fifth of that later it still polls; it sleeps once the second is over.
-        time.sleep(0.2)
-        assert not is_asleep(engine)
-        wait_until_asleep(engine)
+        answered = time.monotonic()
+        # 2. It sleeps once the second is over, not before: the first moment it is seen
+        #    asleep is at least that long after the answer (a stalled test sees it later:
+        #    never sooner than it fell asleep).
+        wait_until_asleep(engine, poll_s=0.0)
+        assert time.monotonic() - answered >= 0.9
         # 3. Asleep, it still answers: the doorbell wakes it.
         assert client.ping() == 0
     finally:
@@ -149,11 +151,18 @@ def test_server_attached_client_gets_engine_gone_not_a_hang(engine):
     try:
         # 1. The engine stops while a client is attached.
         assert engine.stop() == 0
-        # 2. The client's next command fails fast with EngineGoneError.
-        start = time.monotonic()
-        with pytest.raises(EngineGoneError):
-            client.ping(timeout_s=3.0)
-        assert time.monotonic() - start < 5.0
+        # 2. The client's next command fails with EngineGoneError when it looks, not at its
+        #    deadline (an hour: a wait for it would outlast this generous one).
+        raised = []
+
+        def ping():
+            with pytest.raises(EngineGoneError):
+                client.ping(timeout_s=3600.0)
+            raised.append(True)
+        pinger = threading.Thread(target=ping, daemon=True)
+        pinger.start()
+        pinger.join(WAIT_S)
+        assert raised == [True]
     finally:
         client.close()
 
@@ -421,6 +430,7 @@ def inprocess_engine():
     name = f"t{os.getpid()}_inproc{next(_names)}"
     server = EngineServer(EngineConfig(name=name, backend="host", pool_bytes=4 << 20, slab_bytes=1 << 20,
                                        num_slots=2, ring_slots=16, arena_bytes=4096))
+    server.serve_own_process()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pegaflow.engine_stats import read_stats
 from pegaflow.metrics import EngineCollector
 from tests.conftest import readline_within
 
@@ -181,3 +184,23 @@ def test_metrics_operations_page_lists_every_name_by_the_rule():
     for key, (is_counter, _) in METRICS.items():
         kind = "counter" if is_counter else "gauge"
         assert f"| `{key}` | `{metric_name(key)}` | {kind} |" in page, key
+
+
+def test_metrics_stopped_engine_is_down_past_the_stale_after_given(engine):
+    # 1. SIGSTOPped: once its heartbeat is older than the exporter's --stale-after, it is
+    #    down (pegaflow_up 0, nothing else), though its process is there.
+    engine.wait_stats(lambda s: s["heartbeat_ns"] > 0, 30.0)  # it has beaten once
+    os.kill(engine.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 60.0
+        while read_stats(engine.name)["heartbeat_age_s"] <= 1.0:
+            if time.monotonic() >= deadline:
+                pytest.fail("the stopped engine's heartbeat never aged")
+            time.sleep(0.1)
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine.name, stale_after_s=1.0))
+        samples = _samples(generate_latest(registry).decode())
+        assert samples[("pegaflow_up", (("engine", engine.name),))] == 0.0
+        assert not any(name.startswith("pegaflow_commands") for name, _ in samples)
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)

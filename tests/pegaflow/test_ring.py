@@ -32,6 +32,8 @@ from tests.spawn import start_child, stop_child
 
 MASK16, MASK32, MASK64 = 2**16 - 1, 2**32 - 1, 2**64 - 1
 FLAG_BYTES = 64  # a shared segment starts with the consumer's sleeping flag, then the slots
+WAIT_S = 30.0  # how long a test waits on what should happen in milliseconds
+ROLE_WAIT_S = 20.0  # a traffic role's every wait (a lost wake-up waits for it and fails)
 _names = itertools.count()
 
 
@@ -199,7 +201,7 @@ def test_ring_put_on_full_ring_raises_ring_full_after_deadline():
     start = time.monotonic()
     with pytest.raises(RingFullError):
         producer.put(record_for(4), 0.05)
-    assert 0.05 <= time.monotonic() - start < 1.0
+    assert time.monotonic() - start >= 0.05  # it waited for its deadline (and then gave up)
     # 2. Nothing was overwritten: the four records come out in order, then nothing.
     assert [consumer.try_get()["request_id"] for _ in range(4)] == [0, 1, 2, 3]
     assert consumer.try_get() is None
@@ -213,7 +215,7 @@ def test_ring_get_on_empty_ring_raises_ring_empty_after_deadline(with_semaphore)
         start = time.monotonic()
         with pytest.raises(RingEmptyError):
             consumer.get(0.05)
-        assert 0.05 <= time.monotonic() - start < 1.0
+        assert time.monotonic() - start >= 0.05  # it waited for its deadline (and then gave up)
 
 
 def test_ring_blocked_put_completes_when_consumer_makes_room():
@@ -223,10 +225,9 @@ def test_ring_blocked_put_completes_when_consumer_makes_room():
     # 1. A consumer thread takes one record after 50 ms.
     taker = threading.Timer(0.05, consumer.try_get)
     taker.start()
-    # 2. The producer, blocked on the full ring, gets through well before its deadline.
-    start = time.monotonic()
-    producer.put(record_for(2), 5.0)
-    assert time.monotonic() - start < 2.0
+    # 2. The producer, blocked on the full ring, gets through (a put that found no room
+    #    by its deadline would raise RingFullError).
+    producer.put(record_for(2), WAIT_S)
     taker.join()
 
 
@@ -250,14 +251,16 @@ def test_doorbell_wakes_a_sleeping_consumer_promptly():
     with doorbell_semaphore() as (sem, flag):
         slots = new_slots(4)
         producer, consumer = RingProducer(slots, Doorbell(sem, flag)), RingConsumer(slots, Doorbell(sem, flag))
-        # 1. The consumer waits up to 10 s; the producer publishes after 200 ms.
+        # 1. The consumer waits up to an hour; the producer publishes after 200 ms.
         timer = threading.Timer(0.2, lambda: producer.put(record_for(1), 1.0))
-        start = time.monotonic()
         timer.start()
-        record = consumer.get(10.0)
-        # 2. It wakes on the doorbell, not at its deadline.
-        assert record["request_id"] == 1
-        assert time.monotonic() - start < 2.0
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(consumer.get(3600.0)), daemon=True)
+        waiter.start()
+        # 2. It wakes on the doorbell, not at its deadline (a lost wake-up would keep it
+        #    asleep far past the generous wait here).
+        waiter.join(WAIT_S)
+        assert not waiter.is_alive() and got[0]["request_id"] == 1
         timer.join()
         # 3. And it lowered its sleeping flag once awake.
         assert flag[0] == 0
@@ -387,16 +390,15 @@ def test_arena_alloc_on_full_arena_raises_ring_full_after_deadline():
     start = time.monotonic()
     with pytest.raises(RingFullError):
         pair.payloads.alloc(64, 0.05)
-    assert 0.05 <= time.monotonic() - start < 1.0
+    assert time.monotonic() - start >= 0.05  # it waited for its deadline (and then gave up)
 
 
 def test_arena_payload_larger_than_arena_raises_payload_too_large_at_once():
     pair = ArenaPair(1024, 4)
-    start = time.monotonic()
-    # 1. 1025 bytes can never fit a 1024-byte arena: no waiting for a deadline.
+    # 1. 1025 bytes can never fit a 1024-byte arena: refused at once, not at the deadline
+    #    (an hour: a wait for it would never end within the test).
     with pytest.raises(PayloadTooLargeError):
-        pair.payloads.alloc(1025, 5.0)
-    assert time.monotonic() - start < 1.0
+        pair.payloads.alloc(1025, 3600.0)
     # 2. Exactly the arena's size is fine.
     assert pair.try_send(1024) == 0
 
@@ -438,12 +440,12 @@ def produce(producer: RingProducer, payloads: PayloadArena, t: Traffic) -> int:
     for k in range(t.count):
         num_bytes, offset = payload_bytes_of(k, t.max_payload), 0
         if num_bytes:
-            offset = payloads.alloc(num_bytes, 5.0)
+            offset = payloads.alloc(num_bytes, ROLE_WAIT_S)
             payloads.write(offset, [pattern(k, num_bytes)])
         rec = list(record_for(k, time.monotonic_ns()))
         rec[9], rec[10] = offset, num_bytes  # payload_offset, payload_bytes
         position = producer.position
-        producer.put(tuple(rec), 5.0)
+        producer.put(tuple(rec), ROLE_WAIT_S)
         payloads.mark_sent(position)
         if t.pause_every and k % t.pause_every == t.pause_every - 1:
             time.sleep(t.pause_s)
@@ -451,20 +453,21 @@ def produce(producer: RingProducer, payloads: PayloadArena, t: Traffic) -> int:
 
 
 def peek(consumer: RingConsumer, timeout_s: float):
-    """The next record without handing its slot back, waiting up to ``timeout_s``."""
+    """The next record without handing its slot back, waiting up to ``timeout_s``; a wait
+    that ends at its deadline (a wake-up lost: the record was there, no doorbell said so)
+    raises as nothing arriving does."""
     deadline = time.monotonic() + timeout_s
     while (record := consumer.try_peek()) is None:
-        if not consumer.wait(deadline):
-            raise RingEmptyError(f"nothing arrived within {timeout_s}s")
+        if not consumer.wait(deadline) or time.monotonic() >= deadline:
+            raise RingEmptyError(f"nothing arrived, or no wake-up said so, within {timeout_s}s")
     return record
 
 
 def consume(consumer: RingConsumer, arena: np.ndarray, t: Traffic) -> dict:
     """Peek each record, check it and its payload, then release it (as the engine does)."""
-    bad, max_latency_ns = [], 0
+    bad = []
     for k in range(t.count):
-        record = peek(consumer, 5.0)
-        max_latency_ns = max(max_latency_ns, time.monotonic_ns() - record["arg"])
+        record = peek(consumer, ROLE_WAIT_S)
         offset, num_bytes = record["payload_offset"], record["payload_bytes"]
         is_payload_ok = (num_bytes == payload_bytes_of(k, t.max_payload) and
                          (arena[offset:offset + num_bytes] == pattern(k, num_bytes)).all())
@@ -473,7 +476,7 @@ def consume(consumer: RingConsumer, arena: np.ndarray, t: Traffic) -> dict:
             bad.append((k, tuple(record)))
         if t.pause_every and k % t.pause_every == t.pause_every - 1:
             time.sleep(t.pause_s)
-    return {"num_bad": len(bad), "bad": bad[:5], "max_latency_s": max_latency_ns / 1e9}
+    return {"num_bad": len(bad), "bad": bad[:5]}
 
 
 def segment_bytes(t: Traffic) -> int:
@@ -544,14 +547,13 @@ def traffic(draw) -> tuple[Traffic, Traffic]:
 
 
 def check_consumed(result: dict) -> None:
-    # Every record arrived once, in order, intact with its payload, and none waited for a
-    # lost wake-up (a lost one waits for the 5 s deadline).
+    # Every record arrived once, in order, intact with its payload (and none waited for a
+    # lost wake-up: ``peek`` raises at the deadline such a one waits for).
     assert result["num_bad"] == 0, result["bad"]
-    assert result["max_latency_s"] < 2.0, result
 
 
 # No shrinking for the cross-thread and cross-process runs: a failing example can wait out a
-# 5 s deadline, and shrinking would replay that for minutes; the first failure is reported.
+# 20 s deadline, and shrinking would replay that for minutes; the first failure is reported.
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 

@@ -12,6 +12,7 @@ from engine.copy import cuda, cuda_clients, cuda_device
 from engine.copy.base import CopyOp, Direction, LayerPlacement
 from engine.copy.checks import Region
 from pegaflow.errors import CommandError, CudaError
+from pegaflow.wire import Status
 
 BASE, MIB = 0x7F0000000000, 1 << 20
 
@@ -128,16 +129,18 @@ def test_cuda_backend_copies_only_into_the_part_it_was_told_is_pinned(monkeypatc
     monkeypatch.setattr(cuda.driver, "use_device", fake.use_device)
     backend = _backend(fake, 8 * MIB)
     backend._pinned.pin(0, 4 * MIB)
-    # 1. Before extend_pool: no pool page is open to copies.
-    with pytest.raises(CommandError):
+    # 1. Before extend_pool: no pool page is open to copies (the entry is past the open part).
+    with pytest.raises(CommandError, match="leave the pool") as info:
         backend._validate(_load(0))
+    assert info.value.status == Status.BLOCK_OUT_OF_RANGE
     # 2. The first chunk opened: pages in it pass, pages of the second (pinned or not) do not.
     backend.extend_pool(4 * MIB)
     assert backend._devices[0].pool_base == BASE
     backend._validate(_load(4 * MIB - 4096))
     backend._pinned.pin(4 * MIB, 4 * MIB)
-    with pytest.raises(CommandError, match="leave the pool"):
+    with pytest.raises(CommandError, match="leave the pool") as info:
         backend._validate(_load(4 * MIB))
+    assert info.value.status == Status.BLOCK_OUT_OF_RANGE
     backend.extend_pool(8 * MIB)
     backend._validate(_load(8 * MIB - 4096))
     backend._pinned.close()

@@ -4,7 +4,7 @@ the driver calls faked)."""
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +15,23 @@ from engine.copy import probe
 def _choose(dev, inflight):
     probe.choose_path(dev, 65536, 1 << 30, inflight, copy=None, stage=None, unstage=None, probes=[])
 
+
+
+def _returns(call) -> None:
+    """``call()`` returns, waited for generously (a wait without a bound never does)."""
+    raised = []
+
+    def run():
+        try:
+            call()
+        except BaseException as exc:  # (pytest.fail's too) re-raised in the test's thread
+            raised.append(exc)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30.0)
+    assert not thread.is_alive(), "it never returned"
+    if raised:
+        raise raised[0]
 
 def test_probe_auto_measurement_does_not_wait_forever_for_copies(monkeypatch, caplog):
     # 1. A new page size is registered while a copy that never ends is in flight: the
@@ -27,9 +44,7 @@ def test_probe_auto_measurement_does_not_wait_forever_for_copies(monkeypatch, ca
     monkeypatch.setattr(probe, "PROBE_DRAIN_S", 0.05)
     monkeypatch.setattr(probe, "measure_paths", lambda *a: pytest.fail("measured with a copy in flight"))
     caplog.set_level(logging.WARNING, logger="engine.copy.probe")
-    started = time.monotonic()
-    _choose(dev, inflight)
-    assert time.monotonic() - started < 1.0
+    _returns(lambda: _choose(dev, inflight))
     assert dev.paths == {} and "take the copy engine" in caplog.text
     # 2. While copies are still in flight, later registrations of that size do not wait again.
     monkeypatch.setattr(probe.driver, "event_done", lambda event: pytest.fail("drained again"))

@@ -3,9 +3,12 @@ exactly; a damaged or misplaced file is told apart from a good one."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
+import resource
+import signal
 import tempfile
 from pathlib import Path
 
@@ -125,14 +128,41 @@ def test_write_block_on_tmpfs_round_trips():
         assert np.array_equal(dst, src)
 
 
-def test_write_block_parent_is_a_file_raises_and_leaves_no_tmp(tmp_path):
+def test_write_block_parent_is_a_file_raises_and_makes_no_file(tmp_path):
     key = _key(1)
     path = block_path(tmp_path, key)
     path.parent.parent.mkdir(parents=True)
     path.parent.write_bytes(b"not a directory")
     with pytest.raises(OSError):
         blockfile.write_block(path, key, memoryview(_data(5000)))
-    assert not path.exists()
+    assert os.listdir(path.parent.parent) == [path.parent.name]  # the file in the way, alone
+
+
+@contextlib.contextmanager
+def _file_size_limit(num_bytes: int):
+    """Writes past ``num_bytes`` of a file fail (EFBIG) in this process meanwhile."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death
+    resource.setrlimit(resource.RLIMIT_FSIZE, (num_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+@pytest.mark.parametrize("limit", [0, HEADER_BYTES + 4096])
+def test_write_block_failing_midway_removes_its_tmp_file(tmp_path, limit):
+    # 1. The tmp file is made, then a write into it fails (the file-size limit: EFBIG),
+    #    before or after some of it is written.
+    key = _key(1)
+    path = block_path(tmp_path, key)
+    path.parent.mkdir(parents=True)
+    with _file_size_limit(limit), pytest.raises(OSError) as info:
+        blockfile.write_block(path, key, memoryview(_data(64 << 10)))
+    assert info.value.errno in (errno.EFBIG, errno.EIO)
+    # 2. Neither the block nor its tmp file is left: the directory is empty.
+    assert os.listdir(path.parent) == []
 
 
 def test_read_block_flipped_data_byte_reports_checksum_mismatch(tmp_path):

@@ -32,7 +32,16 @@ def engine(vllm_engine):
     return vllm_engine
 
 
-def _leases_drain_to_zero(engine_name: str, timeout_s: float = 5.0) -> bool:
+def _wait_lease_expired(engine_name: str, timeout_s: float = 30.0) -> None:
+    """Until the engine has let a lease expire (its ttl past, at a housekeeping pass)."""
+    deadline = time.monotonic() + timeout_s
+    while not read_stats(engine_name)["lease_expiries"]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"engine {engine_name}: no lease expired within {timeout_s}s")
+        time.sleep(0.05)
+
+
+def _leases_drain_to_zero(engine_name: str, timeout_s: float = 30.0) -> bool:
     """Releases are fire-and-forget: give the engine a moment to apply the last ones."""
     deadline = time.monotonic() + timeout_s
     while read_stats(engine_name)["leases_active"]:
@@ -313,7 +322,7 @@ def test_connector_failed_load_never_poisons_the_pool():
             second.add(request)
             connector = second.scheduler.connector
             _wait_matched(connector, request)
-            time.sleep(2.5)
+            _wait_lease_expired(tiny.name)
             filler_client = EngineClient.connect(tiny.name)
             filler = HostKVBuffer(NUM_LAYERS * 64 * PAGE_ELEMS * 2, "filler")
             page = PAGE_ELEMS * 2
@@ -392,7 +401,11 @@ def test_connector_reconnects_when_the_engine_comes_back():
         # 2. A new engine of that name starts; after the retry interval the same vLLM
         #    uses it again: it saves, and a second request with the prefix hits.
         with EngineProcess(name) as second_engine:
-            time.sleep(0.3)
+            links = [vllm.scheduler.connector._scheduler.link] + [w._worker.link for w in vllm.workers]
+            deadline = time.monotonic() + 30.0
+            while not all(link.client() is not None for link in links):  # each tries every 0.2 s
+                assert time.monotonic() < deadline, "the vLLM never reconnected"
+                time.sleep(0.05)
             vllm.add(make_request("warm-again", PROMPT))
             vllm.run_until_done()
             assert read_stats(second_engine.name)["blocks_saved"] == 5

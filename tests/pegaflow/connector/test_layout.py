@@ -317,27 +317,24 @@ def test_derive_sublayers_malformed_description_raises_layout_error_naming_tenso
         derive_sublayers(TensorInfo("bad_tensor", 4096, shape, strides, element_size), NUM_BLOCKS)
 
 
-def _assert_refused_or_exact(tensors, num_blocks, block_dim):
-    try:
-        assert_pages_hold_exactly_each_block(tensors, num_blocks, block_dim)
-    except LayoutError:
-        pass  # refusing an ambiguous tensor is fine; wrong pages are not
-
-
-def test_derive_sublayers_num_heads_equal_num_blocks_never_returns_wrong_pages():
+def test_derive_sublayers_num_heads_equal_num_blocks_derives_exact_pages():
     # 1. LHBNC with as many heads as blocks: two dimensions of num_blocks entries, and the
     #    head dimension has the larger stride.
     num_heads = NUM_BLOCKS
     tensors = hand_built_layers(LAYOUTS["LHBNC"], num_heads, 8, torch.int16)
-    # 2. Either refused, or every page still holds exactly its block (not one head of all blocks).
-    _assert_refused_or_exact(tensors, NUM_BLOCKS, block_dim=0)
+    # 2. The block dimension is told apart (it is the one vLLM's layout puts blocks in): every
+    #    page holds exactly its block, not one head of all blocks.  A refusal fails too.
+    assert_pages_hold_exactly_each_block(tensors, NUM_BLOCKS, block_dim=0)
 
 
-def test_derive_sublayers_kv_split_with_two_blocks_never_returns_wrong_pages():
-    # 1. [2, num_blocks, ...] with num_blocks == 2: the K/V plane dimension also has 2 entries.
-    tensors = {"kv": torch.zeros((2, 2, BLOCK_SIZE, 2, 8), dtype=torch.int16)}
-    # 2. Either refused, or block b's pages hold exactly block b (not all of K or all of V).
-    _assert_refused_or_exact(tensors, 2, block_dim=1)
+def test_derive_sublayers_kv_split_with_two_blocks_is_refused_as_ambiguous():
+    # 1. [2, num_blocks, ...] with num_blocks == 2: the K/V plane dimension also has 2 entries,
+    #    and nothing in the shape or strides tells which of the two holds the blocks.
+    tensor = torch.zeros((2, 2, BLOCK_SIZE, 2, 8), dtype=torch.int16)
+    # 2. Refused, naming why (never pages of all of K or all of V as if they were a block).
+    with pytest.raises(LayoutError, match="several dimensions have 2 entries; cannot tell which one "
+                                          "is the block dimension"):
+        derive_sublayers(info_of("kv", tensor), 2)
 
 
 # -- aliases and spans -----------------------------------------------------------------------
