@@ -34,7 +34,8 @@ system-libs:
 	  echo "apt-get failed: install$$missing for the remote tier"; fi
 	@if command -v promtool >/dev/null 2>&1 || [ -x $(VENV)/bin/promtool ]; then echo "promtool: there"; \
 	elif ! command -v apt-get >/dev/null 2>&1; then echo "not a Debian host: no promtool (its test skips)"; \
-	else tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -qq prometheus >/dev/null 2>&1) && \
+	else tmp=$$(mktemp -d) && (cd $$tmp && { apt-get download -qq prometheus >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get download -qq prometheus >/dev/null 2>&1; }; }) && \
 	  dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/x && mkdir -p $(VENV)/bin && \
 	  cp $$tmp/x/usr/bin/promtool $(VENV)/bin/promtool && echo "promtool: in $(VENV)/bin" || \
 	  echo "promtool: apt-get download prometheus failed (apt-get update first?); its test skips"; \
