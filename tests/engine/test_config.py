@@ -140,7 +140,7 @@ def test_engine_config_boundary_values_accepted(fields):
     assert {field: getattr(config, field) for field in fields} == fields
 
 
-DURATION_FLAGS = ("lease-ttl", "idle-spin-ms", "remote-timeout-ms")
+DURATION_FLAGS = ("lease-ttl", "idle-spin-ms", "remote-timeout-ms", "lookup-wait-ms", "remote-start-timeout")
 
 
 @pytest.mark.parametrize("flag", DURATION_FLAGS)
