@@ -1,4 +1,5 @@
-"""``python -m engine`` / ``make run-engine``: configure logging, start, stop on a signal."""
+"""``pegaflow-engine`` (``python -m engine`` in a checkout, ``make run-engine``): configure logging,
+start, stop on a signal."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from engine.config import build_parser, config_from_args, warn_unknown_env  # noqa: E402
-from engine.server import EngineServer  # noqa: E402
 from pegaflow.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 from pegaflow.shm import check_engine_name  # noqa: E402
+
+from .config import build_parser, config_from_args, warn_unknown_env  # noqa: E402
+from .server import EngineServer  # noqa: E402
 
 logger = logging.getLogger("engine")
 
@@ -26,7 +28,7 @@ TIMER_SLACK_NS = 1000
 
 def clean_command(name: str) -> int:
     """``--clean NAME``: 0 when nothing of a dead engine is left, 1 when refused (it runs)."""
-    from engine.cleanup import clean, describe
+    from .cleanup import clean, describe
     check_engine_name(name)  # a bad name is a ConfigError: exit 2, as for any bad flag
     try:
         cleaned = clean(name)

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import posix_ipc
 
-from engine.config import MAX_SLOTS
-from engine.segments import KEPT, _claim_name, _lock_path
 from pegaflow import shm
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
 from pegaflow.locks import lock_path
 from pegaflow.wire import CONTROL_HEADER, MAGIC
+
+from .config import MAX_SLOTS
+from .segments import KEPT, _claim_name, _lock_path
 
 # Every name an engine creates: its segments and its semaphores (with at most MAX_SLOTS clients).
 SEGMENTS = ("control", "stats", *KEPT, *(f"ring.{i}" for i in range(MAX_SLOTS)))

@@ -15,13 +15,14 @@ import time
 
 import numpy as np
 
-from engine.claims import claim_problem, state_name
-from engine.clients import ClientState
 from pegaflow import shm
 from pegaflow.ring import RingConsumer, RingProducer
 from pegaflow.shm import is_pid_alive
 from pegaflow.waits import Doorbell
 from pegaflow.wire import SlotState
+
+from .claims import claim_problem, state_name
+from .clients import ClientState
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.copy.base import LayerPlacement
 from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
+
+from .copy.base import LayerPlacement
 
 _client_ids = itertools.count(1)
 

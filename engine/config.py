@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.copy.base import DEVICE_STAGING_BYTES
-from engine.copy.base import PATHS as COPY_PATHS
 from pegaflow.cli import ArgumentParser
 from pegaflow.errors import ConfigError
 from pegaflow.shm import check_engine_name
 from pegaflow.values import as_bool, as_float, format_size, parse_size, version_line
+
+from .copy.base import DEVICE_STAGING_BYTES
+from .copy.base import PATHS as COPY_PATHS
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +292,7 @@ OPTIONS: tuple[Option, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m engine",
+        prog="pegaflow-engine",
         description="pegaflow engine: keeps vLLM KV blocks in pinned host memory shared by "
                     "every vLLM on this host.  Each flag can also be set by its PEGAFLOW_* "
                     "environment variable; a flag beats its variable.")

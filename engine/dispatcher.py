@@ -34,18 +34,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.claims import attach_problem
-from engine.clients import ClientState
-from engine.copy.base import CopyBackend, CopyDone
-from engine.index import BlockIndex
-from engine.pending import ANSWERED_LATER, command_keys
-from engine.registration import register_events, register_region
-from engine.stats import StatsWriter
-from engine.transfers import Transfers
-from engine.votes import VoterTable
-from engine.waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
 from pegaflow.errors import CommandError
 from pegaflow.wire import HASH, KV_ROLE_SHIFT, WIRE_VERSION, ClientRole, CommandFlag, KvRole, Opcode, Status
+
+from .claims import attach_problem
+from .clients import ClientState
+from .copy.base import CopyBackend, CopyDone
+from .index import BlockIndex
+from .pending import ANSWERED_LATER, command_keys
+from .registration import register_events, register_region
+from .stats import StatsWriter
+from .transfers import Transfers
+from .votes import VoterTable
+from .waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
 
 logger = logging.getLogger(__name__)
 

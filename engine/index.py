@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine import kept_entries
-from engine.entries import ORPHAN, Entry, Key, Lease, is_unused
-from engine.eviction import LruPolicy
-from engine.pool import PagePool
-from engine.pool_table import NoTable, PoolTable
+from . import kept_entries
+from .entries import ORPHAN, Entry, Key, Lease, is_unused
+from .eviction import LruPolicy
+from .pool import PagePool
+from .pool_table import NoTable, PoolTable
 
 
 @dataclass(slots=True)

@@ -12,10 +12,10 @@ import time
 from collections import deque
 from typing import Protocol
 
-from engine.entries import ORPHAN, Entry, Key
-from engine.eviction import LruPolicy
-from engine.pool import PagePool
-from engine.pool_table import PoolTable
+from .entries import ORPHAN, Entry, Key
+from .eviction import LruPolicy
+from .pool import PagePool
+from .pool_table import PoolTable
 
 
 class KeptIndex(Protocol):

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.clients import ClientState
-from engine.entries import Key
 from pegaflow.errors import CommandError
 from pegaflow.wire import Opcode, Status, hash_keys
+
+from .clients import ClientState
+from .entries import Key
 
 ANSWERED_LATER = object()  # a handler's status when the answer goes out later (its copies end)
 

@@ -27,11 +27,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from engine import fault_in
-from engine.copy.base import CopyBackend
 from pegaflow import shm
 from pegaflow.errors import PegaflowError
 from pegaflow.values import format_size
+
+from . import fault_in
+from .copy.base import CopyBackend
 
 logger = logging.getLogger(__name__)
 

@@ -16,12 +16,13 @@ import logging
 
 import numpy as np
 
-from engine.clients import ClientState
-from engine.copy.base import CopyBackend, LayerPlacement
-from engine.pool import PagePool
 from pegaflow import shm
 from pegaflow.errors import CommandError, ConfigError, PegaflowError
 from pegaflow.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
+
+from .clients import ClientState
+from .copy.base import CopyBackend, LayerPlacement
+from .pool import PagePool
 
 logger = logging.getLogger(__name__)
 

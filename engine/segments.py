@@ -16,15 +16,16 @@ import time
 import numpy as np
 import posix_ipc
 
-from engine.config import MAX_SLOTS, EngineConfig
-from engine.pool_table import PoolTable, table_bytes
-from engine.room import check_room
 from pegaflow import shm
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
 from pegaflow.locks import ControlLock, lock_path, open_lock_file
 from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.shm import is_pid_alive
 from pegaflow.wire import CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS, WIRE_VERSION, SlotState
+
+from .config import MAX_SLOTS, EngineConfig
+from .pool_table import PoolTable, table_bytes
+from .room import check_room
 
 logger = logging.getLogger(__name__)
 

@@ -26,25 +26,26 @@ import time
 
 import numpy as np
 
-from engine.client_table import ClientTable
-from engine.clients import ClientState
-from engine.config import EngineConfig
-from engine.copy import make_backend
-from engine.copy.base import CopyBackend
-from engine.disk.open import open_disk_tier
-from engine.dispatcher import NO_PAYLOAD, Dispatcher
-from engine.fault_in import default_threads
-from engine.index import BlockIndex
-from engine.pinning import PinProgress, PoolPinner
-from engine.pool import PagePool
-from engine.pool_table import NoTable, PoolTable
-from engine.remote.open import open_remote_tier
-from engine.segments import EngineSegments
-from engine.stats import StatsWriter
 from pegaflow.errors import PegaflowError
 from pegaflow.values import format_size
 from pegaflow.waits import Doorbell, sleep_until
 from pegaflow.wire import CLIENT_STATS, STATS, Opcode, Status
+
+from .client_table import ClientTable
+from .clients import ClientState
+from .config import EngineConfig
+from .copy import make_backend
+from .copy.base import CopyBackend
+from .disk.open import open_disk_tier
+from .dispatcher import NO_PAYLOAD, Dispatcher
+from .fault_in import default_threads
+from .index import BlockIndex
+from .pinning import PinProgress, PoolPinner
+from .pool import PagePool
+from .pool_table import NoTable, PoolTable
+from .remote.open import open_remote_tier
+from .segments import EngineSegments
+from .stats import StatsWriter
 
 logger = logging.getLogger(__name__)
 

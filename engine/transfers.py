@@ -19,17 +19,18 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from engine import votes
-from engine.clients import ClientState
-from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
-from engine.entries import Key
-from engine.index import BlockIndex
-from engine.parked_loads import ParkedLoads
-from engine.pending import ANSWERED_LATER, PendingCopy, chunk_bounds, command_keys
-from engine.stats import StatsWriter
-from engine.votes import Vote
 from pegaflow.errors import CommandError, PegaflowError
 from pegaflow.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opcode, Status
+
+from . import votes
+from .clients import ClientState
+from .copy.base import CopyBackend, CopyDone, CopyOp, Direction
+from .entries import Key
+from .index import BlockIndex
+from .parked_loads import ParkedLoads
+from .pending import ANSWERED_LATER, PendingCopy, chunk_bounds, command_keys
+from .stats import StatsWriter
+from .votes import Vote
 
 logger = logging.getLogger(__name__)
 

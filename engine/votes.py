@@ -20,9 +20,10 @@ from enum import Enum
 
 import numpy as np
 
-from engine.entries import Entry
 from pegaflow.errors import CommandError
 from pegaflow.wire import TAG, CommandFlag, Status
+
+from .entries import Entry
 
 MAX_VOTERS = 64
 

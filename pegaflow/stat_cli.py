@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except EngineNotRunningError:
         kept = kept_pool_blocks(args.name)
         print(f"pegaflow-stat: no engine named {args.name!r} is running on this host "
-              f"(start one with `make run-engine` or `python -m engine --name {args.name}`)"
+              f"(start one with `pegaflow-engine --name {args.name}`)"
               + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
                  f"engine started with --keep-pool and the same pool geometry takes in"),
               file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.copy.base import DEVICE_STAGING_BYTES, CopyBackend
+from .base import DEVICE_STAGING_BYTES, CopyBackend
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def make_backend(kind: str, copy_backend: str = "auto",
     if kind == "auto":
         kind = "cuda" if detect_cuda() else "host"
     if kind == "cuda":
-        from engine.copy.cuda import CudaBackend
+        from .cuda import CudaBackend
         return CudaBackend(copy_backend=copy_backend, device_staging_bytes=device_staging_bytes)
-    from engine.copy.host import HostBackend
+    from .host import HostBackend
     return HostBackend()

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.copy.base import CopyOp
 from pegaflow.errors import CommandError
 from pegaflow.wire import Status
+
+from .base import CopyOp
 
 
 @dataclass(slots=True)

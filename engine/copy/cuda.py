@@ -45,8 +45,11 @@ from functools import partial
 
 import numpy as np
 
-from engine.copy import staged
-from engine.copy.base import (
+from pegaflow.cuda import driver
+from pegaflow.errors import ConfigError, CudaError
+
+from . import staged
+from .base import (
     AUTO,
     COPY_ENGINE,
     DEVICE_STAGING_BYTES,
@@ -57,15 +60,13 @@ from engine.copy.base import (
     CopyDone,
     CopyOp,
 )
-from engine.copy.checks import Region, check_op
-from engine.copy.cuda_clients import ClientMappings, check_region
-from engine.copy.cuda_device import Device, PinnedPool
-from engine.copy.cuda_layers import Inflight, copy_layer, issue_layers, stage_ids
-from engine.copy.kernels import StagingRing
-from engine.copy.paths import op_path
-from engine.copy.probe import choose_path
-from pegaflow.cuda import driver
-from pegaflow.errors import ConfigError, CudaError
+from .checks import Region, check_op
+from .cuda_clients import ClientMappings, check_region
+from .cuda_device import Device, PinnedPool
+from .cuda_layers import Inflight, copy_layer, issue_layers, stage_ids
+from .kernels import StagingRing
+from .paths import op_path
+from .probe import choose_path
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.copy.checks import Region
-from engine.copy.cuda_device import MAPPINGS
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
 from pegaflow.wire import RegionKind
+
+from .checks import Region
+from .cuda_device import MAPPINGS
 
 
 def check_region(region: np.void) -> None:

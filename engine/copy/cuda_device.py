@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 
-from engine.copy.base import COPY_ENGINE, KERNEL, Direction
-from engine.copy.kernels import CopyKernel
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
+
+from .base import COPY_ENGINE, KERNEL, Direction
+from .kernels import CopyKernel
 
 logger = logging.getLogger(__name__)
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.copy.base import COPY_ENGINE, KERNEL, CopyOp, Direction
-from engine.copy.checks import Region
-from engine.copy.kernels import StagingRing
 from pegaflow.cuda import driver
+
+from .base import COPY_ENGINE, KERNEL, CopyOp, Direction
+from .checks import Region
+from .kernels import StagingRing
 
 
 @dataclass(slots=True)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.copy.base import CopyBackend, CopyDone, CopyOp, Direction
 from pegaflow import shm
 from pegaflow.errors import ShmError
 from pegaflow.wire import RegionKind
+
+from .base import CopyBackend, CopyDone, CopyOp, Direction
 
 
 class HostBackend(CopyBackend):

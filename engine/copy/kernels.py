@@ -27,9 +27,10 @@ import logging
 
 import numpy as np
 
-from engine.copy.kernel_cache import load_kernel
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
+
+from .kernel_cache import load_kernel
 
 logger = logging.getLogger(__name__)
 

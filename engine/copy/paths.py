@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.copy import staged
-from engine.copy.base import AUTO, COPY_ENGINE, KERNEL, STAGED, CopyOp, Direction
-from engine.copy.checks import Region
-from engine.copy.kernels import is_aligned
+from . import staged
+from .base import AUTO, COPY_ENGINE, KERNEL, STAGED, CopyOp, Direction
+from .checks import Region
+from .kernels import is_aligned
 
 # The copy engine wins where it reaches this share of the kernel's measured rate: loads
 # wait on the critical path (the faster one, nearly); saves overlap vLLM's compute, whose

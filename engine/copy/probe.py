@@ -14,10 +14,11 @@ import time
 
 import numpy as np
 
-from engine.copy.base import COPY_ENGINE, KERNEL, CopyOp, Direction
-from engine.copy.paths import path_from_rates
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
+
+from .base import COPY_ENGINE, KERNEL, CopyOp, Direction
+from .paths import path_from_rates
 
 logger = logging.getLogger(__name__)
 

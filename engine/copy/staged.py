@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.copy.base import CopyOp, Direction
-from engine.copy.checks import Region
-from engine.copy.cuda_device import release_all
 from pegaflow.cuda import driver
 from pegaflow.errors import CudaError
+
+from .base import CopyOp, Direction
+from .checks import Region
+from .cuda_device import release_all
 
 SLOTS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
 # ``auto`` stages pages up to this size: staged is ahead of (or level with) the copy engine

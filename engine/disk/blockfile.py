@@ -26,10 +26,11 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
-from engine.disk.ownership import DIR_MODE, FILE_MODE, is_own_file
-from engine.entries import Key
 from pegaflow.errors import WireVersionError
 from pegaflow.wire import HASH_BYTES
+
+from ..entries import Key
+from .ownership import DIR_MODE, FILE_MODE, is_own_file
 
 MAGIC = int.from_bytes(b"PFBLOCK1", "little")
 BLOCK_VERSION = 1

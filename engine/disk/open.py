@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.disk.ownership import DIR_MODE, check_disk_path, secure_tree
 from pegaflow.errors import ConfigError
 from pegaflow.values import format_size
+
+from .ownership import DIR_MODE, check_disk_path, secure_tree
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +78,9 @@ def lock_path(path: Path) -> int:
 def open_disk_tier(config, index, pool_segment, stats, wake: Callable[[], None]):
     if not config.disk_paths:
         return None
-    from engine.disk.blockfile import BLOCKS_DIR  # only with a disk tier (they need xxhash)
-    from engine.disk.store import DiskStore
-    from engine.disk.tier import DiskTier
+    from .blockfile import BLOCKS_DIR  # only with a disk tier (they need xxhash)
+    from .store import DiskStore
+    from .tier import DiskTier
     paths = [Path(p) for p in config.disk_paths]
     for path in paths:
         make_path(path)

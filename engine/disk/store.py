@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.disk import blockfile
-from engine.disk.blockfile import BLOCKS_DIR, HEADER_BYTES
-from engine.disk.workers import DiskDone, DiskJob, IoWorkers
-from engine.entries import Key
 from pegaflow.errors import ConfigError
+
+from ..entries import Key
+from . import blockfile
+from .blockfile import BLOCKS_DIR, HEADER_BYTES
+from .workers import DiskDone, DiskJob, IoWorkers
 
 logger = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ import time
 
 import numpy as np
 
-from engine.disk.store import DiskStore
-from engine.entries import ORPHAN, Entry, Key
-from engine.index import BlockIndex
-from engine.stats import StatsWriter
+from ..entries import ORPHAN, Entry, Key
+from ..index import BlockIndex
+from ..stats import StatsWriter
+from .store import DiskStore
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.disk import blockfile
-from engine.entries import Key
-from engine.threads import join_within
+from ..entries import Key
+from ..threads import join_within
+from . import blockfile
 
 logger = logging.getLogger(__name__)
 

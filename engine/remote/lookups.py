@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.entries import ORPHAN, Entry, Key
-from engine.index import BlockIndex
-from engine.remote.workers import MAX_QUERY_BLOCKS, FetchStatus, Kind, RemoteDone, RemoteJob, RemoteWorkers
-from engine.stats import StatsWriter
+from ..entries import ORPHAN, Entry, Key
+from ..index import BlockIndex
+from ..stats import StatsWriter
+from .workers import MAX_QUERY_BLOCKS, FetchStatus, Kind, RemoteDone, RemoteJob, RemoteWorkers
 
 logger = logging.getLogger(__name__)
 

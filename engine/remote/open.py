@@ -17,9 +17,9 @@ def open_remote_tier(config, index, pool_segment, stats, wake: Callable[[], None
     """``store``: a stand-in for the Mooncake client (tests); else one set up from ``config``."""
     if config.remote == "off" and store is None:
         return None
-    from engine.remote.store import MooncakeStore
-    from engine.remote.tier import RemoteTier
-    from engine.remote.workers import RemoteWorkers
+    from .store import MooncakeStore
+    from .tier import RemoteTier
+    from .workers import RemoteWorkers
     store = store if store is not None else MooncakeStore(config)
     pool = pool_segment.array(np.uint8, pool_segment.size)
     store.register(pool.ctypes.data, pool.nbytes)  # once: puts and fetches use the pool's pages in place

@@ -25,8 +25,9 @@ import socket
 import sys
 import tempfile
 
-from engine.remote.probe import check_master, last_line, probe_setup
 from pegaflow.errors import RemoteTierError
+
+from .probe import check_master, last_line, probe_setup
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ import collections
 import itertools
 import logging
 
-from engine.entries import Entry, Key
-from engine.index import BlockIndex
-from engine.remote.lookups import RemoteLookups
-from engine.remote.workers import Kind, RemoteJob, RemoteWorkers
-from engine.stats import StatsWriter
+from ..entries import Entry, Key
+from ..index import BlockIndex
+from ..stats import StatsWriter
+from .lookups import RemoteLookups
+from .workers import Kind, RemoteJob, RemoteWorkers
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.entries import Key
-from engine.remote import header
-from engine.remote.store import NOT_FOUND
-from engine.threads import join_within
+from ..entries import Key
+from ..threads import join_within
+from . import header
+from .store import NOT_FOUND
 
 logger = logging.getLogger(__name__)
 
