@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -30,6 +31,16 @@ PROMPT = list(range(100, 100 + 5 * BLOCK + 7))  # 5 full blocks and 7 tokens
 @pytest.fixture
 def engine(vllm_engine):
     return vllm_engine
+
+
+@pytest.fixture
+def held_loads_engine(tmp_path):
+    """(engine, hold file): an engine whose LOAD copies run only while the file is absent."""
+    hold = tmp_path / "hold"
+    engine = EngineProcess(f"conn{os.getpid()}_h{os.urandom(3).hex()}", "--lease-ttl", "30",
+                           prefix=(sys.executable, "-m", "tests.pegaflow.connector.held_copies", "--loads", str(hold)))
+    yield engine, hold
+    engine.stop()
 
 
 def _wait_lease_expired(engine_name: str, timeout_s: float = 30.0) -> None:
@@ -429,16 +440,22 @@ def test_connector_many_requests_in_one_step_hits_misses_and_a_hit_that_waits_fo
     #    usable blocks: d, a and b (6 blocks each) fit in the first step, e and c must wait
     #    for blocks, c's lookup answered (and its lease held) all the while.
     second = VllmInstance(engine.name, num_blocks=24)
+    checked = []
     try:
         second.poison()
         for name in ("d", "a", "b", "e", "c"):
             second.add(make_request(name, (cached | misses)[name]))
+        # Every lookup is answered before the first step: one answered only after vLLM
+        # asked (a busy engine) would leave its request for a later step.
+        for name in ("d", "a", "b", "e", "c"):
+            _wait_matched(second.scheduler.connector, second.requests[name])
         records = []
         while second.scheduler.requests:
             assert len(records) < 200, list(second.scheduler.requests)
             records.append(second.step())
-            for load in records[-1].loads:  # before a later step may reuse the blocks
+            for load in records[-1].landed:  # before a later step may reuse the blocks
                 _assert_loaded_bytes(second, load)
+                checked.append(load.req_id)
     finally:
         second.close()
     loads = {load.req_id: (i, load) for i, r in enumerate(records) for load in r.loads}
@@ -451,10 +468,47 @@ def test_connector_many_requests_in_one_step_hits_misses_and_a_hit_that_waits_fo
     # 4. Every hit got its five blocks' bytes exactly (checked in the step each load
     #    landed: the blocks are reused later), no load failed, and the misses were saved.
     assert all(len(load.block_ids) == 5 for _, load in loads.values())
-    assert not any(r.load_errors for r in records)
+    assert sorted(checked) == ["a", "b", "c"] and not any(r.load_errors for r in records)
     assert second.served_tokens == second.external_hits() == 3 * 5 * BLOCK
     assert read_stats(engine.name)["blocks_saved"] - saved_before == 2 * 5
     assert _leases_drain_to_zero(engine.name)
+
+
+def test_connector_async_load_lands_after_the_step_that_plans_it_and_is_checked_when_received(
+        held_loads_engine):
+    engine, hold = held_loads_engine
+    # 1. A first vLLM saves the prompt; a second one (async loads, poisoned KV memory) gets
+    #    it while the engine holds every LOAD's copies back, as a GPU's copies queued
+    #    behind other work.
+    _warm(engine.name, PROMPT)
+    second = VllmInstance(engine.name, extra={"load_mode": "async"})
+    try:
+        second.poison()
+        hold.touch()
+        second.add(make_request("r", PROMPT))
+        planned = second.step_until_admitted("r")
+        (load,) = planned.loads
+        # 2. The step that plans the load ends before its copies ran: its blocks still hold
+        #    the poison (reading them now is reading too early), and it has not landed...
+        assert load.is_async and not planned.landed and not planned.finished_recving
+        assert all((second.page(layer, block_id) == 0xEE).all()
+                   for block_id in load.block_ids for layer in range(NUM_LAYERS))
+        # 3. ...nor in any step while the copies are held.
+        for _ in range(3):
+            assert not second.step().landed
+        # 4. Once they run, the step whose workers report the load received has it landed,
+        #    every byte what the first vLLM saved.
+        hold.unlink()
+        deadline = time.monotonic() + 60
+        while not (record := second.step()).landed:
+            assert time.monotonic() < deadline, "the load was never reported"
+            time.sleep(1e-3)
+        assert record.landed == [load] and record.finished_recving == {"r"}
+        _assert_loaded_bytes(second, load)
+        assert not record.load_errors
+        second.run_until_done()
+    finally:
+        second.close()
 
 
 def test_connector_finished_request_is_freed_at_once_and_its_saved_bytes_stay_exact(engine):

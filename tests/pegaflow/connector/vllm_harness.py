@@ -79,10 +79,19 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 2) -> Request
 
 @dataclass
 class StepRecord:
+    """One step: ``loads`` are the loads it planned; ``landed`` the loads whose copies are
+    over by its end, where their bytes can be checked: its own fenced loads (the forward
+    waited for them) and the async loads (of this step or earlier ones) its workers reported
+    received.  An async load is in no one's blocks yet in the step that plans it: vLLM
+    reads them only once told (``finished_recving``).  A failed load's blocks are in
+    ``load_errors`` (or its request in ``failed_recving``)."""
     output: object
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
     load_errors: set = field(default_factory=set)
+    landed: list = field(default_factory=list)
+    finished_recving: set = field(default_factory=set)
+    failed_recving: set = field(default_factory=set)
 
 
 class VllmInstance:
@@ -125,6 +134,7 @@ class VllmInstance:
         self.requests: dict[str, Request] = {}
         self.external_hit_tokens = 0
         self.served_tokens = 0  # tokens of loads that did not fail (vLLM counts failed ones too)
+        self.async_loads: dict[str, object] = {}  # req id -> its async load, until reported over
         self.scheduler_stats: list = []  # vLLM's SchedulerStats of each step, as a frontend gets them
 
     @staticmethod
@@ -226,6 +236,7 @@ class VllmInstance:
         self.served_tokens += BLOCK * sum(b not in record.load_errors
                                           for load in record.loads for b in load.block_ids)
         merged = rank_outputs[0] if self.tp_size == 1 else self._aggregator.aggregate(rank_outputs)
+        self._note_landed(record, meta, merged.kv_connector_output)
         outputs = self.scheduler.update_from_output(out, merged)
         for engine_outputs in outputs.values():
             stats = getattr(engine_outputs.scheduler_stats, "connector_prefix_cache_stats", None)
@@ -233,6 +244,15 @@ class VllmInstance:
             if engine_outputs.scheduler_stats is not None:
                 self.scheduler_stats.append(engine_outputs.scheduler_stats)
         return record
+
+    def _note_landed(self, record: StepRecord, meta, kv_out) -> None:
+        """The loads over by this step's end (every rank's, as vLLM merges them)."""
+        self.async_loads.update((load.req_id, load) for load in meta.loads if load.is_async)
+        record.finished_recving = set(kv_out.finished_recving or ())
+        record.failed_recving = set(getattr(kv_out, "failed_recving", None) or ())
+        record.landed = [load for load in meta.loads if not load.is_async]
+        record.landed += [self.async_loads.pop(req_id) for req_id in sorted(record.finished_recving)
+                          if req_id in self.async_loads]
 
     def _sampled(self, req_id: str) -> list[int]:
         """A token for a request whose prompt is all computed; none for a prefill chunk."""
