@@ -50,6 +50,7 @@ from tools.bench_serving import (
     PEGAFLOW_CONFIGS,
     Server,
     _get,
+    add_chat_args,
     available_configs,
     complete,
     measured_on,
@@ -321,17 +322,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--router", choices=ROUTERS, default="round-robin")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=[*CONFIGS, *PEGAFLOW_CONFIGS, *peers.PEERS],
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(dict.fromkeys([*CONFIGS, *PEGAFLOW_CONFIGS, *peers.PEERS])),
                    help="lmcache (a private cache per replica, split like native's), lmcache-mp (LMCache's "
                         "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/peers.py; "
                         "a peer whose packages are missing is skipped with one line")
-    p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
-    p.add_argument("--users", type=int, default=9)
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--context-tokens", type=int, default=8000)
-    p.add_argument("--question-tokens", type=int, default=64)
-    p.add_argument("--answer-tokens", type=int, default=16)
+    add_chat_args(p, users=9)  # 9 x 8 000 tokens: more than the default GPU caches of two replicas hold
     p.add_argument("--docs", type=int, default=4, help="shared documents")
     p.add_argument("--doc-tokens", type=int, default=6000)
     p.add_argument("--doc-requests", type=int, default=32, help="0: no shared-documents workload")

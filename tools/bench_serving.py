@@ -329,6 +329,17 @@ def headline(runs: list[dict]) -> dict:
     return out
 
 
+def add_chat_args(p: argparse.ArgumentParser, users: int) -> None:
+    """The multi-round chat's arguments, and how its servers run (shared with bench_replicas)."""
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
+    p.add_argument("--users", type=int, default=users)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--context-tokens", type=int, default=8000)
+    p.add_argument("--question-tokens", type=int, default=64)
+    p.add_argument("--answer-tokens", type=int, default=16)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
@@ -337,13 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="pegaflow: the connector's defaults (load_mode auto); pegaflow-auto / -async / "
                         "-layerwise: under that load_mode; lmcache, lmcache-mp, pegaflow-rs: the peers "
                         "(tools/peers.py), skipped with one line where their packages are missing")
-    p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
-    p.add_argument("--users", type=int, default=12)
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--context-tokens", type=int, default=8000)
-    p.add_argument("--question-tokens", type=int, default=64)
-    p.add_argument("--answer-tokens", type=int, default=16)
+    add_chat_args(p, users=12)
     p.add_argument("--arrival-rate", type=float, default=float("inf"),
                    help="requests per second within a round (default: a round's all at once)")
     p.add_argument("--prefixes", type=int, default=16,
