@@ -322,7 +322,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--router", choices=ROUTERS, default="round-robin")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(dict.fromkeys([*CONFIGS, *PEGAFLOW_CONFIGS, *peers.PEERS])),
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS),
+                   choices=list(dict.fromkeys([*CONFIGS, *PEGAFLOW_CONFIGS, *peers.PEERS])),
                    help="lmcache (a private cache per replica, split like native's), lmcache-mp (LMCache's "
                         "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/peers.py; "
                         "a peer whose packages are missing is skipped with one line")
