@@ -241,6 +241,7 @@ class PegaKVConnector(*_BASES):
             memory = CudaMemory(next(iter(kv_caches.values())).device.index or 0)
         elif devices == {"cpu"}:
             memory = HostMemory()
+            memory.share(kv_caches.values())  # vLLM's CPU build: private memory made shareable
         else:
             raise LayoutError(f"pegaflow: KV caches on {sorted(devices)}; expected all cuda or all cpu")
         self._worker.register_kv_caches(tensors, memory, groups)
