@@ -11,9 +11,10 @@ segment, which the engine attaches by name like any ``HostKVBuffer``:
     after:   [ page | page | ... | page ]  MAP_SHARED of /dev/shm/pegaflow.<uid>.cpukv.<pid>.<rand>
                                            (the same bytes, the same addresses)
 
-The range must lie in one anonymous mapping (not the heap, not a file), so no other
-object shares its pages; the move happens at registration, before vLLM runs a step, so
-nothing writes the range while its bytes are copied.  The owner keeps the mapping: when
+The range must be private anonymous memory (not the heap, not a file): malloc maps an
+allocation that large on its own, so no other object shares its pages.  The move happens at
+registration, before vLLM runs a step, so nothing writes the range while its bytes are
+copied.  The owner keeps the mapping: when
 vLLM frees the storage its allocator unmaps the range, and ``HostKVBuffer.close`` unlinks
 the name.
 """
@@ -39,25 +40,33 @@ def page_span(address: int, num_bytes: int) -> tuple[int, int]:
     return start, end - start
 
 
-def _mapping_of(address: int) -> tuple[int, int, str] | None:
-    """This process's mapping holding ``address``: (start, end, path; "" when anonymous)."""
+def _mappings_over(start: int, end: int) -> list[tuple[int, int, str]]:
+    """This process's mappings overlapping ``[start, end)``: (start, end, path; "" when
+    private anonymous), in address order."""
+    found = []
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split(maxsplit=5)
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if start <= address < end:
-                return start, end, fields[5].strip() if len(fields) > 5 else ""
-    return None
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low < end and start < high:
+                path = fields[5].strip() if len(fields) > 5 else ""
+                found.append((low, high, path or ("" if fields[1].endswith("p") else "shared memory")))
+    return found
 
 
 def check_movable(start: int, num_bytes: int) -> None:
-    """LayoutError unless ``[start, +num_bytes)`` lies in one private anonymous mapping."""
-    found = _mapping_of(start)
-    if found is None or found[1] < start + num_bytes:
-        raise LayoutError(f"memory at {start:#x} (+{num_bytes}) is not one mapping of this process")
-    if found[2]:
-        raise LayoutError(f"memory at {start:#x} is part of {found[2]}, not a private anonymous "
-                          f"mapping: it cannot be moved into shared memory")
+    """LayoutError unless ``[start, +num_bytes)`` is private anonymous memory, mapped without
+    a gap (one mapping, or several where madvise split it, e.g. for huge pages)."""
+    end, covered = start + num_bytes, start
+    for low, high, path in _mappings_over(start, end):
+        if path:
+            raise LayoutError(f"memory at {start:#x} is part of {path}, not a private anonymous "
+                              f"mapping: it cannot be moved into shared memory")
+        if low > covered:
+            break
+        covered = high
+    if covered < end:
+        raise LayoutError(f"memory at {start:#x} (+{num_bytes}) is not all mapped in this process")
 
 
 def share_in_place(address: int, num_bytes: int, what: str = "cpukv") -> HostKVBuffer:
