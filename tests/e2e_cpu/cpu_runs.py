@@ -1,6 +1,7 @@
 """vLLM's CPU build in the end-to-end tests: one process of tests/e2e/run_vllm.py, or one
 long-lived tests/e2e/vllm_session.py, with what the CPU needs (attention blocks of 32
-tokens, a small KV cache), and the engine beside them on the host backend."""
+tokens, a small KV cache) and a model of random weights (random_weights.py), and the engine
+beside them on the host backend."""
 
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ START_TIMEOUT_S = 600
 
 
 def cpu_kwargs(**more) -> dict:
-    return {"block_size": BLOCK, "kv_cache_memory_bytes": KV_CACHE_BYTES, **more}
+    return {"block_size": BLOCK, "kv_cache_memory_bytes": KV_CACHE_BYTES, "load_format": "safetensors", **more}
 
 
-def run(tmp: Path, tag: str, model: str, batches: list, engine: str = "", *flags: str, **more) -> dict:
-    """``batches`` through a fresh vLLM of ``tools/models/<model>`` on the CPU."""
-    return run_vllm(tmp, tag, MODELS / model, batches, engine, *flags, "--llm-kwargs",
+def run(tmp: Path, tag: str, model: Path, batches: list, engine: str = "", *flags: str, **more) -> dict:
+    """``batches`` through a fresh vLLM of the model in ``model`` on the CPU."""
+    return run_vllm(tmp, tag, model, batches, engine, *flags, "--llm-kwargs",
                     json.dumps(cpu_kwargs(**more)), timeout_s=RUN_TIMEOUT_S)
 
 
@@ -46,8 +47,8 @@ def start_engine(name: str, *flags: str, pool_size: str = "512MiB") -> EnginePro
 class Session:
     """One vLLM process kept between commands (tests/e2e/vllm_session.py)."""
 
-    def __init__(self, model: str, engine: str = "", **more):
-        cmd = [sys.executable, str(ROOT / "tests/e2e/vllm_session.py"), "--model", str(MODELS / model),
+    def __init__(self, model: Path, engine: str = "", **more):
+        cmd = [sys.executable, str(ROOT / "tests/e2e/vllm_session.py"), "--model", str(model),
                "--eager", "--llm-kwargs", json.dumps(cpu_kwargs(**more))]
         if engine:
             cmd += ["--engine-name", engine]

@@ -1,5 +1,5 @@
-"""Real vLLM on the CPU (its CPU build) with a tiny Llama: outputs served from pegaflow equal
-a run with no cache, exactly, in every CI run.
+"""Real vLLM on the CPU (its CPU build) with a tiny Llama of random weights: outputs served
+from pegaflow equal a run with no cache, exactly, in every CI run.
 
 Process R computes every prompt with no connector (the reference).  Process A, with the
 connector, computes the base prompts cold and saves them; B, a fresh vLLM with its own
@@ -23,10 +23,9 @@ from pegaflow import shm
 from pegaflow.engine_stats import read_stats
 from tests.e2e.outputs import max_logprob_diff
 from tests.e2e_cpu.cpu_runs import BLOCK, Session, cached_tokens, flatten, run, start_engine
+from tests.e2e_cpu.random_weights import write_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-MODEL = "llama-tiny"
 NO_PREFIX_CACHING = "--no-prefix-caching"
 
 
@@ -56,10 +55,15 @@ def _servable(p: dict) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def model(tmp_path_factory):
+    return write_model("llama-tiny", tmp_path_factory.mktemp("llama-tiny"))
+
+
+@pytest.fixture(scope="module")
+def reference(model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
     p = _prompts()
-    return p, flatten(run(tmp, "R", MODEL, _b_batches(p), "", NO_PREFIX_CACHING))
+    return p, flatten(run(tmp, "R", model, _b_batches(p), "", NO_PREFIX_CACHING))
 
 
 def _remove_kept_pool(name: str) -> None:
@@ -67,20 +71,21 @@ def _remove_kept_pool(name: str) -> None:
     start_engine(name).stop()
 
 
-def test_cpu_e2e_served_exactly_then_again_after_a_keep_pool_restart(reference, tmp_path):
+def test_cpu_e2e_served_exactly_then_again_after_a_keep_pool_restart(model, reference, tmp_path):
     prompts, ref = reference
     name = f"cpu{os.getpid()}_{os.urandom(2).hex()}"
     try:
         with start_engine(name, "--keep-pool") as engine:
             # 1. A computes the base prompts cold and saves every full block of them.
-            run(tmp_path, "A", MODEL, [[x] for x in prompts["base"]], engine.name)
+            run(tmp_path, "A", model, [[x] for x in prompts["base"]], engine.name)
             saved = read_stats(engine.name)["blocks_saved"]
             assert saved >= sum(len(x) // BLOCK for x in prompts["base"])
             # 2. B, a fresh vLLM without its own prefix cache, is served by the engine...
-            result = run(tmp_path, "B", MODEL, _b_batches(prompts), engine.name, NO_PREFIX_CACHING)
+            result = run(tmp_path, "B", model, _b_batches(prompts), engine.name, NO_PREFIX_CACHING)
             loaded = read_stats(engine.name)["blocks_loaded"]
         # 3. ...its tokens and top-5 logprobs equal the no-cache run's exactly, and it was served
         #    what a complete cache holds of its prompts.
+        print("served", cached_tokens(result), "of", _servable(prompts), "loaded blocks", loaded)  # (pytest -s)
         assert max_logprob_diff(flatten(result), ref) == 0.0
         assert loaded * BLOCK >= cached_tokens(result) >= 0.95 * _servable(prompts), \
             (loaded, cached_tokens(result), _servable(prompts))
@@ -88,7 +93,7 @@ def test_cpu_e2e_served_exactly_then_again_after_a_keep_pool_restart(reference, 
         #    fresh vLLM, is served from it, exactly.
         with start_engine(name, "--keep-pool") as engine:
             assert read_stats(engine.name)["blocks_loaded"] == 0
-            kept = run(tmp_path, "C", MODEL, [[x] for x in prompts["base"]], engine.name, NO_PREFIX_CACHING)
+            kept = run(tmp_path, "C", model, [[x] for x in prompts["base"]], engine.name, NO_PREFIX_CACHING)
             loaded = read_stats(engine.name)["blocks_loaded"]
         assert loaded > 0 and cached_tokens(kept) >= 0.95 * sum((len(x) - 1) // BLOCK * BLOCK
                                                                 for x in prompts["base"])
@@ -97,13 +102,13 @@ def test_cpu_e2e_served_exactly_then_again_after_a_keep_pool_restart(reference, 
         _remove_kept_pool(name)
 
 
-def test_cpu_e2e_engine_killed_mid_run_still_exact(reference, tmp_path):
+def test_cpu_e2e_engine_killed_mid_run_still_exact(model, reference, tmp_path):
     prompts, ref = reference
     engine = start_engine(f"cpuk{os.getpid()}_{os.urandom(2).hex()}")
     session = None
     try:
         # 1. One vLLM computes the base prompts cold (saved), then is served them (loaded).
-        session = Session(MODEL, engine.name, enable_prefix_caching=False)
+        session = Session(model, engine.name, enable_prefix_caching=False)
         cold = session.generate(prompts["base"])
         warm = session.generate(prompts["base"])
         assert read_stats(engine.name)["blocks_loaded"] > 0

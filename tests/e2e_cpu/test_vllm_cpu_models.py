@@ -1,7 +1,7 @@
 """Real vLLM on the CPU, one model family at a time: pegaflow serves each family's prefixes
 exactly, and as much of them as vLLM's own prefix cache keeps.
 
-Per family (dummy weights, ``config.json`` in tools/models/): process R, no connector,
+Per family (``config.json`` in tools/models/, random weights: random_weights.py): process R, no connector,
 prefix caching on, runs the prompts twice (its second pass is the reference: the same
 uncached tails after the same cached prefixes as B; its cached tokens are what vLLM's own
 prefix cache serves); process A, with the connector, computes them cold and saves them;
@@ -24,6 +24,7 @@ import tests.e2e_cpu.cpu_only  # noqa: F401  (skips this module without vLLM's C
 from pegaflow.engine_stats import read_stats
 from tests.e2e.outputs import max_logprob_diff
 from tests.e2e_cpu.cpu_runs import cached_tokens, flatten, run, start_engine
+from tests.e2e_cpu.random_weights import write_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -40,7 +41,8 @@ def _prompts() -> list[list[int]]:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_cpu_models_family_is_served_exactly_and_as_fully_as_vllm_caches_it(family, tmp_path):
-    model, more = FAMILIES[family]
+    name, more = FAMILIES[family]
+    model = write_model(name, tmp_path / name)
     one_by_one = [[p] for p in _prompts()]
     # 1. R: no connector; the prompts twice (the second pass hits vLLM's own prefix cache).
     reference = run(tmp_path, "R", model, one_by_one + one_by_one, **more)
@@ -54,6 +56,7 @@ def test_cpu_models_family_is_served_exactly_and_as_fully_as_vllm_caches_it(fami
     figures = {"served_tokens": cached_tokens(served), "vllm_own_cache_tokens": own_cache,
                "hybrid_manager_on": served["hybrid_manager_on"],
                "engine": {k: counts[k] for k in ("blocks_saved", "lookup_hit_blocks", "blocks_loaded")}}
+    print(family, figures)  # (shown by pytest -s)
     # 3. Exact against R's cached pass, with the hybrid manager on...
     assert max_logprob_diff(flatten(served), [r for batch in second for r in batch]) == 0.0, figures
     assert served["hybrid_manager_on"], figures
