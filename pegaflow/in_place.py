@@ -16,7 +16,8 @@ allocation that large on its own, so no other object shares its pages.  The move
 registration, before vLLM runs a step, so nothing writes the range while its bytes are
 copied.  The owner keeps the mapping: when
 vLLM frees the storage its allocator unmaps the range, and ``HostKVBuffer.close`` unlinks
-the name.
+the name.  A worker killed before it could leaves the segment behind; the next one to move
+its cache removes those of this user's processes that are gone (``remove_orphans``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import os
 import time
 
 from pegaflow import shm
@@ -69,6 +71,21 @@ def check_movable(start: int, num_bytes: int) -> None:
         raise LayoutError(f"memory at {start:#x} (+{num_bytes}) is not all mapped in this process")
 
 
+def remove_orphans(what: str = "cpukv", shm_dir: str = "/dev/shm") -> int:
+    """Unlink the segments ``share_in_place`` made in this user's processes that are gone
+    (each a whole KV cache of /dev/shm); how many.  A live process's are never touched."""
+    prefix = f"pegaflow.{os.getuid()}.{what}."
+    removed = 0
+    for entry in os.listdir(shm_dir):
+        pid = entry[len(prefix):].split(".")[0] if entry.startswith(prefix) else ""
+        name = f"/{entry}"
+        if pid.isdigit() and shm.is_private_buffer_of(name, int(pid)) and not shm.is_pid_alive(int(pid)):
+            removed += shm.unlink_segment(name)
+    if removed:
+        logger.info("pegaflow: removed %d KV cache segment(s) of %s processes that are gone", removed, what)
+    return removed
+
+
 def share_in_place(address: int, num_bytes: int, what: str = "cpukv") -> HostKVBuffer:
     """Move the pages holding ``[address, +num_bytes)`` into a new ``HostKVBuffer`` mapped at
     the same address (its ``address`` is the first page's); the bytes stay as they were.
@@ -78,6 +95,7 @@ def share_in_place(address: int, num_bytes: int, what: str = "cpukv") -> HostKVB
         return found[0]
     start, span = page_span(address, num_bytes)
     check_movable(start, span)
+    remove_orphans(what)
     began = time.monotonic()
     buffer = HostKVBuffer(span, what)  # its pages reserved: no SIGBUS on a full /dev/shm later
     try:

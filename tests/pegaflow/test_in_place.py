@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 from pegaflow import shm
 from pegaflow.errors import LayoutError
 from pegaflow.host_memory import find_buffer
-from pegaflow.in_place import page_span, share_in_place
+from pegaflow.in_place import page_span, remove_orphans, share_in_place
 
 NUM_BYTES = 40 << 20 | 123  # not whole pages: the span rounds out to them
 
@@ -102,3 +103,21 @@ def test_in_place_file_mapping_is_refused_and_left_alone(tmp_path):
     assert bool((view == 7).all())
     del view
     mapped.close()
+
+
+def test_in_place_segments_of_processes_gone_are_removed_and_live_ones_kept():
+    # 1. A process that is gone (exited and reaped) and this live one each left a segment.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    prefix = f"/pegaflow.{os.getuid()}.cpukvtest"
+    orphan = shm.create_segment(f"{prefix}.{gone.pid}.0000abcd", 4096)
+    mine = shm.create_segment(f"{prefix}.{os.getpid()}.0000abcd", 4096)
+    try:
+        # 2. The orphan goes; the live process's stays.
+        assert remove_orphans("cpukvtest") == 1
+        assert not shm.unlink_segment(orphan.name)
+        assert shm.unlink_segment(mine.name)
+    finally:
+        for segment in (orphan, mine):
+            segment.close()
+            shm.unlink_segment(segment.name)
