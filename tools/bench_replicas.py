@@ -53,12 +53,13 @@ from tools.bench_serving import (
     add_chat_args,
     available_configs,
     complete,
+    headline_rows,
     measured_on,
     print_failures,
     server_command,
 )
 from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
-from tools.serving_workload import RequestResult, conversations, identical_share, shared_prefix_prompts, summarize
+from tools.serving_workload import RequestResult, conversations, shared_prefix_prompts, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK_SIZE = 16
@@ -255,41 +256,28 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     return out
 
 
-def _as_results(run: dict) -> list[RequestResult]:
-    return [RequestResult(key, 0, tokens, 0.0, 0.0, 0.0, error) for key, tokens, error in run["results"]]
-
-
 def headline(runs: list[dict]) -> dict:
     """Per configuration, the median over repeats (and the spread) of each figure; outputs
     identical: every answer equals the first ``none`` run's."""
-    reference = next((_as_results(r) for r in runs if r["config"] == "none"), None)
-    out = {}
-    for config in dict.fromkeys(r["config"] for r in runs):
-        mine = [r for r in runs if r["config"] == config]
-        figures = {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
-                   "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
-                   "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
-                   "served_share": [r["chat"]["served_share"] or 0.0 for r in mine],
-                   "moved_share": [r["chat"]["moved_share"] or 0.0 for r in mine],
-                   "cached_share": [c for r in mine if (c := r["chat"].get("cached_share")) is not None],
-                   "time_to_ready_s": [statistics.median(r["time_to_ready_s"]) for r in mine],
-                   "docs_wall_s": [r["docs"]["wall_s"] for r in mine if "docs" in r],
-                   "docs_served_share": [r["docs"]["served_share"] or 0.0 for r in mine if "docs" in r],
-                   "restart_time_to_ready_s": [r["restart"]["time_to_ready_s"] for r in mine if "restart" in r],
-                   "restart_first_round_ttft_p50_ms": [r["restart"]["first_round"]["ttft_p50_ms"]
-                                                       for r in mine if "restart" in r],
-                   "restart_warm_ttft_p50_ms": [r["restart"]["warm_rounds_ttft_p50_ms"]
-                                                for r in mine if "restart" in r]}
-        row = {k: statistics.median(v) for k, v in figures.items() if v}
-        row.update({f"{k}_spread": [min(v), max(v)] for k, v in figures.items() if len(v) > 1})
-        row["errors"] = sum(r["chat"]["errors"] + r.get("docs", {}).get("errors", 0) for r in mine)
-        row["runs"] = len(mine)
-        if reference is not None:
-            shares = [identical_share(_as_results(r), reference) for r in mine]
-            row["identical_share"] = min(shares)
-            row["outputs_identical"] = all(s == 1.0 for s in shares)
-        out[config] = row
-    return out
+    return headline_rows(runs, _figures, lambda mine: sum(r["chat"]["errors"] + r.get("docs", {}).get("errors", 0)
+                                                          for r in mine))
+
+
+def _figures(mine: list[dict]) -> dict[str, list]:
+    return {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
+               "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
+               "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
+               "served_share": [r["chat"]["served_share"] or 0.0 for r in mine],
+               "moved_share": [r["chat"]["moved_share"] or 0.0 for r in mine],
+               "cached_share": [c for r in mine if (c := r["chat"].get("cached_share")) is not None],
+               "time_to_ready_s": [statistics.median(r["time_to_ready_s"]) for r in mine],
+               "docs_wall_s": [r["docs"]["wall_s"] for r in mine if "docs" in r],
+               "docs_served_share": [r["docs"]["served_share"] or 0.0 for r in mine if "docs" in r],
+               "restart_time_to_ready_s": [r["restart"]["time_to_ready_s"] for r in mine if "restart" in r],
+               "restart_first_round_ttft_p50_ms": [r["restart"]["first_round"]["ttft_p50_ms"]
+                                                   for r in mine if "restart" in r],
+               "restart_warm_ttft_p50_ms": [r["restart"]["warm_rounds_ttft_p50_ms"]
+                                            for r in mine if "restart" in r]}
 
 
 COLUMNS = (("later rounds s", "later_rounds_wall_s", "{:.2f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),

@@ -305,22 +305,35 @@ def _as_results(run: dict) -> list[RequestResult]:
 
 
 def headline(runs: list[dict]) -> dict:
-    """Per configuration, the median over repeats (and the spread) of the figures the issue
-    names; outputs identical: every answer equals the first ``none`` run's."""
+    """Per configuration, the median over repeats (and the spread) of its figures; outputs
+    identical: every answer equals the first ``none`` run's."""
+    def figures(mine: list[dict]) -> dict[str, list]:
+        return {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
+                "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
+                "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
+                "throughput_rps": [r["shared_prefix"]["throughput_rps"] for r in mine if r["shared_prefix"]]}
+
+    def errors(mine: list[dict]) -> int:
+        return sum(r["later_rounds"]["errors"] + (r["shared_prefix"] or {}).get("errors", 0) for r in mine)
+
+    return headline_rows(runs, figures, errors)
+
+
+def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
+    """One row per configuration (in the order they first ran): the median of each of
+    ``figures_of(its runs)`` and their spread, its failed requests (``errors_of``), and
+    whether every answer equals the first ``none`` run's."""
     reference = next((_as_results(r) for r in runs if r["config"] == "none"), None)
     out = {}
     for config in dict.fromkeys(r["config"] for r in runs):
         mine = [r for r in runs if r["config"] == config]
-        figures = {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
-                   "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
-                   "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
-                   "throughput_rps": [r["shared_prefix"]["throughput_rps"] for r in mine if r["shared_prefix"]]}
+        figures = figures_of(mine)
         row = {k: statistics.median(v) for k, v in figures.items() if v}
+        row.update({f"{k}_spread": [min(v), max(v)] for k, v in figures.items() if v})
         # Failed requests are left out of the timings: say how many, so a faster row that
         # dropped requests is seen for what it is.
-        row["errors"] = sum(r["later_rounds"]["errors"] + (r["shared_prefix"] or {}).get("errors", 0)
-                            for r in mine)
-        row.update({f"{k}_spread": [min(v), max(v)] for k, v in figures.items() if v})
+        row["errors"] = errors_of(mine)
+        row["runs"] = len(mine)
         if reference is not None:
             shares = [identical_share(_as_results(r), reference) for r in mine]
             row["identical_share"] = min(shares)
