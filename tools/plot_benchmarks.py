@@ -9,7 +9,10 @@ One plot per figure of docs/benchmarks.md's headline, each from one file:
 - ``ttft``: a warm 10k-token prompt's time to first token per system, with the cold and
   GPU-hit bounds (``bench_ttft``'s ``*_ms_median`` and ``*_ms_p90``);
 - ``transfer``: save and load rates of a prefix against the pinned-copy PCIe limit measured
-  in the same run (``bench_transfer``'s ``rows`` and ``pinned_*_gbps``).
+  in the same run (``bench_transfer``'s ``rows`` and ``pinned_*_gbps``);
+- ``replicas``: two ``vllm serve`` replicas behind a round-robin router, each round's wall time
+  and the later rounds' TTFT p50 per configuration (``bench_replicas``'s ``runs[].rounds`` and
+  its headline rows).
 
 A source file that is missing, or lacks what its plot reads, is skipped with one line that
 says why; the other plots are still drawn.
@@ -34,7 +37,8 @@ CONFIG_LABELS = {
     "pegaflow": "pegaflow (layerwise)",
     "pegaflow-auto": "pegaflow",
 }
-COLORS = {"no offload": "0.55", "vLLM native offload": "tab:orange", "pegaflow (layerwise)": "tab:cyan",
+COLORS = {"no offload": "0.55", "no offload (1 replica)": "0.55",
+          "vLLM native offload": "tab:orange", "pegaflow (layerwise)": "tab:cyan",
           "pegaflow": "tab:blue"}
 PATH_LABELS = {"kernel": "copy kernel", "copy-engine": "copy engine (page by page)", "staged": "staged (default)"}
 
@@ -63,11 +67,11 @@ def _field(record: dict, key: str):
     return record[key]
 
 
-def serving_rounds(result: dict) -> dict[str, list[float]]:
+def serving_rounds(result: dict, labels: dict[str, str] = CONFIG_LABELS) -> dict[str, list[float]]:
     """Each configuration's round wall times in seconds, in the order the servers ran."""
     rounds = {}
     for run in _field(result, "runs"):
-        label = CONFIG_LABELS.get(run["config"], run["config"])
+        label = labels.get(run["config"], run["config"])
         rounds[label] = [float(_field(one, "wall_s")) for one in _field(run, "rounds")]
     if not rounds:
         raise PlotDataError("no runs")
@@ -105,17 +109,52 @@ def transfer_series(result: dict, direction: str) -> tuple[list[Series], float]:
     return series, limit
 
 
-def draw_serving_rounds(result: dict, axes_of: Callable) -> object:
-    rounds = serving_rounds(result)
-    figure, axes = axes_of(1)
+def _draw_rounds(ax, rounds: dict[str, list[float]]) -> None:
     width = 0.8 / len(rounds)
     for i, (label, walls) in enumerate(rounds.items()):
         xs = [n + (i - (len(rounds) - 1) / 2) * width for n in range(len(walls))]
-        bars = axes[0].bar(xs, walls, width, label=label, color=COLORS.get(label))
-        axes[0].bar_label(bars, fmt="%.2f", fontsize=7)
+        bars = ax.bar(xs, walls, width, label=label, color=COLORS.get(label))
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
     num_rounds = max(len(walls) for walls in rounds.values())
-    axes[0].set_xticks(range(num_rounds), ["round 1 (cold)"] + [f"round {n + 1}" for n in range(1, num_rounds)])
-    axes[0].set_ylabel("round wall time, s (lower is better)")
+    ax.set_xticks(range(num_rounds), ["round 1 (cold)"] + [f"round {n + 1}" for n in range(1, num_rounds)])
+    ax.set_ylabel("round wall time, s (lower is better)")
+
+
+REPLICA_LABELS = {"none": "no offload (1 replica)", "native": "vLLM native offload", "pegaflow": "pegaflow"}
+
+
+def replicas_ttft(result: dict) -> dict[str, float]:
+    """The later rounds' TTFT p50 (ms) of each configuration's headline row."""
+    ttft = {REPLICA_LABELS.get(config, config): float(_field(result[config], "ttft_p50_ms"))
+            for config in dict.fromkeys(run["config"] for run in _field(result, "runs"))}
+    if not ttft:
+        raise PlotDataError("no runs")
+    return ttft
+
+
+def draw_replicas(result: dict, axes_of: Callable) -> object:
+    rounds, ttft = serving_rounds(result, REPLICA_LABELS), replicas_ttft(result)
+    figure, axes = axes_of(2)
+    _draw_rounds(axes[0], rounds)
+    axes[0].set_ylim(0, max(max(walls) for walls in rounds.values()) * 1.35)  # room for the legend
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title("each round")
+    ys = list(range(len(ttft)))[::-1]
+    axes[1].barh(ys, list(ttft.values()), color=[COLORS.get(label, "0.55") for label in ttft])
+    for y, value in zip(ys, ttft.values()):
+        axes[1].text(value + 10, y, f"{value:.0f} ms", va="center")
+    axes[1].set_yticks(ys, list(ttft))
+    axes[1].set_xlim(0, max(ttft.values()) * 1.25)
+    axes[1].set_xlabel("TTFT p50 of the later rounds, ms (lower is better)")
+    axes[1].set_title("time to first token")
+    figure.suptitle(f"{result.get('replicas', 2)} vllm serve replicas on one GPU, {result.get('router', '')} router, "
+                    f"9 users of 8 000 tokens, {result.get('gpu', 'GPU')}, CUDA graphs on")
+    return figure
+
+
+def draw_serving_rounds(result: dict, axes_of: Callable) -> object:
+    figure, axes = axes_of(1)
+    _draw_rounds(axes[0], serving_rounds(result))
     axes[0].set_title(f"vllm serve, multi-round chat: 12 users of 8 000 tokens, GPU cache holds a third\n"
                       f"{result.get('gpu', 'GPU')}, CUDA graphs on")
     axes[0].legend(loc="center right")
@@ -172,6 +211,7 @@ PLOTS = (
     Plot("serving_rounds", "serving_three_f1ceccf.json", draw_serving_rounds),
     Plot("ttft", "ttft_copy_path.json", draw_ttft),
     Plot("transfer", "transfer.json", draw_transfer),
+    Plot("replicas", "replicas.json", draw_replicas),
 )
 
 

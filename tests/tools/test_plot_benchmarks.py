@@ -3,7 +3,15 @@ import json
 import pytest
 
 from tools import plot_benchmarks
-from tools.plot_benchmarks import DEFAULT_DIR, PLOTS, PlotDataError, serving_rounds, transfer_series, ttft_bars
+from tools.plot_benchmarks import (
+    DEFAULT_DIR,
+    PLOTS,
+    PlotDataError,
+    replicas_ttft,
+    serving_rounds,
+    transfer_series,
+    ttft_bars,
+)
 
 pytest.importorskip("matplotlib")
 
@@ -36,8 +44,15 @@ def _transfer():
     return {"gpu": "Test GPU", "date": "2026-11-30", "pinned_h2d_gbps": 55.2, "pinned_d2h_gbps": 55.1, "rows": rows}
 
 
+def _replicas():
+    return {"gpu": "Test GPU", "replicas": 2, "router": "round-robin",
+            "pegaflow": {"ttft_p50_ms": 396.0}, "native": {"ttft_p50_ms": 579.0}, "none": {"ttft_p50_ms": 1504.0},
+            "runs": [{"config": c, "rounds": [{"wall_s": 2.8}, {"wall_s": w}]}
+                     for c, w in (("pegaflow", 0.8), ("native", 1.85), ("none", 2.44))]}
+
+
 def _write_fixture(directory):
-    for plot, result in zip(PLOTS, (_serving(), _ttft(), _transfer())):
+    for plot, result in zip(PLOTS, (_serving(), _ttft(), _transfer(), _replicas()), strict=True):
         (directory / plot.source).write_text(json.dumps(result))
 
 
@@ -49,6 +64,9 @@ def test_plot_benchmarks_reads_each_figure_from_its_json():
     bars = ttft_bars(_ttft())
     assert [(bar.median_ms, bar.p90_ms) for bar in bars] == [(271.7, None), (71.7, 81.9), (44.0, 46.6), (20.2, 25.4)]
     # 64 KiB pages only, per path, and the engine's point; the limit is the run's own pinned copy
+    # the replicas' later-round TTFT per configuration, labelled, in the order they ran
+    assert replicas_ttft(_replicas()) == {"pegaflow": 396.0, "vLLM native offload": 579.0,
+                                          "no offload (1 replica)": 1504.0}
     series, limit = transfer_series(_transfer(), "d2h")
     assert limit == 55.1
     assert [(one.xs, one.ys) for one in series] == [((1024, 10000), (49.0, 49.0)), ((1024, 10000), (52.0, 52.0)),
