@@ -33,8 +33,10 @@ consecutive pool entries.  ``auto`` measures kernel against copy engine at the f
 registration of a page size (``probe.py``): up to 64 MiB of pool pages each way, read into
 device scratch and the same bytes written back.
 
-Errors.  ``submit`` never raises: a bad op or a CUDA failure comes back from ``poll`` as
-``CopyDone(token, error)``, and a failed op's issued copies are drained first.
+Errors.  ``submit`` refuses an op by raising: a CommandError for one that fails its checks
+(nothing issued), a CudaError for one whose issue failed (its copies issued so far drained
+first); the caller answers that command and ``poll`` never reports it.  A copy that fails after
+it was issued comes back from ``poll`` as ``CopyDone(token, error)``.
 """
 
 from __future__ import annotations

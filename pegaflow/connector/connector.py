@@ -1,8 +1,9 @@
 """``PegaKVConnector``: vLLM's v1 KV connector API routed to one side or the other.
 
 vLLM builds one instance in the scheduler process (role SCHEDULER) and one per worker
-(role WORKER).  This facade holds no state of its own: each method forwards to the
-``SchedulerSide`` or the ``WorkerSide`` object made for its role.
+(role WORKER).  This facade holds the connector's settings, whether its cache is off (and
+why), and the side made for its role; each method forwards to that ``SchedulerSide`` or
+``WorkerSide``.
 
     --kv-transfer-config '{"kv_connector":"PegaKVConnector",
                            "kv_connector_module_path":"pegaflow.connector","kv_role":"kv_both"}'

@@ -59,7 +59,7 @@ class SchedulerSide:
                  num_groups: int = 1):
         self.config = config
         self.num_groups = num_groups  # KV cache groups (more than one: a hybrid model)
-        self.namespaces = namespaces  # one per TP rank
+        self.namespaces = namespaces  # one per worker rank (PP stages x TP ranks, in rank order)
         self.block_size = block_size
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler",
                                identity=(attach_role(ClientRole.SCHEDULER, config.wire_kv_role), 0,
