@@ -40,7 +40,7 @@ def test_peers_table_cells_and_pegaflow_against_the_fastest_other():
 
 
 def test_peers_table_markdown_marks_wrong_and_skipped(tmp_path, capsys):
-    # 1. Through the command line, as the lead runs it; the JSON written is build()'s.
+    # 1. Through the command line, as a user runs it; the JSON written is build()'s.
     paths = {}
     for bench, data in _inputs().items():
         paths[bench] = tmp_path / f"{bench}.json"
