@@ -30,6 +30,8 @@ p50/p99, the share of their cacheable prompt tokens served from host memory (vLL
 hits over the full blocks of what some replica computed before), per replica too, the share of
 turns that moved to another replica, each replica's time to ready, the restart figures, and
 whether every answer equals the first ``none`` run's.  Dummy weights, token-id prompts.
+``--trace`` adds, for pegaflow, each replica's step timeline of the steps that load during the
+later rounds (``tools/step_timeline.py``): where a loaded request's time goes, per replica.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tools import peers
+from tools import peers, step_timeline
 from tools.bench_serving import (
     PEGAFLOW_CONFIGS,
     Server,
@@ -104,11 +106,33 @@ class Fleet:
         started = time.monotonic()
         log_path = self.log_dir / f"{self.tag}.r{replica}.log"
         plan = self.plan
+        env = dict(plan.env) if plan else {}
+        if (trace_path := self.trace_path(replica)) is not None:  # the connector's step timeline
+            logging_path = self.log_dir / f"{self.tag}.r{replica}.logging.json"
+            logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
+            env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
         self.servers[replica] = Server(server_command(self.config, one, self.engine_name,
                                                       plan.serve_args() if plan else None),
-                                       one.port, log_path, plan.env if plan else None, plan.cwd if plan else None)
+                                       one.port, log_path, env, plan.cwd if plan else None)
         self.ready_s[replica] = round(time.monotonic() - started, 2)
         return self.ready_s[replica]
+
+    def trace_path(self, replica: int) -> Path | None:
+        """Where replica ``replica``'s step timeline goes (``--trace``, pegaflow only)."""
+        if not (self.args.trace and self.config in PEGAFLOW_CONFIGS):
+            return None
+        return self.log_dir / f"{self.tag}.r{replica}.trace.log"
+
+    def step_timelines(self, window: tuple[float, float]) -> dict[int, dict] | None:
+        """Per replica, its steps that loaded within ``window`` (``tools/step_timeline.py``)."""
+        if self.trace_path(0) is None:
+            return None
+        out = {}
+        for replica in range(self.args.replicas):
+            path = self.trace_path(replica)
+            lines = path.read_text().splitlines() if path.exists() else []
+            out[replica] = step_timeline.summarize(step_timeline.parse(lines), *window)
+        return out
 
     def stop(self, replica: int) -> None:
         if (server := self.servers[replica]) is not None:
@@ -202,9 +226,11 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                 stack.enter_context(peers.side_process(plan, log_dir / f"{tag}.peer.log"))
             fleet = Fleet(config, args, name, log_dir, tag, plan)
             try:
-                return _workloads(config, args, fleet, tag) | {"engine": _engine_stats(name) if engine else None}
+                result = _workloads(config, args, fleet, tag) | {"engine": _engine_stats(name) if engine else None}
             finally:
                 fleet.close()
+            # every replica's process is gone: its trace is whole (each process's clock is the host's)
+            return result | {"step_timeline": fleet.step_timelines(tuple(result["later_window"]))}
     finally:
         if engine is not None:
             engine.stop(timeout_s=LARGE_POOL_STOP_S)
@@ -225,7 +251,9 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
         rounds.append(chat.round(fleet, r))
     after = fleet.counters()
     later = [x for rnd in rounds[1:] for x in rnd]
+    started = [x.result.started_s for x in later]
     out = {"config": config, "tag": tag, "time_to_ready_s": list(fleet.ready_s),
+           "later_window": [min(started, default=0.0), max((x.result.done_s for x in later), default=0.0)],
            "rounds": [summarize([x.result for x in rnd]) for rnd in rounds],
            "later_rounds": summarize([x.result for x in later]),
            "later_rounds_wall_s": round(sum(summarize([x.result for x in rnd])["wall_s"] for rnd in rounds[1:]), 4),
@@ -329,6 +357,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8011, help="replica i listens on port + i")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default="/tmp/bench_replicas")
+    p.add_argument("--trace", action="store_true",
+                   help="pegaflow: each replica's step timeline of the steps that load in the later rounds")
     p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
                    help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
     p.add_argument("--json", metavar="PATH", help="write every figure here (rewritten after every configuration)")
@@ -339,7 +369,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--replicas must be at least 1, not {args.replicas}")
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = round(0.85 / args.replicas, 3)
-    args.trace = False
     return args
 
 

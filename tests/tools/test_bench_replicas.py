@@ -155,3 +155,20 @@ def test_run_config_gives_an_in_process_peer_its_share_of_the_host_budget(monkey
         with pytest.raises(RuntimeError, match="stop here"):
             bench_replicas.run_config(config, args, tmp_path, config)
     assert pools == {"lmcache": 16 << 30, "pegaflow-rs": 64 << 30}
+
+
+def test_fleet_step_timelines_per_replica_within_the_later_rounds(tmp_path):
+    # 1. Two pegaflow replicas traced: replica 0 loaded in two steps inside the window and one
+    #    before it; replica 1 wrote no trace (no step loaded).
+    from tests.tools.test_step_timeline import GPU_LINE
+    args = _args("--trace")
+    fleet = bench_replicas.Fleet.__new__(bench_replicas.Fleet)
+    fleet.config, fleet.args, fleet.log_dir, fleet.tag = "pegaflow", args, tmp_path, "t"
+    fleet.trace_path(0).write_text("\n".join([GPU_LINE.replace("monotonic 812.5", "monotonic 100.0"), GPU_LINE,
+                                              GPU_LINE.replace("monotonic 812.5", "monotonic 900.5")]))
+    timelines = fleet.step_timelines((800.0, 1000.0))
+    assert timelines[0]["steps"] == 2 and timelines[0]["loads"] == 8
+    assert timelines[1]["steps"] == 0
+    # 2. Without --trace, or for another configuration, nothing is traced.
+    fleet.config = "native"
+    assert fleet.trace_path(0) is None and fleet.step_timelines((0.0, 1.0)) is None
