@@ -53,7 +53,8 @@ from tools.bench_serving import (
     Server,
     _get,
     add_chat_args,
-    available_configs,
+    add_run_args,
+    collect_runs,
     complete,
     headline_rows,
     measured_on,
@@ -355,15 +356,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="each replica's share of the GPU (default: 0.85 / replicas)")
     p.add_argument("--port", type=int, default=8011, help="replica i listens on port + i")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-dir", default="/tmp/bench_replicas")
     p.add_argument("--trace", action="store_true",
                    help="pegaflow: each replica's step timeline of the steps that load in the later rounds")
-    p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
-                   help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="write every figure here (rewritten after every configuration)")
-    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
-                   help="run nothing: one table of the runs in these --json files (a run split over calls)")
+    add_run_args(p, "/tmp/bench_replicas")
     args = p.parse_args(argv)
     if args.replicas < 1:
         p.error(f"--replicas must be at least 1, not {args.replicas}")
@@ -374,19 +369,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
-    if not args.merge:
-        args.configs = available_configs(args.configs)
-        log_dir = Path(args.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for rep in range(args.repeat):
-            for i, config in enumerate(args.configs):
-                runs.append(run_config(config, args, log_dir, f"{config}{rep}-{i}"))
-                print(json.dumps({k: runs[-1][k] for k in ("tag", "later_rounds_wall_s", "time_to_ready_s")} |
-                                 {"ttft_p50_ms": runs[-1]["later_rounds"]["ttft_p50_ms"],
-                                  "served_share": runs[-1]["chat"]["served_share"]}), flush=True)
-                if args.json:
-                    write_json(args, runs)
+    runs = collect_runs(args, run_config, write_json,
+                        lambda run: {k: run[k] for k in ("tag", "later_rounds_wall_s", "time_to_ready_s")} |
+                        {"ttft_p50_ms": run["later_rounds"]["ttft_p50_ms"],
+                         "served_share": run["chat"]["served_share"]})
     table = headline(runs)
     print_table(table)
     if args.json:

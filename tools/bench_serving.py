@@ -353,6 +353,17 @@ def add_chat_args(p: argparse.ArgumentParser, users: int) -> None:
     p.add_argument("--answer-tokens", type=int, default=16)
 
 
+def add_run_args(p: argparse.ArgumentParser, log_dir: str) -> None:
+    """The seed, where logs go, the engine's flags and the JSON in and out (shared with bench_replicas)."""
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", default=log_dir)
+    p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
+                   help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="write every figure here (rewritten after every configuration)")
+    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                   help="run nothing: one table of the runs in these --json files (a run split over calls)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
@@ -374,33 +385,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--port", type=int, default=8011)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-dir", default="/tmp/bench_serving")
     p.add_argument("--trace", action="store_true",
                    help="pegaflow's step timeline of the steps that load, per phase (adds CUDA events)")
-    p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
-                   help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
-    p.add_argument("--json", metavar="PATH", help="write every figure here (rewritten after every server)")
-    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
-                   help="run nothing: one table of the runs in these --json files (a run split over calls)")
+    add_run_args(p, "/tmp/bench_serving")
     args = p.parse_args(argv)
-    runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
-    if not args.merge:
-        args.configs = available_configs(args.configs)
-        log_dir = Path(args.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for rep in range(args.repeat):
-            for i, config in enumerate(args.configs):  # a config named twice: its run-to-run agreement
-                runs.append(run_config(config, args, log_dir, f"{config}{rep}-{i}"))
-                print(json.dumps({k: runs[-1][k] for k in ("tag", "later_rounds_wall_s", "later_rounds",
-                                                            "host_hit_tokens")}), flush=True)
-                if args.json:  # after every server: a run cut short keeps what it measured
-                    write_json(args, runs)
+    runs = collect_runs(args, run_config, write_json,
+                        lambda run: {k: run[k] for k in ("tag", "later_rounds_wall_s", "later_rounds",
+                                                         "host_hit_tokens")})
     table = headline(runs)
     print_table(table)
     if args.json:
         write_json(args, runs)
     return 1 if any(row["errors"] for row in table.values()) else 0
+
+
+def collect_runs(args, run_config, write_json, progress) -> list[dict]:
+    """The runs of ``--merge``'s files, or else every configuration ``--repeat`` times,
+    interleaved (A B C A B C; a config named twice: its run-to-run agreement), a line of
+    ``progress(run)`` after each and the JSON rewritten, so a run cut short keeps what it measured."""
+    runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
+    if args.merge:
+        return runs
+    args.configs = available_configs(args.configs)
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for rep in range(args.repeat):
+        for i, config in enumerate(args.configs):
+            runs.append(run_config(config, args, log_dir, f"{config}{rep}-{i}"))
+            print(json.dumps(progress(runs[-1])), flush=True)
+            if args.json:
+                write_json(args, runs)
+    return runs
 
 
 def print_table(table: dict) -> None:

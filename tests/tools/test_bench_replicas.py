@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tools import bench_replicas
+from tools import bench_replicas, bench_serving
 from tools.bench_replicas import headline, parse_args
 
 
@@ -135,7 +135,7 @@ def test_parse_args_splits_the_gpu_among_replicas_and_refuses_none():
 def test_available_configs_skips_a_missing_peer_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(bench_replicas.peers, "unavailable",
                         lambda config: "No module named 'lmcache'" if config == "lmcache" else None)
-    assert bench_replicas.available_configs(["none", "lmcache", "pegaflow-rs", "pegaflow"]) == \
+    assert bench_serving.available_configs(["none", "lmcache", "pegaflow-rs", "pegaflow"]) == \
         ["none", "pegaflow-rs", "pegaflow"]
     assert capsys.readouterr().err.strip().splitlines() == ["skipping lmcache: No module named 'lmcache'"]
 
