@@ -40,16 +40,27 @@ def _save_layers(kv, block_ids, hashes, layers) -> None:
         assert kv.save(NAMESPACE, block_ids, hashes, layer=layer).is_ok
 
 
+def _blocks_being_written(engine_factory, kv_client, rng, make_hashes, wait_ms: int, num_ready: int,
+                          num_writing: int):
+    """An engine waiting ``wait_ms`` (--lookup-wait-ms), a producer that stored ``num_ready``
+    blocks whole and only layer 0 of the next ``num_writing`` (their other layers: saves still
+    in flight), and a consumer.  Returns (engine, producer, consumer, hashes, pages filled)."""
+    engine = engine_factory(extra=("--lookup-wait-ms", str(wait_ms)))
+    producer, consumer = kv_client(engine), kv_client(engine)
+    num_blocks = num_ready + num_writing
+    hashes = make_hashes(num_blocks)
+    expected = producer.fill(rng, range(num_blocks))
+    _save_layers(producer, range(num_ready), hashes[:num_ready], range(NUM_LAYERS))
+    _save_layers(producer, range(num_ready, num_blocks), hashes[num_ready:], [0])
+    return engine, producer, consumer, hashes, expected
+
+
 def test_waiting_lookup_sent_while_saves_in_flight_is_answered_with_whole_prefix(
         engine_factory, kv_client, rng, make_hashes):
-    engine = engine_factory(extra=("--lookup-wait-ms", "10000"))
-    producer, consumer = kv_client(engine), kv_client(engine)
-    hashes = make_hashes(6)
     # 1. The producer stores the first two blocks whole, and only layer 0 of the other four:
     #    their other layers are the saves still in flight.
-    expected = producer.fill(rng, range(6))
-    _save_layers(producer, range(2), hashes[:2], range(NUM_LAYERS))
-    _save_layers(producer, range(2, 6), hashes[2:], [0])
+    engine, producer, consumer, hashes, expected = _blocks_being_written(
+        engine_factory, kv_client, rng, make_hashes, wait_ms=10_000, num_ready=2, num_writing=4)
     # 2. The consumer looks the whole prefix up; the engine has read the LOOKUP (a
     #    LOOKUP answered at once would say 2 here).
     request_id = _submit_lookup_read(consumer, hashes)
@@ -67,13 +78,9 @@ def test_waiting_lookup_sent_while_saves_in_flight_is_answered_with_whole_prefix
 
 def test_waiting_lookup_past_its_deadline_is_answered_with_ready_part(engine_factory, kv_client,
                                                                       rng, make_hashes):
-    engine = engine_factory(extra=("--lookup-wait-ms", "30"))
-    producer, consumer = kv_client(engine), kv_client(engine)
-    hashes = make_hashes(5)
     # 1. Three blocks READY, two with layer 0 only: their other layers never come.
-    producer.fill(rng, range(5))
-    _save_layers(producer, range(3), hashes[:3], range(NUM_LAYERS))
-    _save_layers(producer, range(3, 5), hashes[3:], [0])
+    engine, producer, consumer, hashes, _ = _blocks_being_written(
+        engine_factory, kv_client, rng, make_hashes, wait_ms=30, num_ready=3, num_writing=2)
     # 2. The LOOKUP waits up to the engine's --lookup-wait-ms, then gets the READY part.
     found = consumer.client.wait(_submit_lookup_read(consumer, hashes), WAIT_DEADLINE_S)
     assert found.is_ok and found.result.num_hit_blocks == 3
@@ -88,22 +95,16 @@ def test_waiting_lookup_past_its_deadline_is_answered_with_ready_part(engine_fac
 
 
 def test_waiting_lookup_with_wait_off_is_answered_at_once(engine_factory, kv_client, rng, make_hashes):
-    engine = engine_factory(extra=("--lookup-wait-ms", "0"))
-    producer, consumer = kv_client(engine), kv_client(engine)
-    hashes = make_hashes(2)
-    producer.fill(rng, range(2))
-    _save_layers(producer, range(2), hashes, [0])
+    engine, _, consumer, hashes, _ = _blocks_being_written(
+        engine_factory, kv_client, rng, make_hashes, wait_ms=0, num_ready=0, num_writing=2)
     # With the wait off, a block being written is a miss: the READY prefix (none) at once.
     assert consumer.client.lookup(NAMESPACE, hashes, timeout_s=WAIT_DEADLINE_S).num_hit_blocks == 0
     assert engine.fresh_stats()["lookup_waits"] == 0
 
 
 def test_waiting_lookup_of_detaching_client_lets_it_go(engine_factory, kv_client, rng, make_hashes):
-    engine = engine_factory(extra=("--lookup-wait-ms", "10000"))
-    producer, consumer = kv_client(engine), kv_client(engine)
-    hashes = make_hashes(2)
-    producer.fill(rng, range(2))
-    _save_layers(producer, range(2), hashes, [0])
+    engine, producer, consumer, hashes, _ = _blocks_being_written(
+        engine_factory, kv_client, rng, make_hashes, wait_ms=10_000, num_ready=0, num_writing=2)
     _submit_lookup_read(consumer, hashes)
     # A client that goes away while its LOOKUP waits is let go (its DETACH answered, no
     # hang), and its slot freed.
