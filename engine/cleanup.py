@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import posix_ipc
-
 from pegaflow import shm
 from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
 from pegaflow.locks import lock_path
@@ -84,7 +82,7 @@ def _unlink_all(name: str, whats, unlink, size_of) -> tuple[int, int, list[str]]
         try:
             if unlink(ipc_name):
                 num_removed, num_bytes = num_removed + 1, num_bytes + size
-        except posix_ipc.PermissionsError:
+        except ForeignSegmentError:  # another user's, which this user may not remove
             refused.append(ipc_name)
     return num_removed, num_bytes, refused
 

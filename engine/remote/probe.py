@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.02
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-LOCAL_BUFFER_BYTES = 16 << 20  # the store's least staging buffer
 _PR_SET_PDEATHSIG = 1
 _GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 
@@ -71,14 +70,15 @@ def check_master(master: str, timeout_s: float) -> None:
                               f"running there?")
 
 
-def probe_setup(setup_args: list, timeout_s: float) -> None:
-    """Run the store's setup with ``setup_args`` in a child process, at most ``timeout_s``;
-    RemoteTierError when it fails or is late, StartInterruptedError on a stop signal."""
+def probe_setup(setup_args: list, timeout_s: float, deadline: float | None = None) -> None:
+    """Run the store's setup with ``setup_args`` in a child process until ``deadline``
+    (monotonic; default ``timeout_s`` from now, the budget an error names); RemoteTierError
+    when it fails or is late, StartInterruptedError on a stop signal."""
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([sys.executable, "-m", __spec__.name, str(os.getpid()), json.dumps(setup_args)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                                 env=_child_env())
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s if deadline is None else deadline
         try:
             while proc.poll() is None and time.monotonic() < deadline and not _stop_pending():
                 time.sleep(POLL_S)

@@ -24,6 +24,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 
 from pegaflow.errors import RemoteTierError
 
@@ -79,10 +80,11 @@ class MooncakeStore:
         timeout_s = config.remote_start_timeout_s
         logger.info("remote store: trying its master at %s (at most %g s, --remote-start-timeout)",
                     config.remote_master, timeout_s)
+        deadline = time.monotonic() + timeout_s  # one budget for both steps, as the flag says
         check_master(config.remote_master, timeout_s)
         try:
             probe_setup([self.host, config.remote_metadata, 0, LOCAL_BUFFER_BYTES, config.remote_protocol,
-                         config.remote_device, config.remote_master], timeout_s)
+                         config.remote_device, config.remote_master], timeout_s, deadline)
         except RemoteTierError as exc:
             raise RemoteTierError(f"{exc}; are the master at {config.remote_master} and the metadata "
                                   f"server at {config.remote_metadata} up, and {self.host} this host's "

@@ -72,3 +72,28 @@ def test_clean_an_engine_that_never_ran_finds_nothing():
     done = _clean(f"t{os.getpid()}_never")
     assert done.returncode == 0 and "nothing of an engine named" in done.stdout
     assert _lock_files(f"t{os.getpid()}_never") == []
+
+
+def test_clean_a_segment_it_may_not_remove_is_listed_and_the_rest_still_go(engine_factory, monkeypatch):
+    # 1. A killed engine's leftovers, one of which (its pool) this user may not remove.
+    from engine import cleanup
+    from pegaflow import shm
+    from pegaflow.errors import ForeignSegmentError
+    engine = engine_factory(extra=("--keep-pool",))
+    engine.is_clean_exit_expected = False
+    engine.stop(signal.SIGKILL)
+    pool = f"/pegaflow.{os.getuid()}.{engine.name}.pool"
+    unlink = shm.unlink_segment
+
+    def refusing(name: str) -> bool:
+        if name == pool:
+            raise ForeignSegmentError(f"{name} is owned by another user")
+        return unlink(name)
+
+    monkeypatch.setattr(shm, "unlink_segment", refusing)
+    # 2. clean() names it, removes every other segment, semaphore and lock file.
+    cleaned = cleanup.clean(engine.name)
+    assert cleaned.not_removed == (pool,)
+    assert cleaned.num_segments > 0 and cleaned.num_semaphores > 0
+    assert shm_leftovers(engine.name) == [pool.lstrip("/")] and _lock_files(engine.name) == []
+    unlink(pool)
