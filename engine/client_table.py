@@ -131,12 +131,7 @@ class ClientTable:
             self.stats.add("clients_refused")
             client.close_reason = why
             client.is_attached = False  # its further commands are refused
-        if client.num_inflight:
-            return False
-        self.dispatcher.release_client(client)
-        client.backlog.clear()
-        self._drop(client, free_slot)
-        return True
+        return self._release_and_drop(client, free_slot)
 
     def _free_stray_slots(self) -> None:
         """Slots no client holds whose state is neither FREE nor CLAIMED (written by a client
@@ -157,13 +152,22 @@ class ClientTable:
             self.segments.lock.release()
 
     def _reclaim_dead(self, client: ClientState, why: str) -> None:
+        client.is_attached = False  # a LOOKUP of it still parked is let go at once
         if client.num_inflight:
             return  # its copies still touch its memory; reclaim once they are done
         logger.warning("client slot %d: pid %d %s; reclaiming its slot, leases and memory",
                        client.slot, client.pid, why)
+        self._release_and_drop(client)
+
+    def _release_and_drop(self, client: ClientState, free_slot: bool = True) -> bool:
+        """Release a closed client's leases and memory and free its slot: True once done,
+        False while its copies still run (the next housekeeping tries again)."""
+        if client.num_inflight:
+            return False
         self.dispatcher.release_client(client)
         client.backlog.clear()
-        self._drop(client)
+        self._drop(client, free_slot)
+        return True
 
     def _drop(self, client: ClientState, free_slot: bool = True) -> None:
         """Free the slot of a client whose memory, leases and blocks are already released

@@ -35,10 +35,20 @@ from collections.abc import Callable
 import numpy as np
 
 from pegaflow.errors import CommandError
-from pegaflow.wire import HASH, KV_ROLE_SHIFT, WIRE_VERSION, ClientRole, CommandFlag, KvRole, Opcode, Status
+from pegaflow.wire import (
+    HASH,
+    WIRE_VERSION,
+    ClientRole,
+    CommandFlag,
+    Opcode,
+    Status,
+    attach_role,
+    split_attach_role,
+)
 
 from .claims import attach_problem
 from .clients import ClientState
+from .config import MAX_LOOKUP_WAIT_S
 from .copy.base import CopyBackend, CopyDone
 from .index import BlockIndex
 from .pending import ANSWERED_LATER, command_keys
@@ -52,12 +62,9 @@ logger = logging.getLogger(__name__)
 
 NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
 _OK, _ATTACH = Status.OK, Opcode.ATTACH  # read once: the hot loop compares against plain names
-_ROLES = frozenset(int(r) for r in ClientRole)
-_KV_ROLES = frozenset(int(r) for r in KvRole)
 _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
-MAX_LOOKUP_WAIT_MS = 10_000  # the most a LOOKUP may ask to wait for saves in flight
 
 
 class Dispatcher:
@@ -190,9 +197,8 @@ class Dispatcher:
             client.num_voters, client.voter = int(words[1]), int(words[2])
         client.pid, client.is_attached = rec.arg, True
         client.instance, client.namespace = int(words[0]), rec.namespace
-        role = rec.flags & 0xFF if rec.flags & 0xFF in _ROLES else ClientRole.OTHER
-        kv_role = rec.flags >> KV_ROLE_SHIFT if rec.flags >> KV_ROLE_SHIFT in _KV_ROLES else KvRole.BOTH
-        self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, role | kv_role << KV_ROLE_SHIFT,
+        role, kv_role = split_attach_role(int(rec.flags))
+        self.stats.client_attached(client.slot, rec.arg & 0xFFFFFFFF, attach_role(role, kv_role),
                                    rec.layer if role == ClientRole.WORKER else 0, rec.namespace)
         return Status.OK, (0, 0, 0)
 
@@ -253,7 +259,7 @@ class Dispatcher:
     def _lookup(self, client, rec, payload):
         keys = self._hash_keys(rec, payload)
         num_hits, lease_id = self.index.lookup(client.slot, keys, client.instance)
-        wait_s = min(rec.arg - 1, MAX_LOOKUP_WAIT_MS) / 1e3 if rec.arg else self.lookup_wait_s
+        wait_s = min((rec.arg - 1) / 1e3, MAX_LOOKUP_WAIT_S) if rec.arg else self.lookup_wait_s
         is_reading = lease_id and self.index.leases[lease_id].num_disk  # (the disk tier has the rest)
         if wait_s > 0 and num_hits < len(keys) and not is_reading and self.waiting.try_park(
                 client, rec, keys, num_hits, wait_s, self.clients()):

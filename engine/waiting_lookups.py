@@ -92,9 +92,6 @@ class WaitingLookups:
                                 marks, why == "writing"))
         return True
 
-    def __len__(self) -> int:
-        return len(self.items)
-
     def next_deadline(self) -> float:
         return min((w.deadline for w in self.items), default=float("inf"))
 

@@ -118,6 +118,13 @@ def attach_role(role: ClientRole, kv_role: KvRole = KvRole.BOTH) -> int:
     return int(role) | int(kv_role) << KV_ROLE_SHIFT
 
 
+def split_attach_role(flags: int) -> tuple[ClientRole, KvRole]:
+    """``attach_role`` read back; a value no role has reads as OTHER (kv_role: BOTH)."""
+    role, kv_role = flags & ((1 << KV_ROLE_SHIFT) - 1), flags >> KV_ROLE_SHIFT
+    return (ClientRole(role) if role in ClientRole._value2member_map_ else ClientRole.OTHER,
+            KvRole(kv_role) if kv_role in KvRole._value2member_map_ else KvRole.BOTH)
+
+
 class CommandFlag(IntFlag):
     NONE = 0
     RELEASE_LEASE = 1  # LOAD: drop the lease named in ``arg`` once the copy is done
