@@ -284,10 +284,10 @@ class Dispatcher:
         self.gauges_stale = True
         client, rec = waiting.client, waiting.rec
         if waiting.is_waiting_saves:
-            num_more, why = writing_stop(self.index, waiting.keys[waiting.num_ready:], time.monotonic())
+            num_more, why = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
             self.stats.add("lookup_waits")
             self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
-            self.stats.add("lookup_wait_blocks", num_more)
+            self.stats.add("lookup_wait_blocks", waiting.num_usable + num_more - waiting.num_ready)
             self.stats.add("lookup_wait_timeouts", int(why == "writing"))
         status, values = Status.OK, (0, 0, 0)
         if client.is_attached:

@@ -44,6 +44,10 @@ class WaitingLookup:
     num_ready: int      # the READY prefix when it was parked
     catch_up: list[tuple[object, int]] = field(default_factory=list)  # (client, ring position to reach)
     is_waiting_saves: bool = False  # it stopped at a block being written (counted once)
+    num_usable: int = 0  # how far its prefix was usable at the last look (walks resume there)
+
+    def __post_init__(self) -> None:
+        self.num_usable = max(self.num_usable, self.num_ready)
 
 
 def writing_stop(index, keys: list[Key], now: float) -> tuple[int, str]:
@@ -127,7 +131,10 @@ class WaitingLookups:
                                 if c.is_attached and c.submissions.position < end]
             if waiting.catch_up:
                 return False
-        _, why = writing_stop(self.index, waiting.keys[waiting.num_ready:], now)  # (answered after a fresh walk)
+        # From where the last look stopped (blocks before it were usable then; the answer walks
+        # the index afresh), so a LOOKUP waiting on its loop turns costs a block or two a look.
+        num_more, why = writing_stop(self.index, waiting.keys[waiting.num_usable:], now)
+        waiting.num_usable += num_more
         if why == "writing":
             waiting.is_waiting_saves = True
             return False
