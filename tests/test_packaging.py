@@ -58,8 +58,10 @@ def test_packaging_installed_engine_smoke_and_stat_run_outside_the_checkout(inst
     env.pop("PEGAFLOW_NAME", None)
     name = f"pkg{os.getpid()}"
     bin_dir = installed / "bin"
-    engine = subprocess.Popen([str(bin_dir / "pegaflow-engine"), "--backend", "host", "--pool-size", "64MiB",
-                               "--name", name], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    log_path = tmp_path / "engine.log"  # a file, not a pipe nobody reads while it runs
+    with open(log_path, "w") as log:
+        engine = subprocess.Popen([str(bin_dir / "pegaflow-engine"), "--backend", "host", "--pool-size", "64MiB",
+                                   "--name", name], cwd=tmp_path, env=env, stderr=log)
     try:
         # 2. pegaflow-stat finds it once it serves; the smoke check saves, looks up and loads.
         deadline = time.monotonic() + 60.0
@@ -75,7 +77,8 @@ def test_packaging_installed_engine_smoke_and_stat_run_outside_the_checkout(inst
         assert smoke.returncode == 0 and "smoke ok" in smoke.stdout, smoke.stdout + smoke.stderr
     finally:
         engine.terminate()
-        _, err = engine.communicate(timeout=60)
+        engine.wait(timeout=60)
+    err = log_path.read_text()
     # 3. The engine that ran was the installed one.
     assert engine.returncode == 0, err
     assert "pegaflow.engine.server" in err

@@ -92,8 +92,12 @@ class Fleet:
         self.plan = plan  # a peer's settings (tools/peers.py), shared by every replica
         self.servers: list[Server | None] = [None] * args.replicas
         self.ready_s: list[float] = [0.0] * args.replicas
-        for replica in range(args.replicas):
-            self.start(replica)
+        try:
+            for replica in range(args.replicas):
+                self.start(replica)
+        except BaseException:  # one that would not start: the others go too (the GPU memory they hold)
+            self.close()
+            raise
 
     def port(self, replica: int) -> int:
         return self.args.port + replica
@@ -252,12 +256,13 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
         rounds.append(chat.round(fleet, r))
     after = fleet.counters()
     later = [x for rnd in rounds[1:] for x in rnd]
+    per_round = [summarize([x.result for x in rnd]) for rnd in rounds]
     started = [x.result.started_s for x in later]
     out = {"config": config, "tag": tag, "time_to_ready_s": list(fleet.ready_s),
            "later_window": [min(started, default=0.0), max((x.result.done_s for x in later), default=0.0)],
-           "rounds": [summarize([x.result for x in rnd]) for rnd in rounds],
+           "rounds": per_round,
            "later_rounds": summarize([x.result for x in later]),
-           "later_rounds_wall_s": round(sum(summarize([x.result for x in rnd])["wall_s"] for rnd in rounds[1:]), 4),
+           "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
            "chat": replica_figures(later, _delta(after, before, "host_hit_tokens"), args.replicas),
            "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values())}
     docs: list[Routed] = []

@@ -265,9 +265,10 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                     "shared_prefix": step_timeline.summarize(steps, *_window(prefix)),
                     "first_admission_ms": [step_timeline.first_admission_ms(schedule, _window(rnd)[0])
                                            if rnd else None for rnd in rounds[1:]]}
-    return {"config": config, "tag": tag, "rounds": [summarize(rnd) for rnd in rounds],
+    per_round = [summarize(rnd) for rnd in rounds]
+    return {"config": config, "tag": tag, "rounds": per_round,
             "later_rounds": summarize(later),
-            "later_rounds_wall_s": round(sum(summarize(rnd)["wall_s"] for rnd in rounds[1:]), 4),
+            "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
             "shared_prefix": summarize(prefix) if prefix else None,
             "host_hit_tokens": {phase: d.get("vllm:external_prefix_cache_hits_total", 0.0)
                                 for phase, d in phases.items()},

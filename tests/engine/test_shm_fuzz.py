@@ -89,8 +89,11 @@ def _round(engine, rng, honest: KVClient, hashes, saved) -> int:
             if i % LOAD_EVERY == 0:
                 _check_load(honest, hashes, saved)
                 num_loads += 1
-        # The engine's housekeeping reads the slot and ring header as the round left them.
+        # The engine's housekeeping reads the slot and ring header as the round left them
+        # (loads checked meanwhile; a housekeeping that never comes fails the test).
+        deadline = time.monotonic() + WAIT_S
         while engine.stats()["heartbeat_ns"] <= started_ns:
+            assert time.monotonic() < deadline, "the engine's housekeeping never ran after the round"
             _check_load(honest, hashes, saved)
             num_loads += 1
             time.sleep(0.05)

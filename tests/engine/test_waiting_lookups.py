@@ -16,7 +16,7 @@ import pytest
 from engine.entries import Entry
 from engine.waiting_lookups import ABANDONED_WRITE_S, WaitingLookup, WaitingLookups, unread_marks, writing_stop
 from pegaflow.ring import RingConsumer, RingProducer, reset_slots
-from pegaflow.wire import SUBMISSION
+from pegaflow.wire import SUBMISSION, Opcode
 
 NAMESPACE = 0x5A7E
 NUM_LAYERS = 4
@@ -107,8 +107,9 @@ def test_waiting_lookup_of_detaching_client_lets_it_go(engine_factory, kv_client
         engine_factory, kv_client, rng, make_hashes, wait_ms=10_000, num_ready=0, num_writing=2)
     _submit_lookup_read(consumer, hashes)
     # A client that goes away while its LOOKUP waits is let go (its DETACH answered, no
-    # hang), and its slot freed.
-    consumer.client.close()
+    # hang: an unanswered DETACH raises here), and its slot freed.
+    consumer.client.call(Opcode.DETACH, timeout_s=WAIT_DEADLINE_S)
+    consumer.client.close(detach=False)
     engine.wait_stats(lambda s: s["clients_attached"] == 1)
     # The producer's blocks still land and are found.
     _save_layers(producer, range(2), hashes, range(1, NUM_LAYERS))

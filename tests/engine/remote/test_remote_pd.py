@@ -39,12 +39,8 @@ def test_remote_pd_decode_host_is_served_what_prefill_host_published(mooncake_ma
         #    from its own engine, which fetched them from the store; each byte is the prefill's.
         consumer.poison()
         consumer.add(make_request("d", prompt))
-        loaded = []
-        while consumer.scheduler.requests:
-            record = consumer.step()
-            loaded += [(block_id, block_hash) for load in record.loads
-                       for block_id, block_hash in zip(load.block_ids, load.hashes)
-                       if block_id not in record.load_errors]
+        loaded = [(block_id, block_hash) for record in consumer.run_until_done() for load in record.loads
+                  for block_id, block_hash in zip(load.block_ids, load.hashes) if block_id not in record.load_errors]
         assert len(loaded) == NUM_BLOCKS and consumer.served_tokens == NUM_BLOCKS * BLOCK
         for block_id, block_hash in loaded:  # (loads may end after their step: checked once all are over)
             for layer in range(NUM_LAYERS):

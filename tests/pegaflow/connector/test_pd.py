@@ -57,16 +57,19 @@ def _step_until_read(vllm: VllmInstance) -> None:
         time.sleep(1e-3)
 
 
-def _run_consumer(consumer: VllmInstance, req_id: str, prompt: list[int]):
-    """The consumer (poisoned KV memory) serves ``prompt``: its load plans, each byte checked."""
+def _run_consumer(consumer: VllmInstance):
+    """The consumer (poisoned KV memory) serves its request (bounded in steps and time): its
+    load plans, each load's bytes checked in the step it landed."""
     loads = []
-    while consumer.scheduler.requests:
-        record = consumer.step()
-        for load in record.loads:
+
+    def check_landed(record) -> None:
+        for load in record.landed:
             for block_id, block_hash in zip(load.block_ids, load.hashes):
                 for layer in range(NUM_LAYERS):
                     assert np.array_equal(consumer.page(layer, block_id), block_pattern(block_hash, layer))
-            loads.append(load)
+
+    for record in consumer.run_until_done(after_step=check_landed):
+        loads += record.loads
     return loads
 
 
@@ -89,7 +92,7 @@ def test_pd_consumer_lookup_during_producer_save_is_served_whole_prefix(held_eng
         assert "d" in consumer.scheduler.requests and not consumer.scheduler.running
         # 3. The saves land: the decode server is served all five blocks, byte for byte.
         hold.unlink()
-        loads = _run_consumer(consumer, "d", prompt)
+        loads = _run_consumer(consumer)
         assert sum(len(load.block_ids) for load in loads) == 5
         assert consumer.served_tokens == 5 * BLOCK
         producer.run_until_done()
@@ -127,7 +130,7 @@ def test_pd_consumer_lookup_past_its_deadline_is_served_ready_part(held_engine):
         # 3. The consumer's LOOKUP waits its 100 ms, then is answered with the READY part.
         consumer.poison()
         consumer.add(make_request("d", prompt))
-        loads = _run_consumer(consumer, "d", prompt)
+        loads = _run_consumer(consumer)
         assert sum(len(load.block_ids) for load in loads) == 2
         assert consumer.served_tokens == 2 * BLOCK
         stats = read_stats(name)

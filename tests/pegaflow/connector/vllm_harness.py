@@ -268,13 +268,17 @@ class VllmInstance:
                 return record
         raise AssertionError(f"{req_id} not admitted after {max_steps} steps")
 
-    def run_until_done(self, max_steps: int = 200, idle_timeout_s: float = 30.0, **kwargs) -> list[StepRecord]:
+    def run_until_done(self, max_steps: int = 200, idle_timeout_s: float = 30.0, after_step=None,
+                       **kwargs) -> list[StepRecord]:
         """Step until every request is gone: ``max_steps`` steps that schedule tokens, and
         steps that schedule none (finished requests held until the engine answers their
-        saves, which may wait for disk writes) for up to ``idle_timeout_s``."""
+        saves, which may wait for disk writes) for up to ``idle_timeout_s``; ``after_step``
+        is called with each step's record (e.g. to check the loads that landed in it)."""
         records, busy, deadline = [], 0, time.monotonic() + idle_timeout_s
         while busy < max_steps and time.monotonic() < deadline:
             records.append(self.step(**kwargs))
+            if after_step is not None:
+                after_step(records[-1])
             if not self.scheduler.requests:
                 return records
             if records[-1].output.total_num_scheduled_tokens:
