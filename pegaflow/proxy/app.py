@@ -126,6 +126,8 @@ class Proxy:
                 await response.write_eof()
                 return response
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            if response is not None and isinstance(exc, ConnectionResetError):
+                raise  # writing to the caller, who hung up: not the decode server's failure
             self.metrics.decode_failures.inc()
             logger.warning("decode server %s failed: %s: %s", url, type(exc).__name__, exc)
             if response is not None:  # part of the answer went out: the caller sees it cut
