@@ -61,12 +61,15 @@ def _register(client, payload, num_items: int, region_id: int = 0, backend=None,
 
 
 def _refused(client, payload, num_items: int, status: Status = Status.BAD_ARGUMENT, **kwargs) -> None:
-    """REGISTER is refused with ``status`` and the client's registration is unchanged."""
+    """REGISTER is refused with ``status``: the client's registration is unchanged and the
+    backend was given no region to map."""
     before = (dict(client.layers), dict(client.region_blocks), client.page_bytes)
+    backend = kwargs.pop("backend", None) or RecordingBackend()
     with pytest.raises(CommandError) as info:
-        _register(client, payload, num_items, **kwargs)
+        _register(client, payload, num_items, backend=backend, **kwargs)
     assert info.value.status == status
     assert (dict(client.layers), dict(client.region_blocks), client.page_bytes) == before
+    assert backend.regions == []
 
 
 def test_registration_last_block_ending_at_the_region_end_is_taken_one_past_refused():

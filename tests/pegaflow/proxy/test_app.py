@@ -8,7 +8,7 @@ like vLLM's OpenAI server: JSON, or server-sent events when asked to stream.
 from __future__ import annotations
 
 import asyncio
-import json
+import copy
 
 import pytest
 from aiohttp import web
@@ -23,8 +23,9 @@ STREAM_CHUNKS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"
 
 
 class FakeServer:
-    def __init__(self, name: str, log: list, status: int = 200):
+    def __init__(self, name: str, log: list, status: int = 200, hold_last: asyncio.Event | None = None):
         self.name, self.log, self.status = name, log, status
+        self.hold_last = hold_last  # set: the last chunk waits for it (what came before must be through)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -45,7 +46,9 @@ class FakeServer:
             return web.json_response({"server": self.name, "max_tokens": body.get("max_tokens")})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for chunk in STREAM_CHUNKS:
+        for i, chunk in enumerate(STREAM_CHUNKS):
+            if i == len(STREAM_CHUNKS) - 1 and self.hold_last is not None:
+                await self.hold_last.wait()
             await response.write(chunk)
             await asyncio.sleep(0.01)  # (separate writes: the proxy must pass each through)
         await response.write_eof()
@@ -107,15 +110,20 @@ def test_proxy_sends_prefill_then_decode_round_robin():
 
 def test_proxy_streams_decode_answer_through_byte_for_byte():
     async def scenario():
-        log = []
-        servers = await _serve(FakeServer("p", log), FakeServer("d", log))
+        log, last = [], asyncio.Event()
+        servers = await _serve(FakeServer("p", log), FakeServer("d", log, hold_last=last))
 
         async def body(client):
             answer = await client.post("/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
                 "stream": True, "stream_options": {"include_usage": True}})
             assert answer.status == 200 and answer.headers["Content-Type"].startswith("text/event-stream")
-            return await answer.read()
+            # The first chunks arrive while the decode server still holds its last one: the
+            # proxy passes the stream through, it does not buffer the whole answer.
+            first = [await asyncio.wait_for(answer.content.readuntil(b"\n\n"), 30)
+                     for _ in STREAM_CHUNKS[:-1]]
+            last.set()
+            return b"".join(first) + await answer.read()
 
         try:
             data = await _with_proxy([_url(servers[0])], [_url(servers[1])], body)
@@ -200,6 +208,7 @@ def test_round_robin_checks_urls_and_prefill_body_keeps_the_prompt():
     assert [servers.pick() for _ in range(3)] == ["http://a:1", "http://b:2", "http://a:1"]
     body = {"prompt": [5, 6], "max_tokens": 50, "temperature": 0.0, "n": 3, "min_tokens": 4,
             "logprobs": 2, "stream": True, "stream_options": {}}
+    original = copy.deepcopy(body)
     assert prefill_body(body) == {"prompt": [5, 6], "max_tokens": 1, "temperature": 0.0, "n": 1,
                                   "stream": False}
-    assert json.loads(json.dumps(body))["max_tokens"] == 50  # the request itself is left alone
+    assert body == original  # the request itself, which goes on to the decode server, is left alone
