@@ -56,6 +56,7 @@ from tools.bench_serving import (
     add_run_args,
     collect_runs,
     complete,
+    counters,
     headline_rows,
     measured_on,
     print_failures,
@@ -72,15 +73,9 @@ SPLIT_PEERS = ("lmcache",)  # peers whose cache lives in each vLLM process: the 
 
 def hit_counters(port: int) -> dict[str, float]:
     """A server's prefix-cache counters (tokens): its GPU cache's and the external (host) ones."""
-    from prometheus_client.parser import text_string_to_metric_families
-    names = {"vllm:prefix_cache_hits_total": "gpu_hit_tokens",
-             "vllm:external_prefix_cache_hits_total": "host_hit_tokens"}
-    out = dict.fromkeys(names.values(), 0.0)
-    for family in text_string_to_metric_families(_get(port, "/metrics")):
-        for sample in family.samples:
-            if sample.name in names:
-                out[names[sample.name]] += sample.value
-    return out
+    found = counters(port)
+    return {"gpu_hit_tokens": found.get("vllm:prefix_cache_hits_total", 0.0),
+            "host_hit_tokens": found.get("vllm:external_prefix_cache_hits_total", 0.0)}
 
 
 class Fleet:

@@ -139,14 +139,17 @@ def _get(port: int, path: str, method: str = "GET") -> str:
         return response.read().decode()
 
 
+HIT_COUNTERS = ("vllm:external_prefix_cache_hits_total", "vllm:prefix_cache_hits_total")  # host, own GPU
+
+
 def counters(port: int) -> dict[str, float]:
-    """The server's counters a run reports (summed over their labels): vLLM's external hits
-    and every ``vllm:pegaflow_*`` counter (lookup deferrals and timeouts, blocks loaded...)."""
+    """The server's counters a run reports (summed over their labels): vLLM's prefix-cache hits
+    (external and its own GPU's) and every ``vllm:pegaflow_*`` counter (lookup deferrals, blocks loaded...)."""
     from prometheus_client.parser import text_string_to_metric_families
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(_get(port, "/metrics")):
         for sample in family.samples:
-            if sample.name == "vllm:external_prefix_cache_hits_total" or (
+            if sample.name in HIT_COUNTERS or (
                     sample.name.startswith("vllm:pegaflow_") and sample.name.endswith("_total")):
                 out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
