@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import http.client
+import dataclasses
 import json
 import os
 import random
@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tools.bench_serving import REQUEST_TIMEOUT_S, SERVED_NAME, Server, complete, external_hit_tokens, server_command
+from tools.bench_serving import Server, complete, external_hit_tokens, server_command
 from tools.engine_process import EngineProcess
+from tools.replica_router import cacheable_tokens
 from tools.serving_workload import RequestResult, percentile, poisson_offsets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,34 +48,13 @@ def prompts(count: int, num_tokens: int, seed: int) -> list[list[int]]:
 
 
 def stream(port: int, prompt: list[int], max_tokens: int, key: str) -> tuple[RequestResult, list[float]]:
-    """One streamed completion (as ``complete``), with the arrival time of every chunk that
-    carries tokens: the gaps between them are the inter-token latencies."""
-    body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                       "ignore_eos": True, "stream": True, "return_token_ids": True})
-    started, tokens, times = time.monotonic(), [], []
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
-    try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            return RequestResult(key, len(prompt), [], started, started, time.monotonic(),
-                                 error=f"HTTP {response.status}: {response.read()[:200]!r}"), []
-        for raw in response:
-            line = raw.strip()
-            if not line.startswith(b"data:") or (data := line[5:].strip()) == b"[DONE]":
-                continue
-            ids = json.loads(data)["choices"][0].get("token_ids") or []
-            if ids:
-                times.append(time.monotonic())
-                tokens += ids
-    except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
-        return RequestResult(key, len(prompt), tokens, started, started, time.monotonic(),
-                             error=f"{type(exc).__name__}: {exc}"), []
-    finally:
-        conn.close()
-    if not times:
-        return RequestResult(key, len(prompt), [], started, started, time.monotonic(), error="no token"), []
-    return RequestResult(key, len(prompt), tokens, started, times[0], times[-1]), times
+    """One streamed completion (``complete``), with the arrival time of every chunk that
+    carries tokens: the gaps between them are the inter-token latencies; it is done at the last."""
+    times: list[float] = []
+    result = complete(port, prompt, max_tokens, key, chunk_times=times)
+    if result.error:
+        return result, []
+    return dataclasses.replace(result, done_s=times[-1]), times
 
 
 def drive(ports: list[int], jobs: list[list[int]], args) -> list[tuple[RequestResult, list[float]]]:
@@ -197,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = run_reference(args, jobs, log_dir)
     pd_timed, hits = run_pd(args, warmup, jobs, log_dir)
     replicas_timed = run_replicas(args, warmup, jobs, log_dir)
-    full_tokens = sum((len(p) - 1) // BLOCK * BLOCK for p in jobs)
+    full_tokens = sum(cacheable_tokens(len(p), len(p), BLOCK) for p in jobs)
     table = {"gpu": gpu_name(), "model": args.model, "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
              "note": "one GPU: the prefill and decode servers share its SMs (as the two replicas do)",
              "served_share": hits / full_tokens if full_tokens else float("nan"),

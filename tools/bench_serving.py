@@ -58,8 +58,11 @@ PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "peg
                     "pegaflow-layerwise": {"load_mode": "layerwise"}}
 
 
-def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str = "127.0.0.1") -> RequestResult:
-    """One streamed token-id completion; the first chunk carrying tokens is the first token."""
+def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str = "127.0.0.1",
+             chunk_times: list[float] | None = None) -> RequestResult:
+    """One streamed token-id completion; the first chunk carrying tokens is the first token.
+    ``chunk_times`` gets the arrival time of every chunk that carries tokens (their gaps are
+    the inter-token latencies)."""
     body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                        "ignore_eos": True, "stream": True, "return_token_ids": True,
                        "stream_options": {"include_usage": True}})
@@ -83,8 +86,10 @@ def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str 
             details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
             if details.get("cached_tokens") is not None:  # the last chunk: usage
                 cached = int(details["cached_tokens"])
+            if ids and chunk_times is not None:
+                chunk_times.append(time.monotonic())
             if ids and not first:
-                first = time.monotonic()
+                first = chunk_times[-1] if chunk_times else time.monotonic()
             tokens += ids
         done = time.monotonic()
     except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
