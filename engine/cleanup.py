@@ -90,7 +90,7 @@ def _unlink_all(name: str, whats, unlink, size_of) -> tuple[int, int, list[str]]
 def _segment_bytes(ipc_name: str) -> int:
     """The memory a segment holds (its pages in use, not its size: a pool may be sparse)."""
     try:
-        return os.stat(f"/dev/shm/{ipc_name.lstrip('/')}").st_blocks * 512
+        return os.stat(shm.segment_path(ipc_name)).st_blocks * 512
     except OSError:  # gone, or not Linux's layout: not counted
         return 0
 

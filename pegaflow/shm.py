@@ -26,6 +26,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _MODE = 0o600
 
 
+
+def segment_path(name: str, is_semaphore: bool = False) -> str:
+    """Where Linux keeps the POSIX segment (or named semaphore) ``name``."""
+    return f"/dev/shm/{'sem.' if is_semaphore else ''}{name.lstrip('/')}"
+
 def check_engine_name(name: str) -> str:
     if not _NAME_RE.match(name):
         raise ConfigError(f"engine name {name!r}: use 1-64 letters, digits, '_' or '-'")
@@ -168,7 +173,7 @@ def unlink_segment(name: str) -> bool:
     except posix_ipc.ExistentialError:
         return False
     except posix_ipc.PermissionsError as exc:
-        raise _not_removable(name, f"/dev/shm/{name.lstrip('/')}", exc) from None
+        raise _not_removable(name, segment_path(name), exc) from None
     return True
 
 
@@ -191,7 +196,7 @@ def attach_semaphore(name: str) -> posix_ipc.Semaphore:
     except posix_ipc.ExistentialError as exc:
         raise EngineNotRunningError(f"semaphore {name} does not exist") from exc
     try:  # Linux keeps a named semaphore as /dev/shm/sem.<name>
-        st = os.stat(f"/dev/shm/sem.{name.lstrip('/')}", follow_symlinks=False)
+        st = os.stat(segment_path(name, is_semaphore=True), follow_symlinks=False)
     except FileNotFoundError:
         return sem  # another platform's layout: nothing to check it by
     try:
@@ -210,7 +215,7 @@ def unlink_semaphore(name: str) -> bool:
     except posix_ipc.ExistentialError:
         return False
     except posix_ipc.PermissionsError as exc:
-        raise _not_removable(name, f"/dev/shm/sem.{name.lstrip('/')}", exc) from None
+        raise _not_removable(name, segment_path(name, is_semaphore=True), exc) from None
     return True
 
 
@@ -228,7 +233,7 @@ def is_private_buffer_of(name: str, pid: int) -> bool:
 def maps_segment(pid: int, name: str) -> bool:
     """Whether process ``pid`` has segment ``name`` mapped, by the kernel's account of it
     (``/proc/<pid>/maps``): what a process writes about itself can lie, this cannot."""
-    path = f"/dev/shm/{name.lstrip('/')}"
+    path = segment_path(name)
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
             return any(line.rstrip().endswith(path.encode()) for line in f)

@@ -51,20 +51,19 @@ def secure_tree(root: Path) -> int:
     in.  Returns how many entries were tightened."""
     if not root.exists():
         return 0
-    num_tightened = _secure(root, os.lstat(root), is_dir=True)
+    num_tightened = _secure(root, os.lstat(root))
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            num_tightened += _secure(path, st, is_dir=stat.S_ISDIR(st.st_mode))
+            num_tightened += _secure(path, os.lstat(path))
     if num_tightened:
         logger.info("disk tier %s: %d files and directories written by an earlier engine made private "
                     "(0600 files, 0700 directories)", root, num_tightened)
     return num_tightened
 
 
-def _secure(path, st: os.stat_result, is_dir: bool) -> int:
-    uid = os.geteuid()
+def _secure(path, st: os.stat_result) -> int:
+    uid, is_dir = os.geteuid(), stat.S_ISDIR(st.st_mode)
     if st.st_uid != uid:
         raise ConfigError(f"disk tier: {path} is owned by uid {st.st_uid}, not this user (uid {uid}): "
                           f"refusing to serve blocks another user could have written; remove it")
