@@ -14,16 +14,14 @@ import os
 from dataclasses import dataclass
 
 from pegaflow import shm
-from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
+from pegaflow.errors import EngineAlreadyRunningError, ForeignSegmentError
 from pegaflow.locks import lock_path
-from pegaflow.wire import CONTROL_HEADER, MAGIC
 
 from .config import MAX_SLOTS
-from .segments import KEPT, _claim_name, _lock_path
+from .segments import _claim_name, _lock_path, _what_names, recorded_header
 
 # Every name an engine creates: its segments and its semaphores (with at most MAX_SLOTS clients).
-SEGMENTS = ("control", "stats", *KEPT, *(f"ring.{i}" for i in range(MAX_SLOTS)))
-SEMAPHORES = ("doorbell", *(f"cq.{i}" for i in range(MAX_SLOTS)))
+SEGMENTS, SEMAPHORES = _what_names(MAX_SLOTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +58,8 @@ def clean(name: str) -> Cleaned:
 
 def _dead_engine_pid(name: str) -> int:
     """The pid the control segment names (0: none, or unreadable); refused if it is alive."""
-    try:
-        control = shm.attach_segment(shm.ipc_name(name, "control"), readonly=True)
-    except (EngineNotRunningError, ForeignSegmentError):
-        return 0
-    try:
-        header = control.array(CONTROL_HEADER, 1)[0].copy()
-    finally:
-        control.close()
-    pid = int(header["engine_pid"]) if int(header["magic"]) == MAGIC else 0
+    header = recorded_header(shm.ipc_name(name, "control"))
+    pid = 0 if header is None else int(header["engine_pid"])
     if pid and pid != os.getpid() and shm.is_pid_alive(pid):
         raise EngineAlreadyRunningError(_running_message(name, str(pid)))
     return pid

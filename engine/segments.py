@@ -40,6 +40,23 @@ def _what_names(num_slots: int, keep_pool: bool = False) -> tuple[list[str], lis
     return segments, semaphores
 
 
+def recorded_header(control_name: str):
+    """The header of an engine's control segment (None: none there, empty, not a control
+    segment, or another user's: never read, a warning logged)."""
+    try:
+        old = shm.attach_segment(control_name, readonly=True)
+    except ForeignSegmentError as exc:
+        logger.warning("%s", exc)
+        return None
+    except EngineNotRunningError:  # none, or empty: its creator died before sizing it
+        return None
+    try:
+        header = old.array(CONTROL_HEADER, 1)[0].copy()
+    finally:
+        old.close()
+    return header if int(header["magic"]) == MAGIC else None
+
+
 def _lock_path(name: str) -> str:
     return lock_path(name, "lock")
 
@@ -120,27 +137,16 @@ class EngineSegments:
     def _remove_stale(self, control_name: str) -> None:
         """We hold the name's lock, so whatever carries the name was left by a dead engine
         (or planted by another user: never read, removed all the same)."""
-        try:
-            old = shm.attach_segment(control_name, readonly=True)
-        except ForeignSegmentError as exc:
-            logger.warning("%s", exc)
-            header = np.zeros(1, dtype=CONTROL_HEADER)[0]
-        except EngineNotRunningError:  # empty: its creator died before sizing it
-            header = np.zeros(1, dtype=CONTROL_HEADER)[0]
-        else:
-            try:
-                header = old.array(CONTROL_HEADER, 1)[0].copy()
-            finally:
-                old.close()
-        pid = int(header["engine_pid"])
-        if int(header["magic"]) == MAGIC and pid and pid != os.getpid() and is_pid_alive(pid):
+        header = recorded_header(control_name)
+        pid = 0 if header is None else int(header["engine_pid"])
+        if pid and pid != os.getpid() and is_pid_alive(pid):
             raise EngineAlreadyRunningError(
                 f"an engine named {self.config.name!r} is already running (pid {pid}); "
                 f"stop it or start this one with another --name")
         logger.warning("removing segments left by a dead engine named %r (pid %d)",
                        self.config.name, pid)
         # every name the dead engine may have created (it may have had more slots than we do)
-        old_slots = min(int(header["num_slots"]), MAX_SLOTS) if int(header["magic"]) == MAGIC else 0
+        old_slots = 0 if header is None else min(int(header["num_slots"]), MAX_SLOTS)
         segments, semaphores = _what_names(max(old_slots, self.config.num_slots),
                                            self.config.keep_pool)
         for what in segments:
