@@ -15,7 +15,6 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 from pegaflow.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
-from pegaflow.shm import check_engine_name  # noqa: E402
 
 from .config import build_parser, config_from_args, warn_unknown_env  # noqa: E402
 from .server import EngineServer  # noqa: E402
@@ -29,8 +28,7 @@ TIMER_SLACK_NS = 1000
 def clean_command(name: str) -> int:
     """``--clean NAME``: 0 when nothing of a dead engine is left, 1 when refused (it runs)."""
     from .cleanup import clean, describe
-    check_engine_name(name)  # a bad name is a ConfigError: exit 2, as for any bad flag
-    try:
+    try:  # (a bad name: clean's ConfigError, exit 2 in main, as for any bad flag)
         cleaned = clean(name)
     except ShmError as exc:
         print(f"pegaflow engine: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pegaflow.errors import ConfigError
 from pegaflow.proxy.routing import RoundRobin, prefill_body
 
 logger = logging.getLogger(__name__)
@@ -29,6 +31,11 @@ class ProxyConfig:
     decode_urls: tuple[str, ...]
     prefill_timeout_s: float = 600.0  # a prefill past this is abandoned: decode computes the prompt
     decode_timeout_s: float = 3600.0  # a whole decode answer, at most
+
+    def __post_init__(self) -> None:
+        for key in ("prefill_timeout_s", "decode_timeout_s"):
+            if not 0 < getattr(self, key) < math.inf:  # nan fails too
+                raise ConfigError(f"timeouts must be positive finite seconds: {key}={getattr(self, key)}")
 
 
 class ProxyMetrics:

@@ -19,3 +19,9 @@ def test_cli_needs_both_kinds_of_server():
         build_parser().parse_args(["--prefill", "http://a:1"])
     args = build_parser().parse_args(["--prefill", "http://a:1", "http://a:2", "--decode", "http://b:1"])
     assert args.prefill == ["http://a:1", "http://a:2"] and args.port == 8000
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_cli_timeout_that_is_no_duration_is_refused(capsys, value):
+    assert main(["--prefill", "http://a:1", "--decode", "http://b:2", "--decode-timeout-s", value]) == 2
+    assert f"decode_timeout_s={float(value)}" in capsys.readouterr().err
