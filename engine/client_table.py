@@ -37,7 +37,6 @@ class ClientTable:
         self.engine_name = engine_name
         self.segments, self.stats, self.dispatcher = segments, stats, dispatcher
         self.attach_timeout_s = attach_timeout_s
-        self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self.clients: dict[int, ClientState] = {}
         self.attached: tuple[ClientState, ...] = ()  # the clients' values, for the hot loop
 
@@ -60,7 +59,7 @@ class ClientTable:
             if old is not None and not self.close(old, "its slot was claimed again", free_slot=False):
                 continue  # its copies still run: the claim waits for them
             pid = int(self.segments.slots["pid"][slot])
-            why = claim_problem(pid, self.own_pid_is_client)
+            why = claim_problem(pid, self.dispatcher.own_pid_is_client)
             if why is not None:
                 self._refuse_claim(slot, why)
                 continue

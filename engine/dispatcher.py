@@ -68,7 +68,7 @@ _OPCODES = frozenset(Opcode)
 
 
 class Dispatcher:
-    def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter):
+    def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter, lookup_wait_s: float = 0.0):
         self.index = index
         self.backend = backend
         self.stats = stats
@@ -83,7 +83,7 @@ class Dispatcher:
         # ``lookup_wait_s`` (the engine's --lookup-wait-ms; 0: never), and ``clients`` says
         # whose rings may hold a SAVE not read yet (the server's attached clients)
         self.waiting = WaitingLookups(index, self._answer_waiting)
-        self.lookup_wait_s = 0.0
+        self.lookup_wait_s = lookup_wait_s
         self.clients: Callable[[], tuple] = tuple
         self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self._handlers = {

@@ -97,8 +97,7 @@ class EngineServer:
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1), self.segments.stats.array(
             CLIENT_STATS, config.num_slots, STATS.itemsize))
         self.stats.set("pool_bytes_capacity", self.index.pool.bytes_total)
-        self.dispatcher = Dispatcher(self.index, self.backend, self.stats)
-        self.dispatcher.lookup_wait_s = config.lookup_wait_s
+        self.dispatcher = Dispatcher(self.index, self.backend, self.stats, config.lookup_wait_s)
         self._pin_seen = PinProgress()  # the pinner's progress the pool has grown by
         self._is_pinning = True
         self._take_pinned()
@@ -143,7 +142,7 @@ class EngineServer:
     def serve_own_process(self) -> None:
         """Take clients of this very process (an engine run in a test's process): its pid
         is otherwise never a client's."""
-        self.table.own_pid_is_client = self.dispatcher.own_pid_is_client = True
+        self.dispatcher.own_pid_is_client = True
 
     def request_stop(self) -> None:
         self.is_stopping = True
