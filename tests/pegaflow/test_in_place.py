@@ -30,52 +30,49 @@ def private():
     yield array, array.copy()
 
 
-def test_in_place_private_array_keeps_its_bytes_and_address(private):
+@pytest.fixture
+def shared(private):
+    """``private``'s memory moved in place: (array, its bytes before, the buffer), closed after."""
     array, before = private
     buffer = share_in_place(_address(array), array.nbytes)
-    try:
-        # 1. Nothing moved for the array's owner: same address, every byte as it was.
-        assert np.array_equal(array, before)
-        start, span = page_span(_address(array), array.nbytes)
-        assert buffer.address == start and buffer.num_bytes == span
-        # 2. The segment's own mapping holds the same bytes (the array's offset in it)...
-        offset = _address(array) - start
-        assert np.array_equal(buffer.data[offset:offset + array.nbytes], before)
-        # 3. ...and is the same memory: a write on either side shows on the other.
-        array[17] ^= 0xFF
-        assert buffer.data[offset + 17] == array[17]
-        buffer.data[offset + NUM_BYTES - 1] ^= 0x0F
-        assert array[-1] == before[-1] ^ 0x0F
-    finally:
-        buffer.close()
+    yield array, before, buffer
+    buffer.close()
 
 
-def test_in_place_memory_is_readable_by_another_process(private):
-    array, _ = private
-    buffer = share_in_place(_address(array), array.nbytes)
-    try:
-        offset = _address(array) - buffer.address
-        array[:4] = [1, 2, 3, 4]
-        array[-4:] = [9, 8, 7, 6]
-        # Another process attaches the segment by name: it reads what the owner wrote.
-        code = ("import sys, numpy as np; from pegaflow import shm; "
-                "s = shm.attach_segment(sys.argv[1]); d = s.array(np.uint8, s.size); o, n = int(sys.argv[2]), "
-                "int(sys.argv[3]); print(d[o:o + 4].tolist() + d[o + n - 4:o + n].tolist())")
-        out = subprocess.run([sys.executable, "-c", code, buffer.name, str(offset), str(NUM_BYTES)],
-                             check=True, capture_output=True, text=True).stdout
-        assert out == "[1, 2, 3, 4, 9, 8, 7, 6]\n"
-    finally:
-        buffer.close()
+def test_in_place_private_array_keeps_its_bytes_and_address(shared):
+    array, before, buffer = shared
+    # 1. Nothing moved for the array's owner: same address, every byte as it was.
+    assert np.array_equal(array, before)
+    start, span = page_span(_address(array), array.nbytes)
+    assert buffer.address == start and buffer.num_bytes == span
+    # 2. The segment's own mapping holds the same bytes (the array's offset in it)...
+    offset = _address(array) - start
+    assert np.array_equal(buffer.data[offset:offset + array.nbytes], before)
+    # 3. ...and is the same memory: a write on either side shows on the other.
+    array[17] ^= 0xFF
+    assert buffer.data[offset + 17] == array[17]
+    buffer.data[offset + NUM_BYTES - 1] ^= 0x0F
+    assert array[-1] == before[-1] ^ 0x0F
 
 
-def test_in_place_range_already_shared_is_the_same_buffer(private):
-    array, _ = private
-    buffer = share_in_place(_address(array), array.nbytes)
-    try:
-        assert share_in_place(_address(array) + 4096, 100) is buffer
-        assert find_buffer(_address(array), array.nbytes)[0] is buffer
-    finally:
-        buffer.close()
+def test_in_place_memory_is_readable_by_another_process(shared):
+    array, _, buffer = shared
+    offset = _address(array) - buffer.address
+    array[:4] = [1, 2, 3, 4]
+    array[-4:] = [9, 8, 7, 6]
+    # Another process attaches the segment by name: it reads what the owner wrote.
+    code = ("import sys, numpy as np; from pegaflow import shm; "
+            "s = shm.attach_segment(sys.argv[1]); d = s.array(np.uint8, s.size); o, n = int(sys.argv[2]), "
+            "int(sys.argv[3]); print(d[o:o + 4].tolist() + d[o + n - 4:o + n].tolist())")
+    out = subprocess.run([sys.executable, "-c", code, buffer.name, str(offset), str(NUM_BYTES)],
+                         check=True, capture_output=True, text=True).stdout
+    assert out == "[1, 2, 3, 4, 9, 8, 7, 6]\n"
+
+
+def test_in_place_range_already_shared_is_the_same_buffer(shared):
+    array, _, buffer = shared
+    assert share_in_place(_address(array) + 4096, 100) is buffer
+    assert find_buffer(_address(array), array.nbytes)[0] is buffer
 
 
 def test_in_place_closed_buffer_unlinks_its_name_and_the_memory_stays(private):
