@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 import tests.e2e.gpu_only  # noqa: F401  (skips this module without a GPU)
-from tools.bench_replicas import Chat, Fleet
+from tools.bench_replicas import Chat, Fleet, parse_args
 from tools.engine_process import EngineProcess
 from tools.replica_router import Router
 
@@ -21,10 +20,12 @@ MODEL = Path(__file__).resolve().parents[2] / "tools" / "models" / "llama-1b-sha
 ROUNDS = 3
 
 
-def _args(replicas: int) -> SimpleNamespace:
-    return SimpleNamespace(model=str(MODEL), port=8100 + os.getpid() % 500, replicas=replicas, max_model_len=8192,
-                           gpu_memory_utilization=0.25, gpu_blocks=800, host_gib=4, eager=False,
-                           users=5, context_tokens=3000, question_tokens=32, answer_tokens=12, seed=0)
+def _args(replicas: int):
+    """The bench's own options (its defaults for the rest), sized for a quick test."""
+    return parse_args(["--model", str(MODEL), "--port", str(8100 + os.getpid() % 500), "--replicas", str(replicas),
+                       "--max-model-len", "8192", "--gpu-memory-utilization", "0.25", "--gpu-blocks", "800",
+                       "--host-gib", "4", "--users", "5", "--context-tokens", "3000", "--question-tokens", "32",
+                       "--answer-tokens", "12", "--seed", "0"])
 
 
 def _chat(config: str, replicas: int, engine_name: str, tmp_path: Path):
