@@ -14,7 +14,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from pegaflow.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
+from pegaflow.platform.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 
 from .config import build_parser, config_from_args, warn_unknown_env  # noqa: E402
 from .server import EngineServer  # noqa: E402

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
-from pegaflow import shm
-from pegaflow.shm import MAX_PID, is_pid_alive
-from pegaflow.wire import SlotState
+from pegaflow.platform import shm
+from pegaflow.platform.shm import MAX_PID, is_pid_alive
+from pegaflow.platform.wire import SlotState
 
 _SLOT_STATES = frozenset(int(s) for s in SlotState)
 

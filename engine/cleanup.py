@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pegaflow import shm
-from pegaflow.errors import EngineAlreadyRunningError, ForeignSegmentError
-from pegaflow.locks import lock_path
+from pegaflow.platform import shm
+from pegaflow.platform.errors import EngineAlreadyRunningError, ForeignSegmentError
+from pegaflow.platform.locks import lock_path
 
 from .config import MAX_SLOTS
 from .segments import _claim_name, _lock_path, _what_names, recorded_header

@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from pegaflow import shm
-from pegaflow.ring import RingConsumer, RingProducer
-from pegaflow.shm import is_pid_alive
-from pegaflow.waits import Doorbell
-from pegaflow.wire import SlotState
+from pegaflow.platform import shm
+from pegaflow.platform.ring import RingConsumer, RingProducer
+from pegaflow.platform.shm import is_pid_alive
+from pegaflow.platform.waits import Doorbell
+from pegaflow.platform.wire import SlotState
 
 from .claims import claim_problem, state_name
 from .clients import ClientState

@@ -6,7 +6,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView
+from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
 
 from .copy.base import LayerPlacement
 

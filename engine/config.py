@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pegaflow.cli import ArgumentParser
-from pegaflow.errors import ConfigError
-from pegaflow.shm import check_engine_name
-from pegaflow.values import as_bool, as_float, format_size, parse_size, version_line
+from pegaflow.platform.cli import ArgumentParser
+from pegaflow.platform.errors import ConfigError
+from pegaflow.platform.shm import check_engine_name
+from pegaflow.platform.values import as_bool, as_float, format_size, parse_size, version_line
 
 from .copy.base import DEVICE_STAGING_BYTES
 from .copy.base import PATHS as COPY_PATHS

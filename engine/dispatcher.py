@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pegaflow.errors import CommandError
-from pegaflow.wire import (
+from pegaflow.platform.errors import CommandError
+from pegaflow.platform.wire import (
     HASH,
     WIRE_VERSION,
     ClientRole,

@@ -25,9 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from pegaflow import shm
-from pegaflow.errors import ShmError
-from pegaflow.values import format_size
+from pegaflow.platform import shm
+from pegaflow.platform.errors import ShmError
+from pegaflow.platform.values import format_size
 
 logger = logging.getLogger(__name__)
 

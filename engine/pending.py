@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pegaflow.errors import CommandError
-from pegaflow.wire import Opcode, Status, hash_keys
+from pegaflow.platform.errors import CommandError
+from pegaflow.platform.wire import Opcode, Status, hash_keys
 
 from .clients import ClientState
 from .entries import Key

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from pegaflow import shm
-from pegaflow.errors import PegaflowError
-from pegaflow.values import format_size
+from pegaflow.platform import shm
+from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.values import format_size
 
 from . import fault_in
 from .copy.base import CopyBackend

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The pool's slot table: what every pool entry holds, kept in shared memory beside the pool.
 
 The index lives in the engine's memory; this table records the same facts in the
-``pool.table`` segment (``pegaflow/pool_layout.py``): for each
+``pool.table`` segment (``pegaflow/platform/pool_layout.py``): for each
 place an entry can take, its offset, size, key, layers, state (FREE, WRITING, READY) and,
 with --keep-pool, when it was last used.  A process that maps the pool and the table can
 find every READY block without the engine (a test does), and an engine started over a
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pegaflow.pool_layout import POOL_RECORD, POOL_TABLE_HEADER, POOL_TABLE_VERSION, EntryState
-from pegaflow.wire import MAGIC
+from pegaflow.platform.pool_layout import POOL_RECORD, POOL_TABLE_HEADER, POOL_TABLE_VERSION, EntryState
+from pegaflow.platform.wire import MAGIC
 
 MAX_RECORDS = 1 << 21      # 144 MiB of records at most
 MIN_ENTRY_BYTES = 4096     # a record per 4 KiB of slab at most: the table stays under 1/56 of the pool

@@ -16,9 +16,9 @@ import logging
 
 import numpy as np
 
-from pegaflow import shm
-from pegaflow.errors import CommandError, ConfigError, PegaflowError
-from pegaflow.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
+from pegaflow.platform import shm
+from pegaflow.platform.errors import CommandError, ConfigError, PegaflowError
+from pegaflow.platform.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
 
 from .clients import ClientState
 from .copy.base import CopyBackend, LayerPlacement

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from pegaflow.errors import ShmError
-from pegaflow.values import format_size
+from pegaflow.platform.errors import ShmError
+from pegaflow.platform.values import format_size
 
 
 def _mem_available(meminfo: str) -> int | None:

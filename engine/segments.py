@@ -16,12 +16,21 @@ import time
 import numpy as np
 import posix_ipc
 
-from pegaflow import shm
-from pegaflow.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
-from pegaflow.locks import ControlLock, lock_path, open_lock_file
-from pegaflow.ring import RingSegmentView, reset_slots, ring_segment_bytes
-from pegaflow.shm import is_pid_alive
-from pegaflow.wire import CLIENT_STATS, CONTROL_HEADER, FINGERPRINT, MAGIC, SLOT, STATS, WIRE_VERSION, SlotState
+from pegaflow.platform import shm
+from pegaflow.platform.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
+from pegaflow.platform.locks import ControlLock, lock_path, open_lock_file
+from pegaflow.platform.ring import RingSegmentView, reset_slots, ring_segment_bytes
+from pegaflow.platform.shm import is_pid_alive
+from pegaflow.platform.wire import (
+    CLIENT_STATS,
+    CONTROL_HEADER,
+    FINGERPRINT,
+    MAGIC,
+    SLOT,
+    STATS,
+    WIRE_VERSION,
+    SlotState,
+)
 
 from .config import MAX_SLOTS, EngineConfig
 from .pool_table import PoolTable, table_bytes

@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
-from pegaflow.errors import PegaflowError
-from pegaflow.values import format_size
-from pegaflow.waits import Doorbell, sleep_until
-from pegaflow.wire import CLIENT_STATS, STATS, Opcode, Status
+from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.values import format_size
+from pegaflow.platform.waits import Doorbell, sleep_until
+from pegaflow.platform.wire import CLIENT_STATS, STATS, Opcode, Status
 
 from .client_table import ClientTable
 from .clients import ClientState

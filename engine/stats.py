@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from pegaflow.wire import (
+from pegaflow.platform.wire import (
     CLIENT_STATS,
     LATENCY_BUCKETS_S,
     LATENCY_OPCODES,

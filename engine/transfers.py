@@ -19,8 +19,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from pegaflow.errors import CommandError, PegaflowError
-from pegaflow.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opcode, Status
+from pegaflow.platform.errors import CommandError, PegaflowError
+from pegaflow.platform.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opcode, Status
 
 from . import votes
 from .clients import ClientState

@@ -20,8 +20,8 @@ from enum import Enum
 
 import numpy as np
 
-from pegaflow.errors import CommandError
-from pegaflow.wire import TAG, CommandFlag, Status
+from pegaflow.platform.errors import CommandError
+from pegaflow.platform.wire import TAG, CommandFlag, Status
 
 from .entries import Entry
 

@@ -1,5 +1,5 @@
 """pegaflow: a KV-cache offload engine for vLLM (the client library and connector)."""
 
-from pegaflow.values import package_version
+from pegaflow.platform.values import package_version
 
 __version__ = package_version()

@@ -14,11 +14,11 @@ import sys
 
 import numpy as np
 
-from pegaflow.cli import ArgumentParser
-from pegaflow.client import EngineClient
-from pegaflow.errors import PegaflowError
-from pegaflow.host_memory import HostKVBuffer, layer_major_records
-from pegaflow.values import version_line
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.platform.cli import ArgumentParser
+from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.values import version_line
 
 NUM_LAYERS = 4
 NUM_BLOCKS = 256

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pegaflow import shm
-from pegaflow.wire import STATS, STATS_COUNTER_NAMES
+from pegaflow.platform import shm
+from pegaflow.platform.wire import STATS, STATS_COUNTER_NAMES
 from tools.engine_process import EngineProcess, EngineStartError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

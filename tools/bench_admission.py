@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pegaflow.client import EngineClient
-from pegaflow.engine_stats import read_stats
-from pegaflow.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.stats.engine_stats import read_stats
 from tools.engine_process import EngineProcess
 
 POLICIES = ("evicted", "reused", "all")

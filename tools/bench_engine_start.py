@@ -33,9 +33,9 @@ import posix_ipc
 
 from engine import fault_in
 from engine.room import check_room
-from pegaflow import shm
-from pegaflow.engine_stats import read_stats
-from pegaflow.values import format_size, parse_size
+from pegaflow.platform import shm
+from pegaflow.platform.values import format_size, parse_size
+from pegaflow.stats.engine_stats import read_stats
 from tools.engine_process import LARGE_POOL_STOP_S, ROOT, EngineProcess
 
 POLL_S = 5e-3
@@ -50,7 +50,7 @@ def gpu_name() -> str:
         from engine.copy import detect_cuda
         if not detect_cuda():
             return "none"
-        from pegaflow.cuda import driver
+        from pegaflow.platform.cuda import driver
         return driver.device_name(0)
 
 

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from pegaflow.in_place import share_in_place
-from pegaflow.values import parse_size
+from pegaflow.client.in_place import share_in_place
+from pegaflow.platform.values import parse_size
 
 
 def _private(num_bytes: int) -> np.ndarray:

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from pegaflow.client import EngineClient  # noqa: E402
+from pegaflow.client.connection import EngineClient  # noqa: E402
 from tools.engine_process import EngineProcess  # noqa: E402
 
 

@@ -237,7 +237,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
 
 
 def _engine_stats(name: str) -> dict:
-    from pegaflow.engine_stats import read_stats
+    from pegaflow.stats.engine_stats import read_stats
     s = read_stats(name)
     return {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
 

@@ -256,7 +256,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                 server.stop()
         engine_stats = None
         if engine is not None:
-            from pegaflow.engine_stats import read_stats
+            from pegaflow.stats.engine_stats import read_stats
             s = read_stats(name)
             engine_stats = {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
     finally:

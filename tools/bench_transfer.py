@@ -37,8 +37,8 @@ import numpy as np
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
 from engine.fault_in import default_threads, fault_in  # noqa: E402
-from pegaflow import shm  # noqa: E402
-from pegaflow.cuda import driver  # noqa: E402
+from pegaflow.platform import shm  # noqa: E402
+from pegaflow.platform.cuda import driver  # noqa: E402
 
 NUM_LAYERS, KV_HEADS, HEAD, DTYPE_BYTES = 32, 8, 128, 2
 TOKEN_BYTES = KV_HEADS * 2 * HEAD * DTYPE_BYTES  # K and V of one token in one layer: 4 KiB
@@ -59,7 +59,7 @@ def _client_main(conn) -> None:
     """The KV owner (torch): export the cache, then run engine-mode commands when asked."""
     import torch
 
-    from pegaflow.cuda.ipc import export_allocation
+    from pegaflow.platform.cuda.ipc import export_allocation
     torch.cuda.set_device(0)
     kv = torch.empty(NUM_LAYERS * CAPACITY_TOKENS * TOKEN_BYTES, dtype=torch.uint8, device="cuda")
     for chunk in kv.split(1 << 30):
@@ -77,9 +77,9 @@ def _client_engine_run(kv, name: str, tokens: int, block_size: int, runs: int, s
     """SAVE then LOAD ``tokens`` at random block ids through engine ``name``, timed here."""
     import torch
 
-    from pegaflow.client import EngineClient
-    from pegaflow.cuda.ipc import export_allocation, region_record
-    from pegaflow.host_memory import layer_major_records
+    from pegaflow.client.connection import EngineClient
+    from pegaflow.client.host_memory import layer_major_records
+    from pegaflow.platform.cuda.ipc import export_allocation, region_record
     geo, rng = kv_geometry(block_size), np.random.default_rng(seed)
     pages = kv.view(NUM_LAYERS, geo["num_blocks"], geo["page_bytes"])
     client = EngineClient.connect(name, timeout_s=TIMEOUT_S)
@@ -160,7 +160,7 @@ class DirectRunner:
         self._tokens = iter(range(1, 1 << 62))
 
     def open(self, path: str, block_sizes: list[int], **tuning) -> None:
-        from pegaflow.cuda.ipc import region_record
+        from pegaflow.platform.cuda.ipc import region_record
         self.backend = CudaBackend(copy_backend=path, **tuning)
         self.backend.attach_pool(self.pool)
         for block_size in block_sizes:

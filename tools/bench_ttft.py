@@ -226,8 +226,8 @@ def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
 
 def _peer_phases(args) -> dict[str, dict]:
     """Per peer of ``--peers``: its phase beside the server it needs, or ``skipped``: why."""
-    from pegaflow.errors import PeerError
-    from pegaflow.values import parse_size
+    from pegaflow.platform.errors import PeerError
+    from pegaflow.platform.values import parse_size
     results = {}
     for config in args.peers:
         reason = peers.unavailable(config)
@@ -250,7 +250,7 @@ def _disk_phases(engine, start, args) -> dict[str, dict]:
     """Once the engine has written every block it stored to disk: per connector
     ``disk_load_mode``, a new engine on the same disk (its pool empty) serves a new vLLM the
     prompts from disk, then from its pool."""
-    from pegaflow.engine_stats import read_stats
+    from pegaflow.stats.engine_stats import read_stats
     from tools.engine_process import LARGE_POOL_STOP_S
     deadline = time.monotonic() + 300
     while (s := read_stats(engine.name))["disk_blocks_written"] < s["blocks_saved"]:
@@ -430,7 +430,7 @@ def main() -> int:
                 engine.stop()
         print(json.dumps(summarize_tpot(tpot, _gpu_name())))
         return 0
-    from pegaflow.engine_stats import read_stats
+    from pegaflow.stats.engine_stats import read_stats
     by_backend = {}
     try:
         for i, backend in enumerate(backends):

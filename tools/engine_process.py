@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from pegaflow.client import EngineClient
-from pegaflow.errors import PegaflowError
+from pegaflow.client.connection import EngineClient
+from pegaflow.platform.errors import PegaflowError
 
 ROOT = Path(__file__).resolve().parent.parent
 LARGE_POOL_STOP_S = 120.0  # a 64 GiB pool takes over 10 s to give back: wait for it, do not kill it
@@ -86,7 +86,7 @@ class EngineProcess:
     def wait_pool_pinned(self, timeout_s: float = 120.0) -> None:
         """Until the whole pool is pinned and in use (an engine serves once its first chunk
         is; a benchmark that must not meet a part-grown pool waits for the rest)."""
-        from pegaflow.engine_stats import read_stats
+        from pegaflow.stats.engine_stats import read_stats
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:

@@ -190,7 +190,7 @@ def plan(config: str, pool_bytes: int) -> Plan:
 
 
 def _unknown(config: str) -> Exception:
-    from pegaflow.errors import ConfigError  # here, not at the top: see the module's docstring
+    from pegaflow.platform.errors import ConfigError  # here, not at the top: see the module's docstring
     return ConfigError(f"unknown peer configuration {config!r}; expected one of {PEERS}")
 
 
@@ -212,7 +212,7 @@ def side_process(run: Plan, log_path: Path, start_timeout_s: float = START_TIMEO
 
 
 def _wait_healthy(proc: subprocess.Popen, run: Plan, log_path: Path, timeout_s: float) -> None:
-    from pegaflow.errors import PeerError  # here, not at the top: see the module's docstring
+    from pegaflow.platform.errors import PeerError  # here, not at the top: see the module's docstring
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:

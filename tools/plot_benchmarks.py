@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pegaflow.errors import PegaflowError
+from pegaflow.platform.errors import PegaflowError
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 

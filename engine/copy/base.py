@@ -98,7 +98,7 @@ class CopyBackend(abc.ABC):
 
     @abc.abstractmethod
     def open_pool(self, pool_segment) -> None:
-        """Know the pool (a ``pegaflow.shm.Segment``); no copy touches it before
+        """Know the pool (a ``pegaflow.platform.shm.Segment``); no copy touches it before
         ``extend_pool`` says how much of it is pinned."""
 
     def pin_range(self, start: int, num_bytes: int) -> None:

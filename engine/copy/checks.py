@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pegaflow.errors import CommandError
-from pegaflow.wire import Status
+from pegaflow.platform.errors import CommandError
+from pegaflow.platform.wire import Status
 
 from .base import CopyOp
 

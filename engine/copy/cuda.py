@@ -47,8 +47,8 @@ from functools import partial
 
 import numpy as np
 
-from pegaflow.cuda import driver
-from pegaflow.errors import ConfigError, CudaError
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import ConfigError, CudaError
 
 from . import staged
 from .base import (

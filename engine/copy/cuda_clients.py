@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pegaflow.cuda import driver
-from pegaflow.errors import CudaError
-from pegaflow.wire import RegionKind
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import CudaError
+from pegaflow.platform.wire import RegionKind
 
 from .checks import Region
 from .cuda_device import MAPPINGS

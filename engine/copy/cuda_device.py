@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from pegaflow.cuda import driver
-from pegaflow.errors import CudaError
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import CudaError
 
 from .base import COPY_ENGINE, KERNEL, Direction
 from .kernels import CopyKernel

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pegaflow.cuda import driver
+from pegaflow.platform.cuda import driver
 
 from .base import COPY_ENGINE, KERNEL, CopyOp, Direction
 from .checks import Region

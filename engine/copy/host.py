@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pegaflow import shm
-from pegaflow.errors import ShmError
-from pegaflow.wire import RegionKind
+from pegaflow.platform import shm
+from pegaflow.platform.errors import ShmError
+from pegaflow.platform.wire import RegionKind
 
 from .base import CopyBackend, CopyDone, CopyOp, Direction
 

@@ -16,8 +16,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from pegaflow.cuda import driver, nvrtc
-from pegaflow.errors import CudaError
+from pegaflow.platform.cuda import driver, nvrtc
+from pegaflow.platform.errors import CudaError
 
 logger = logging.getLogger(__name__)
 

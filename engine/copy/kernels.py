@@ -27,8 +27,8 @@ import logging
 
 import numpy as np
 
-from pegaflow.cuda import driver
-from pegaflow.errors import CudaError
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import CudaError
 
 from .kernel_cache import load_kernel
 

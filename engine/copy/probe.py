@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from pegaflow.cuda import driver
-from pegaflow.errors import CudaError
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import CudaError
 
 from .base import COPY_ENGINE, KERNEL, CopyOp, Direction
 from .paths import path_from_rates

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pegaflow.cuda import driver
-from pegaflow.errors import CudaError
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import CudaError
 
 from .base import CopyOp, Direction
 from .checks import Region

@@ -26,8 +26,8 @@ from typing import NamedTuple
 import numpy as np
 import xxhash
 
-from pegaflow.errors import WireVersionError
-from pegaflow.wire import HASH_BYTES
+from pegaflow.platform.errors import WireVersionError
+from pegaflow.platform.wire import HASH_BYTES
 
 from ..entries import Key
 from .ownership import DIR_MODE, FILE_MODE, is_own_file

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pegaflow.errors import ConfigError
-from pegaflow.values import format_size
+from pegaflow.platform.errors import ConfigError
+from pegaflow.platform.values import format_size
 
 from .ownership import DIR_MODE, check_disk_path, secure_tree
 

@@ -23,7 +23,7 @@ import os
 import stat
 from pathlib import Path
 
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 from ..entries import Key
 from . import blockfile

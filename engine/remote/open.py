@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pegaflow.values import format_size
+from pegaflow.platform.values import format_size
 
 logger = logging.getLogger(__name__)
 

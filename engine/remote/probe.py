@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pegaflow.errors import RemoteTierError, StartInterruptedError
+from pegaflow.platform.errors import RemoteTierError, StartInterruptedError
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from pegaflow.errors import RemoteTierError
+from pegaflow.platform.errors import RemoteTierError
 
 from .probe import check_master, last_line, probe_setup
 

@@ -13,10 +13,10 @@ import math
 import os
 from dataclasses import dataclass, fields
 
-from pegaflow.errors import ConfigError
-from pegaflow.shm import check_engine_name
-from pegaflow.values import as_bool, as_float, as_int
-from pegaflow.wire import KvRole
+from pegaflow.platform.errors import ConfigError
+from pegaflow.platform.shm import check_engine_name
+from pegaflow.platform.values import as_bool, as_float, as_int
+from pegaflow.platform.wire import KvRole
 
 ENV_VARS = {
     "engine_name": "PEGAFLOW_NAME", "load_mode": "PEGAFLOW_LOAD_MODE",

@@ -28,7 +28,7 @@ from pegaflow.connector.namespace import is_mla, kv_fields, rank_namespace, sche
 from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.connector.stats import PegaKVConnectorStats, PegaPromMetrics
 from pegaflow.connector.worker import WorkerSide
-from pegaflow.errors import ConfigError, LayoutError
+from pegaflow.platform.errors import ConfigError, LayoutError
 
 logger = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pegaflow.client.host_memory import layer_records
 from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers
-from pegaflow.errors import LayoutError
-from pegaflow.host_memory import layer_records
+from pegaflow.platform.errors import LayoutError
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from pegaflow.errors import LayoutError
+from pegaflow.platform.errors import LayoutError
 
 
 @dataclass(frozen=True, slots=True)

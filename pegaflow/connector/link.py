@@ -17,10 +17,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from pegaflow.client import EngineClient
-from pegaflow.errors import CommandError, EngineGoneError, PegaflowError
-from pegaflow.slots import serving_engine_epoch
-from pegaflow.wire import ClientRole, Status
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.slots import serving_engine_epoch
+from pegaflow.platform.errors import CommandError, EngineGoneError, PegaflowError
+from pegaflow.platform.wire import ClientRole, Status
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.stats import PegaKVConnectorStats
-from pegaflow.errors import EngineTimeoutError, PegaflowError
-from pegaflow.wire import Opcode, encode_hashes
+from pegaflow.platform.errors import EngineTimeoutError, PegaflowError
+from pegaflow.platform.wire import Opcode, encode_hashes
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """How a worker exposes its KV memory to the engine: host shared memory or CUDA IPC.
 
 ``HostMemory`` serves the host backend: the KV caches are CPU tensors inside a
-``pegaflow.host_memory.HostKVBuffer`` (tests, tools) or, under vLLM's CPU build, tensors of
+``pegaflow.client.host_memory.HostKVBuffer`` (tests, tools) or, under vLLM's CPU build, tensors of
 the worker's private memory that ``share`` moves into shared memory in place
-(``pegaflow/in_place.py``; docs/cpu.md).  ``CudaMemory`` exports each CUDA
+(``pegaflow/client/in_place.py``; docs/cpu.md).  ``CudaMemory`` exports each CUDA
 allocation with an IPC handle and owns the pool of IPC events that order copies
 against vLLM's compute stream.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pegaflow.client.host_memory import HostKVBuffer, find_buffer
+from pegaflow.client.in_place import share_in_place
 from pegaflow.connector.layout import TensorInfo, span_bytes
-from pegaflow.errors import LayoutError
-from pegaflow.host_memory import HostKVBuffer, find_buffer
-from pegaflow.in_place import share_in_place
+from pegaflow.platform.errors import LayoutError
 
 
 class HostMemory:
@@ -37,7 +37,7 @@ class HostMemory:
         found = find_buffer(info.data_ptr, span_bytes(info))
         if found is None:
             raise LayoutError(f"{info.name}: a CPU KV cache must live in a "
-                              f"pegaflow.host_memory.HostKVBuffer for the host backend")
+                              f"pegaflow.client.host_memory.HostKVBuffer for the host backend")
         buffer, offset = found
         return buffer.name, offset, buffer.region_record(0, 0, 0)
 
@@ -60,11 +60,11 @@ class CudaMemory:
         self.events = None
 
     def create_events(self, num_events: int) -> None:
-        from pegaflow.cuda.ipc import EventPool
+        from pegaflow.platform.cuda.ipc import EventPool
         self.events = EventPool(num_events, self.device)
 
     def region_of(self, info: TensorInfo) -> tuple[object, int, np.ndarray]:
-        from pegaflow.cuda.ipc import export_allocation, region_record
+        from pegaflow.platform.cuda.ipc import export_allocation, region_record
         exported = export_allocation(info.data_ptr)
         # The region is the whole allocation; layer offsets count from its base.
         region = region_record(exported._replace(base_offset=0), 0, 0, 0)

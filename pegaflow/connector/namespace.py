@@ -20,7 +20,7 @@ import re
 import secrets
 import types
 
-from pegaflow.wire import WIRE_VERSION
+from pegaflow.platform.wire import WIRE_VERSION
 
 logger = logging.getLogger(__name__)
 

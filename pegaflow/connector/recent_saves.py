@@ -15,8 +15,8 @@ from collections import deque
 
 import numpy as np
 
-from pegaflow.errors import PegaflowError
-from pegaflow.wire import HASH
+from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.wire import HASH
 
 logger = logging.getLogger(__name__)
 

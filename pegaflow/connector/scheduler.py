@@ -29,7 +29,7 @@ from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
 from pegaflow.connector.metadata import GroupBlocks, LoadSpec, PegaConnectorMetadata, SavesDone, SaveSpec
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.trace import log_schedule
-from pegaflow.wire import ClientRole, attach_role
+from pegaflow.platform.wire import ClientRole, attach_role
 
 logger = logging.getLogger(__name__)
 

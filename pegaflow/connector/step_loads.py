@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pegaflow.client import EngineClient
+from pegaflow.client.connection import EngineClient
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.kv_layers import KVLayers
 from pegaflow.connector.link import EngineLink
@@ -27,8 +27,8 @@ from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
-from pegaflow.errors import PegaflowError
-from pegaflow.wire import NO_EVENT
+from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.wire import NO_EVENT
 
 logger = logging.getLogger(__name__)
 

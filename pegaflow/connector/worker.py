@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from pegaflow.client import EngineClient
+from pegaflow.client.connection import EngineClient
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.kv_layers import SAVE_EVENT, KVLayers
 from pegaflow.connector.layout import TensorInfo
@@ -32,8 +32,8 @@ from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.step_loads import StepLoads
 from pegaflow.connector.taint import Taint
 from pegaflow.connector.trace import StepTrace
-from pegaflow.errors import PegaflowError
-from pegaflow.wire import BLOCK_ID, NO_EVENT, ClientRole, attach_role, encode_hashes
+from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.wire import BLOCK_ID, NO_EVENT, ClientRole, attach_role, encode_hashes
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 from pegaflow.proxy.routing import RoundRobin, prefill_body
 
 logger = logging.getLogger(__name__)

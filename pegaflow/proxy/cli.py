@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 # Fields a prefill request must not carry: it returns one token, whole, once.
 _PREFILL_DROPPED = ("stream_options", "min_tokens", "best_of", "logprobs", "top_logprobs",

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import tests.e2e.gpu_only  # noqa: F401  (skips this module without a GPU)
-from pegaflow import shm
-from pegaflow.engine_stats import read_stats
+from pegaflow.platform import shm
+from pegaflow.stats.engine_stats import read_stats
 from tests.e2e.outputs import max_logprob_diff as _max_logprob_diff
 from tests.e2e.runs import run_vllm
 from tools.engine_process import EngineProcess

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from pegaflow.connector.connector import HAS_FAILED_RECVING
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.e2e.gpu_only import torch  # noqa: F401  (skips this module without a GPU)
 from tests.e2e.outputs import max_logprob_diff
 from tests.e2e.runs import run_vllm

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tests.e2e.gpu_only  # noqa: F401  (skips this module without a GPU)
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.e2e.outputs import max_logprob_diff
 from tests.e2e.runs import run_vllm
 from tools.engine_process import EngineProcess

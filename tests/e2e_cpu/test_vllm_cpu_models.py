@@ -21,7 +21,7 @@ import random
 import pytest
 
 import tests.e2e_cpu.cpu_only  # noqa: F401  (skips this module without vLLM's CPU build)
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.e2e.outputs import max_logprob_diff
 from tests.e2e_cpu.cpu_runs import cached_tokens, flatten, run, start_engine
 from tests.e2e_cpu.random_weights import write_model

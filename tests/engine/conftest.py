@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from pegaflow.client import EngineClient
-from pegaflow.completion import Completion
-from pegaflow.host_memory import HostKVBuffer, layer_major_records
-from pegaflow.wire import ALL_LAYERS, NO_EVENT, SUBMISSION, WIRE_VERSION
+from pegaflow.client.completion import Completion
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.platform.wire import ALL_LAYERS, NO_EVENT, SUBMISSION, WIRE_VERSION
 
 
 class KVClient:

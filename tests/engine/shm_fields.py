@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from pegaflow import shm
-from pegaflow.client import EngineClient
-from pegaflow.locks import ControlLock
-from pegaflow.slots import open_control
-from pegaflow.wire import CONTROL_HEADER, SLOT, SlotState
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.slots import open_control
+from pegaflow.platform import shm
+from pegaflow.platform.locks import ControlLock
+from pegaflow.platform.wire import CONTROL_HEADER, SLOT, SlotState
 
 SLOT_FIELDS = ("state", "pid", "generation", "claim_ns")
 RING_FIELDS = ("magic", "version", "ring_slots", "arena_bytes", "generation", "client_sleeping",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pegaflow.locks import lock_dir
+from pegaflow.platform.locks import lock_dir
 from tests.conftest import shm_leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +77,8 @@ def test_clean_an_engine_that_never_ran_finds_nothing():
 def test_clean_a_segment_it_may_not_remove_is_listed_and_the_rest_still_go(engine_factory, monkeypatch):
     # 1. A killed engine's leftovers, one of which (its pool) this user may not remove.
     from engine import cleanup
-    from pegaflow import shm
-    from pegaflow.errors import ForeignSegmentError
+    from pegaflow.platform import shm
+    from pegaflow.platform.errors import ForeignSegmentError
     engine = engine_factory(extra=("--keep-pool",))
     engine.is_clean_exit_expected = False
     engine.stop(signal.SIGKILL)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from engine.client_table import ATTACH_TIMEOUT_S
-from pegaflow.client import EngineClient
-from pegaflow.errors import CommandError, RingFullError
-from pegaflow.wire import RING_HEADER, SLOT, Opcode, SlotState, Status
+from pegaflow.client.connection import EngineClient
+from pegaflow.platform.errors import CommandError, RingFullError
+from pegaflow.platform.wire import RING_HEADER, SLOT, Opcode, SlotState, Status
 from tests.engine.conftest import KVClient
 from tests.engine.shm_fields import SlotTable, connect_on_slot, ring_header, slot_record
 

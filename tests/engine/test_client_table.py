@@ -13,8 +13,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.server import EngineServer
-from pegaflow.locks import ControlLock
-from pegaflow.wire import SlotState
+from pegaflow.platform.locks import ControlLock
+from pegaflow.platform.wire import SlotState
 from tests.conftest import shm_leftovers
 
 _names = itertools.count()

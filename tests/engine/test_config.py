@@ -7,7 +7,7 @@ import os
 import pytest
 
 from engine.config import OPTIONS, EngineConfig, config_from_args
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 _ENV_VARS = [option.env for option in OPTIONS]
 

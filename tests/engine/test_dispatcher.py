@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 
-import pegaflow.client
-from pegaflow.errors import CommandError
-from pegaflow.host_memory import HostKVBuffer, layer_major_records, layer_records
-from pegaflow.wire import BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes, hash_keys
+import pegaflow.client.connection
+from pegaflow.client.host_memory import HostKVBuffer, layer_major_records, layer_records
+from pegaflow.platform.errors import CommandError
+from pegaflow.platform.wire import BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes, hash_keys
 
 NAMESPACE = 0x7E57
 OTHER_NAMESPACE = 0x7E58
@@ -220,7 +220,7 @@ def test_dispatcher_wrong_version_field_answers_bad_version(shared_engine, kv_cl
     kv = kv_client(shared_engine)
     before = shared_engine.stats()["errors_by_status"]
     # 1. The client writes the next wire version into the next SUBMISSION.
-    monkeypatch.setattr(pegaflow.client, "WIRE_VERSION", pegaflow.client.WIRE_VERSION + 1)
+    monkeypatch.setattr(pegaflow.client.connection, "WIRE_VERSION", pegaflow.client.connection.WIRE_VERSION + 1)
     request_id = kv.client.submit(Opcode.PING)
     monkeypatch.undo()
     # 2. The engine answers BAD_VERSION and keeps serving commands of the right version.
@@ -351,8 +351,8 @@ def _held_dispatcher(refuse: bool = False):
     from engine.index import BlockIndex
     from engine.pool import PagePool
     from engine.stats import StatsWriter
-    from pegaflow.ring import RingConsumer, RingProducer, RingSegmentView, record_type, reset_slots
-    from pegaflow.wire import ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION
+    from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView, record_type, reset_slots
+    from pegaflow.platform.wire import ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION
 
     class HeldBackend(CopyBackend):
         name = "held"
@@ -711,7 +711,7 @@ def test_dispatcher_save_sharing_a_layer_in_flight_leaves_the_block_to_it():
 def test_dispatcher_load_takes_over_its_lookups_lease(loaded):
     # 1. Three blocks stored and leased by a lookup.
     from engine.copy.base import CopyDone
-    from pegaflow.completion import completion_of as _completion
+    from pegaflow.client.completion import completion_of as _completion
     h = _held_dispatcher()
     hashes = [bytes([i + 1]) * 32 for i in range(3)]
     h.send(1, Opcode.SAVE, _save_payload([1, 2, 3], hashes), 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pegaflow.wire import Opcode, Status
+from pegaflow.platform.wire import Opcode, Status
 from tests.engine.conftest import random_hashes
 
 

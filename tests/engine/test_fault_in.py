@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from engine import fault_in
-from pegaflow import shm
-from pegaflow.errors import ShmError
+from pegaflow.platform import shm
+from pegaflow.platform.errors import ShmError
 
 SIZE = 8 << 20
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from engine import segments
-from pegaflow import shm
-from pegaflow.client import EngineClient
-from pegaflow.errors import ForeignSegmentError
+from pegaflow.client.connection import EngineClient
+from pegaflow.platform import shm
+from pegaflow.platform.errors import ForeignSegmentError
 from tests.conftest import unique_engine_name
 
 OTHER_UID = 54321
@@ -110,8 +110,8 @@ def test_foreign_segment_planted_under_a_ring_name_is_replaced(engine_factory):
 def test_foreign_attach_naming_another_process_is_refused(engine_factory):
     # A client that names a pid other than its own (pid 1 maps none of our rings): the
     # engine would reclaim the slot by that pid's life, so the lie is refused.
-    from pegaflow.errors import CommandError
-    from pegaflow.wire import Opcode, Status
+    from pegaflow.platform.errors import CommandError
+    from pegaflow.platform.wire import Opcode, Status
     engine = engine_factory()
     client = engine.connect()
     with pytest.raises(CommandError) as info:
@@ -127,12 +127,12 @@ def test_foreign_register_of_memory_this_client_did_not_make_is_refused(engine_f
     import subprocess
     import sys
 
-    from pegaflow.errors import CommandError
-    from pegaflow.host_memory import HostKVBuffer, layer_records
-    from pegaflow.wire import Status
+    from pegaflow.client.host_memory import HostKVBuffer, layer_records
+    from pegaflow.platform.errors import CommandError
+    from pegaflow.platform.wire import Status
     engine = engine_factory()
     child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pegaflow.host_memory import HostKVBuffer; "
+        "import sys, time; from pegaflow.client.host_memory import HostKVBuffer; "
         "kv = HostKVBuffer(1 << 16, 'childkv'); print(kv.name, flush=True); sys.stdin.read(); kv.close()")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     b = engine.connect()
@@ -161,7 +161,7 @@ def test_foreign_client_killed_holding_the_control_lock_does_not_wedge_attaches(
     import sys
     engine = engine_factory()
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pegaflow.locks import ControlLock; "
+        "import sys, time; from pegaflow.platform.locks import ControlLock; "
         f"lock = ControlLock.open({engine.name!r}); lock.acquire(5.0); print('held', flush=True); "
         "time.sleep(60)")], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -178,8 +178,8 @@ def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(e
     #    the engine's cap of queued answers, its commands wait unread, so its own submit
     #    times out (it is told) while the engine's memory stays bounded.
     from engine.server import MAX_UNREAD_ANSWERS
-    from pegaflow.errors import RingFullError
-    from pegaflow.wire import Opcode
+    from pegaflow.platform.errors import RingFullError
+    from pegaflow.platform.wire import Opcode
     engine = engine_factory(extra=("--ring-slots", "16"))
     flooder, other = engine.connect(), engine.connect()
     sent = 0
@@ -206,7 +206,7 @@ def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(e
 def test_foreign_lock_directory_of_another_user_gets_a_fallback(tmp_path, squat):
     # 1. Another user made the directory where pegaflow's locks go (a directory of any
     #    mode, or a link): it is never used, the next name that is ours is.
-    from pegaflow import locks
+    from pegaflow.platform import locks
     fake_shm = tmp_path / "shm"
     fake_shm.mkdir()
     planted = fake_shm / f"pegaflow-{os.geteuid()}"
@@ -230,7 +230,7 @@ def test_foreign_lock_directory_of_another_user_gets_a_fallback(tmp_path, squat)
 
 @needs_root
 def test_foreign_lock_directories_all_taken_is_one_line_naming_owner_and_fix(tmp_path):
-    from pegaflow import locks
+    from pegaflow.platform import locks
     fake_shm = tmp_path / "shm"
     fake_shm.mkdir()
     for i in range(locks.NUM_LOCK_DIRS):
@@ -251,7 +251,7 @@ def test_foreign_lock_directory_squatted_engine_and_client_still_meet(tmp_path, 
 
     from engine.config import EngineConfig
     from engine.server import EngineServer
-    from pegaflow import locks
+    from pegaflow.platform import locks
     monkeypatch.setattr(locks, "SHM_BASE", str(tmp_path))
     planted = tmp_path / f"pegaflow-{os.geteuid()}"
     planted.mkdir(mode=0o755)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.server import MAX_UNREAD_ANSWERS
-from pegaflow.wire import BLOCK_ID, CommandFlag, Opcode, Status, encode_hashes
+from pegaflow.platform.wire import BLOCK_ID, CommandFlag, Opcode, Status, encode_hashes
 from tests.engine.conftest import KVClient, random_hashes
 
 NUM_EXAMPLES = 25

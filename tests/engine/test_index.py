@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pegaflow.wire import Status
+from pegaflow.platform.wire import Status
 
 NAMESPACE = 0x1DE7
 POOL_SIZE = "256KiB"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pegaflow.client import EngineClient
-from pegaflow.host_memory import HostKVBuffer, layer_records
-from pegaflow.wire import Opcode, Status
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.host_memory import HostKVBuffer, layer_records
+from pegaflow.platform.wire import Opcode, Status
 
 NAMESPACE = 0x6A0
 NUM_BLOCKS, PAGE = 32, 4096

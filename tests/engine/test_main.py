@@ -46,7 +46,7 @@ def test_main_mistake_is_one_line_and_exit_2(argv, env, says):
 
 def test_main_version_names_the_release_and_the_wire_protocol():
     import pegaflow
-    from pegaflow.wire import WIRE_VERSION
+    from pegaflow.platform.wire import WIRE_VERSION
     done = _engine("--version")
     assert done.returncode == 0
     assert done.stdout.strip() == f"pegaflow engine {pegaflow.__version__} (wire protocol v{WIRE_VERSION})"

@@ -24,9 +24,9 @@ from engine.config import EngineConfig
 from engine.copy.host import HostBackend
 from engine.pinning import PoolPinner
 from engine.server import EngineServer
-from pegaflow import shm
-from pegaflow.engine_stats import read_stats
-from pegaflow.stat_cli import format_once
+from pegaflow.platform import shm
+from pegaflow.stats.cli import format_once
+from pegaflow.stats.engine_stats import read_stats
 from tests.engine.conftest import KVClient
 
 MIB = 1 << 20

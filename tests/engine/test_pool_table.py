@@ -10,9 +10,9 @@ import numpy as np
 from engine.index import BlockIndex
 from engine.pool import PagePool
 from engine.pool_table import PoolTable, read_ready, records_per_slab, table_bytes
-from pegaflow import shm
-from pegaflow.pool_layout import POOL_RECORD, POOL_TABLE_HEADER, EntryState
-from pegaflow.wire import MAGIC, encode_hashes, hash_keys
+from pegaflow.platform import shm
+from pegaflow.platform.pool_layout import POOL_RECORD, POOL_TABLE_HEADER, EntryState
+from pegaflow.platform.wire import MAGIC, encode_hashes, hash_keys
 from tests.engine.conftest import KVClient, random_hashes
 
 SLAB = 1 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.pool import PagePool
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 SLAB = 1024
 NUM_SLABS = 4

@@ -13,8 +13,8 @@ import pytest
 from engine.clients import ClientState
 from engine.pool import PagePool
 from engine.registration import MAX_LAYERS, MIN_PAGE_BYTES, register_events, register_region
-from pegaflow.errors import CommandError, ShmError
-from pegaflow.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
+from pegaflow.platform.errors import CommandError, ShmError
+from pegaflow.platform.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
 
 PAGE = 4096
 SLAB = 1 << 20

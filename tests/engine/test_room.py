@@ -8,7 +8,7 @@ import pytest
 
 from engine import room
 from engine.room import check_room
-from pegaflow.errors import ShmError
+from pegaflow.platform.errors import ShmError
 
 GIB = 1 << 30
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine import segments
-from pegaflow import shm
+from pegaflow.platform import shm
 
 
 def test_engine_with_a_pool_larger_than_the_host_exits_1_and_says_why(engine_factory):
@@ -80,7 +80,7 @@ def test_unlink_all_removes_the_pool_name_before_giving_its_memory_back(monkeypa
     # 1. An engine's segments; how /dev/shm looks when the pool's memory is given back.
     from engine.config import EngineConfig
     from engine.segments import EngineSegments
-    from pegaflow import shm as shm_module
+    from pegaflow.platform import shm as shm_module
     name = f"t{os.getpid()}_order"
     segs = EngineSegments(EngineConfig(name=name, pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
     pool_file = segs.pool.name.lstrip("/")

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pegaflow.client
+import pegaflow.client.connection
 from engine.config import EngineConfig
 from engine.server import EngineServer
-from pegaflow import shm
-from pegaflow.client import EngineClient
-from pegaflow.errors import EngineGoneError, EngineNotRunningError, NoFreeSlotError, WireVersionError
-from pegaflow.wire import CONTROL_HEADER, RING_HEADER, SLOT, Opcode, SlotState, Status, encode_hashes
+from pegaflow.client.connection import EngineClient
+from pegaflow.platform import shm
+from pegaflow.platform.errors import EngineGoneError, EngineNotRunningError, NoFreeSlotError, WireVersionError
+from pegaflow.platform.wire import CONTROL_HEADER, RING_HEADER, SLOT, Opcode, SlotState, Status, encode_hashes
 from tests.conftest import readline_within
 
 NAMESPACE = 0x5E7
@@ -61,7 +61,7 @@ def test_server_sigterm_unlinks_every_segment_and_exits_0(engine, kv_client, rng
     prefix = f"pegaflow.{os.getuid()}.{engine.name}."
     assert {prefix + w for w in ("control", "stats", "pool", "ring.0", "ring.7")} <= set(names)
     assert {f"sem.{prefix}{w}" for w in ("doorbell", "cq.0", "cq.7")} <= set(names)
-    from pegaflow.locks import lock_path
+    from pegaflow.platform.locks import lock_path
     assert os.path.exists(lock_path(engine.name, "claims"))
     # 2. SIGTERM: it exits 0 by itself, with a client still attached (how fast is for
     #    tools/bench_engine_start.py to say; here it is waited for generously).
@@ -233,8 +233,8 @@ def test_server_absent_engine_connect_raises_engine_not_running(engine):
 def test_server_client_of_another_wire_version_gets_wire_version_error(engine, monkeypatch, constant):
     engine.wait_stats(lambda s: s["clients_attached"] == 0)
     # 1. A client built from another wire layout attaches.
-    import pegaflow.slots
-    monkeypatch.setattr(pegaflow.slots, constant, getattr(pegaflow.slots, constant) + 1)
+    import pegaflow.client.slots
+    monkeypatch.setattr(pegaflow.client.slots, constant, getattr(pegaflow.client.slots, constant) + 1)
     with pytest.raises(WireVersionError, match="wire version"):
         EngineClient.connect(engine.name, timeout_s=2.0)
     monkeypatch.undo()
@@ -301,7 +301,7 @@ def test_server_connect_that_times_out_gives_its_slot_back(engine):
     engine.wait_stats(lambda s: s["clients_attached"] == 0)
     os.kill(engine.pid, signal.SIGSTOP)
     try:
-        with pytest.raises(pegaflow.client.EngineTimeoutError):
+        with pytest.raises(pegaflow.client.connection.EngineTimeoutError):
             EngineClient.connect(engine.name, timeout_s=0.3)
         # 2. The claim was taken back: no slot is left CLAIMED under our pid.
         assert all(state != SlotState.CLAIMED for state, _ in slot_table(engine.name, 8))
@@ -332,8 +332,8 @@ def test_server_all_slots_taken_raises_no_free_slot(engine_factory):
 
 CHILD_CLIENT = r"""
 import json, sys, time  # argv[1]: the repository root (the cwd, so on sys.path)
-from pegaflow.client import EngineClient
-from pegaflow.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
 name, namespace = sys.argv[2], int(sys.argv[3])
 leased = [bytes.fromhex(h) for h in sys.argv[4].split(",")]
 unfinished = [bytes.fromhex(h) for h in sys.argv[5].split(",")]

@@ -19,9 +19,9 @@ import os, subprocess, sys, time
 NAME = "shmfull" + str(os.getppid())  # the test process: its pkill finds this engine alone
 import numpy as np
 from tools.engine_process import EngineProcess
-from pegaflow.host_memory import HostKVBuffer, layer_records
-from pegaflow.client import EngineClient
-from pegaflow.wire import encode_hashes
+from pegaflow.client.host_memory import HostKVBuffer, layer_records
+from pegaflow.client.connection import EngineClient
+from pegaflow.platform.wire import encode_hashes
 PAGE, BLOCKS = 64 << 10, 256          # one layer of 256 64-KiB pages: 16 MiB of KV
 with EngineProcess(NAME, "--max-clients", "2", pool_size="32MiB", start_timeout_s=30) as engine:
     kv = HostKVBuffer(PAGE * BLOCKS, "fullkv")
@@ -72,10 +72,10 @@ import os, sys, time
 NAME = "shmpin" + str(os.getppid())
 import numpy as np
 from tools.engine_process import EngineProcess
-from pegaflow.host_memory import HostKVBuffer, layer_records
-from pegaflow.client import EngineClient
-from pegaflow.engine_stats import read_stats
-from pegaflow.wire import encode_hashes
+from pegaflow.client.host_memory import HostKVBuffer, layer_records
+from pegaflow.client.connection import EngineClient
+from pegaflow.stats.engine_stats import read_stats
+from pegaflow.platform.wire import encode_hashes
 PAGE, BLOCKS = 64 << 10, 64           # one layer of 64 64-KiB pages: 4 MiB of KV
 args = ("--max-clients", "2", "--slab-size", "1MiB", "--pin-chunk", "4MiB", "--pin-rate", "8MiB")
 with EngineProcess(NAME, *args, pool_size="48MiB", start_timeout_s=30, log_level="INFO",

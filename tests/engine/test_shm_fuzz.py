@@ -17,9 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from pegaflow.client import EngineClient
-from pegaflow.errors import NoFreeSlotError
-from pegaflow.wire import RING_HEADER, SLOT, Opcode
+from pegaflow.client.connection import EngineClient
+from pegaflow.platform.errors import NoFreeSlotError
+from pegaflow.platform.wire import RING_HEADER, SLOT, Opcode
 from tests.engine.conftest import KVClient
 from tests.engine.shm_fields import ring_header, slot_record, write_bytes
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from engine.copy.base import CopyDone
-from pegaflow.wire import CommandFlag, Opcode, Status, encode_hashes, hash_keys
+from pegaflow.platform.wire import CommandFlag, Opcode, Status, encode_hashes, hash_keys
 from tests.engine.test_dispatcher import _held_dispatcher, _save_payload
 
 NAMESPACE = 7  # the in-memory clients' commands' namespace

@@ -15,8 +15,8 @@ import pytest
 
 from engine.entries import Entry
 from engine.waiting_lookups import ABANDONED_WRITE_S, WaitingLookup, WaitingLookups, unread_marks, writing_stop
-from pegaflow.ring import RingConsumer, RingProducer, reset_slots
-from pegaflow.wire import SUBMISSION, Opcode
+from pegaflow.platform.ring import RingConsumer, RingProducer, reset_slots
+from pegaflow.platform.wire import SUBMISSION, Opcode
 
 NAMESPACE = 0x5A7E
 NUM_LAYERS = 4

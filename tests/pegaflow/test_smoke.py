@@ -38,7 +38,7 @@ def test_smoke_against_running_engine_prints_smoke_ok(engine):
     assert (done.returncode, done.stdout.strip()) == (0, "smoke ok"), done.stderr
     assert buffers_left_by(done.pid) == []
     # 2. pegaflow-stat sees exactly what it did.
-    stat = run_tool("-m", "pegaflow.stat_cli", "--once", "--json", "--name", engine.name)
+    stat = run_tool("-m", "pegaflow.stats.cli", "--once", "--json", "--name", engine.name)
     assert stat.returncode == 0, stat.stderr
     snapshot = json.loads(stat.stdout)
     assert snapshot["blocks_saved"] == NUM_SAVED

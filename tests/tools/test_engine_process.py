@@ -1,6 +1,6 @@
 import os
 
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tools.engine_process import EngineProcess
 
 

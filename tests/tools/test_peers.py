@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pegaflow.errors import ConfigError, PeerError
+from pegaflow.platform.errors import ConfigError, PeerError
 from tools import peers
 
 GIB = 1 << 30

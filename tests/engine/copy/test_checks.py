@@ -8,8 +8,8 @@ import pytest
 
 from engine.copy.base import CopyOp, Direction, LayerPlacement
 from engine.copy.checks import Region, check_op
-from pegaflow.errors import CommandError
-from pegaflow.wire import Status
+from pegaflow.platform.errors import CommandError
+from pegaflow.platform.wire import Status
 
 PAGE = 4096
 NUM_BLOCKS = 10

@@ -26,11 +26,11 @@ pytest.importorskip("posix_ipc")
 from engine.copy import cuda_device  # noqa: E402
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
-from pegaflow import shm  # noqa: E402
-from pegaflow.cuda.ipc import EventPool, export_allocation, region_record  # noqa: E402
-from pegaflow.errors import CommandError  # noqa: E402
-from pegaflow.host_memory import layer_major_records  # noqa: E402
-from pegaflow.wire import ALL_LAYERS, Status  # noqa: E402
+from pegaflow.client.host_memory import layer_major_records  # noqa: E402
+from pegaflow.platform import shm  # noqa: E402
+from pegaflow.platform.cuda.ipc import EventPool, export_allocation, region_record  # noqa: E402
+from pegaflow.platform.errors import CommandError  # noqa: E402
+from pegaflow.platform.wire import ALL_LAYERS, Status  # noqa: E402
 from tests.spawn import start_child  # noqa: E402
 
 NUM_LAYERS, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD = 4, 64, 16, 2, 64

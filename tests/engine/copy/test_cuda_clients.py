@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from engine.copy import cuda_clients
-from pegaflow import wire
-from pegaflow.errors import CudaError
+from pegaflow.platform import wire
+from pegaflow.platform.errors import CudaError
 
 
 class FakeDriver:

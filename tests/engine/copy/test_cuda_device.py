@@ -11,8 +11,8 @@ import pytest
 from engine.copy import cuda, cuda_clients, cuda_device
 from engine.copy.base import CopyOp, Direction, LayerPlacement
 from engine.copy.checks import Region
-from pegaflow.errors import CommandError, CudaError
-from pegaflow.wire import Status
+from pegaflow.platform.errors import CommandError, CudaError
+from pegaflow.platform.wire import Status
 
 BASE, MIB = 0x7F0000000000, 1 << 20
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.copy import kernel_cache
-from pegaflow.errors import CudaError
+from pegaflow.platform.errors import CudaError
 
 
 @pytest.fixture

@@ -353,7 +353,7 @@ def test_fenced_load_records_each_layer_event_after_every_sub_chunk_landed(gpu, 
 def test_device_staging_failing_half_way_gives_everything_back(gpu, monkeypatch):
     # The third stream cannot be made: the two made and the memory are released, the
     # error reaches the caller (which then runs without staging).
-    from pegaflow.errors import CudaError
+    from pegaflow.platform.errors import CudaError
     made, destroyed = [], []
     create = gpu.create_stream
 

@@ -17,7 +17,7 @@ import pytest
 
 from engine.disk import blockfile
 from engine.disk.blockfile import HEADER_BYTES, aligned_buffer, block_path, decode_header, encode_header
-from pegaflow.errors import WireVersionError
+from pegaflow.platform.errors import WireVersionError
 
 SIZES = [5000, 64 << 10, 3 * (64 << 10), 4096 * 3 + 1]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pegaflow.wire import Status
+from pegaflow.platform.wire import Status
 from tests.conftest import unique_engine_name
 
 NAMESPACE = 9

@@ -18,7 +18,7 @@ import pytest
 from engine.disk import blockfile
 from engine.disk.blockfile import BLOCKS_DIR, aligned_buffer, block_path
 from engine.disk.ownership import check_disk_path, secure_tree
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 OTHER_UID = 54321
 NOBODY = 65534

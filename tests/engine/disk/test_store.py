@@ -14,7 +14,7 @@ import pytest
 
 from engine.disk.blockfile import HEADER_BYTES, aligned_buffer, block_path
 from engine.disk.store import DiskDone, DiskStore
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 BLOCK_BYTES = 64 << 10
 FILE_BYTES = HEADER_BYTES + BLOCK_BYTES

@@ -14,7 +14,7 @@ from engine.disk.tier import DiskTier
 from engine.index import BlockIndex
 from engine.pool import PagePool
 from engine.stats import StatsWriter
-from pegaflow.wire import STATS
+from pegaflow.platform.wire import STATS
 
 NUM_LAYERS = 4
 ENTRY_BYTES = 4 * 4096
@@ -211,7 +211,7 @@ def test_transfers_group_load_holding_a_promoting_lease_is_parked_too(tier):
     from types import SimpleNamespace
 
     from engine.transfers import ANSWERED_LATER, Transfers
-    from pegaflow.wire import CommandFlag
+    from pegaflow.platform.wire import CommandFlag
     _on_disk_only(tier, 0)
     _, lease_id = tier.index.lookup(SLOT, [key(0)])
     transfers = Transfers(tier.index, None, tier.stats, reply=None)

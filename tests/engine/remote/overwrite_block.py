@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     from mooncake.store import MooncakeDistributedStore
 
     from engine.remote.header import data_name
-    from pegaflow.wire import encode_hashes, hash_keys
+    from pegaflow.platform.wire import encode_hashes, hash_keys
     master, metadata, host, namespace, hash_hex = argv
     key = (int(namespace), hash_keys(encode_hashes([bytes.fromhex(hash_hex)]))[0])
     store = MooncakeDistributedStore()

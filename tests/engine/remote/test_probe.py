@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from engine.remote.probe import check_master, last_line, probe_setup
-from pegaflow.errors import RemoteTierError, StartInterruptedError
+from pegaflow.platform.errors import RemoteTierError, StartInterruptedError
 
 
 def test_probe_check_master_refused_port_is_a_remote_tier_error():

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from pegaflow.wire import Status
+from pegaflow.platform.wire import Status
 from tests.conftest import unique_engine_name
 from tools.engine_process import ROOT
 

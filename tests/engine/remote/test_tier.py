@@ -18,8 +18,8 @@ from engine.remote.header import data_name, header_name
 from engine.remote.tier import RemoteTier
 from engine.remote.workers import RemoteWorkers
 from engine.stats import StatsWriter
-from pegaflow.errors import RemoteTierError
-from pegaflow.wire import STATS
+from pegaflow.platform.errors import RemoteTierError
+from pegaflow.platform.wire import STATS
 from tests.engine.remote.fake_store import FakeStore
 
 ENTRY_BYTES, NUM_LAYERS = 4096, 2

@@ -8,7 +8,7 @@ import pytest
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.namespace import kv_fields, namespace_of, rank_namespace
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 # -- ConnectorConfig.from_sources --------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 import pytest
 
 from pegaflow.connector.connector import _rank
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 
 
 def test_connector_rank_without_distributed_state_is_0_only_for_a_group_of_one():

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.pegaflow.connector.test_connector_scheduler import PROMPT, _assert_loaded_bytes, _warm
 from tests.pegaflow.connector.vllm_harness import BLOCK, VllmInstance, make_request
 from tools.engine_process import EngineProcess

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pegaflow.connector.connector import HAS_FAILED_RECVING, kv_cache_groups
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import (
     BLOCK,
     NUM_LAYERS,

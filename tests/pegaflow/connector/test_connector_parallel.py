@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import BLOCK, NUM_LAYERS, PAGE_ELEMS, VllmInstance, make_request
 from tools.engine_process import EngineProcess
 

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from pegaflow.client import EngineClient
-from pegaflow.engine_stats import read_stats
-from pegaflow.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.client.connection import EngineClient
+from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.stats.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import (
     BLOCK,
     NUM_LAYERS,

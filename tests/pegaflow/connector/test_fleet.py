@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import BLOCK, VllmInstance, make_request
 from tools.engine_process import EngineProcess
 
@@ -224,7 +224,7 @@ def test_fleet_stat_shows_which_instance_feeds_which(name):
     (prompt,) = _prompts(9, 1)
     num_blocks = len(prompt) // BLOCK
     def stat_clients() -> list[dict]:
-        out = subprocess.run([sys.executable, "-m", "pegaflow.stat_cli", "--name", name, "--once",
+        out = subprocess.run([sys.executable, "-m", "pegaflow.stats.cli", "--name", name, "--once",
                               "--json"], capture_output=True, text=True, timeout=30, check=True).stdout
         return json.loads(out)["clients"]
 

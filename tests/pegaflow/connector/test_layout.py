@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pegaflow.connector.layout import TensorInfo, alias_key, derive_sublayers, span_bytes
-from pegaflow.errors import LayoutError
+from pegaflow.platform.errors import LayoutError
 
 # vLLM 0.33 ``KVCacheLayout``: physical order of the logical [L, B, H, N, C] axes.  Copied so
 # the hand-built views need no vLLM internals; the first test keeps the copy honest.

@@ -6,7 +6,7 @@ import logging
 import time
 
 from pegaflow.connector.link import REFUSED_RETRY_S, EngineLink
-from pegaflow.wire import Opcode
+from pegaflow.platform.wire import Opcode
 
 
 def test_link_refused_setup_is_logged_once_as_an_error_and_retried_rarely(engine, caplog):
@@ -36,8 +36,8 @@ def test_link_refused_setup_is_logged_once_as_an_error_and_retried_rarely(engine
 def test_link_engine_stopping_during_setup_is_down_not_refused(engine, caplog):
     # An answer that says nothing about our setup (the engine is stopping) is a passing
     # outage: the usual warning and retry period, not a refusal.
-    from pegaflow.errors import CommandError
-    from pegaflow.wire import Status
+    from pegaflow.platform.errors import CommandError
+    from pegaflow.platform.wire import Status
 
     def stopping(client):
         raise CommandError(Status.SHUTTING_DOWN, "REGISTER failed: SHUTTING_DOWN")
@@ -51,8 +51,8 @@ def test_link_engine_stopping_during_setup_is_down_not_refused(engine, caplog):
 
 def test_link_refusal_after_an_outage_is_still_reported(engine, caplog):
     # 1. The engine is first unreachable (a passing outage: one warning)...
-    from pegaflow.errors import CommandError, EngineNotRunningError
-    from pegaflow.wire import Status
+    from pegaflow.platform.errors import CommandError, EngineNotRunningError
+    from pegaflow.platform.wire import Status
     answers = [EngineNotRunningError("not yet"), CommandError(Status.BAD_ARGUMENT, "REGISTER: no")]
 
     def setup(client):

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from pegaflow.engine_stats import read_stats
+from pegaflow.stats.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import BLOCK, NUM_LAYERS, VllmInstance, block_pattern, make_request
 from tools.engine_process import EngineProcess
 
@@ -146,7 +146,7 @@ def test_pd_consumer_lookup_past_its_deadline_is_served_ready_part(held_engine):
 
 def test_pd_roles_set_what_the_connector_does():
     from pegaflow.connector.config import ConnectorConfig
-    from pegaflow.errors import ConfigError
+    from pegaflow.platform.errors import ConfigError
     producer = ConnectorConfig.from_sources({}, environ={}, kv_role="kv_producer")
     consumer = ConnectorConfig.from_sources({}, environ={}, kv_role="kv_consumer")
     assert (producer.enable_load, producer.enable_save) == (False, True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pegaflow.connector.recent_saves import RECENT_SAVE_STEPS, RecentSaves
-from pegaflow.wire import HASH, encode_hashes, hash_keys
+from pegaflow.platform.wire import HASH, encode_hashes, hash_keys
 
 
 def test_recent_saves_keeps_the_last_steps_and_joins_their_records_whole():

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pegaflow.completion import Completion
+from pegaflow.client.completion import Completion
 from pegaflow.connector.save_ledger import SaveLedger
 from pegaflow.connector.stats import PegaKVConnectorStats
-from pegaflow.wire import Opcode, Status
+from pegaflow.platform.wire import Opcode, Status
 
 
 def _answer(request_id, stored=2, dropped=0, status=Status.OK):

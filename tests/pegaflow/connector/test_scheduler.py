@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from pegaflow.completion import Completion
+from pegaflow.client.completion import Completion
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.lookups import FIRST_WAIT_S
 from pegaflow.connector.scheduler import SchedulerSide
-from pegaflow.errors import EngineTimeoutError
-from pegaflow.wire import Opcode, Status
+from pegaflow.platform.errors import EngineTimeoutError
+from pegaflow.platform.wire import Opcode, Status
 
 
 class SlowClient:

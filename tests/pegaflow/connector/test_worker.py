@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.worker import WorkerSide
-from pegaflow.errors import CudaError, EngineGoneError
+from pegaflow.platform.errors import CudaError, EngineGoneError
 
 
 class StuckClient:
@@ -313,7 +313,7 @@ class DroppingClient(SavingClient):
         return 99 + len(self.saved)
 
     def drop_nowait(self, namespace, records, since_request):
-        from pegaflow.wire import hash_keys
+        from pegaflow.platform.wire import hash_keys
         self.dropped.append((namespace, hash_keys(records), since_request))
         self.sent.append(("drop", sorted(k[0] for k in hash_keys(records))))
 

@@ -43,9 +43,9 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from pegaflow.client.host_memory import HostKVBuffer
 from pegaflow.connector import PegaKVConnector, kv_transfer_config
 from pegaflow.connector.connector import HAS_FAILED_RECVING
-from pegaflow.host_memory import HostKVBuffer
 
 TINY_MODEL = Path(__file__).resolve().parents[2] / "data" / "tiny-llama"
 BLOCK = 16

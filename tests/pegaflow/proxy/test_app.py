@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from pegaflow.errors import ConfigError
+from pegaflow.platform.errors import ConfigError
 from pegaflow.proxy.app import Proxy, ProxyConfig
 from pegaflow.proxy.routing import RoundRobin, prefill_body
 

@@ -1,0 +1,300 @@
+"""A process's connection to the engine: claim a slot, submit commands, read completions.
+
+``EngineClient.connect(name)`` attaches to the engine's control segment, checks magic,
+wire version and the descriptor fingerprint, claims a free client slot under the
+control lock and says ATTACH on the slot's ring.  Each command gets a ``request_id``;
+``submit`` never waits for the answer, ``wait`` does (with a deadline), and ``call``
+is both.  Completions that arrive for other requests are kept until asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from pegaflow.client.answers import Answers
+from pegaflow.client.completion import Completion, checked, completion_of
+from pegaflow.client.slots import claim_slot, give_back_slot, open_control, wait_slot_active
+from pegaflow.platform import shm
+from pegaflow.platform.arena import PayloadArena
+from pegaflow.platform.commands import EngineCommands
+from pegaflow.platform.errors import (
+    CommandError,
+    EngineGoneError,
+    EngineNotRunningError,
+    EngineTimeoutError,
+    PegaflowError,
+)
+from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
+from pegaflow.platform.shm import is_pid_alive
+from pegaflow.platform.waits import Doorbell, poll_until
+from pegaflow.platform.wire import (
+    ALL_LAYERS,
+    CONTROL_HEADER,
+    NO_EVENT,
+    WIRE_VERSION,
+    ClientRole,
+    Opcode,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class _HeaderWords:
+    """The control header's stopping word, read without building a record (a liveness
+    check runs on every use of a link)."""
+
+    def __init__(self, control: shm.Segment):
+        raw = control.array(np.uint8, CONTROL_HEADER.itemsize)
+        self.is_stopping = memoryview(raw[CONTROL_HEADER.fields["is_stopping"][1]:][:4]).cast("I")
+
+
+class EngineClient(EngineCommands):
+    """One attached client; not thread-safe (use one per thread that talks to the engine)."""
+
+    def __init__(self, engine_name: str, default_timeout_s: float = 5.0):
+        self.engine_name = engine_name
+        self.default_timeout_s = default_timeout_s
+        self._next_request_id = 1
+        self.answers = Answers()  # read, not yet asked for
+        self.slot = -1
+        self.epoch = 0
+        self.engine_pid = 0
+        self._control: shm.Segment | None = None
+        self._ring_segment: shm.Segment | None = None
+        self._view: RingSegmentView | None = None
+        self._num_slots = 0
+        self._bells: list[Doorbell] = []  # opened during the attach, closed by whoever ends it
+        self._words: _HeaderWords | None = None
+        self.is_closed = True
+
+    @classmethod
+    def connect(cls, engine_name: str = "pegaflow", timeout_s: float = 5.0,
+                role: ClientRole = ClientRole.OTHER, rank: int = 0,
+                namespace: int = 0, wait_for_start: bool = True, instance: int = 0,
+                voters: tuple[int, int] | None = None) -> "EngineClient":
+        """Attach; ``role``, ``rank`` and ``namespace`` are shown in the engine's per-client
+        stats (``pegaflow-stat``).  ``instance``: the vLLM instance this process serves
+        (its scheduler and workers name the same): a lease its LOOKUPs take is used and
+        released only by clients of that instance (0: by any).  ``voters``: (how many
+        clients save ``namespace``'s blocks alike, this one's index among them), a voter's
+        SAVEs then tag each block (wire.py: voting).  An engine still preparing its pool is
+        waited for (within ``timeout_s``), or refused at once without ``wait_for_start``."""
+        client = cls(engine_name, timeout_s)
+        try:
+            client._attach(timeout_s, (role, rank, namespace, instance, voters), wait_for_start)
+        except BaseException:
+            try:
+                client._abandon_attach()
+            except (PegaflowError, OSError) as exc:  # the attach's own error is the one to raise
+                logger.info("giving back slot %d of engine %r: %s", client.slot, engine_name, exc)
+            raise
+        return client
+
+    def _abandon_attach(self) -> None:
+        """A failed attach gives its slot back: it would stay taken while we live."""
+        if not self.is_closed:
+            self.close(detach=False)  # ring mapped: client_closed tells the engine
+            return
+        if self.slot >= 0 and self._control is not None:
+            give_back_slot(self._control, self.engine_name, self.slot, self._num_slots)
+        for bell in self._bells:
+            bell.sem.close()
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    def _attach(self, timeout_s: float, identity: tuple, wait_for_start: bool) -> None:
+        deadline = time.monotonic() + timeout_s  # one for the whole attach
+        self._control, header = open_control(self.engine_name, deadline if wait_for_start else None)
+        self.epoch, self.engine_pid = int(header["epoch"]), int(header["engine_pid"])
+        if int(header["is_stopping"]) or not is_pid_alive(self.engine_pid):
+            raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) is not running")
+        if not int(header["is_serving"]) and not (wait_for_start and self._wait_serving(deadline - time.monotonic())):
+            raise EngineNotRunningError(f"engine {self.engine_name!r} (pid {self.engine_pid}) "
+                                        f"is still starting")
+        self._words = _HeaderWords(self._control)
+        flag_at = CONTROL_HEADER.fields["engine_sleeping"][1]
+        engine_sleeping = memoryview(self._control.array(np.uint8, 4, flag_at)).cast("I")
+        engine_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, "doorbell")),
+                               engine_sleeping)
+        self._bells.append(engine_bell)
+        self._num_slots = int(header["num_slots"])
+        self.slot = claim_slot(self._control, self.engine_name, self._num_slots)
+        engine_bell.ring()
+        wait_slot_active(self._control, self.engine_name, self.slot, self._num_slots, timeout_s)
+        ring_slots, arena_bytes = int(header["ring_slots"]), int(header["arena_bytes"])
+        self._ring_segment = shm.attach_segment(shm.ipc_name(self.engine_name, f"ring.{self.slot}"))
+        view = RingSegmentView(self._ring_segment, ring_slots, arena_bytes)
+        own_bell = Doorbell(shm.attach_semaphore(shm.ipc_name(self.engine_name, f"cq.{self.slot}")),
+                            view.client_sleeping)
+        self._bells.append(own_bell)
+        own_bell.drain()
+        self._producer = RingProducer(view.submissions, engine_bell)
+        self._consumer = RingConsumer(view.completions, own_bell)
+        self._arena = PayloadArena(view.arena, self._producer)
+        self._view = view
+        self.is_closed = False
+        role, rank, namespace, instance, voters = identity
+        words = [instance] if voters is None else [instance, *voters]
+        self.call(Opcode.ATTACH, payload=[np.array(words, dtype="<u8")], arg=os.getpid(),
+                  flags=int(role), layer=rank, namespace=namespace, timeout_s=timeout_s)
+        logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
+
+    def _wait_serving(self, timeout_s: float) -> bool:
+        """Until the engine (still preparing its pool) serves: True, or False at the deadline;
+        EngineGoneError at once if it dies or stops meanwhile."""
+        at = CONTROL_HEADER.fields["is_serving"][1]
+        flag = memoryview(self._control.array(np.uint8, 4, at)).cast("I")
+        next_check = [0.0]
+
+        def serving():
+            if flag[0]:
+                return True
+            if time.monotonic() >= next_check[0]:  # a syscall: not on every poll
+                next_check[0] = time.monotonic() + 0.1
+                if not is_pid_alive(self.engine_pid):
+                    raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) "
+                                          f"exited while preparing its pool")
+            return None
+        return poll_until(serving, timeout_s, max_pause_s=10e-3) is not None
+
+    def _new_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
+
+    def submit(self, opcode: Opcode, *, payload: list[np.ndarray] = (), num_items: int = 0,
+               layer: int = ALL_LAYERS, region_id: int = 0, namespace: int = 0,
+               event_index: int = NO_EVENT, arg: int = 0, flags: int = 0,
+               timeout_s: float | None = None) -> int:
+        """Publish one command; returns its request id without waiting for the answer."""
+        if self.is_closed:
+            raise EngineGoneError("client is closed")
+        timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
+        num_bytes = sum(p.nbytes for p in payload) if payload else 0
+        offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
+        if num_bytes:
+            self._arena.write(offset, list(payload))
+        request_id = self._new_request_id()
+        producer = self._producer
+        position = producer.position
+        fields = (request_id, opcode, flags, layer, region_id, num_items, event_index, namespace,
+                  offset, num_bytes, WIRE_VERSION, arg)
+        if not producer.try_put_fields(fields):
+            producer.put_fields(fields, timeout_s)
+        if num_bytes:  # a command without payload holds no arena bytes back
+            self._arena.mark_sent(position)
+        return request_id
+
+    def poll(self) -> list[Completion]:
+        """Every completion that has arrived; never blocks."""
+        arrived = []
+        while (record := self._consumer.try_get_values()) is not None:
+            arrived.append(completion_of(record))
+        return arrived
+
+    def try_take(self, request_id: int) -> Completion | None:
+        for completion in self.poll():
+            self.answers.keep(completion)
+        return self.answers.take(request_id)
+
+    def abandon(self, request_id: int) -> None:
+        """Stop waiting for ``request_id``; its answer, when it comes, goes to ``take_orphans``."""
+        self.answers.abandon(request_id)
+
+    def take_orphans(self) -> list[Completion]:
+        """Answers that arrived for abandoned requests (a lookup's lease to release, say)."""
+        for completion in self.poll():
+            self.answers.keep(completion)
+        return self.answers.take_orphans()
+
+    def wait(self, request_id: int, timeout_s: float | None = None) -> Completion:
+        """The completion of ``request_id``; EngineTimeoutError / EngineGoneError after the deadline.
+
+        Completions are read in ring order up to the one asked for; those of other
+        requests are kept (or dropped or orphaned) as ``try_take`` would.
+        """
+        done = self.answers.take(request_id)
+        if done is not None:
+            return done
+        timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
+        consumer = self._consumer
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = time.monotonic()
+            record = consumer.get_values(min(deadline, now + 0.5))
+            if record is not None:
+                completion = completion_of(record)
+                if completion.request_id == request_id and self.answers.is_awaited(request_id):
+                    return completion
+                self.answers.keep(completion)
+                continue
+            if time.monotonic() >= deadline:
+                self.check_engine()
+                raise EngineTimeoutError(f"no answer to request {request_id} within {timeout_s:.3f}s")
+            self.check_engine()  # every half second without an answer
+
+    def call(self, opcode: Opcode, *, timeout_s: float | None = None, **fields) -> Completion:
+        """Submit and wait; a non-OK status raises CommandError."""
+        return checked(opcode, self.wait(self.submit(opcode, timeout_s=timeout_s, **fields), timeout_s))
+
+    def is_engine_up(self) -> bool:
+        """A fast check (a signal-0 syscall, two words of shared memory) that the engine we
+        attached to still runs and was not replaced; ``check_engine`` is the thorough one."""
+        if self.is_closed:
+            return False
+        try:
+            os.kill(self.engine_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        # Our mapping of its control segment: a clean stop sets is_stopping there (a new
+        # engine writes a new segment, so its epoch is checked by check_engine, not here).
+        return not self._words.is_stopping[0]
+
+    def check_engine(self) -> None:
+        """Raise EngineGoneError if the engine we attached to has exited or was replaced."""
+        if not is_pid_alive(self.engine_pid):
+            raise EngineGoneError(f"engine {self.engine_name!r} (pid {self.engine_pid}) has exited")
+        header = self._control.array(CONTROL_HEADER, 1)[0]
+        if int(header["epoch"]) != self.epoch or int(header["is_stopping"]):
+            raise EngineGoneError(f"engine {self.engine_name!r} is stopping or was restarted")
+
+    def revoke(self) -> None:
+        """Give up on every copy of ours not yet answered, before letting vLLM reuse their
+        blocks: the engine stores nothing it finishes copying from them after this, and
+        starts no SAVE or LOAD of ours still queued (it would read or overwrite blocks
+        that belong to someone else by then)."""
+        self._view.revoked[0] = 1
+
+    def close(self, detach: bool = True, timeout_s: float = 2.0) -> None:
+        """DETACH (best effort within ``timeout_s``; skipped when ``detach`` is False) and unmap."""
+        if self.is_closed:
+            return
+        is_answered = False
+        try:
+            if detach:
+                self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, timeout_s))
+                is_answered = True
+        except CommandError as exc:  # answered, with an error: read all the same
+            is_answered = True
+            logger.info("detach from engine %r: %s", self.engine_name, exc)
+        except PegaflowError as exc:
+            logger.info("detach from engine %r: %s", self.engine_name, exc)
+        self.is_closed = True
+        if not is_answered:
+            # No DETACH answer will be read: say so, or the engine keeps the slot while we
+            # live.  Not after a read answer: the slot may already be someone else's.
+            self._view.client_closed[0] = 1
+        self._view = None
+        self._words = None
+        for bell in self._bells:
+            bell.sem.close()
+        for segment in (self._ring_segment, self._control):
+            if segment is not None:
+                segment.close()

@@ -1,0 +1,243 @@
+"""``pegaflow-stat``: a read-only view of a running engine's counters.
+
+    pegaflow-stat                 live view, one line a second with rates (like nvidia-smi dmon)
+    pegaflow-stat --once          one snapshot, human readable
+    pegaflow-stat --once --json   one JSON object
+    pegaflow-stat --serve-metrics [HOST:]PORT    Prometheus metrics at /metrics
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from pegaflow.platform.cli import ArgumentParser
+from pegaflow.platform.errors import (
+    ConfigError,
+    EngineDeadError,
+    EngineNotRespondingError,
+    EngineNotRunningError,
+    ShmError,
+)
+from pegaflow.platform.shm import check_engine_name
+from pegaflow.platform.values import format_size, version_line
+from pegaflow.stats.engine_stats import STALE_AFTER_S, kept_pool_blocks, latency_quantile, read_stats
+
+MAX_INTERVAL_S = 3600.0
+MAX_STALE_AFTER_S = 3600.0  # the engine beats every 2.5 s at most: an hour of silence is a dead engine
+
+_RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
+          ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
+
+
+def _read_live(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
+    snapshot = read_stats(name, stale_after_s)
+    if snapshot["alive"] and not snapshot["responding"]:
+        raise EngineNotRespondingError(
+            f"engine {name!r} (pid {snapshot['engine_pid']}) is not responding: its last "
+            f"heartbeat is {snapshot['heartbeat_age_s']:.0f}s old (stopped with SIGSTOP, or "
+            f"stuck); vLLM serves without its cache meanwhile")
+    if not snapshot["alive"]:
+        raise EngineDeadError(
+            f"engine {name!r} (pid {snapshot['engine_pid']}) is not running: what is left is the "
+            f"shared memory of a crash (these counters are its last); starting an engine named "
+            f"{name!r} removes it, so does `pegaflow-engine --clean {name}`")
+    return snapshot
+
+
+def format_once(s: dict) -> str:
+    if s["starting"] and s["alive"]:
+        return f"engine {s['name']!r} is starting (preparing its pool)"
+    lines = [f"engine {s['name']!r} pid {s['engine_pid']} up {s['uptime_s']:.0f}s, "
+             f"{s['clients_attached']} clients, {s['leases_active']} leases "
+             f"(pegaflow {s['version']}, wire v{s['wire_version']})",
+             f"pool    {format_size(s['pool_bytes_used'])} / {format_size(s['pool_bytes_capacity'])}, "
+             f"{s['pool_blocks_used']} blocks, {s['evictions']} evictions",
+             *pool_ready_lines(s),
+             *disk_lines(s),
+             *remote_lines(s),
+             f"saved   {s['blocks_saved']} blocks ({format_size(s['bytes_saved'])}), "
+             f"{s['save_dedup_blocks']} deduped, {s['save_dropped_blocks']} dropped"
+             + (f", {s['save_votes']} votes, {s['save_vote_conflicts']} vote conflicts"
+                if s.get("save_votes") or s.get("save_vote_conflicts") else ""),
+             f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
+             f"lookups {s['lookups']}: {s['lookup_hit_blocks']} of {s['lookup_blocks']} blocks hit",
+             f"commands {s['commands']}, errors {s['errors']}"]
+    answered = [f"{op} p50 {_ms(latency_quantile(h, 0.5))} p99 {_ms(latency_quantile(h, 0.99))} "
+                f"({sum(h['counts'])})" for op, h in s["latency"].items() if sum(h["counts"])]
+    if answered:
+        lines.append("answered within (ms, bucket bounds): " + "; ".join(answered))
+    errors = {k: v for k, v in s["errors_by_status"].items() if v}
+    if errors:
+        lines.append("errors by status: " + ", ".join(f"{k}={v}" for k, v in errors.items()))
+    if s["clients"]:
+        lines.append(f"{'slot':>4} {'pid':>8} {'role':<9} {'kv_role':<11} {'rank':>4} {'namespace':<16} "
+                     f"{'saved':>9} {'loaded':>9} {'lookups':>8} {'hit':>9} {'inflight':>8}")
+    for c in s["clients"]:
+        lines.append(f"{c['slot']:>4} {c['pid']:>8} {c['role']:<9} {c['kv_role']:<11} {c['rank']:>4} "
+                     f"{c['namespace']:<16} "
+                     f"{c['blocks_saved']:>9} {c['blocks_loaded']:>9} {c['lookups']:>8} "
+                     f"{c['lookup_hit_blocks']:>9} {c['inflight_copies']:>8}")
+    return "\n".join(lines)
+
+
+def _gbps(num_bytes: int, ns: int) -> str:
+    return f"{num_bytes / ns:.2f} GB/s" if ns else "-"
+
+
+def disk_lines(s: dict) -> list[str]:
+    """The disk tier, if the engine has one: what it holds, wrote, read back and refused."""
+    if not s["disk_bytes_capacity"]:
+        return []
+    return [f"disk    {format_size(s['disk_bytes_used'])} / {format_size(s['disk_bytes_capacity'])}, "
+            f"{s['disk_blocks_used']} blocks, {s['disk_evictions']} evictions; written "
+            f"{s['disk_blocks_written']} ({_gbps(s['disk_bytes_written'], s['disk_write_ns'])} per "
+            f"thread), read back {s['disk_blocks_read']} ({_gbps(s['disk_bytes_read'], s['disk_read_ns'])} "
+            f"per thread); {s['disk_checksum_failures']} corrupt, {s['disk_io_errors']} I/O errors, "
+            f"{s['disk_writes_refused']} writes refused (no room)"]
+
+
+def remote_lines(s: dict) -> list[str]:
+    """The remote tier, if the engine has one: what it published, found and fetched."""
+    if not s["remote_enabled"]:
+        return []
+    num_lookups = s["remote_lookups"]
+    lookup_ms = f"{s['remote_lookup_ns'] / num_lookups / 1e6:.1f} ms" if num_lookups else "-"
+    return [f"remote  put {s['remote_blocks_put']} ({format_size(s['remote_bytes_put'])}, "
+            f"{_gbps(s['remote_bytes_put'], s['remote_put_ns'])}), {s['remote_put_failures']} failed, "
+            f"{s['remote_puts_dropped']} dropped; {num_lookups} lookups asked it (mean {lookup_ms}), "
+            f"{s['lookup_remote_blocks']} blocks found, fetched {s['remote_blocks_fetched']} "
+            f"({format_size(s['remote_bytes_fetched'])}, {_gbps(s['remote_bytes_fetched'], s['remote_fetch_ns'])}); "
+            f"{s['remote_checksum_failures']} corrupt, {s['remote_fetch_failures']} failed, "
+            f"{s['remote_lookup_timeouts']} lookups past its deadline, {s['remote_errors']} store errors"]
+
+
+def pool_ready_lines(s: dict) -> list[str]:
+    """While the engine pins its pool in the background: how much of it is in use so far."""
+    ready, capacity = s["pool_bytes_ready"], s["pool_bytes_capacity"]
+    if ready >= capacity:
+        return []
+    unit, scale = ("GiB", 2**30) if capacity >= 2**30 else ("MiB", 2**20)
+    digits = 0 if capacity / scale >= 10 else 1
+    return [f"pool    {ready / scale:.{digits}f} / {capacity / scale:.{digits}f} {unit} ready"]
+
+
+def _ms(seconds: float) -> str:
+    return "over 1000" if seconds == float("inf") else f"{seconds * 1e3:g}"
+
+
+def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> None:
+    header = "  ".join([f"{'time':>8}", f"{'pool GiB':>9}", f"{'ready GiB':>9}"]
+                       + [f"{label:>8}" for _, label in _RATES]
+                       + [f"{'clients':>7}", f"{'leases':>6}"])
+    prev, prev_t = _read_live(name, stale_after_s), time.monotonic()
+    for row in range(10**12):
+        if row % 20 == 0:
+            print(header, flush=True)
+        time.sleep(interval_s)
+        cur, now = _read_live(name, stale_after_s), time.monotonic()
+        dt = max(now - prev_t, 1e-9)
+        rates = [f"{(cur[k] - prev[k]) / dt:>8.0f}" for k, _ in _RATES]
+        print("  ".join([time.strftime("%H:%M:%S"), f"{cur['pool_bytes_used'] / 2**30:>9.2f}",
+                         f"{cur['pool_bytes_ready'] / 2**30:>9.2f}"] + rates
+                        + [f"{cur['clients_attached']:>7}", f"{cur['leases_active']:>6}"]),
+              flush=True)
+        prev, prev_t = cur, now
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="pegaflow-stat", description="a read-only view of a running engine's counters")
+    parser.add_argument("--version", action="version", version=version_line("pegaflow-stat"))
+    parser.add_argument("--name", default=os.environ.get("PEGAFLOW_NAME", "pegaflow"),
+                        help="engine name (env PEGAFLOW_NAME; default %(default)s)")
+    parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: one JSON object")
+    parser.add_argument("--interval", type=float, default=1.0,
+                        help=f"live refresh, seconds, in (0, {MAX_INTERVAL_S:g}] (default %(default)s)")
+    parser.add_argument("--stale-after", type=float, default=STALE_AFTER_S,
+                        help="an engine whose heartbeat is older than this many seconds is not "
+                             "responding: exit 3, or pegaflow_up 0 with --serve-metrics; in "
+                             f"(0, {MAX_STALE_AFTER_S:g}] (default %(default)s)")
+    parser.add_argument("--serve-metrics", metavar="[HOST:]PORT",
+                        help="serve Prometheus metrics of the engine at /metrics until stopped; "
+                             "HOST defaults to 127.0.0.1 (0.0.0.0: every interface)")
+    args = parser.parse_args(argv)
+    try:
+        check_engine_name(args.name)
+    except ConfigError as exc:
+        parser.error(str(exc))  # one line and exit 2, as for any other bad flag
+    for flag, value, most in (("--interval", args.interval, MAX_INTERVAL_S),
+                              ("--stale-after", args.stale_after, MAX_STALE_AFTER_S)):
+        if not 0 < value <= most:  # nan fails too
+            parser.error(f"{flag} {value:g}: must lie in (0, {most:g}] seconds")
+    if args.serve_metrics:
+        return serve_metrics(args.name, args.serve_metrics, args.stale_after)
+    try:
+        if args.json:
+            snapshot = read_stats(args.name, args.stale_after)  # a crashed engine's too
+            print(json.dumps(snapshot))
+            return 0 if snapshot["alive"] and snapshot["responding"] else (
+                3 if snapshot["alive"] else 1)
+        if args.once:
+            print(format_once(_read_live(args.name, args.stale_after)))
+        else:
+            live(args.name, args.interval, args.stale_after)
+    except EngineNotRespondingError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 3
+    except EngineDeadError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 1
+    except EngineNotRunningError:
+        kept = kept_pool_blocks(args.name)
+        print(f"pegaflow-stat: no engine named {args.name!r} is running on this host "
+              f"(start one with `pegaflow-engine --name {args.name}`)"
+              + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
+                 f"engine started with --keep-pool and the same pool geometry takes in"),
+              file=sys.stderr)
+        return 1
+    except ShmError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # e.g. `pegaflow-stat | head`: the reader is gone, and so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return 0
+
+
+def serve_metrics(name: str, where: str, stale_after_s: float = STALE_AFTER_S) -> int:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from pegaflow.stats.metrics import EngineCollector
+    host, _, port = where.rpartition(":")
+    try:
+        port_number = int(port)
+    except ValueError:
+        port_number = -1
+    if not 0 <= port_number <= 65535:
+        print(f"pegaflow-stat: --serve-metrics {where!r}: expected [HOST:]PORT, PORT in 0..65535",
+              file=sys.stderr)
+        return 2
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(name, stale_after_s))
+    try:
+        server, _ = start_http_server(port_number, addr=host or "127.0.0.1", registry=registry)
+    except OSError as exc:
+        print(f"pegaflow-stat: cannot serve metrics on {where}: {exc}", file=sys.stderr)
+        return 1
+    print(f"pegaflow-stat: Prometheus metrics of engine {name!r} at "
+          f"http://{host or '127.0.0.1'}:{server.server_port}/metrics", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
