@@ -12,7 +12,9 @@ default compilation (CUDA graphs on) unless ``--eager``.
 The pegaflow engine is started here with the cuda backend unless --engine-name names a
 running one; a started engine is stopped before the native and peer phases (their host caches
 would otherwise sit beside its pool).  The native and peer phases keep vLLM's prefix caching
-on, as their users run them, and reset it between the cold and the warm pass.
+on, as their users run them.  Before every warm pass vLLM's GPU prefix cache is emptied (the
+reset retried while saves hold blocks), and a warm pass that vLLM counted any GPU prefix-cache
+hit in is reported invalid, not as a figure (``tools/warm_pass.py``).
 """
 
 from __future__ import annotations
