@@ -51,7 +51,6 @@ from tools import peers, step_timeline
 from tools.bench_serving import (
     PEGAFLOW_CONFIGS,
     Server,
-    _get,
     add_chat_args,
     add_run_args,
     collect_runs,
@@ -60,6 +59,7 @@ from tools.bench_serving import (
     headline_rows,
     measured_on,
     print_failures,
+    reset_gpu_cache,
     server_command,
 )
 from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
@@ -142,9 +142,10 @@ class Fleet:
     def counters(self) -> dict[int, dict[str, float]]:
         return {r: hit_counters(self.port(r)) for r in range(self.args.replicas)}
 
-    def reset_prefix_caches(self) -> None:
-        for replica in range(self.args.replicas):
-            _get(self.port(replica), "/reset_prefix_cache", method="POST")
+    def reset_prefix_caches(self) -> float:
+        """Empty every replica's GPU prefix cache (each reset retried until vLLM accepts it);
+        the seconds that took."""
+        return sum(reset_gpu_cache(self.port(replica)) for replica in range(self.args.replicas))
 
     def close(self) -> None:
         for replica in range(self.args.replicas):
@@ -262,7 +263,7 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
            "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values())}
     docs: list[Routed] = []
     if args.doc_requests:
-        fleet.reset_prefix_caches()
+        out["docs_reset_wait_s"] = fleet.reset_prefix_caches()
         before = fleet.counters()
         docs = shared_docs(fleet, args, router)
         after = fleet.counters()

@@ -48,6 +48,7 @@ from tools.serving_workload import (
     shared_prefix_prompts,
     summarize,
 )
+from tools.warm_pass import empty_gpu_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED_NAME = "bench"
@@ -160,6 +161,13 @@ def counters(port: int) -> dict[str, float]:
     return out
 
 
+def reset_gpu_cache(port: int) -> float:
+    """Empty the server's GPU prefix cache: ``POST /reset_prefix_cache`` until it answers
+    ``{"success": true}`` (it refuses while a connector's saves hold blocks; tools/warm_pass.py);
+    the seconds that took."""
+    return empty_gpu_cache(lambda: json.loads(_get(port, "/reset_prefix_cache", method="POST"))["success"])
+
+
 def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
@@ -249,7 +257,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                 counts0 = counters(args.port)
                 rounds = multi_round(args.port, args)
                 counts1 = counters(args.port)
-                _get(args.port, "/reset_prefix_cache", method="POST")
+                reset_wait_s = reset_gpu_cache(args.port)
                 prefix = shared_prefix(args.port, args) if args.prefix_requests else []
                 counts2 = counters(args.port)
             finally:
@@ -280,6 +288,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             "shared_prefix": summarize(prefix) if prefix else None,
             "host_hit_tokens": {phase: d.get("vllm:external_prefix_cache_hits_total", 0.0)
                                 for phase, d in phases.items()},
+            "reset_wait_s": reset_wait_s,
             "counters": phases,
             "engine": engine_stats,
             "step_timeline": timeline,
@@ -288,6 +297,19 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             # sent, first token, done (monotonic s, the clock of the step timeline's lines)
             "timings": [[r.key, round(r.started_s, 6), round(r.first_token_s, 6), round(r.done_s, 6)]
                         for rnd in rounds for r in rnd]}
+
+
+def run_or_fail(config: str, args, log_dir: Path, tag: str) -> dict:
+    """``run_config``; a peer that fails at run time (its server, its ``vllm serve``, a GPU cache
+    that never empties) is a run that says so, and the bench goes on with the next configuration."""
+    from pegaflow.errors import PeerError
+    if config not in peers.PEERS:
+        return run_config(config, args, log_dir, tag)
+    try:
+        return run_config(config, args, log_dir, tag)
+    except (PeerError, RuntimeError) as exc:  # Server's and warm_pass's errors are RuntimeErrors
+        print(f"bench_serving: {config} failed: {exc}", file=sys.stderr, flush=True)
+        return {"config": config, "tag": tag, "failed": str(exc)}
 
 
 def available_configs(configs: list[str]) -> list[str]:
@@ -325,7 +347,11 @@ def headline(runs: list[dict]) -> dict:
     def errors(mine: list[dict]) -> int:
         return sum(r["later_rounds"]["errors"] + (r["shared_prefix"] or {}).get("errors", 0) for r in mine)
 
-    return headline_rows(runs, figures, errors)
+    table = headline_rows([r for r in runs if "failed" not in r], figures, errors)
+    for run in runs:  # a configuration none of whose runs finished: why, instead of figures
+        if "failed" in run and run["config"] not in table:
+            table[run["config"]] = {"failed": run["failed"], "errors": 0}
+    return table
 
 
 def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
@@ -398,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="pegaflow's step timeline of the steps that load, per phase (adds CUDA events)")
     add_run_args(p, "/tmp/bench_serving")
     args = p.parse_args(argv)
-    runs = collect_runs(args, run_config, write_json,
-                        lambda run: {k: run[k] for k in ("tag", "later_rounds_wall_s", "later_rounds",
-                                                         "host_hit_tokens")})
+    runs = collect_runs(args, run_or_fail, write_json,
+                        lambda run: {k: run[k] for k in ("tag", "failed", "later_rounds_wall_s", "later_rounds",
+                                                         "host_hit_tokens") if k in run})
     table = headline(runs)
     print_table(table)
     if args.json:
@@ -431,6 +457,9 @@ def print_table(table: dict) -> None:
     print(f"{'config':<14} {'later rounds s':>15} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'prefix rps':>11} "
           f"{'identical':>9}")
     for config, row in table.items():
+        if "failed" in row:
+            print(f"{config:<14} failed: {row['failed']}")
+            continue
         print(f"{config:<14} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
               f"{row['ttft_p99_ms']:>12.1f} {row.get('throughput_rps', float('nan')):>11.2f} "
               f"{row.get('identical_share', float('nan')):>9.3f}")

@@ -12,7 +12,9 @@ default compilation (CUDA graphs on) unless ``--eager``.
 The pegaflow engine is started here with the cuda backend unless --engine-name names a
 running one; a started engine is stopped before the native and peer phases (their host caches
 would otherwise sit beside its pool).  The native and peer phases keep vLLM's prefix caching
-on, as their users run them, and reset it between the cold and the warm pass.
+on, as their users run them.  Before every warm pass vLLM's GPU prefix cache is emptied (the
+reset retried while saves hold blocks), and a warm pass that vLLM counted any GPU prefix-cache
+hit in is reported invalid, not as a figure (``tools/warm_pass.py``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import time
 from pathlib import Path
 
 from tools import peers
-from tools.ttft_configs import cacheable_tokens, config_rows
+from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
 from tools.ttft_configs import stats as _stats
+from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_cache, tokens_by_source
 
 # Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
 # PegaFlow's package of the same name first on its path (tools/peers.py).
@@ -74,22 +77,25 @@ def _llm(args, kind: str):
 LAST_ENGINE_TTFT_MS: list[float] = []  # vLLM's own first-token latency of the last _time_each
 LAST_STEP_MS: list[float] = []         # vLLM's scheduled -> first token of the last _time_each
 LAST_QUEUE_MS: list[float] = []        # vLLM's queued -> scheduled of the last _time_each
+LAST_CACHED_TOKENS: list[int] = []     # vLLM's num_cached_tokens of each request of the last _time_each
 
 
 def _time_each(llm, prompts, max_tokens: int) -> tuple[list[float], list[list[int]]]:
     """Wall time of one generate() per prompt (ms), and the tokens.  vLLM's own timings of
     each request go to LAST_ENGINE_TTFT_MS (arrival to first token, excluding generate()'s
-    input processing), LAST_QUEUE_MS and LAST_STEP_MS (engine-core timestamps)."""
+    input processing), LAST_QUEUE_MS and LAST_STEP_MS (engine-core timestamps), its prompt
+    tokens vLLM did not compute to LAST_CACHED_TOKENS."""
     from vllm import SamplingParams, TokensPrompt
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     times, tokens = [], []
-    for timings in (LAST_ENGINE_TTFT_MS, LAST_STEP_MS, LAST_QUEUE_MS):
+    for timings in (LAST_ENGINE_TTFT_MS, LAST_STEP_MS, LAST_QUEUE_MS, LAST_CACHED_TOKENS):
         timings.clear()
     for prompt in prompts:
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         times.append((time.perf_counter() - t0) * 1e3)
         tokens.append(list(out[0].outputs[0].token_ids))
+        LAST_CACHED_TOKENS.append(out[0].num_cached_tokens)
         metrics = out[0].metrics
         latency = getattr(metrics, "first_token_latency", None)
         if latency:
@@ -160,10 +166,13 @@ def _timed(result: dict, name: str, timings: tuple[list[float], list[list[int]]]
 
 
 def _timed_warm(result: dict, llm, prompts: list[list[int]]) -> None:
-    """The warm pass, and the prompt tokens vLLM counted as read from the host cache in it."""
-    hits_before = _external_hits(llm)
+    """The warm pass, on a GPU prefix cache emptied first (tools/warm_pass.py): per request the
+    prompt tokens vLLM did not compute, and vLLM's split of the pass's prompt tokens by source."""
+    result["reset_wait_s"] = empty_gpu_cache(llm.reset_prefix_cache)
+    before = tokens_by_source(llm.get_metrics())
     _timed(result, "warm", _time_each(llm, prompts, 1))
-    result["warm_hit_tokens"] = _external_hits(llm) - hits_before
+    result["warm_cached_tokens"] = list(LAST_CACHED_TOKENS)
+    result["warm_by_source"] = by_source_delta(tokens_by_source(llm.get_metrics()), before)
 
 
 def run_phase(args) -> dict:
@@ -189,14 +198,17 @@ def run_phase(args) -> dict:
         return result
     _timed(result, "cold", _time_each(llm, prompts, 1))
     result["cacheable_tokens"] = cacheable_tokens(prompts, llm.llm_engine.vllm_config.cache_config.block_size)
-    if args.phase == "pegaflow":
+    if args.phase == "pegaflow":  # the engine's own count of what it loaded, as a cross-check
+        from pegaflow.engine_stats import read_stats
+        loaded = read_stats(args.engine_name)["blocks_loaded"]
         _timed_warm(result, llm, prompts)
+        result["warm_engine_loaded_tokens"] = ((read_stats(args.engine_name)["blocks_loaded"] - loaded)
+                                               * llm.llm_engine.vllm_config.cache_config.block_size)
         result["warm_batch_ms"] = _time_batch(llm, prompts, 1)
         result["external_hit_tokens"] = _external_hits(llm)
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
     elif args.phase == "native" or args.phase in peers.PEERS:
-        llm.reset_prefix_cache()  # the GPU's copy gone, the host cache's kept
-        _timed_warm(result, llm, prompts)
+        _timed_warm(result, llm, prompts)  # the GPU's copy gone, the host cache's kept
         if args.phase == "native":
             _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # with the offloading connector
     else:
@@ -339,6 +351,17 @@ def summarize(peg: dict, native: dict | None, none: dict, gpu: str) -> dict:
     }
 
 
+def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) -> dict | None:
+    """``summarize``'s figures, from phases whose rows have figures: native's left out when its
+    row has none; None when pegaflow's has none.  Each row without figures: one line on stderr."""
+    for config, row in rows.items():
+        if reason := next((row[key] for key in NO_FIGURES if key in row), None):
+            print(f"bench_ttft: no figures for {config}: {reason}", file=sys.stderr)
+    if "ttft_warm_ms" not in rows["pegaflow"]:
+        return None
+    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, _gpu_name())
+
+
 def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
     """Medians of --tpot-only's three phases and their ratios."""
     med = {phase: statistics.median(values) for phase, values in tpot.items()}
@@ -395,7 +418,11 @@ def main() -> int:
     p.add_argument("--phase-out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
-        Path(args.phase_out).write_text(json.dumps(run_phase(args)))
+        try:
+            result = run_phase(args)
+        except GpuCacheNotEmptyError as exc:  # the configuration's row says so; the bench goes on
+            result = {"failed": str(exc)}
+        Path(args.phase_out).write_text(json.dumps(result))
         return 0
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
@@ -449,16 +476,21 @@ def main() -> int:
     peer_runs = _peer_phases(args)
     none = _spawn(args, "none")
     peg = by_backend[backends[0] or "default"]
-    result = summarize(peg, native, none, _gpu_name())
+    rows = config_rows(peg, native, none, peer_runs)
+    if (result := _figures(rows, peg, native, none)) is None:
+        print(json.dumps({"gpu": _gpu_name(), "configs": rows}))  # pegaflow's own figures invalid
+        return 1
     if disks is not None:
         result.update(summarize_disk(peg, disks, none))
         for mode in disks:
             if not result[f"lookup_disk_blocks_{mode}"]:
                 print(f"bench_ttft: the disk phase ({mode}) found nothing on disk: its figure is a "
                       "recompute, not a read from disk", file=sys.stderr)
-    result["configs"] = config_rows(peg, native, none, peer_runs)
+    result["configs"] = rows
     result["copy_backend"] = backends[0] or "engine default"
     for name, phase in by_backend.items():  # --copy-backends: each path's own warm figures
+        if "failed" in phase:
+            continue
         warm, warm_p90 = _stats(phase["warm_ms"])
         result[f"warm_pegaflow_ms_median_{name}"], result[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
         result[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]

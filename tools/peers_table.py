@@ -10,7 +10,9 @@ or ``throughput_rps``), ``served_share`` where its bench reports one and ``outpu
 configuration a bench skipped or that failed keeps that reason.  Per workload, pegaflow against
 the fastest other system that ran with outputs not known wrong (``none`` aside): the ratio of
 their figures.  Every input is
-optional; the workloads of a bench not given are left out.
+optional; the workloads of a bench not given are left out.  A configuration whose bench found
+its figures not valid (bench_ttft: its warm pass hit vLLM's GPU prefix cache) is ``invalid``, with
+the reason, like a skipped one: never a figure.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ WORKLOADS = {
     "replicas": ("replicas", "later_rounds_wall_s", "s", False, "replicas, later rounds"),
 }
 SYSTEMS = ("none", "native", "lmcache", "lmcache-mp", "pegaflow-rs", "pegaflow")
-NOT_RUN = ("skipped", "failed")
+NOT_RUN = ("skipped", "failed", "invalid")  # no figures: why, instead
 
 
 def _rows(bench: str, data: dict) -> dict[str, dict]:

@@ -2,15 +2,24 @@
 its host cache served on the warm pass, and whether its outputs equal no connector's.
 
 A prompt's cacheable tokens are its full blocks short of its last token (vLLM computes at
-least that one); the served tokens are vLLM's own count of prompt tokens read from outside
-the GPU (``vllm:external_prefix_cache_hits``) during the warm pass.  ``none`` has no host
-cache: its warm TTFT is its cold one (a recompute) and it serves nothing.  A configuration
-that ran is ``outputs_identical`` only when its cold and its warm tokens both equal ``none``'s.
+least that one).  The warm pass runs on an emptied GPU prefix cache (``tools/warm_pass.py``),
+so the prompt tokens vLLM did not compute in it (``RequestOutput.num_cached_tokens``, summed)
+are the ones served from outside the GPU, whatever the connector.  A warm pass that vLLM
+counted any GPU prefix-cache hit in (or whose hits it could not split by source) is
+``invalid``: that row has its reason and no figures.  For pegaflow the engine's own count of
+the blocks it loaded in the pass gives ``engine_served_share`` beside it, a cross-check.
+``none`` has no host cache: its warm TTFT is its cold one (a recompute) and it serves nothing.
+A configuration that ran is ``outputs_identical`` only when its cold and its warm tokens both
+equal ``none``'s.
 """
 
 from __future__ import annotations
 
 import statistics
+
+from tools.warm_pass import invalid_reason
+
+NO_FIGURES = ("skipped", "failed", "invalid")
 
 
 def cacheable_tokens(prompts: list[list[int]], block_size: int) -> int:
@@ -29,23 +38,37 @@ def stats(values: list[float]) -> tuple[float, float]:
 
 
 def row(phase: dict, reference: list[list[int]]) -> dict:
-    """One configuration's figures from its phase's measurements."""
+    """One configuration's figures from its phase's measurements; ``skipped``, ``failed`` (kept
+    from the phase) or ``invalid`` (its warm pass hit vLLM's GPU prefix cache) instead."""
+    if any(key in phase for key in NO_FIGURES):
+        return {key: phase[key] for key in NO_FIGURES if key in phase}
+    cached = phase["warm_cached_tokens"]
+    reason = invalid_reason(phase.get("warm_by_source"))
+    if reason is None and None in cached:
+        reason = "vLLM gave no num_cached_tokens for a warm request: what it served is unknown"
+    if reason is not None:
+        return {"invalid": reason}
     median, p90 = stats(phase["warm_ms"])
     return {"ttft_warm_ms": median, "ttft_warm_ms_p90": p90,
-            "served_share": served_share(phase["warm_hit_tokens"], phase["cacheable_tokens"]),
-            "outputs_identical": phase["cold_tokens"] == reference and phase["warm_tokens"] == reference}
+            "served_share": served_share(sum(cached), phase["cacheable_tokens"]),
+            "outputs_identical": phase["cold_tokens"] == reference and phase["warm_tokens"] == reference,
+            "reset_wait_s": phase["reset_wait_s"]}
 
 
 def config_rows(peg: dict, native: dict | None, none: dict, peer_runs: dict[str, dict]) -> dict[str, dict]:
-    """``none``, ``pegaflow``, ``native`` (unless None) and each peer, in that order; a peer
-    that could not run keeps its ``skipped`` reason (or ``failed``: its error) instead of figures."""
+    """``none``, ``pegaflow``, ``native`` (unless None) and each peer, in that order; a
+    configuration that could not run keeps its ``skipped`` reason (or ``failed``: its error), one
+    whose warm pass hit the GPU is ``invalid``: no figures."""
     reference = none["cold_tokens"]
     cold, cold_p90 = stats(none["cold_ms"])
     rows = {"none": {"ttft_warm_ms": cold, "ttft_warm_ms_p90": cold_p90, "served_share": 0.0,
                      "outputs_identical": none["gpu_hit_tokens"] == reference}}
     rows["pegaflow"] = row(peg, reference)
+    if "warm_engine_loaded_tokens" in peg and "served_share" in rows["pegaflow"]:
+        rows["pegaflow"]["engine_served_share"] = served_share(peg["warm_engine_loaded_tokens"],
+                                                               peg["cacheable_tokens"])
     if native is not None:
         rows["native"] = row(native, reference)
     for config, run in peer_runs.items():
-        rows[config] = dict(run) if "skipped" in run or "failed" in run else row(run, reference)
+        rows[config] = row(run, reference)
     return rows

@@ -35,8 +35,9 @@ class _Replica(BaseHTTPRequestHandler):
                     'vllm:prefix_cache_hits_total{engine="0"} 5.0\n').encode())
 
     def do_POST(self):
-        if self.path == "/reset_prefix_cache":
-            self._send(b"")
+        if self.path == "/reset_prefix_cache":  # refused once (a save in flight), then done
+            self.server.resets += 1
+            self._send(json.dumps({"success": self.server.resets > 1}).encode(), "application/json")
             return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests += 1
@@ -54,7 +55,7 @@ class _FakeFleet:
     @staticmethod
     def _serve() -> ThreadingHTTPServer:
         server = ThreadingHTTPServer(("127.0.0.1", 0), _Replica)
-        server.requests = 0
+        server.requests = server.resets = 0
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 
@@ -65,8 +66,7 @@ class _FakeFleet:
         return {r: bench_replicas.hit_counters(self.port(r)) for r in range(len(self.servers))}
 
     def reset_prefix_caches(self):
-        for r in range(len(self.servers)):
-            bench_replicas._get(self.port(r), "/reset_prefix_cache", method="POST")
+        return sum(bench_replicas.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
 
     def stop(self, replica: int):
         self.servers[replica].shutdown()
@@ -101,6 +101,10 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet):
     # 1. Three rounds of three users, the two later rounds timed; six shared-document requests.
     assert [r["requests"] for r in run["rounds"]] == [3, 3, 3]
     assert run["later_rounds"]["requests"] == 6 and run["docs"]["requests"] == 6
+    # Before the shared documents every replica's GPU cache was emptied, each reset retried
+    # past its first refusal: one wait per replica at least.
+    from tools.warm_pass import RESET_POLL_S
+    assert run["docs_reset_wait_s"] >= len(fleet.servers) * RESET_POLL_S
     # 2. Each replica's external hits over the later rounds are its own requests' (100 each).
     per = run["chat"]["per_replica"]
     assert sum(p["requests"] for p in per) == 6

@@ -153,3 +153,130 @@ def test_main_merge_tables_runs_of_several_files_without_running_a_server(tmp_pa
     assert out["gpu"] == "H200" and [r["config"] for r in out["runs"]] == ["none", "pegaflow"]
     assert out["pegaflow"]["identical_share"] == 0.0 and out["none"]["outputs_identical"]
     assert "pegaflow" in capsys.readouterr().out
+
+
+class _FakeVllmServe:
+    """``bench_serving.Server`` for one configuration: the fake OpenAI server on the port asked
+    for, whose ``POST /reset_prefix_cache`` refuses ``REFUSALS`` times (saves in flight) before
+    it succeeds; each start's command, environment and directory are kept."""
+    REFUSALS = 2
+    started: list[dict] = []
+
+    class _Handler(_Fake):
+        refusals = 0
+
+        def do_GET(self):
+            if self.path == "/health":
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def do_POST(self):
+            if self.path != "/reset_prefix_cache":
+                return super().do_POST()
+            handler = type(self)
+            success = handler.refusals >= _FakeVllmServe.REFUSALS
+            handler.refusals += 1
+            body = json.dumps({"success": success}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def __init__(self, cmd, port, log_path, extra_env=None, cwd=None):
+        handler = type("Handler", (self._Handler,), {"refusals": 0})
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        _FakeVllmServe.started.append({"cmd": cmd, "env": dict(extra_env or {}), "cwd": cwd})
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monkeypatch, capsys):
+    # The GPU run's command (--configs none native lmcache pegaflow-rs pegaflow), with its
+    # processes faked: vllm serve (the fake server), pegaflow's engine, the peers' servers.
+    import contextlib
+
+    import pegaflow.engine_stats
+    import tools.engine_process
+    from tools import peers, peers_table
+
+    class FakeEngine:
+        def __init__(self, name, *flags, **kwargs):
+            self.name = name
+
+        def stop(self, timeout_s=None):
+            pass
+    sides = []
+
+    @contextlib.contextmanager
+    def side_process(plan, log_path):
+        sides.append(plan.config)
+        yield
+    monkeypatch.setattr(tools.engine_process, "EngineProcess", FakeEngine)
+    monkeypatch.setattr(pegaflow.engine_stats, "read_stats", lambda name: {
+        "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 2, "evictions": 0})
+    monkeypatch.setattr(peers, "unavailable", lambda config: None)
+    monkeypatch.setattr(peers, "side_process", side_process)
+    monkeypatch.setattr(bench_serving, "Server", _FakeVllmServe)
+    monkeypatch.setattr(bench_serving, "measured_on", lambda args: ("fake-gpu", args.model))
+    monkeypatch.setattr(_Fake, "FIRST_S", 0.0)
+    _FakeVllmServe.started = []
+    out = tmp_path / "serving.json"
+    configs = ["none", "native", "lmcache", "pegaflow-rs", "pegaflow"]
+    assert main(["--configs", *configs, "--users", "2", "--rounds", "2", "--context-tokens", "40",
+                 "--prefixes", "2", "--prefix-tokens", "24", "--prefix-requests", "4", "--concurrency", "2",
+                 "--port", str(peers.free_port()), "--log-dir", str(tmp_path), "--json", str(out)]) == 0
+    # 1. One vllm serve per configuration, in order, each with its own settings.
+    commands = [s["cmd"] for s in _FakeVllmServe.started]
+    assert len(commands) == 5 and sides == ["lmcache", "pegaflow-rs"]
+
+    def transfer(cmd):
+        return json.loads(cmd[cmd.index("--kv-transfer-config") + 1]) if "--kv-transfer-config" in cmd else None
+    assert transfer(commands[0]) is None and "--kv-offloading-size" not in commands[0]
+    assert commands[1][commands[1].index("--kv-offloading-backend") + 1] == "native"
+    assert transfer(commands[2])["kv_connector"] == "LMCacheConnectorV1"
+    assert _FakeVllmServe.started[2]["env"]["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "32"
+    assert transfer(commands[3])["kv_connector_module_path"] == "pegaflow.connector"
+    assert _FakeVllmServe.started[3]["env"]["PYTHONPATH"].startswith(str(peers.site_of("pegaflow-rs")))
+    assert _FakeVllmServe.started[3]["cwd"] is not None  # outside this repo
+    assert transfer(commands[4])["kv_connector_extra_config"]["engine_name"].startswith("bench")
+    # 2. The GPU cache was reset between the workloads, after the refusals.
+    data = json.loads(out.read_text())
+    assert [r["config"] for r in data["runs"]] == configs
+    assert all(r["reset_wait_s"] > 0 for r in data["runs"])
+    # 3. A row per configuration, each answer equal to none's; the peers' table reads it.
+    assert all(data[c]["outputs_identical"] and data[c]["errors"] == 0 for c in configs)
+    table = peers_table.build({"serving": data}, "2026-12-06")
+    assert set(table["configs"]) == set(configs) and table["versus"]["multi_round"] is not None
+    printed = capsys.readouterr().out
+    assert all(f"\n{config} " in printed for config in configs)
+
+
+def test_main_a_peer_failing_at_run_time_is_a_row_and_the_bench_goes_on(tmp_path, monkeypatch, capsys):
+    from tools import peers
+    from tools.warm_pass import GpuCacheNotEmptyError
+    monkeypatch.setattr(peers, "unavailable", lambda config: None)
+    monkeypatch.setattr(bench_serving, "measured_on", lambda args: ("fake-gpu", args.model))
+
+    def run_config(config, args, log_dir, tag):
+        if config == "pegaflow-rs":
+            raise GpuCacheNotEmptyError("vLLM refused to reset its GPU prefix cache 1500 times in 300 s")
+        return dict(_run(config, 2.0, 100, [1]), tag=tag, host_hit_tokens={})
+    monkeypatch.setattr(bench_serving, "run_config", run_config)
+    out = tmp_path / "serving.json"
+    assert main(["--configs", "none", "pegaflow-rs", "pegaflow", "--log-dir", str(tmp_path),
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["pegaflow-rs"] == {"failed": "vLLM refused to reset its GPU prefix cache 1500 times in 300 s",
+                                   "errors": 0}
+    assert data["pegaflow"]["outputs_identical"] and [r["config"] for r in data["runs"]] == [
+        "none", "pegaflow-rs", "pegaflow"]
+    captured = capsys.readouterr()
+    assert "bench_serving: pegaflow-rs failed: vLLM refused" in captured.err
+    assert "pegaflow-rs    failed: vLLM refused" in captured.out

@@ -1,5 +1,7 @@
 """bench_ttft's arithmetic, on made-up phase results (the phases themselves need a GPU)."""
 
+import json
+
 from tools.bench_ttft import _stats, summarize
 
 
@@ -155,3 +157,95 @@ def test_bench_ttft_peer_phases_a_peer_failing_at_run_time_is_a_row_not_the_end(
     results = _peer_phases(argparse.Namespace(peers=["lmcache-mp"], pool_size="1GiB"))
     assert "exited (4)" in results["lmcache-mp"]["failed"]
     assert "bench_ttft: lmcache-mp failed:" in capsys.readouterr().err
+
+
+class _FakeLLM:
+    """vLLM's offline LLM as the warm pass sees it: ``reset_prefix_cache`` refuses while
+    ``held`` says blocks are still held; each generate serves ``cached`` prompt tokens, from
+    the GPU's prefix cache if ``gpu_hits`` (else from a connector), and vLLM counts them."""
+
+    def __init__(self, held: int, cached: int, gpu_hits: bool = False):
+        from types import SimpleNamespace
+        self.held, self.cached, self.gpu_hits, self.calls = held, cached, gpu_hits, []
+        self.by_source = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
+        self._ns = SimpleNamespace
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset")
+        self.held -= 1
+        return self.held < 0
+
+    def get_metrics(self):
+        return [self._ns(name="vllm:prompt_tokens_by_source", labels={"engine": "0", "source": s}, value=v)
+                for s, v in self.by_source.items()]
+
+    def generate(self, prompts, params, use_tqdm):
+        self.calls.append("generate")
+        prompt = prompts[0]["prompt_token_ids"]
+        self.by_source["local_cache_hit" if self.gpu_hits else "external_kv_transfer"] += self.cached
+        self.by_source["local_compute"] += len(prompt) - self.cached
+        metrics = self._ns(first_token_latency=0.01, queued_ts=1.0, scheduled_ts=1.0, first_token_ts=1.01)
+        return [self._ns(outputs=[self._ns(token_ids=[prompt[-1]])], num_cached_tokens=self.cached,
+                         metrics=metrics)]
+
+
+def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_served():
+    # 1. Saves still hold blocks: the first two resets are refused; the warm pass starts only
+    #    once vLLM has reset its GPU prefix cache.
+    from tools.bench_ttft import _timed_warm
+    from tools.ttft_configs import row
+    llm, prompts = _FakeLLM(held=2, cached=48), [[1] * 50, [2] * 50]
+    result = {"cold_tokens": [[1], [2]], "cacheable_tokens": 96}
+    _timed_warm(result, llm, prompts)
+    assert llm.calls == ["reset", "reset", "reset", "generate", "generate"] and result["reset_wait_s"] > 0
+    # 2. Served: each request's num_cached_tokens; vLLM's split says none came from the GPU.
+    assert result["warm_cached_tokens"] == [48, 48] and result["warm_tokens"] == [[1], [2]]
+    assert result["warm_by_source"] == {"local_compute": 4, "local_cache_hit": 0, "external_kv_transfer": 96}
+    assert row(result, [[1], [2]])["served_share"] == 1.0
+
+
+def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
+    from tools.bench_ttft import _timed_warm
+    from tools.ttft_configs import row
+    llm = _FakeLLM(held=0, cached=48, gpu_hits=True)
+    result = {"cold_tokens": [[1]], "cacheable_tokens": 48}
+    _timed_warm(result, llm, [[1] * 50])
+    assert row(result, [[1]]) == {"invalid": "48 prompt tokens of the warm pass were vLLM GPU prefix-cache "
+                                             "hits, not loads from the host cache"}
+
+
+def test_bench_ttft_phase_whose_reset_never_succeeds_writes_a_failed_row(tmp_path, monkeypatch):
+    # The phase process ends normally with the reason in its output: the bench's row for that
+    # configuration says why, and the other configurations still run.
+    import sys
+
+    import tools.bench_ttft as bench
+    from tools.warm_pass import GpuCacheNotEmptyError
+
+    def never_empty(args):
+        raise GpuCacheNotEmptyError("vLLM refused to reset its GPU prefix cache 1500 times in 300 s")
+    monkeypatch.setattr(bench, "run_phase", never_empty)
+    out = tmp_path / "phase.json"
+    monkeypatch.setattr(sys, "argv", ["bench_ttft", "--phase", "pegaflow-rs", "--phase-out", str(out)])
+    assert bench.main() == 0
+    assert json.loads(out.read_text()) == {"failed": "vLLM refused to reset its GPU prefix cache 1500 times in 300 s"}
+
+
+def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatch, capsys):
+    # 1. native's warm pass hit the GPU: the top-level native figures are left out, its row
+    #    says why, one line on stderr.
+    import tools.bench_ttft as bench
+    from tools.ttft_configs import config_rows
+    monkeypatch.setattr(bench, "_gpu_name", lambda: "test-gpu")
+    peg, native, none = _phases()
+    for phase, served in ((peg, 20), (native, 20)):
+        phase.update(warm_cached_tokens=[served, served], cacheable_tokens=40, reset_wait_s=0.0,
+                     warm_by_source={"local_compute": 2, "local_cache_hit": 0, "external_kv_transfer": 40})
+    native["warm_by_source"] = dict(native["warm_by_source"], local_cache_hit=40, external_kv_transfer=0)
+    rows = config_rows(peg, native, none, {})
+    result = bench._figures(rows, peg, native, none)
+    assert "warm_native_ms_median" not in result and result["warm_pegaflow_ms_median"] == 50.0
+    assert "bench_ttft: no figures for native: 40 prompt tokens" in capsys.readouterr().err
+    # 2. pegaflow's own warm pass invalid: no figures at all.
+    peg["warm_by_source"] = native["warm_by_source"]
+    assert bench._figures(config_rows(peg, native, none, {}), peg, native, none) is None

@@ -61,3 +61,15 @@ def test_peers_table_markdown_marks_wrong_and_skipped(tmp_path, capsys):
     assert ttft_row.endswith("| 0.53x native's (ahead) |")
     wall_row = next(line for line in lines if line.startswith("| multi-round"))
     assert wall_row == "| multi-round serving, later rounds | 9 s | - | - | 7.5 s | 6 s | 0.80x pegaflow-rs's (ahead) |"
+
+
+def test_peers_table_an_invalid_configuration_is_never_the_mark_to_beat():
+    # pegaflow-rs's warm pass hit vLLM's GPU cache (18 ms): its cell keeps the reason, no
+    # figure, and pegaflow is compared with the fastest valid other (native).
+    inputs = _inputs()
+    inputs["ttft"]["configs"]["pegaflow-rs"] = {"invalid": "79872 prompt tokens of the warm pass were GPU hits"}
+    table = build({"ttft": inputs["ttft"]}, "2026-12-06")
+    assert table["configs"]["pegaflow-rs"]["warm_ttft_10k"] == {
+        "invalid": "79872 prompt tokens of the warm pass were GPU hits"}
+    assert table["versus"]["warm_ttft_10k"]["best_other"] == "native"
+    assert "| invalid |" in markdown(table)

@@ -12,18 +12,20 @@ def test_ttft_configs_cacheable_tokens_are_full_blocks_short_of_the_last_token()
 
 
 def _phase(warm_ms, hits, tokens, warm_tokens=None):
-    return {"warm_ms": warm_ms, "warm_hit_tokens": hits, "cacheable_tokens": 200,
-            "cold_tokens": tokens, "warm_tokens": warm_tokens or tokens}
+    """A warm pass of two requests on an emptied GPU cache; ``hits``: the tokens not computed."""
+    return {"warm_ms": warm_ms, "warm_cached_tokens": [hits // 2, hits - hits // 2], "cacheable_tokens": 200,
+            "cold_tokens": tokens, "warm_tokens": warm_tokens or tokens, "reset_wait_s": 0.0,
+            "warm_by_source": {"local_compute": 400 - hits, "local_cache_hit": 0, "external_kv_transfer": hits}}
 
 
 def test_ttft_configs_rows_report_share_and_identity_per_configuration():
     # 1. none: its cold time stands as its warm one, nothing served; the rest from their phases.
     tokens = [[5], [6]]
     none = {"cold_ms": [300.0, 280.0, 290.0], "cold_tokens": tokens, "gpu_hit_tokens": tokens}
-    peers = {"lmcache": _phase([80.0, 90.0], 62.0, tokens, [[5], [7]]),
+    peers = {"lmcache": _phase([80.0, 90.0], 62, tokens, [[5], [7]]),
              "pegaflow-rs": {"skipped": "ImportError: undefined symbol: x"},
              "lmcache-mp": {"failed": "its server exited (1)"}}
-    rows = config_rows(_phase([40.0, 60.0], 200.0, tokens), _phase([70.0, 70.0], 100.0, tokens), none, peers)
+    rows = config_rows(_phase([40.0, 60.0], 200, tokens), _phase([70.0, 70.0], 100, tokens), none, peers)
     assert list(rows) == ["none", "pegaflow", "native", "lmcache", "pegaflow-rs", "lmcache-mp"]
     assert rows["none"] == {"ttft_warm_ms": 290.0, "ttft_warm_ms_p90": 300.0, "served_share": 0.0,
                             "outputs_identical": True}
@@ -40,5 +42,41 @@ def test_ttft_configs_rows_report_share_and_identity_per_configuration():
 def test_ttft_configs_wrong_cold_tokens_are_wrong_too():
     tokens = [[5], [6]]
     none = {"cold_ms": [300.0], "cold_tokens": tokens, "gpu_hit_tokens": tokens}
-    rows = config_rows(_phase([40.0], 200.0, [[5], [9]], tokens), None, none, {})
+    rows = config_rows(_phase([40.0], 200, [[5], [9]], tokens), None, none, {})
     assert rows["pegaflow"]["outputs_identical"] is False and "native" not in rows
+
+
+def test_ttft_configs_served_share_is_the_cached_tokens_of_the_warm_requests():
+    # The run that showed it: vLLM's external-hit counter said 0 for pegaflow's warm pass (the
+    # offline LLM drops the counts of engine steps that return no token), while each of the 8
+    # requests had 9984 of its 10000 prompt tokens served.  The share comes from the requests.
+    tokens = [[5]] * 8
+    none = {"cold_ms": [268.0], "cold_tokens": tokens, "gpu_hit_tokens": tokens}
+    peg = {"warm_ms": [38.9] * 8, "warm_cached_tokens": [9984] * 8, "cacheable_tokens": 8 * 9984,
+           "cold_tokens": tokens, "warm_tokens": tokens, "reset_wait_s": 0.4, "external_hit_tokens": 0.0,
+           "warm_by_source": {"local_compute": 128, "local_cache_hit": 0, "external_kv_transfer": 79872},
+           "warm_engine_loaded_tokens": 79872 - 16}
+    rows = config_rows(peg, None, none, {})
+    assert rows["pegaflow"]["served_share"] == 1.0 and rows["pegaflow"]["reset_wait_s"] == 0.4
+    # The engine's own count of what it loaded stands beside it (one block short here).
+    assert rows["pegaflow"]["engine_served_share"] == (79872 - 16) / 79872
+
+
+def test_ttft_configs_a_warm_pass_that_hit_the_gpu_is_invalid_with_no_figures():
+    # 1. pegaflow-rs in the run that showed it: the reset refused, every warm request a GPU hit
+    #    of 624 blocks (9984 tokens) and 15 tokens from its own cache.  Fast, outputs right: invalid.
+    tokens = [[5]] * 8
+    none = {"cold_ms": [268.0], "cold_tokens": tokens, "gpu_hit_tokens": tokens}
+    peg = _phase([40.0], 200, tokens)
+    gpu_hit = {"warm_ms": [18.1] * 8, "warm_cached_tokens": [9999] * 8, "cacheable_tokens": 8 * 9984,
+               "cold_tokens": tokens, "warm_tokens": tokens, "reset_wait_s": 0.0,
+               "warm_by_source": {"local_compute": 8, "local_cache_hit": 79872, "external_kv_transfer": 120}}
+    rows = config_rows(peg, dict(gpu_hit), none, {"pegaflow-rs": gpu_hit})
+    for config in ("native", "pegaflow-rs"):
+        assert list(rows[config]) == ["invalid"] and "79872 prompt tokens" in rows[config]["invalid"]
+    # 2. A vLLM that does not split its hits by source: no figure either.
+    unsplit = dict(gpu_hit, warm_by_source=None)
+    assert "cannot be ruled out" in config_rows(peg, None, none, {"lmcache": unsplit})["lmcache"]["invalid"]
+    # 3. A phase that failed (its reset never succeeded) keeps its error.
+    failed = {"failed": "vLLM refused to reset its GPU prefix cache 1500 times in 300 s"}
+    assert config_rows(peg, failed, none, {})["native"] == failed
