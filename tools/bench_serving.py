@@ -302,7 +302,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
 def run_or_fail(config: str, args, log_dir: Path, tag: str) -> dict:
     """``run_config``; a peer that fails at run time (its server, its ``vllm serve``, a GPU cache
     that never empties) is a run that says so, and the bench goes on with the next configuration."""
-    from pegaflow.errors import PeerError
+    from pegaflow.platform.errors import PeerError
     if config not in peers.PEERS:
         return run_config(config, args, log_dir, tag)
     try:

@@ -199,7 +199,7 @@ def run_phase(args) -> dict:
     _timed(result, "cold", _time_each(llm, prompts, 1))
     result["cacheable_tokens"] = cacheable_tokens(prompts, llm.llm_engine.vllm_config.cache_config.block_size)
     if args.phase == "pegaflow":  # the engine's own count of what it loaded, as a cross-check
-        from pegaflow.engine_stats import read_stats
+        from pegaflow.stats.engine_stats import read_stats
         loaded = read_stats(args.engine_name)["blocks_loaded"]
         _timed_warm(result, llm, prompts)
         result["warm_engine_loaded_tokens"] = ((read_stats(args.engine_name)["blocks_loaded"] - loaded)

@@ -202,7 +202,7 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
     # processes faked: vllm serve (the fake server), pegaflow's engine, the peers' servers.
     import contextlib
 
-    import pegaflow.engine_stats
+    import pegaflow.stats.engine_stats
     import tools.engine_process
     from tools import peers, peers_table
 
@@ -219,7 +219,7 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
         sides.append(plan.config)
         yield
     monkeypatch.setattr(tools.engine_process, "EngineProcess", FakeEngine)
-    monkeypatch.setattr(pegaflow.engine_stats, "read_stats", lambda name: {
+    monkeypatch.setattr(pegaflow.stats.engine_stats, "read_stats", lambda name: {
         "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 2, "evictions": 0})
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
     monkeypatch.setattr(peers, "side_process", side_process)
