@@ -26,7 +26,7 @@ class ClientState:
     voter: int = 0       # its index among them
     is_attached: bool = False
     is_detached: bool = False
-    pending_detach: int = 0  # request id of a DETACH waiting for copies to end
+    pending_detach: object = None  # a DETACH waiting for copies to end (its ``Received``)
     layers: dict[int, LayerPlacement] = field(default_factory=dict)
     groups: dict[int, list[int]] = field(default_factory=dict)  # KV cache group -> its layers, in order
     region_blocks: dict[int, int] = field(default_factory=dict)  # region id -> num blocks

@@ -27,17 +27,17 @@ import time
 import numpy as np
 
 from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.protocol import read_payload
 from pegaflow.platform.values import format_size
 from pegaflow.platform.waits import Doorbell, sleep_until
-from pegaflow.platform.wire import CLIENT_STATS, STATS, Opcode, Status
+from pegaflow.platform.wire import CLIENT_STATS, STATS
 
 from .client_table import ClientTable
-from .clients import ClientState
 from .config import EngineConfig
 from .copy import make_backend
 from .copy.base import CopyBackend
 from .disk.open import open_disk_tier
-from .dispatcher import NO_PAYLOAD, Dispatcher
+from .dispatcher import Dispatcher
 from .fault_in import default_threads
 from .index import BlockIndex
 from .pinning import PinProgress, PoolPinner
@@ -59,7 +59,6 @@ LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detac
 #                        their liveness is checked, and a dead one's slot can wait this long
 UNATTENDED_SLEEP_S = LIVENESS_ONLY_S  # nothing attached: a wake-up only to beat the heartbeat
 #                        (pegaflow-stat tells a stopped or stuck engine by a stale one)
-_DETACH = Opcode.DETACH  # read once: the loop compares against a plain name
 
 
 class EngineServer:
@@ -120,7 +119,7 @@ class EngineServer:
         self.dispatcher.disk = self.disk
         self.dispatcher.remote = self.remote
         if self.remote is not None:
-            self.remote.lookups.answer = self.dispatcher.answer_lookup
+            self.remote.lookups.answer = self.dispatcher.lookups.answer_remote
         self.is_stopping = False
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
@@ -234,15 +233,15 @@ class EngineServer:
                 if rec is None:
                     break
                 did_work = True
-                payload = dispatcher.read_payload(client, rec) if rec.payload_bytes else NO_PAYLOAD
+                is_detached = False
                 try:
-                    dispatcher.handle(client, rec, payload)
+                    is_detached = dispatcher.handle(client, rec, read_payload(client.view.arena, rec))
                 except Exception:  # boundary: one bad command must not take the engine down
-                    self._internal_error(client, rec)
+                    dispatcher.answer_internal_error(client, rec)
                 # Only now may the client reuse the slot and the payload bytes (copied
                 # above): handing them back after the answer keeps it off the answer's path.
                 submissions.release()
-                if rec.opcode == _DETACH and client.is_detached:  # accepted, not refused
+                if is_detached:  # a DETACH accepted, not refused
                     self.table.retire(client)
                     # its slot is freed by housekeeping: within housekeeping_s, not 2.5 s
                     self._next_housekeeping = min(self._next_housekeeping,
@@ -277,10 +276,6 @@ class EngineServer:
         if progress.is_finished and progress.error is None:
             self.stats.set("pool_pin_ns", progress.elapsed_ns)
 
-    def _internal_error(self, client: ClientState, rec) -> None:
-        logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
-        self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.INTERNAL)
-
     def _housekeeping(self, now: float) -> None:
         is_timed = self.index.leases or self.index.writing or any(
             c.is_detached or not c.is_attached for c in self.table.attached)
@@ -298,11 +293,11 @@ class EngineServer:
         logger.info("engine %r stopping", self.config.name)
         self.segments.mark_stopping()
         pinner_stopped = self.pinner.stop()  # before the backend closes: it unpins only what is over
-        for client, rec in self.dispatcher.transfers.parked.take_all():  # waiting for disk reads
-            self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
-        for waiting in self.dispatcher.waiting.take_all():  # LOOKUPs waiting for saves
-            self.dispatcher.reply(waiting.client, waiting.rec.request_id, waiting.rec.opcode,
-                                  Status.SHUTTING_DOWN)
+        dispatcher = self.dispatcher
+        for received in dispatcher.transfers.parked.take_all():  # waiting for disk reads
+            dispatcher.answer_stopping(received)
+        for waiting in dispatcher.waiting.take_all():  # LOOKUPs waiting for saves
+            dispatcher.answer_stopping(waiting.received)
         is_disk_stopped = self.disk is None or self.disk.close()  # its I/O uses the pool's pages
         is_disk_stopped = (self.remote is None or self.remote.close()) and is_disk_stopped
         deadline = time.monotonic() + SHUTDOWN_DRAIN_S
@@ -312,7 +307,7 @@ class EngineServer:
             time.sleep(1e-3)
         for client in self.table.clients.values():
             while (rec := client.submissions.try_get()) is not None:
-                self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
+                dispatcher.answer_stopping(dispatcher.received_unread(client, rec))
             client.flush()
         if not pinner_stopped or not is_disk_stopped:  # a thread may still use the pool: leave it to the exit
             logger.error("engine %r: the pool's %s thread is still running; the pool stays "

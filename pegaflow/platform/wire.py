@@ -9,7 +9,9 @@ Segments (all created by the engine, see ``pegaflow.platform.shm``)::
 
 A client writes SUBMISSIONs (and their variable-length payload: HASH records, int32
 block ids, REGION/LAYER records) and the engine answers each with exactly one
-COMPLETION carrying the same ``request_id``.  Offsets are explicit and every itemsize
+COMPLETION carrying the same ``request_id`` (the engine's command id, not vLLM's request
+id).  Only ``pegaflow.platform.protocol`` reads or writes a SUBMISSION's generic fields:
+each command is a typed value there.  Offsets are explicit and every itemsize
 is checked at import, so a layout change that is not a version bump cannot slip in.
 
 Voting (one stored copy of KV that several clients compute alike, e.g. MLA's latent on
@@ -50,19 +52,6 @@ class Opcode(IntEnum):
     LOAD = 9
     PING = 10
     DROP = 11
-
-
-# What an OK answer's value, value2, value3 mean, per opcode (the rest answer zeros);
-# pegaflow.client.connection decodes them into named results (``Completion.result``).
-RESULT_FIELDS: dict[Opcode, tuple[str, ...]] = {
-    # the prefix found (in the pool, or on disk and being read into it), its lease (0: none),
-    # how many of its blocks come from disk (their LOAD waits for the reads)
-    Opcode.LOOKUP: ("num_hit_blocks", "lease_id", "num_disk_blocks"),
-    Opcode.SAVE: ("num_stored", "num_deduped", "num_dropped"),  # copied, held already, no room
-    Opcode.LOAD: ("num_loaded",),
-    Opcode.PING: ("num_inflight",),                    # the engine's copies in flight
-    Opcode.DROP: ("num_found",),                       # blocks it held that the SAVEs named stored
-}
 
 
 class Status(IntEnum):
@@ -126,22 +115,16 @@ def split_attach_role(flags: int) -> tuple[ClientRole, KvRole]:
 
 
 class CommandFlag(IntFlag):
+    """SAVE and LOAD options on the wire; what each means is said once, by the typed
+    commands' fields in ``pegaflow.platform.protocol`` (their encoder sets these)."""
+
     NONE = 0
-    RELEASE_LEASE = 1  # LOAD: drop the lease named in ``arg`` once the copy is done
-    AFTER_CLIENT = 2   # LOAD: copy only once the client's stream reaches where it last recorded
-    #                    the last event of its pool (vLLM's kernels still queued there may
-    #                    write blocks it has just given to this load)
-    ONE_EVENT = 4      # SAVE of every layer: each layer's copy waits for ``event_index`` alone
-    #                    (recorded once after a forward whose per-layer hooks did not run,
-    #                    e.g. a full CUDA graph replay)
-    LAYER_GROUP = 8    # SAVE/LOAD of the layers REGISTERed in group ``layer`` (a KV cache group
-    #                    of a hybrid model: its own block ids), not of one layer; their events
-    #                    are numbered in the group's layer order
-    LEASE_HELD = 16    # LOAD: the lease named in ``arg`` pins these blocks and ends with another
-    #                    LOAD (one KV cache group's LOAD of several): wait while its blocks are
-    #                    read from disk, as RELEASE_LEASE does, but never end it
-    VOTE_TAGS = 32     # SAVE of a voter (ATTACH named num_voters > 1): the payload ends with one
-    #                    <u8 tag per block, after the hashes (module docstring: voting)
+    RELEASE_LEASE = 1  # Load.lease_id with ends_lease
+    AFTER_CLIENT = 2   # Load.after_client
+    ONE_EVENT = 4      # Save.one_event
+    LAYER_GROUP = 8    # Save/Load.group (carried in ``layer``)
+    LEASE_HELD = 16    # Load.lease_id without ends_lease
+    VOTE_TAGS = 32     # Save.tags (after the hashes; module docstring: voting)
 
 
 def struct_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pegaflow.client.connection
+import pegaflow.platform.protocol.codec
 from pegaflow.client.host_memory import HostKVBuffer, layer_major_records, layer_records
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.wire import BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes, hash_keys
@@ -220,7 +221,8 @@ def test_dispatcher_wrong_version_field_answers_bad_version(shared_engine, kv_cl
     kv = kv_client(shared_engine)
     before = shared_engine.stats()["errors_by_status"]
     # 1. The client writes the next wire version into the next SUBMISSION.
-    monkeypatch.setattr(pegaflow.client.connection, "WIRE_VERSION", pegaflow.client.connection.WIRE_VERSION + 1)
+    codec = pegaflow.platform.protocol.codec
+    monkeypatch.setattr(codec, "WIRE_VERSION", codec.WIRE_VERSION + 1)
     request_id = kv.client.submit(Opcode.PING)
     monkeypatch.undo()
     # 2. The engine answers BAD_VERSION and keeps serving commands of the right version.

@@ -1,0 +1,54 @@
+"""The one contract between a client and the engine: a typed command per opcode
+(``commands.py``: its fields, its answer, what a LOAD's flags and events mean) and how each
+goes onto the fixed wire record and back (``codec.py``)."""
+
+from .codec import (
+    DECODERS,
+    ENCODERS,
+    Encoded,
+    Envelope,
+    check_envelope,
+    decode,
+    encode,
+    envelope,
+    raw_submission,
+    read_payload,
+    record_fields,
+)
+from .commands import (
+    ANSWERS,
+    COMMANDS,
+    NO_PAYLOAD,
+    Attach,
+    Command,
+    Detach,
+    Done,
+    Drop,
+    DropAnswer,
+    Key,
+    Load,
+    LoadAnswer,
+    Lookup,
+    LookupAnswer,
+    Ping,
+    PingAnswer,
+    Register,
+    RegisterEvents,
+    Release,
+    Save,
+    SaveAnswer,
+    Unregister,
+    Voters,
+    hash_records,
+    keys_of,
+    last_pool_event,
+    layer_event,
+)
+
+__all__ = [
+    "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "Attach", "Command", "Detach", "Done",
+    "Drop", "DropAnswer", "Encoded", "Envelope", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
+    "Ping", "PingAnswer", "Register", "RegisterEvents", "Release", "Save", "SaveAnswer", "Unregister",
+    "Voters", "check_envelope", "decode", "encode", "envelope", "hash_records", "keys_of",
+    "last_pool_event", "layer_event", "raw_submission", "read_payload", "record_fields",
+]
