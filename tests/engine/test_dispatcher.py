@@ -799,3 +799,10 @@ def test_dispatcher_group_save_waits_for_one_event_per_layer_of_that_group():
            flags=CommandFlag.LAYER_GROUP, layer=0)
     answer = h.completions.try_get()
     assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT)
+
+
+def test_dispatcher_has_a_handler_for_every_opcode():
+    # An opcode added to the wire's enum without a handler here fails (and the engine's
+    # dispatcher refuses to start).
+    h = _held_dispatcher()
+    assert set(h.dispatcher.handlers) == set(Opcode)
