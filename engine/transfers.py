@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from pegaflow.platform.errors import CommandError, PegaflowError
-from pegaflow.platform.protocol import Load, LoadAnswer, Save, SaveAnswer, last_pool_event, layer_event
+from pegaflow.platform.protocol import Load, LoadAnswer, Save, SaveAnswer, last_pool_event
 from pegaflow.platform.wire import ALL_LAYERS, Opcode, Status
 
 from . import votes
@@ -30,6 +30,7 @@ from .entries import Key
 from .index import BlockIndex
 from .parked_loads import ParkedLoads
 from .pending import PendingCopy, chunk_bounds, log_timing
+from .placements import checked_event, copied_blocks
 from .received import LATER, Received
 from .stats import StatsWriter
 from .votes import Vote
@@ -48,47 +49,15 @@ class Transfers:
         self.parked = ParkedLoads()  # LOADs waiting for the disk tier's reads
         self._tokens = itertools.count(1)
 
-    @staticmethod
-    def _blocks(client: ClientState, command):
-        """Validated (block ids, keys, layer placements, layer mask) of a SAVE or LOAD."""
-        if not client.is_complete():
-            raise CommandError(Status.UNKNOWN_REGION, "register every layer's KV memory first")
-        if client.revoked:  # sent before the client gave up: its blocks may be someone else's
-            raise CommandError(Status.BAD_ARGUMENT, "this client revoked its copies")
-        block_ids = command.block_ids.astype(np.int64)
-        layer, group = command.layer, command.group
-        if group is not None:
-            if group not in client.groups:
-                raise CommandError(Status.BAD_ARGUMENT, f"no layer is registered in group {group}")
-            placements = [client.layers[i] for i in client.groups[group]]
-        elif layer == ALL_LAYERS:
-            placements = [client.layers[i] for i in range(client.num_layers)]
-        elif layer in client.layers:
-            placements = [client.layers[layer]]
-        else:
-            raise CommandError(Status.BAD_ARGUMENT, f"layer {layer} is not registered")
-        limit = min(client.region_blocks[p.region_id] for p in placements)
-        if len(block_ids) and (block_ids.min() < 0 or block_ids.max() >= limit):
-            raise CommandError(Status.BLOCK_OUT_OF_RANGE, f"block ids must lie in [0, {limit})")
-        mask = sum(1 << p.layer for p in placements)
-        return block_ids, command.keys(), placements, mask
-
-    @staticmethod
-    def _check_event(client: ClientState, first_event: int | None, count: int) -> int | None:
-        """``first_event``, once the ``count`` events from it lie in the client's pool."""
-        if first_event is not None and layer_event(first_event, count) > client.num_events:
-            raise CommandError(Status.BAD_ARGUMENT, f"event {first_event}+{count} outside the client's pool")
-        return first_event
-
     def save(self, received: Received, save: Save):
         client = received.client
         tags = votes.check_tags(client, save)
-        block_ids, keys, placements, mask = self._blocks(client, save)
+        block_ids, keys, placements, mask = copied_blocks(client, save)
         # All layers (or a group's): one event per layer, in layer order, unless one_event
         # fences them all (protocol.py).
         is_many = save.layer == ALL_LAYERS or save.group is not None
         per_layer = is_many and not save.one_event
-        wait_event = self._check_event(client, save.first_event, len(placements) if per_layer else 1)
+        wait_event = checked_event(client, save.first_event, len(placements) if per_layer else 1)
         pending = PendingCopy(client, received, Opcode.SAVE, mask, len(placements) * client.page_bytes,
                               chain=keys, is_timed=logger.isEnabledFor(logging.DEBUG))
         ids = block_ids.tolist()
@@ -163,8 +132,8 @@ class Transfers:
 
     def _start_load(self, received: Received, load: Load):
         client = received.client
-        block_ids, keys, placements, mask = self._blocks(client, load)
-        record_events = self._check_event(client, load.first_event, len(placements))
+        block_ids, keys, placements, mask = copied_blocks(client, load)
+        record_events = checked_event(client, load.first_event, len(placements))
         wait_event = None
         if load.after_client:
             if not client.num_events:

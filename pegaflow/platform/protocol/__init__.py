@@ -1,20 +1,9 @@
 """The one contract between a client and the engine: a typed command per opcode
-(``commands.py``: its fields, its answer, what a LOAD's flags and events mean) and how each
-goes onto the fixed wire record and back (``codec.py``)."""
+(``commands.py``: its fields, its answer, what a LOAD's flags and events mean) how each
+goes onto the fixed wire record and back (``codec.py``), and what every record says
+whatever its opcode (``envelope.py``)."""
 
-from .codec import (
-    DECODERS,
-    ENCODERS,
-    Encoded,
-    Envelope,
-    check_envelope,
-    decode,
-    encode,
-    envelope,
-    raw_submission,
-    read_payload,
-    record_fields,
-)
+from .codec import DECODERS, ENCODERS, Encoded, decode, encode, raw_submission, record_fields
 from .commands import (
     ANSWERS,
     COMMANDS,
@@ -44,6 +33,7 @@ from .commands import (
     last_pool_event,
     layer_event,
 )
+from .envelope import Envelope, check_envelope, envelope, read_payload
 
 __all__ = [
     "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "Attach", "Command", "Detach", "Done",

@@ -31,7 +31,6 @@ from pegaflow.platform.wire import (
 
 from .commands import (
     COMMANDS,
-    NO_PAYLOAD,
     Attach,
     Detach,
     Drop,
@@ -48,7 +47,6 @@ from .commands import (
 )
 
 _DETACH, _UNREGISTER, _PING = Detach(), Unregister(), Ping()  # no fields: one value each
-_OPCODES = {int(m): m for m in Opcode}
 
 
 class Encoded(NamedTuple):
@@ -66,45 +64,11 @@ class Encoded(NamedTuple):
     payload: tuple = ()
 
 
-class Envelope(NamedTuple):
-    """What every record says whatever its opcode: the engine's command id (the client's
-    count, not vLLM's request id), the opcode as sent, and how many items it names."""
-
-    command_id: int
-    opcode: int
-    num_items: int
-
-
-def envelope(rec) -> Envelope:
-    return Envelope(rec.request_id, rec.opcode, rec.num_items)
-
-
 def record_fields(command_id: int, encoded: Encoded, payload_offset: int, payload_bytes: int) -> tuple:
     """The SUBMISSION's fields after ``seq``, in record order."""
     return (command_id, encoded.opcode, encoded.flags, encoded.layer, encoded.region_id,
             encoded.num_items, encoded.event_index, encoded.namespace, payload_offset,
             payload_bytes, WIRE_VERSION, encoded.arg)
-
-
-def read_payload(arena: np.ndarray, rec) -> np.ndarray | None:
-    """A private copy of the record's payload, taken before its ring slot is handed back
-    (after that the client may overwrite it); None if it lies past the arena."""
-    offset, num_bytes = rec.payload_offset, rec.payload_bytes
-    if num_bytes == 0:
-        return NO_PAYLOAD
-    if offset + num_bytes > len(arena):
-        return None
-    return arena[offset:offset + num_bytes].copy()
-
-
-def check_envelope(rec) -> Opcode:
-    """The record's opcode, once its wire version and opcode are known good."""
-    if rec.version != WIRE_VERSION:
-        raise CommandError(Status.BAD_VERSION, f"wire version {rec.version}")
-    opcode = _OPCODES.get(rec.opcode)
-    if opcode is None:
-        raise CommandError(Status.BAD_OPCODE, f"unknown opcode {rec.opcode}")
-    return opcode
 
 
 def decode(opcode: Opcode, rec, payload: np.ndarray | None):
