@@ -61,11 +61,11 @@ class ClientState:
         """All layers 0..n-1 registered, so blocks can be stored."""
         return bool(self.layers) and max(self.layers) + 1 == len(self.layers)
 
-    def answer(self, request_id: int, opcode: int, status: int, num_items: int = 0,
+    def answer(self, command_id: int, opcode: int, status: int, num_items: int = 0,
                value: int = 0, value2: int = 0, value3: int = 0) -> None:
         """Publish exactly one completion now, or queue it (behind any already queued) for a
         later flush while the completion ring is full."""
-        fields = (request_id, opcode, status, num_items, value, value2, value3)
+        fields = (command_id, opcode, status, num_items, value, value2, value3)
         if self.backlog or not self.completions.try_put_fields(fields):
             self.backlog.append(fields)
 

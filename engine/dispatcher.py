@@ -11,6 +11,7 @@ range, ...) is answered with its status and changes nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -57,6 +58,7 @@ _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the 
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
 _DONE = Done()
+_new_ping_answer = functools.partial(tuple.__new__, PingAnswer)  # (a round trip's hot path)
 
 
 class Dispatcher:
@@ -146,14 +148,16 @@ class Dispatcher:
             opcode = check_envelope(rec)
             if not client.is_attached and opcode is not _ATTACH:
                 raise CommandError(Status.NOT_ATTACHED, "ATTACH first")
-            command = decode(opcode, rec, payload)
+            answer = self.handlers[opcode](received, decode(opcode, rec, payload))
         except CommandError as exc:
             self._refused(received, exc)
             return False
-        self._run(received, command)
+        if answer is not LATER:
+            self.answer(received, _OK, answer)
         return opcode is _DETACH and client.is_detached
 
     def _run(self, received: Received, command) -> None:
+        """A command decoded before (a parked LOAD): its handler run, and answered."""
         try:
             answer = self.handlers[command.OPCODE](received, command)
         except CommandError as exc:
@@ -189,10 +193,9 @@ class Dispatcher:
         current, so a client that reads the stats after the answer sees what it did."""
         if self.gauges_stale:
             self.update_gauges()
-        self.stats.count_command(received.opcode, status, received.received_at)  # first: the answer finds it counted
-        values = (*answer, 0, 0, 0)
-        received.client.answer(received.command_id, received.opcode, status,
-                               received.num_items if num_items is None else num_items, *values[:3])
+        client, command_id, opcode, received_items, received_at = received
+        self.stats.count_command(opcode, status, received_at)  # first: the answer finds it counted
+        client.answer(command_id, opcode, status, received_items if num_items is None else num_items, *answer)
 
     def update_gauges(self) -> None:
         self.gauges_stale = False
@@ -207,7 +210,7 @@ class Dispatcher:
         return read_payload(client.view.arena, rec)
 
     def _ping(self, received: Received, ping: Ping) -> PingAnswer:
-        return PingAnswer(len(self.pending))
+        return _new_ping_answer((len(self.transfers.pending),))
 
     def _attach(self, received: Received, attach: Attach) -> Done:
         # The pid decides when the slot is reclaimed: only the claimant, a process that maps

@@ -33,6 +33,7 @@ import numpy as np
 
 from pegaflow.platform.cuda import driver
 from pegaflow.platform.errors import CudaError
+from pegaflow.platform.protocol import layer_event
 
 from .base import CopyOp, Direction
 from .checks import Region
@@ -152,73 +153,93 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
     kernel), followed by its ``local_offsets``.  ``new_event()`` gives an engine event;
     every one used goes to ``inflight.events``, and ``inflight.done`` is recorded after
     the last copy.  ``split_bytes``: the pool's pinned chunks (``entry_runs``)."""
-    local_offsets_address = ids_address + 8 * len(op.block_ids)
-    side = staging.sides[op.direction]
-    save = op.direction == Direction.SAVE
-    step = run_bytes(op)
-    per_slot = staging.slot_bytes // step
-    first_layer = op.layers[0].layer
-    layer_step = uniform_layers(op, regions)
-    gather, copy = side.gather_stream, side.copy_stream
-    inflight.streams += [gather, copy]
-    starts, counts = entry_runs(op.entry_offsets, step, split_bytes)
-    run_of = np.repeat(np.arange(len(starts)), counts)
-    pool_runs = op.entry_offsets[starts] + pool_base + first_layer * op.page_bytes
+    _StagedOp(staging, kernel, op, regions, pool_base, ids_address, client_events, new_event,
+              inflight, split_bytes).issue()
 
-    def recorded(stream):
-        event = new_event()
-        inflight.events.append(event)
+
+class _StagedOp:
+    """One op through the staging buffers: per sub-chunk, the kernel packs (or scatters)
+    its pages in a staging buffer and the copy engine moves the buffer in runs."""
+
+    def __init__(self, staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], pool_base: int,
+                 ids_address: int, client_events: list, new_event, inflight, split_bytes: int) -> None:
+        self.kernel, self.op, self.regions = kernel, op, regions
+        self.ids_address, self.client_events = ids_address, client_events
+        self.new_event, self.inflight = new_event, inflight
+        self.local_offsets_address = ids_address + 8 * len(op.block_ids)
+        self.side = staging.sides[op.direction]
+        self.save = op.direction == Direction.SAVE
+        self.step = run_bytes(op)
+        self.per_buffer = staging.slot_bytes // self.step
+        self.layer_step = uniform_layers(op, regions)
+        self.gather, self.copy = self.side.gather_stream, self.side.copy_stream
+        inflight.streams += [self.gather, self.copy]
+        self.starts, self.counts = entry_runs(op.entry_offsets, self.step, split_bytes)
+        self.run_of = np.repeat(np.arange(len(self.starts)), self.counts)
+        self.pool_runs = op.entry_offsets[self.starts] + pool_base + op.layers[0].layer * op.page_bytes
+
+    def issue(self) -> None:
+        op, side, save, gather, copy = self.op, self.side, self.save, self.gather, self.copy
+        for j, start in enumerate(range(0, len(op.block_ids), self.per_buffer)):
+            count = min(self.per_buffer, len(op.block_ids) - start)
+            index = side.next_slot()
+            buffer = side.slots[index]
+            if side.free_events[index] is not None:
+                driver.wait(gather if save else copy, side.free_events[index])
+            if save:
+                self.pack(start, count, buffer, j == 0)
+                driver.wait(copy, self.recorded(gather))
+                self.move(start, count, buffer)
+                side.free_events[index] = self.recorded(copy)
+            else:
+                self.move(start, count, buffer)
+                driver.wait(gather, self.recorded(copy))
+                self.pack(start, count, buffer, j == 0)
+                side.free_events[index] = self.recorded(gather)
+        if op.record_events is None:
+            self.inflight.done = side.free_events[index]
+            return
+        for k in range(len(op.layers)):  # a fenced LOAD: every layer is in with the last scatter
+            driver.record(self.client_events[layer_event(op.record_events, k)], gather)
+        self.inflight.done = self.recorded(gather)  # done once the client's events are recorded too
+
+    def recorded(self, stream):
+        event = self.new_event()
+        self.inflight.events.append(event)
         driver.record(event, stream)
         return event
 
-    def move(start: int, count: int, slot: int) -> None:
-        runs = slice(run_of[start], run_of[start + count - 1] + 1)  # run_of: 0, 0, 1, 2, 2, ...
+    def move(self, start: int, count: int, buffer: int) -> None:
+        """The copy engine's part: the sub-chunk between its staging buffer and the pool."""
+        starts, counts, step = self.starts, self.counts, self.step
+        runs = slice(self.run_of[start], self.run_of[start + count - 1] + 1)  # run_of: 0, 0, 1, 2, 2, ...
         lo = np.maximum(starts[runs], start)
         hi = np.minimum(starts[runs] + counts[runs], start + count)
-        pool = pool_runs[runs] + (lo - starts[runs]) * step
-        local = slot + (lo - start) * step
-        dst, src = (pool, local) if save else (local, pool)
+        pool = self.pool_runs[runs] + (lo - starts[runs]) * step
+        local = buffer + (lo - start) * step
+        dst, src = (pool, local) if self.save else (local, pool)
         if len(lo) == 1:
-            driver.memcpy_async(int(dst[0]), int(src[0]), int(hi[0] - lo[0]) * step, copy)
+            driver.memcpy_async(int(dst[0]), int(src[0]), int(hi[0] - lo[0]) * step, self.copy)
         else:
-            driver.memcpy_batch_async(dst, src, (hi - lo) * step, copy)
+            driver.memcpy_batch_async(dst, src, (hi - lo) * step, self.copy)
 
-    def pack(start: int, count: int, slot: int, first: bool) -> None:
-        ids = ids_address + 8 * start
-        if layer_step is not None and not (first and op.wait_per_layer):
+    def pack(self, start: int, count: int, buffer: int, first: bool) -> None:
+        """The kernel's part: the sub-chunk's pages between the client's layers and its buffer
+        (the first sub-chunk of a SAVE waits for the client's events first)."""
+        op, regions, gather = self.op, self.regions, self.gather
+        ids = self.ids_address + 8 * start
+        if self.layer_step is not None and not (first and op.wait_per_layer):
             if first and op.wait_event is not None:  # one event for the whole op
-                driver.wait(gather, client_events[op.wait_event])
+                driver.wait(gather, self.client_events[op.wait_event])
             base = regions[0].base + op.layers[0].offset_bytes
-            kernel.launch(gather, ids, local_offsets_address, count, base,
-                          op.layers[0].block_stride_bytes, slot, op.page_bytes, save,
-                          len(op.layers), layer_step, op.page_bytes)
+            self.kernel.launch(gather, ids, self.local_offsets_address, count, base,
+                               op.layers[0].block_stride_bytes, buffer, op.page_bytes, self.save,
+                               len(op.layers), self.layer_step, op.page_bytes)
             return
         for k, (layer, region) in enumerate(zip(op.layers, regions)):
             if first and op.wait_event is not None and (k == 0 or op.wait_per_layer):
-                driver.wait(gather, client_events[op.wait_event + (k if op.wait_per_layer else 0)])
-            kernel.launch(gather, ids, local_offsets_address, count,
-                          region.base + layer.offset_bytes, layer.block_stride_bytes,
-                          slot + k * op.page_bytes, op.page_bytes, save)
-
-    for j, start in enumerate(range(0, len(op.block_ids), per_slot)):
-        count = min(per_slot, len(op.block_ids) - start)
-        index = side.next_slot()
-        slot = side.slots[index]
-        if side.free_events[index] is not None:
-            driver.wait(gather if save else copy, side.free_events[index])
-        if save:
-            pack(start, count, slot, j == 0)
-            driver.wait(copy, recorded(gather))
-            move(start, count, slot)
-            side.free_events[index] = recorded(copy)
-        else:
-            move(start, count, slot)
-            driver.wait(gather, recorded(copy))
-            pack(start, count, slot, j == 0)
-            side.free_events[index] = recorded(gather)
-    if op.record_events is None:
-        inflight.done = side.free_events[index]
-        return
-    for k in range(len(op.layers)):  # a fenced LOAD: every layer is in with the last scatter
-        driver.record(client_events[op.record_events + k], gather)
-    inflight.done = recorded(gather)  # done once the client's events are recorded too
+                event = layer_event(op.wait_event, k) if op.wait_per_layer else op.wait_event
+                driver.wait(gather, self.client_events[event])
+            self.kernel.launch(gather, ids, self.local_offsets_address, count,
+                               region.base + layer.offset_bytes, layer.block_stride_bytes,
+                               buffer + k * op.page_bytes, op.page_bytes, self.save)

@@ -33,11 +33,11 @@ from .commands import (
     last_pool_event,
     layer_event,
 )
-from .envelope import Envelope, check_envelope, envelope, read_payload
+from .envelope import check_envelope, envelope, read_payload
 
 __all__ = [
     "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "Attach", "Command", "Detach", "Done",
-    "Drop", "DropAnswer", "Encoded", "Envelope", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
+    "Drop", "DropAnswer", "Encoded", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
     "Ping", "PingAnswer", "Register", "RegisterEvents", "Release", "Save", "SaveAnswer", "Unregister",
     "Voters", "check_envelope", "decode", "encode", "envelope", "hash_records", "keys_of",
     "last_pool_event", "layer_event", "raw_submission", "read_payload", "record_fields",

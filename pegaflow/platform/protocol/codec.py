@@ -65,10 +65,9 @@ class Encoded(NamedTuple):
 
 
 def record_fields(command_id: int, encoded: Encoded, payload_offset: int, payload_bytes: int) -> tuple:
-    """The SUBMISSION's fields after ``seq``, in record order."""
-    return (command_id, encoded.opcode, encoded.flags, encoded.layer, encoded.region_id,
-            encoded.num_items, encoded.event_index, encoded.namespace, payload_offset,
-            payload_bytes, WIRE_VERSION, encoded.arg)
+    """The SUBMISSION's fields after ``seq``, in record order (``Encoded`` holds them in that
+    order, from ``opcode`` to ``namespace``; a tuple slice: this runs once per command)."""
+    return (command_id, *encoded[:7], payload_offset, payload_bytes, WIRE_VERSION, encoded[7])
 
 
 def decode(opcode: Opcode, rec, payload: np.ndarray | None):

@@ -1,10 +1,10 @@
 """What the engine reads of every record whatever its opcode, before decoding it: its
-command id, opcode and item count (``Envelope``), whether its version and opcode are known
+command id, opcode and item count (``envelope``), whether its version and opcode are known
 (``check_envelope``), and its payload, copied out of the arena (``read_payload``)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import operator
 
 import numpy as np
 
@@ -16,17 +16,10 @@ from .commands import NO_PAYLOAD
 _OPCODES = {int(m): m for m in Opcode}
 
 
-class Envelope(NamedTuple):
-    """What every record says whatever its opcode: the engine's command id (the client's
-    count, not vLLM's request id), the opcode as sent, and how many items it names."""
-
-    command_id: int
-    opcode: int
-    num_items: int
-
-
-def envelope(rec) -> Envelope:
-    return Envelope(rec.request_id, rec.opcode, rec.num_items)
+# What every record says whatever its opcode, as a plain (command_id, opcode, num_items):
+# the engine's command id (the client's count, not vLLM's request id), the opcode as sent,
+# and how many items it names.  (A C-level getter: it runs once per command.)
+envelope = operator.attrgetter("request_id", "opcode", "num_items")
 
 
 def read_payload(arena: np.ndarray, rec) -> np.ndarray | None:
