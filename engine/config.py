@@ -29,9 +29,9 @@ DISK_ADMISSIONS = ("evicted", "reused", "all")
 REMOTE_KINDS = ("off", "mooncake")
 REMOTE_PROTOCOLS = ("tcp", "rdma")
 REMOTE_PUBLISH = ("all", "reused")
-# Pinned before the engine serves, and the unit pinned in the background: at ~3 GB/s (the
-# H200 host, small pages) 256 MiB takes ~0.1 s, well inside a 1 s start, and a 64 GiB
-# pool is 256 registrations.
+# Pinned before the engine serves, and the unit pinned in the background: small enough to
+# pin well inside a 1 s start, large enough that a 64 GiB pool is 256 registrations
+# (docs/benchmarks.md, "Figures behind the engine's constants").
 PIN_CHUNK_BYTES = 256 << 20
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 BACKENDS = ("auto", "cuda", "host")

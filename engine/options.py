@@ -87,7 +87,7 @@ OPTIONS: tuple[Option, ...] = (
            "(pages up to 256 KiB) and picks between the others by a measurement per page size",
            _choice("copy-backend", COPY_PATHS)),
     Option("device-staging", "device_staging_bytes", f"{DEVICE_STAGING_BYTES >> 20}MiB",
-           "GPU memory the staged path takes on each GPU the engine serves (two slots each way); "
+           "GPU memory the staged path takes on each GPU the engine serves (two staging buffers each way); "
            "0 turns it off", parse_size),
     Option("max-clients", "num_slots", "64", "client slots (one per vLLM scheduler or worker); "
            "each takes ring and arena memory in /dev/shm at start", int),

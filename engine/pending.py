@@ -50,7 +50,7 @@ def chunk_bounds(num_items: int):
 
     A SAVE's bookkeeping and copy issue for each chunk hide behind the copy of the chunk
     before, so a chunk may be at most about twice the one before it without the GPU
-    waiting (docs/benchmarks.md, "SAVE chunks", has the figures this rests on).  A short
+    waiting (docs/benchmarks.md, "Figures behind the engine's constants").  A short
     first chunk starts the copies early and a short last chunk keeps the bookkeeping after
     the final copy short.
     """
