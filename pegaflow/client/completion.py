@@ -29,11 +29,6 @@ class Completion(NamedTuple):
         return self.status == _OK
 
     @property
-    def request_id(self) -> int:
-        """``command_id`` under the wire record's name for it."""
-        return self.command_id
-
-    @property
     def result(self):
         """The answer's values by name (its opcode's answer type): e.g. a LOOKUP's
         ``num_hit_blocks`` and ``lease_id``.  An opcode without named values: ()."""

@@ -154,7 +154,7 @@ def test_dispatcher_pipelined_commands_get_exactly_one_completion_each(shared_en
     seen = []
     deadline = time.monotonic() + 10.0
     while len(seen) < len(request_ids) and time.monotonic() < deadline:
-        seen += [c.request_id for c in kv.client.poll()]
+        seen += [c.command_id for c in kv.client.poll()]
         time.sleep(1e-3)
     assert sorted(seen) == sorted(request_ids)
     # 3. Nothing more arrives afterwards.
