@@ -16,7 +16,7 @@ import sys  # noqa: E402
 
 from pegaflow.platform.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 
-from .config import build_parser, config_from_args, warn_unknown_env  # noqa: E402
+from .options import build_parser, config_from_args, warn_unknown_env  # noqa: E402
 from .server import EngineServer  # noqa: E402
 
 logger = logging.getLogger("engine")

@@ -18,7 +18,8 @@ from pegaflow.platform.errors import EngineAlreadyRunningError, ForeignSegmentEr
 from pegaflow.platform.locks import lock_path
 
 from .config import MAX_SLOTS
-from .segments import _claim_name, _lock_path, _what_names, recorded_header
+from .name_lock import claim_name, name_lock_path
+from .segments import _what_names, recorded_header
 
 # Every name an engine creates: its segments and its semaphores (with at most MAX_SLOTS clients).
 SEGMENTS, SEMAPHORES = _what_names(MAX_SLOTS)
@@ -42,7 +43,7 @@ def clean(name: str) -> Cleaned:
     """Remove engine ``name``'s leftovers; EngineAlreadyRunningError while it runs."""
     shm.check_engine_name(name)
     try:
-        name_lock = _claim_name(name)
+        name_lock = claim_name(name)
     except EngineAlreadyRunningError:
         raise EngineAlreadyRunningError(_running_message(name, _lock_owner(name))) from None
     try:
@@ -50,7 +51,7 @@ def clean(name: str) -> Cleaned:
         num_segments, num_bytes, refused = _unlink_all(name, SEGMENTS, shm.unlink_segment, _segment_bytes)
         num_semaphores, _, refused_sems = _unlink_all(name, SEMAPHORES, shm.unlink_semaphore, lambda _: 0)
         _remove_file(lock_path(name, "claims"))
-        _remove_file(_lock_path(name))  # while still locked, as a stopping engine does
+        _remove_file(name_lock_path(name))  # while still locked, as a stopping engine does
     finally:
         os.close(name_lock)
     return Cleaned(pid, num_segments, num_semaphores, num_bytes, tuple(refused + refused_sems))
@@ -95,7 +96,7 @@ def _remove_file(path: str) -> None:
 
 def _lock_owner(name: str) -> str:
     try:
-        with open(_lock_path(name), "rb") as f:
+        with open(name_lock_path(name), "rb") as f:
             return f.read(32).decode(errors="replace").strip() or "unknown"
     except OSError:
         return "unknown"

@@ -87,7 +87,8 @@ class ClientTable:
         """A DETACHed client: its slot is free once it has read its last completion (or
         closed its ring without waiting for it, e.g. after a DETACH deadline)."""
         is_read = client.completions.is_consumed(client.completions.position - 1)
-        if client.num_inflight or client.pending_detach or (client.submissions.is_ready() and not force) or not (
+        is_waiting = client.num_inflight or client.pending_detach is not None
+        if is_waiting or (client.submissions.is_ready() and not force) or not (
                 force or client.closed_by_client or (is_read and not client.backlog)):
             return
         self._drop(client)

@@ -26,7 +26,7 @@ class ClientState:
     voter: int = 0       # its index among them
     is_attached: bool = False
     is_detached: bool = False
-    pending_detach: int = 0  # request id of a DETACH waiting for copies to end
+    pending_detach: object = None  # a DETACH waiting for copies to end (its ``Received``)
     layers: dict[int, LayerPlacement] = field(default_factory=dict)
     groups: dict[int, list[int]] = field(default_factory=dict)  # KV cache group -> its layers, in order
     region_blocks: dict[int, int] = field(default_factory=dict)  # region id -> num blocks
@@ -61,11 +61,11 @@ class ClientState:
         """All layers 0..n-1 registered, so blocks can be stored."""
         return bool(self.layers) and max(self.layers) + 1 == len(self.layers)
 
-    def answer(self, request_id: int, opcode: int, status: int, num_items: int = 0,
+    def answer(self, command_id: int, opcode: int, status: int, num_items: int = 0,
                value: int = 0, value2: int = 0, value3: int = 0) -> None:
         """Publish exactly one completion now, or queue it (behind any already queued) for a
         later flush while the completion ring is full."""
-        fields = (request_id, opcode, status, num_items, value, value2, value3)
+        fields = (command_id, opcode, status, num_items, value, value2, value3)
         if self.backlog or not self.completions.try_put_fields(fields):
             self.backlog.append(fields)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import kept_entries
+from . import kept_entries, writes
 from .entries import ORPHAN, Entry, Key, Lease, is_unused
 from .eviction import LruPolicy
 from .pool import PagePool
@@ -176,7 +176,7 @@ class BlockIndex:
             entry.refs -= 1
             assert entry.refs >= 0, f"refcount of {key!r} went negative"
             if entry.is_doomed and is_unused(entry):
-                self._drop(key)
+                self.drop_entry(key)
 
     def drop(self, keys: list[Key], writer: int, since_request: int) -> int:
         """Forget those of ``keys`` that client ``writer`` stored with SAVEs from request
@@ -192,7 +192,7 @@ class BlockIndex:
                 continue  # (0, 0): its writer is not known (read back from disk): dropped too
             num_found += 1
             if is_unused(entry):
-                self._drop(key)
+                self.drop_entry(key)
             else:
                 entry.is_doomed = True
                 self.table.free(entry.offset, entry.entry_bytes)  # a kept pool's next engine must not take it in
@@ -212,7 +212,7 @@ class BlockIndex:
         for key in [k for k, e in self.writing.items() if e.owner_slot == slot]:
             entry = self.entries[key]
             if entry.pending_mask == 0:
-                self._drop(key)
+                self.drop_entry(key)
             else:
                 entry.owner_slot = ORPHAN  # dropped when its copy lands
 
@@ -251,11 +251,12 @@ class BlockIndex:
         victim = self.policy.pick(lambda key: self.entries[key].refs == 0)
         if victim is None:
             return False
-        self._drop(victim)
+        self.drop_entry(victim)
         self.counters.evictions += 1
         return True
 
-    def _drop(self, key: Key) -> None:
+    def drop_entry(self, key: Key) -> None:
+        """Forget ``key``: its entry, its place in the pool and in the pool table."""
         entry = self.entries.pop(key)
         self.writing.pop(key, None)
         self.policy.remove(key)
@@ -267,64 +268,20 @@ class BlockIndex:
         a client saved some layers of a block and never the rest."""
         stale = [k for k, e in self.writing.items() if is_unused(e) and e.started_at < older_than]
         for key in stale:
-            self._drop(key)
+            self.drop_entry(key)
         return len(stale)
 
     def mark_layers_done(self, keys: list[Key], mask: int) -> int:
         """Those layers of ``keys`` are in the pool; returns how many entries became READY."""
-        entries, policy, ready = self.entries, self.policy, []
-        ready_keys = [] if self.on_ready is not None else None
-        for key in keys:
-            entry = entries[key]
-            was_ready = entry.is_complete
-            entry.pending_mask &= ~mask
-            entry.done_mask |= mask
-            if entry.is_doomed:  # dropped by a client meanwhile: never served
-                if is_unused(entry):
-                    self._drop(key)
-                continue
-            if not was_ready and entry.is_complete:
-                policy.insert(key)
-                self.writing.pop(key, None)
-                ready.append(entry)
-                if ready_keys is not None:
-                    ready_keys.append(key)
-            elif entry.owner_slot == ORPHAN and not entry.pending_mask:
-                self._drop(key)
-        self._announce_ready(ready, ready_keys)
-        return len(ready)
+        return writes.mark_layers_done(self, keys, mask)
 
     def mark_voted(self, keys: list[Key]) -> int:
-        """A vote came for ``keys`` (their data in or on its way): those now complete become
-        READY; returns how many."""
-        ready, ready_keys = [], [] if self.on_ready is not None else None
-        for key in keys:
-            entry = self.entries[key]
-            if entry.is_doomed or not entry.is_complete or key not in self.writing:
-                continue
-            self.policy.insert(key)
-            del self.writing[key]
-            ready.append(entry)
-            if ready_keys is not None:
-                ready_keys.append(key)
-        self._announce_ready(ready, ready_keys)
-        return len(ready)
-
-    def _announce_ready(self, ready: list[Entry], ready_keys: list[Key] | None) -> None:
-        if ready:  # one block size: reserve_many gives no other
-            self.table.ready([e.offset for e in ready], ready[0].entry_bytes)
-            if ready_keys is not None:
-                self.on_ready(ready_keys)
+        """A vote came for ``keys`` (``writes.mark_voted``); returns how many became READY."""
+        return writes.mark_voted(self, keys)
 
     def abandon_layers(self, key: Key, mask: int) -> None:
-        """A save's copy failed: forget those layers; drop the entry if nothing else is coming."""
-        entry = self.entries[key]
-        entry.pending_mask &= ~mask
-        if not is_unused(entry):  # a block being written is not served: only doomed ones have refs
-            return
-        if entry.is_doomed or not entry.is_ready and (entry.done_mask == 0 or
-                                                      entry.owner_slot == ORPHAN):
-            self._drop(key)
+        """A save's copy failed: forget those layers (``writes.abandon_layers``)."""
+        writes.abandon_layers(self, key, mask)
 
 
 def _position(keys: list[Key], key: Key) -> int:

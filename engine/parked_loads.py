@@ -10,40 +10,51 @@ engine after ``command_timeout_ms`` (5 s) of an asynchronous load.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
+
+from pegaflow.platform.protocol import Load
+
+from .received import Received
 
 PARKED_LOAD_DEADLINE_S = 3.0
 
 
+class ParkedLoad(NamedTuple):
+    received: Received
+    load: Load
+    since: float  # monotonic
+
+
 class ParkedLoads:
     def __init__(self) -> None:
-        self._items: list[tuple[object, object, object, float]] = []  # client, rec, payload, since
+        self._items: list[ParkedLoad] = []
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def park(self, client, rec, payload, now: float) -> None:
-        self._items.append((client, rec, payload, now))
-        client.num_inflight += 1
+    def park(self, received: Received, load: Load, now: float) -> None:
+        self._items.append(ParkedLoad(received, load, now))
+        received.client.num_inflight += 1
 
-    def take(self, now: float, is_promoting: Callable[[int], bool]) -> list[tuple[object, object, object, bool]]:
+    def take(self, now: float, is_promoting: Callable[[int], bool]) -> list[tuple[Received, Load, bool]]:
         """The LOADs whose leases have no block left being read (or are gone), and those
         parked since before ``now - PARKED_LOAD_DEADLINE_S`` (True: late)."""
         ready, waiting, late_before = [], [], now - PARKED_LOAD_DEADLINE_S
-        for client, rec, payload, since in self._items:
-            if not is_promoting(rec.arg):
-                ready.append((client, rec, payload, False))
-            elif since < late_before:
-                ready.append((client, rec, payload, True))
+        for item in self._items:
+            if not is_promoting(item.load.lease_id):
+                ready.append((item.received, item.load, False))
+            elif item.since < late_before:
+                ready.append((item.received, item.load, True))
             else:
-                waiting.append((client, rec, payload, since))
+                waiting.append(item)
         self._items = waiting
-        for client, *_ in ready:
-            client.num_inflight -= 1
+        for received, *_ in ready:
+            received.client.num_inflight -= 1
         return ready
 
-    def take_all(self) -> list[tuple[object, object]]:
-        """Every parked LOAD's (client, rec), at a stop: each to be answered by the caller."""
+    def take_all(self) -> list[Received]:
+        """Every parked LOAD, at a stop: each to be answered by the caller."""
         items, self._items = self._items, []
-        for client, *_ in items:
-            client.num_inflight -= 1
-        return [(client, rec) for client, rec, _, _ in items]
+        for item in items:
+            item.received.client.num_inflight -= 1
+        return [item.received for item in items]

@@ -1,30 +1,19 @@
-"""A SAVE or LOAD in flight (``PendingCopy``), how a SAVE is cut into chunks, and the index
-keys a command names."""
+"""A SAVE or LOAD in flight (``PendingCopy``), how a SAVE is cut into chunks, and where its
+time went (``log_timing``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from pegaflow.platform.errors import CommandError
-from pegaflow.platform.wire import Opcode, Status, hash_keys
+from pegaflow.platform.wire import Opcode
 
 from .clients import ClientState
-from .entries import Key
-
-ANSWERED_LATER = object()  # a handler's status when the answer goes out later (its copies end)
+from .received import Received
 
 FIRST_CHUNK = 64
 MAX_CHUNK = 1024
-
-
-def command_keys(rec, records: np.ndarray) -> list[Key]:
-    """The index keys (namespace, hash) of a command's HASH records."""
-    namespace = rec.namespace
-    if (records["length"] == 0).any() or (records["length"] > 32).any():
-        raise CommandError(Status.BAD_PAYLOAD, "a hash record has a bad length")
-    return [(namespace, key) for key in hash_keys(records)]
 
 
 @dataclass(slots=True)
@@ -32,36 +21,38 @@ class PendingCopy:
     """One SAVE or LOAD command (a SAVE is copied in chunks so the first bytes move early)."""
 
     client: ClientState
-    request_id: int
+    received: Received | None  # the command, until answered (``received.py``); then None
     opcode: Opcode
     layer_mask: int
     bytes_per_block: int
     lease_id: int = 0
     chain: list | None = None  # a SAVE's keys, head first: touched tail to head when done
-    is_answered: bool = False
     is_sealed: bool = False
     num_ops: int = 0
     num_blocks: int = 0
     num_deduped: int = 0
     num_dropped: int = 0
     error: str | None = None
-    received_at: float = 0.0  # time.perf_counter() at receipt: the latency histograms
     # While DEBUG is logged (is_timed), also when the first chunk and every chunk were
     # handed to the backend: where its time went.
     is_timed: bool = False
     first_issued_at: float = 0.0
     sealed_at: float = 0.0
+    command_id: int = field(init=False)
+    received_at: float = field(init=False)  # time.perf_counter() at receipt
+
+    def __post_init__(self) -> None:
+        self.command_id, self.received_at = self.received.command_id, self.received.received_at
 
 
 def chunk_bounds(num_items: int):
     """[0, 64), then chunks doubling up to 1024, then the last 64 on their own.
 
     A SAVE's bookkeeping and copy issue for each chunk hide behind the copy of the chunk
-    before: on the H200 test machine a block's copy takes ~40 us on the GPU and ~20 us of
-    the dispatcher (bookkeeping ~3, issuing 32 page copies ~16), so a chunk may be at
-    most about twice the one before it without the GPU waiting (grown 4x, 64 then 256,
-    the second chunk's bookkeeping left the GPU idle).  A short first chunk starts the
-    copies early and a short last chunk keeps the bookkeeping after the final copy short.
+    before, so a chunk may be at most about twice the one before it without the GPU
+    waiting (docs/benchmarks.md, "Figures behind the engine's constants").  A short
+    first chunk starts the copies early and a short last chunk keeps the bookkeeping after
+    the final copy short.
     """
     tail = max(num_items - FIRST_CHUNK, min(num_items, FIRST_CHUNK))
     start, size = 0, FIRST_CHUNK
@@ -71,3 +62,19 @@ def chunk_bounds(num_items: int):
         start, size = end, min(size * 2, MAX_CHUNK)
     if start < num_items:
         yield start, num_items
+
+
+def log_timing(pending: PendingCopy, logger: logging.Logger) -> None:
+    """Where a SAVE's or LOAD's time went, from its receipt (DEBUG, while ``is_timed``)."""
+    done = time.perf_counter()
+
+    def since(mark: float) -> float:
+        return (mark - pending.received_at) * 1e3 if mark else float("nan")
+
+    num_bytes = pending.num_blocks * pending.bytes_per_block
+    logger.debug("slot %d: %s of %d blocks (%.1f MB): first copy handed to the backend "
+                 "after %.2f ms, all after %.2f ms, done after %.2f ms (%.1f GB/s)%s",
+                 pending.client.slot, pending.opcode.name, pending.num_blocks, num_bytes / 1e6,
+                 since(pending.first_issued_at), since(pending.sealed_at), since(done),
+                 num_bytes / max(done - pending.received_at, 1e-9) / 1e9,
+                 f"; {pending.error}" if pending.error else "")

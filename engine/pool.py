@@ -9,7 +9,7 @@ eviction policy's business, not the pool's.
 
 Only the pool's first ``bytes_ready`` (whole slabs) are handed out: the engine pins the
 pool a chunk at a time while it serves (``engine/pinning.py``), and ``grow`` extends the
-ready part as chunks are pinned.  A slab beyond it is never given out, nor a free slot of
+ready part as chunks are pinned.  A slab beyond it is never given out, nor a free place of
 a kept slab there (``adopt``), until it is ready.
 """
 
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Slab:
     entry_bytes: int
-    free_slots: list[int] = field(default_factory=list)
+    free_places: list[int] = field(default_factory=list)
     num_used: int = 0
 
 
@@ -44,7 +44,7 @@ class PagePool:
             min(self.num_slabs, ready_bytes // slab_bytes)
         self._free_slabs = list(range(self.num_ready_slabs - 1, -1, -1))
         self._slabs: dict[int, _Slab] = {}
-        self._partial: dict[int, set[int]] = {}  # entry_bytes -> slabs with a free slot
+        self._partial: dict[int, set[int]] = {}  # entry_bytes -> slabs with a free place
         self.bytes_used = 0
         self.num_entries = 0
         self._capped: set[int] = set()  # entry sizes told about max_per_slab
@@ -68,7 +68,7 @@ class PagePool:
             slab = self._slabs.get(slab_id)
             if slab is None:
                 fresh.append(slab_id)
-            elif slab.free_slots:  # a kept slab: its free slots may be taken now
+            elif slab.free_places:  # a kept slab: its free places may be taken now
                 self._partial[slab.entry_bytes].add(slab_id)
         self._free_slabs[:0] = fresh[::-1]  # taken after the slabs free already, lowest first
         self.num_ready_slabs = new
@@ -98,12 +98,12 @@ class PagePool:
                 partial.add(slab_id)
             slab_id = next(iter(partial))
             slab = self._slabs[slab_id]
-            take = min(count - len(offsets), len(slab.free_slots))
+            take = min(count - len(offsets), len(slab.free_places))
             base = slab_id * self.slab_bytes
-            offsets.extend(base + i * entry_bytes for i in slab.free_slots[-take:][::-1])
-            del slab.free_slots[-take:]
+            offsets.extend(base + i * entry_bytes for i in slab.free_places[-take:][::-1])
+            del slab.free_places[-take:]
             slab.num_used += take
-            if not slab.free_slots:
+            if not slab.free_places:
                 partial.discard(slab_id)
         self.bytes_used += len(offsets) * entry_bytes
         self.num_entries += len(offsets)
@@ -113,7 +113,7 @@ class PagePool:
         """Mark ``(offset, entry_bytes)`` entries in use, as a kept pool holds them (only into
         a pool that has allocated nothing yet); returns which were taken.  An entry is refused
         where it could not have been allocated: off an entry boundary, past its slab's
-        entries, a second size in one slab, or twice.  The free slots of a slab beyond the
+        entries, a second size in one slab, or twice.  The free places of a slab beyond the
         ready part are handed out once ``grow`` reaches it."""
         assert self.num_entries == 0, "adopt into an empty pool only"
         taken, used = [], {}  # slab id -> (entry_bytes, set of indices)
@@ -155,7 +155,7 @@ class PagePool:
         slab = self._slabs[slab_id]
         index, rest = divmod(within, slab.entry_bytes)
         assert rest == 0, f"entry offset {offset} is not on an entry boundary"
-        slab.free_slots.append(index)
+        slab.free_places.append(index)
         slab.num_used -= 1
         self.bytes_used -= slab.entry_bytes
         self.num_entries -= 1

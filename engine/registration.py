@@ -18,7 +18,8 @@ import numpy as np
 
 from pegaflow.platform import shm
 from pegaflow.platform.errors import CommandError, ConfigError, PegaflowError
-from pegaflow.platform.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
+from pegaflow.platform.protocol import Register, RegisterEvents
+from pegaflow.platform.wire import RegionKind, Status
 
 from .clients import ClientState
 from .copy.base import CopyBackend, LayerPlacement
@@ -32,33 +33,32 @@ MAX_LAYERS = 1024
 MIN_PAGE_BYTES = 512
 
 
-def register_region(client: ClientState, rec, payload: np.ndarray, backend: CopyBackend,
+def register_region(client: ClientState, register: Register, backend: CopyBackend,
                     pool: PagePool) -> None:
     """REGISTER: check a region's geometry, open its memory, record where each layer lives."""
-    num_layers = rec.num_items
-    if len(payload) != REGION.itemsize + num_layers * LAYER.itemsize or not 0 < num_layers <= MAX_LAYERS:
+    region_id, region, layers = register.region_id, register.region, register.layers
+    num_layers = len(layers)
+    if not 0 < num_layers <= MAX_LAYERS:
         raise CommandError(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
-    if rec.region_id in client.region_blocks:  # remapping it could pull memory from under copies
-        raise CommandError(Status.BAD_ARGUMENT, f"region {rec.region_id} is already registered")
-    region = payload[:REGION.itemsize].view(REGION)[0]
-    layers = payload[REGION.itemsize:].view(LAYER)
+    if region_id in client.region_blocks:  # remapping it could pull memory from under copies
+        raise CommandError(Status.BAD_ARGUMENT, f"region {region_id} is already registered")
     page_bytes = _check_region(client, region, layers, pool)
     _check_owner(client, region)
     try:
-        backend.register_region(client.slot, rec.region_id, region)
+        backend.register_region(client.slot, region_id, region)
     except PegaflowError as exc:
         raise CommandError(Status.BAD_ARGUMENT, f"cannot open region: {exc}") from exc
     client.page_bytes = page_bytes
-    client.region_blocks[rec.region_id] = int(region["num_blocks"])
+    client.region_blocks[region_id] = int(region["num_blocks"])
     for layer in layers:
         client.layers[int(layer["layer"])] = LayerPlacement(
-            int(layer["layer"]), rec.region_id, int(layer["offset_bytes"]),
+            int(layer["layer"]), region_id, int(layer["offset_bytes"]),
             int(layer["block_stride_bytes"]))
         members = client.groups.setdefault(int(layer["group"]), [])
         members.append(int(layer["layer"]))
         members.sort()
     logger.info("slot %d (pid %d) registered region %d: %d layers x %d blocks, %d-byte pages",
-                client.slot, client.pid, rec.region_id, num_layers,
+                client.slot, client.pid, region_id, num_layers,
                 int(region["num_blocks"]), page_bytes)
 
 def _check_owner(client: ClientState, region: np.void) -> None:
@@ -97,15 +97,13 @@ def _check_region(client: ClientState, region: np.void, layers: np.ndarray, pool
     return page
 
 
-def register_events(client: ClientState, rec, payload: np.ndarray, backend: CopyBackend) -> None:
+def register_events(client: ClientState, events: RegisterEvents, backend: CopyBackend) -> None:
     """REGISTER_EVENTS: open the client's pool of IPC events."""
-    num_events = rec.num_items
+    num_events = len(events.handles)
     if client.num_events:  # reopening them could close events copies still record
         raise CommandError(Status.BAD_ARGUMENT, "events are already registered")
-    if len(payload) != num_events * EVENT_HANDLE.itemsize:
-        raise CommandError(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
     try:
-        backend.register_events(client.slot, payload.view(EVENT_HANDLE))
+        backend.register_events(client.slot, events.handles)
     except PegaflowError as exc:
         raise CommandError(Status.BAD_ARGUMENT, f"cannot open events: {exc}") from exc
     client.num_events = num_events

@@ -7,7 +7,6 @@ means a crash left the name behind, and its segments are removed first.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import secrets
@@ -18,7 +17,7 @@ import posix_ipc
 
 from pegaflow.platform import shm
 from pegaflow.platform.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
-from pegaflow.platform.locks import ControlLock, lock_path, open_lock_file
+from pegaflow.platform.locks import ControlLock
 from pegaflow.platform.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.platform.shm import is_pid_alive
 from pegaflow.platform.wire import (
@@ -33,6 +32,7 @@ from pegaflow.platform.wire import (
 )
 
 from .config import MAX_SLOTS, EngineConfig
+from .name_lock import claim_name, name_lock_path
 from .pool_table import PoolTable, table_bytes
 from .room import check_room
 
@@ -66,38 +66,6 @@ def recorded_header(control_name: str):
     return header if int(header["magic"]) == MAGIC else None
 
 
-def _lock_path(name: str) -> str:
-    return lock_path(name, "lock")
-
-
-def _claim_name(name: str) -> int:
-    """Hold an exclusive lock on the engine's name for the engine's lifetime (the kernel
-    drops it when the process dies), so two engines can never both own one name.  The
-    file is unlinked at a clean stop: a lock taken on a file that was unlinked meanwhile
-    is not the name's lock, and the claim starts over."""
-    path = _lock_path(name)
-    while True:
-        fd = open_lock_file(path, create=True)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise EngineAlreadyRunningError(
-                f"an engine named {name!r} is already running (pid {owner}); stop it or start "
-                f"this one with another --name") from None
-        try:
-            is_current = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            is_current = False
-        if is_current:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
 def _create_replacing(name: str, create, unlink):
     """``create()`` a segment or semaphore under ``name``; one found there (we hold the name:
     a leftover, or planted by another user) is removed first, with one line.  Another
@@ -124,7 +92,7 @@ class EngineSegments:
         self.is_pool_kept = False  # the pool and its table are an earlier engine's, kept
         self.pool_table: shm.Segment | None = None  # with --keep-pool only
         self.has_started = False   # set by the server once it serves: only then is a new pool kept
-        self._name_lock = _claim_name(config.name)
+        self._name_lock = claim_name(config.name)
         self.control = self._create_control()
         try:
             self._create_rest()
@@ -303,7 +271,7 @@ class EngineSegments:
             self.lock = None
         if self._name_lock is not None:
             try:
-                os.unlink(_lock_path(self.config.name))  # while still locked: see _claim_name
+                os.unlink(name_lock_path(self.config.name))  # while still locked: see _claim_name
             except FileNotFoundError:
                 pass  # removed by hand; nothing to clean up
             os.close(self._name_lock)  # the name is free for the next engine

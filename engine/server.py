@@ -24,27 +24,20 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
-
 from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform.protocol import read_payload
 from pegaflow.platform.values import format_size
 from pegaflow.platform.waits import Doorbell, sleep_until
-from pegaflow.platform.wire import CLIENT_STATS, STATS, Opcode, Status
+from pegaflow.platform.wire import CLIENT_STATS, STATS
 
 from .client_table import ClientTable
-from .clients import ClientState
 from .config import EngineConfig
-from .copy import make_backend
 from .copy.base import CopyBackend
-from .disk.open import open_disk_tier
-from .dispatcher import NO_PAYLOAD, Dispatcher
-from .fault_in import default_threads
-from .index import BlockIndex
-from .pinning import PinProgress, PoolPinner
-from .pool import PagePool
-from .pool_table import NoTable, PoolTable
-from .remote.open import open_remote_tier
+from .dispatcher import Dispatcher
+from .pinning import PinProgress
 from .segments import EngineSegments
+from .shutdown import shut_down
+from .startup import log_ready, open_pool, open_tiers
 from .stats import StatsWriter
 
 logger = logging.getLogger(__name__)
@@ -53,13 +46,11 @@ MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many sav
 HELD_BACK_POLL_S = 5e-3  # while answers wait behind a full completion ring: how often to look
 MAX_UNREAD_ANSWERS = 1024  # answers queued behind a client's full completion ring; past
 #                            this its commands wait unread (its submit then times out)
-SHUTDOWN_DRAIN_S = 5.0
 CLAIM_CHECK_S = 1e-3
 LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detaching: only
 #                        their liveness is checked, and a dead one's slot can wait this long
 UNATTENDED_SLEEP_S = LIVENESS_ONLY_S  # nothing attached: a wake-up only to beat the heartbeat
 #                        (pegaflow-stat tells a stopped or stuck engine by a stale one)
-_DETACH = Opcode.DETACH  # read once: the loop compares against a plain name
 
 
 class EngineServer:
@@ -69,27 +60,7 @@ class EngineServer:
         self.segments = EngineSegments(config)
         marks.append(time.perf_counter())
         try:  # a failed start leaves nothing behind in /dev/shm
-            table = None  # only a kept pool needs its table (and a slab's entries capped by it)
-            if config.keep_pool:
-                segment = self.segments.pool_table
-                table = PoolTable(segment.array(np.uint8, segment.size), config.usable_pool_bytes,
-                                  config.slab_bytes, keep=self.segments.is_pool_kept)
-            pool = PagePool(config.usable_pool_bytes, config.slab_bytes,
-                            table.records_per_slab if table else None, ready_bytes=0)
-            self.backend = backend or make_backend(config.backend, config.copy_backend,
-                                                      config.device_staging_bytes)
-            self.backend.open_pool(self.segments.pool)
-            marks.append(time.perf_counter())
-            self.pinner = PoolPinner(self.segments.pool, self.backend, config.pin_chunk,
-                                     config.pin_threads or default_threads(), config.pin_rate_bytes)
-            self.pinner.pin_first()
-            marks.append(time.perf_counter())
-            self.index = BlockIndex(pool, config.lease_ttl_s, table if table is not None else NoTable())
-            if self.segments.is_pool_kept:
-                num_blocks = self.index.adopt_table()
-                logger.info("took in %d blocks (%.1f MiB) from the pool an earlier engine kept%s",
-                            num_blocks, pool.bytes_used / 2**20, "" if config.pin_chunk >= pool.bytes_total
-                            else "; each is served once its part of the pool is pinned")
+            pool = open_pool(self, backend, marks)
         except BaseException:
             self.segments.unlink_all()
             raise
@@ -104,39 +75,12 @@ class EngineServer:
         self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher)
         self.dispatcher.clients = lambda: self.table.attached  # rings a waiting LOOKUP reads past
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
-        self.disk = self.remote = None
-        try:  # its paths are checked and its files taken in before the engine serves
-            self.disk = open_disk_tier(config, self.index, self.segments.pool, self.stats,
-                                       self.doorbell.ring)
-            self.remote = open_remote_tier(config, self.index, self.segments.pool, self.stats,
-                                           self.doorbell.ring)
-        except BaseException:
-            if self.disk is not None:
-                self.disk.close()
-            self.pinner.stop()
-            self.backend.close()
-            self.segments.unlink_all()
-            raise
-        self.dispatcher.disk = self.disk
-        self.dispatcher.remote = self.remote
-        if self.remote is not None:
-            self.remote.lookups.answer = self.dispatcher.answer_lookup
+        open_tiers(self)
         self.is_stopping = False
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
         self.pinner.start(wake=self.doorbell.ring)
-        if config.usable_pool_bytes < config.pool_bytes:
-            logger.warning("--pool-size %s is not a whole number of %s slabs: %s allocated",
-                           format_size(config.pool_bytes), format_size(config.slab_bytes),
-                           format_size(config.usable_pool_bytes))
-        steps = [b - a for a, b in zip(marks, marks[1:])]
-        logger.info("engine %r ready: %s backend, pool %s (%d %s of %s; the largest block it "
-                    "stores is one slab; %s of it pinned so far), %d client slots; in %.2f s "
-                    "(shared memory %.2f s, backend %.2f s, first chunk %.2f s)", config.name,
-                    self.backend.name, format_size(config.usable_pool_bytes), pool.num_slabs,
-                    "slab" if pool.num_slabs == 1 else "slabs", format_size(config.slab_bytes),
-                    format_size(pool.bytes_ready), config.num_slots,
-                    time.perf_counter() - marks[0], *steps)
+        log_ready(self, pool, marks)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
     def serve_own_process(self) -> None:
@@ -234,15 +178,15 @@ class EngineServer:
                 if rec is None:
                     break
                 did_work = True
-                payload = dispatcher.read_payload(client, rec) if rec.payload_bytes else NO_PAYLOAD
+                is_detached = False
                 try:
-                    dispatcher.handle(client, rec, payload)
+                    is_detached = dispatcher.handle(client, rec, read_payload(client.view.arena, rec))
                 except Exception:  # boundary: one bad command must not take the engine down
-                    self._internal_error(client, rec)
+                    dispatcher.answer_internal_error(client, rec)
                 # Only now may the client reuse the slot and the payload bytes (copied
                 # above): handing them back after the answer keeps it off the answer's path.
                 submissions.release()
-                if rec.opcode == _DETACH and client.is_detached:  # accepted, not refused
+                if is_detached:  # a DETACH accepted, not refused
                     self.table.retire(client)
                     # its slot is freed by housekeeping: within housekeeping_s, not 2.5 s
                     self._next_housekeeping = min(self._next_housekeeping,
@@ -277,10 +221,6 @@ class EngineServer:
         if progress.is_finished and progress.error is None:
             self.stats.set("pool_pin_ns", progress.elapsed_ns)
 
-    def _internal_error(self, client: ClientState, rec) -> None:
-        logger.exception("slot %d: internal error on opcode %d", client.slot, rec.opcode)
-        self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.INTERNAL)
-
     def _housekeeping(self, now: float) -> None:
         is_timed = self.index.leases or self.index.writing or any(
             c.is_detached or not c.is_attached for c in self.table.attached)
@@ -295,31 +235,4 @@ class EngineServer:
 
     def shutdown(self) -> None:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
-        logger.info("engine %r stopping", self.config.name)
-        self.segments.mark_stopping()
-        pinner_stopped = self.pinner.stop()  # before the backend closes: it unpins only what is over
-        for client, rec in self.dispatcher.transfers.parked.take_all():  # waiting for disk reads
-            self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
-        for waiting in self.dispatcher.waiting.take_all():  # LOOKUPs waiting for saves
-            self.dispatcher.reply(waiting.client, waiting.rec.request_id, waiting.rec.opcode,
-                                  Status.SHUTTING_DOWN)
-        is_disk_stopped = self.disk is None or self.disk.close()  # its I/O uses the pool's pages
-        is_disk_stopped = (self.remote is None or self.remote.close()) and is_disk_stopped
-        deadline = time.monotonic() + SHUTDOWN_DRAIN_S
-        while self.backend.num_inflight() and time.monotonic() < deadline:
-            for done in self.backend.poll():
-                self.dispatcher.on_copy_done(done)
-            time.sleep(1e-3)
-        for client in self.table.clients.values():
-            while (rec := client.submissions.try_get()) is not None:
-                self.dispatcher.reply(client, rec.request_id, rec.opcode, Status.SHUTTING_DOWN)
-            client.flush()
-        if not pinner_stopped or not is_disk_stopped:  # a thread may still use the pool: leave it to the exit
-            logger.error("engine %r: the pool's %s thread is still running; the pool stays "
-                         "mapped until the process exits", self.config.name,
-                         "pinning" if not pinner_stopped else "disk or remote I/O")
-            self.segments.unlink_all(release_pool=False)
-            return
-        self.backend.close()
-        self.segments.unlink_all(release_pool=self.backend.num_inflight() == 0)
-        logger.info("engine %r stopped; its shared memory is unlinked", self.config.name)
+        shut_down(self)

@@ -6,7 +6,7 @@ last 64 alone) and marks the layers it copies pending; a finished chunk marks th
 failed or revoked one abandons them.  A LOAD pins its entries for one op of every
 layer; a fenced LOAD (``event_index``) is answered when issued, the client's events
 telling its GPU when each layer has landed; with AFTER_CLIENT its copies wait for the
-client's last pool event first.
+client's last pool event first (``pegaflow.platform.protocol`` says what each means).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from pegaflow.platform.errors import CommandError, PegaflowError
-from pegaflow.platform.wire import ALL_LAYERS, BLOCK_ID, HASH, NO_EVENT, CommandFlag, Opcode, Status
+from pegaflow.platform.protocol import Load, LoadAnswer, Save, SaveAnswer, last_pool_event
+from pegaflow.platform.wire import ALL_LAYERS, Opcode, Status
 
 from . import votes
 from .clients import ClientState
@@ -28,7 +29,9 @@ from .copy.base import CopyBackend, CopyDone, CopyOp, Direction
 from .entries import Key
 from .index import BlockIndex
 from .parked_loads import ParkedLoads
-from .pending import ANSWERED_LATER, PendingCopy, chunk_bounds, command_keys
+from .pending import PendingCopy, chunk_bounds, log_timing
+from .placements import checked_event, copied_blocks
+from .received import LATER, Received
 from .stats import StatsWriter
 from .votes import Vote
 
@@ -37,63 +40,26 @@ logger = logging.getLogger(__name__)
 
 class Transfers:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter,
-                 reply: Callable[..., None]):
+                 answer: Callable[..., None]):
         self.index = index
         self.backend = backend
         self.stats = stats
-        self.reply = reply  # the dispatcher's: the one way a command is answered
+        self.answer = answer  # the dispatcher's: the one way a command is answered
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
         self.parked = ParkedLoads()  # LOADs waiting for the disk tier's reads
         self._tokens = itertools.count(1)
 
-    def _blocks(self, client: ClientState, rec, payload: np.ndarray):
-        """Validated (block ids, keys, layer placements, layer mask) of a SAVE or LOAD."""
-        num_items = rec.num_items
-        if len(payload) != num_items * (BLOCK_ID.itemsize + HASH.itemsize):
-            raise CommandError(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
-        if not client.is_complete():
-            raise CommandError(Status.UNKNOWN_REGION, "register every layer's KV memory first")
-        if client.revoked:  # sent before the client gave up: its blocks may be someone else's
-            raise CommandError(Status.BAD_ARGUMENT, "this client revoked its copies")
-        split = num_items * BLOCK_ID.itemsize
-        block_ids = payload[:split].view(BLOCK_ID).astype(np.int64)
-        layer = rec.layer
-        if rec.flags & CommandFlag.LAYER_GROUP:
-            if layer not in client.groups:
-                raise CommandError(Status.BAD_ARGUMENT, f"no layer is registered in group {layer}")
-            placements = [client.layers[i] for i in client.groups[layer]]
-        elif layer == ALL_LAYERS:
-            placements = [client.layers[i] for i in range(client.num_layers)]
-        elif layer in client.layers:
-            placements = [client.layers[layer]]
-        else:
-            raise CommandError(Status.BAD_ARGUMENT, f"layer {layer} is not registered")
-        limit = min(client.region_blocks[p.region_id] for p in placements)
-        if num_items and (block_ids.min() < 0 or block_ids.max() >= limit):
-            raise CommandError(Status.BLOCK_OUT_OF_RANGE, f"block ids must lie in [0, {limit})")
-        mask = sum(1 << p.layer for p in placements)
-        return block_ids, command_keys(rec, payload[split:].view(HASH)), placements, mask
-
-    def _check_event(self, client: ClientState, rec, count: int) -> int | None:
-        index = rec.event_index
-        if index == NO_EVENT:
-            return None
-        if index + count > client.num_events:
-            raise CommandError(Status.BAD_ARGUMENT, f"event {index}+{count} outside the client's pool")
-        return index
-
-    def save(self, client, rec, payload):
-        received = time.perf_counter()
-        payload, tags = votes.split_tags(client, rec, payload)
-        block_ids, keys, placements, mask = self._blocks(client, rec, payload)
-        # All layers (or a group's): one event per layer, in layer order, unless ONE_EVENT
-        # fences them all.
-        is_many = rec.layer == ALL_LAYERS or bool(rec.flags & CommandFlag.LAYER_GROUP)
-        per_layer = is_many and not rec.flags & CommandFlag.ONE_EVENT
-        wait_event = self._check_event(client, rec, len(placements) if per_layer else 1)
-        pending = PendingCopy(client, rec.request_id, Opcode.SAVE, mask,
-                              len(placements) * client.page_bytes, chain=keys,
-                              received_at=received, is_timed=logger.isEnabledFor(logging.DEBUG))
+    def save(self, received: Received, save: Save):
+        client = received.client
+        tags = votes.check_tags(client, save)
+        block_ids, keys, placements, mask = copied_blocks(client, save)
+        # All layers (or a group's): one event per layer, in layer order, unless one_event
+        # fences them all (protocol.py).
+        is_many = save.layer == ALL_LAYERS or save.group is not None
+        per_layer = is_many and not save.one_event
+        wait_event = checked_event(client, save.first_event, len(placements) if per_layer else 1)
+        pending = PendingCopy(client, received, Opcode.SAVE, mask, len(placements) * client.page_bytes,
+                              chain=keys, is_timed=logger.isEnabledFor(logging.DEBUG))
         ids = block_ids.tolist()
         with self._answered_on_fault(pending):
             for start, end in chunk_bounds(len(keys)):
@@ -108,7 +74,7 @@ class Transfers:
         client, mask = pending.client, pending.layer_mask
         chosen_ids, chosen_keys, offsets = [], [], []
         entries = self.index.reserve_many(keys, client.entry_bytes, client.num_layers, client.slot,
-                                          (client.uid, pending.request_id))
+                                          (client.uid, pending.command_id))
         voted = None if tags is None else votes.cast_all(self.index, self.stats, client, mask, keys,
                                                           entries, tags)
         for i, (block_id, key, entry) in enumerate(zip(ids, keys, entries)):
@@ -139,41 +105,41 @@ class Transfers:
 
     @contextmanager
     def _answered_on_fault(self, pending: PendingCopy):
-        """A fault (a bug) in the middle of a SAVE or LOAD: the server answers the command
-        INTERNAL; the chunks already in flight finish their bookkeeping without a second
-        answer, and the command's leases and marks are given back."""
+        """A fault (a bug) in the middle of a SAVE or LOAD: the server's boundary answers
+        the command INTERNAL (it takes the command over from here); the chunks already in
+        flight finish their bookkeeping, and the command's leases and marks are given back."""
         try:
             yield
         except BaseException:
             pending.error = pending.error or "internal error"
-            pending.is_answered = True
+            pending.received = None
             self._seal(pending)
             raise
 
-    def load(self, client, rec, payload):
-        names_lease = bool(rec.flags & (CommandFlag.RELEASE_LEASE | CommandFlag.LEASE_HELD))
-        if names_lease and self.index.is_foreign_lease(rec.arg, client.instance):
-            raise CommandError(Status.UNKNOWN_LEASE, f"lease {rec.arg} is another vLLM instance's")
-        if names_lease and self.index.is_promoting(rec.arg):
-            self.parked.park(client, rec, payload, time.monotonic())  # resumed once the reads end
-            return ANSWERED_LATER, None
+    def load(self, received: Received, load: Load):
+        lease_id, client = load.lease_id, received.client
+        if lease_id and self.index.is_foreign_lease(lease_id, client.instance):
+            raise CommandError(Status.UNKNOWN_LEASE, f"lease {lease_id} is another vLLM instance's")
+        if lease_id and self.index.is_promoting(lease_id):
+            self.parked.park(received, load, time.monotonic())  # resumed once the reads end
+            return LATER
         try:
-            return self._start_load(client, rec, payload)
+            return self._start_load(received, load)
         except CommandError:
-            if rec.flags & CommandFlag.RELEASE_LEASE:
-                self.index.release(rec.arg)  # the lease dies with the load that was to use it
+            if lease_id and load.ends_lease:
+                self.index.release(lease_id)  # the lease dies with the load that was to use it
             raise
 
-    def _start_load(self, client, rec, payload):
-        received = time.perf_counter()
-        block_ids, keys, placements, mask = self._blocks(client, rec, payload)
-        record_events = self._check_event(client, rec, len(placements))
+    def _start_load(self, received: Received, load: Load):
+        client = received.client
+        block_ids, keys, placements, mask = copied_blocks(client, load)
+        record_events = checked_event(client, load.first_event, len(placements))
         wait_event = None
-        if rec.flags & CommandFlag.AFTER_CLIENT:
+        if load.after_client:
             if not client.num_events:
-                raise CommandError(Status.BAD_ARGUMENT, "AFTER_CLIENT without registered events")
-            wait_event = client.num_events - 1
-        lease_id = rec.arg if rec.flags & CommandFlag.RELEASE_LEASE else 0
+                raise CommandError(Status.BAD_ARGUMENT, "after_client without registered events")
+            wait_event = last_pool_event(client.num_events)
+        lease_id = load.lease_id if load.ends_lease else 0
         # The usual LOAD follows a LOOKUP's lease of the same blocks: its pins and offsets
         # serve (finding and pinning every block again would delay the copy).
         offsets = self.index.take_lease(lease_id, keys, client.entry_bytes) if lease_id else None
@@ -182,9 +148,8 @@ class Transfers:
         else:
             offsets = self._stored_offsets(keys, client.entry_bytes)
             self.index.pin(keys)
-        pending = PendingCopy(client, rec.request_id, Opcode.LOAD, mask,
-                              len(placements) * client.page_bytes, lease_id=lease_id,
-                              received_at=received, is_timed=logger.isEnabledFor(logging.DEBUG))
+        pending = PendingCopy(client, received, Opcode.LOAD, mask, len(placements) * client.page_bytes,
+                              lease_id=lease_id, is_timed=logger.isEnabledFor(logging.DEBUG))
         # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
         if keys:
             with self._answered_on_fault(pending):
@@ -192,12 +157,11 @@ class Transfers:
                                                    client.page_bytes, block_ids, offsets,
                                                    wait_event=wait_event, record_events=record_events))
         if record_events is not None and pending.error is None and keys:  # (a refusal set error)
-            pending.is_answered = True  # the client's events fence the data, not our answer
-            self.reply(pending.client, pending.request_id, Opcode.LOAD, Status.OK, len(keys),
-                       (len(keys), 0, 0), pending.received_at)
+            # Fenced: the client's events tell its GPU when the data is there, not our answer.
+            self._answer(pending, Status.OK, LoadAnswer(len(keys)), len(keys))
         return self._seal(pending)
 
-    def take_parked(self, now: float) -> list[tuple[ClientState, object, np.ndarray, bool]]:
+    def take_parked(self, now: float) -> list[tuple[Received, Load, bool]]:
         """Parked LOADs to go on, or late (``ParkedLoads.take``)."""
         return self.parked.take(now, self.index.is_promoting)
 
@@ -246,10 +210,9 @@ class Transfers:
         if pending.is_timed:
             pending.sealed_at = time.perf_counter()
         self.stats.set("inflight_copies", len(self.pending))
-        if pending.num_ops:
-            return ANSWERED_LATER, None
-        self._complete(pending)
-        return ANSWERED_LATER, None
+        if not pending.num_ops:
+            self._complete(pending)
+        return LATER
 
     def on_copy_done(self, done: CopyDone) -> ClientState:
         """Finish one chunk (and its command, if it was the last); returns whose it was."""
@@ -265,38 +228,27 @@ class Transfers:
             self._complete(pending)
         return pending.client
 
+    def _answer(self, pending: PendingCopy, status: Status, answer: tuple, num_items: int) -> None:
+        """Answer the command and let go of it (``received.py``): it is answered here once."""
+        received, pending.received = pending.received, None
+        self.answer(received, status, answer, num_items)
+
     def _complete(self, pending: PendingCopy) -> None:
         if pending.opcode == Opcode.LOAD and pending.lease_id:
             self.index.release(pending.lease_id)  # before the gauges the answer's reader sees
-        if pending.is_answered:
-            if pending.error:
-                logger.error("slot %d: %s failed after it was answered: %s", pending.client.slot,
-                             pending.opcode.name, pending.error)
-        else:
+        if pending.received is not None:
             status = Status.OK if pending.error is None else Status.COPY_FAILED
-            self.reply(pending.client, pending.request_id, pending.opcode, status, pending.num_blocks,
-                       (pending.num_blocks, pending.num_deduped, pending.num_dropped), pending.received_at)
+            answer = (SaveAnswer(pending.num_blocks, pending.num_deduped, pending.num_dropped)
+                      if pending.opcode == Opcode.SAVE else LoadAnswer(pending.num_blocks))
+            self._answer(pending, status, answer, pending.num_blocks)
+        elif pending.error:
+            logger.error("slot %d: %s failed after it was answered: %s", pending.client.slot,
+                         pending.opcode.name, pending.error)
         # After the answer (nothing else runs before it is done): the eviction order only.
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
             self.index.touch_chain(pending.chain)
         if pending.is_timed:
-            self._log_timing(pending)
-
-    @staticmethod
-    def _log_timing(pending: PendingCopy) -> None:
-        """Where a SAVE's or LOAD's time went, from its receipt (DEBUG)."""
-        done = time.perf_counter()
-
-        def since(mark: float) -> float:
-            return (mark - pending.received_at) * 1e3 if mark else float("nan")
-
-        num_bytes = pending.num_blocks * pending.bytes_per_block
-        logger.debug("slot %d: %s of %d blocks (%.1f MB): first copy handed to the backend "
-                     "after %.2f ms, all after %.2f ms, done after %.2f ms (%.1f GB/s)%s",
-                     pending.client.slot, pending.opcode.name, pending.num_blocks, num_bytes / 1e6,
-                     since(pending.first_issued_at), since(pending.sealed_at), since(done),
-                     num_bytes / max(done - pending.received_at, 1e-9) / 1e9,
-                     f"; {pending.error}" if pending.error else "")
+            log_timing(pending, logger)
 
     def _finish_chunk(self, pending: PendingCopy, keys: list[Key], error: str | None) -> None:
         """Index bookkeeping once a chunk's copy is over (or never started)."""

@@ -18,10 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-import numpy as np
-
 from pegaflow.platform.errors import CommandError
-from pegaflow.platform.wire import TAG, CommandFlag, Status
+from pegaflow.platform.wire import Status
 
 from .entries import Entry
 
@@ -98,19 +96,15 @@ class VoterTable:
             del self.namespaces[namespace]
 
 
-def split_tags(client, rec, payload: np.ndarray) -> tuple[np.ndarray, list[int] | None]:
-    """A SAVE's payload without its tags, and the tags (None: not a voter's SAVE)."""
-    is_tagged = bool(rec.flags & CommandFlag.VOTE_TAGS)
+def check_tags(client, save) -> list[int] | None:
+    """A SAVE's tags, once it is known they belong (None: not a voter's SAVE)."""
     if client.num_voters == 1:
-        if is_tagged:
+        if save.tags is not None:
             raise CommandError(Status.BAD_ARGUMENT, "VOTE_TAGS from a client that is no voter")
-        return payload, None
-    if not is_tagged:
+        return None
+    if save.tags is None:
         raise CommandError(Status.BAD_ARGUMENT, "a voter's SAVE carries VOTE_TAGS")
-    if rec.namespace != client.namespace:
+    if save.namespace != client.namespace:
         raise CommandError(Status.BAD_ARGUMENT, f"a voter saves under its ATTACH namespace "
                                                 f"{client.namespace:016x} only")
-    split = len(payload) - rec.num_items * TAG.itemsize
-    if split < 0:
-        raise CommandError(Status.BAD_PAYLOAD, "VOTE_TAGS wants a tag per block")
-    return payload[:split], payload[split:].view(TAG).tolist()
+    return save.tags.tolist()

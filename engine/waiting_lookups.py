@@ -36,10 +36,9 @@ ABANDONED_WRITE_S = 5.0
 @dataclass(slots=True)
 class WaitingLookup:
     client: object
-    rec: object
+    received: object    # the LOOKUP as received (``engine/received.py``): answered once, from here
     keys: list[Key]
     deadline: float     # monotonic
-    received_at: float  # perf_counter, for the LOOKUP's latency
     parked_at: float    # monotonic
     num_ready: int      # the READY prefix when it was parked
     catch_up: list[tuple[object, int]] = field(default_factory=list)  # (client, ring position to reach)
@@ -83,16 +82,16 @@ class WaitingLookups:
         self.answer = answer  # the dispatcher's: walks the index again and answers
         self.items: list[WaitingLookup] = []
 
-    def try_park(self, client, rec, keys: list[Key], num_ready: int, wait_s: float, clients) -> bool:
+    def try_park(self, received, keys: list[Key], num_ready: int, wait_s: float, clients) -> bool:
         """Park this LOOKUP, whose READY prefix is ``num_ready`` blocks (the index's lookup
         walked it), if it stops at a block being saved, or at one the index does not know
         while other ``clients`` have commands unread (True); else it is answered now."""
-        now = time.monotonic()
+        client, now = received.client, time.monotonic()
         _, why = writing_stop(self.index, keys[num_ready:num_ready + 1], now)  # the block it stops at
         marks = unread_marks(clients, client) if why == "absent" else []
         if why != "writing" and not marks:
             return False
-        self.park(WaitingLookup(client, rec, keys, now + wait_s, time.perf_counter(), now, num_ready,
+        self.park(WaitingLookup(client, received, keys, now + wait_s, now, num_ready,
                                 marks, why == "writing"))
         return True
 

@@ -236,7 +236,7 @@ class CudaBackend(CopyBackend):
         if path == KERNEL:
             staging = stage_ids(self._staging, op)
         elif path == STAGED:
-            staging = stage_ids(self._staging, op, staged.local_offsets(op, dev.staging.slot_bytes))
+            staging = stage_ids(self._staging, op, staged.local_offsets(op, dev.staging.buffer_bytes))
         if path in (KERNEL, STAGED) and staging is None:
             path = COPY_ENGINE  # staging ring full: DMA needs none
         inflight = Inflight(op.token, op.slot, dev.device, staging)

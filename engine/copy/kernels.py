@@ -13,8 +13,8 @@ and ``j * pool_layer_stride``.
 ``block_ids`` and ``entry_offsets`` are int64 arrays in a mapped pinned staging ring that
 every layer of the op shares; each CTA loads the ids of up to 512 of its pages into
 shared memory with one PCIe round trip.  The grid is persistent and small so decode
-keeps its SMs (16 CTAs of 512 threads give what any CTA count gives on an H200: ~51 GB/s
-in, ~52 GB/s out, against 55 for a DMA copy; docs/benchmarks.md); each thread moves
+keeps its SMs (16 CTAs of 512 threads give what any CTA count gives, near a DMA copy's
+bandwidth: docs/benchmarks.md, "Figures behind the engine's constants"); each thread moves
 16-byte words with streaming (evict-first) loads and stores, eight loads in flight
 before its stores.
 """

@@ -4,10 +4,9 @@ issues; this decides).
 - ``staged`` wherever it can be (``staged.can_stage``, aligned for the gather kernel, under
   ``auto`` only for pages up to ``staged.AUTO_MAX_PAGE_BYTES``), a fenced LOAD (the client
   waits on our events layer by layer) included: its layers all land with the last
-  sub-chunk, copied by DMA instead of by SMs shared with vLLM's kernels (one H200 run,
-  enforce_eager, one prompt at a time: a warm, almost wholly cached 10k-token prompt 44.0
-  ms against 49.5 ms by the kernel layer by layer; under `vllm serve` with CUDA graphs a
-  multi-round workload ~7 % faster; docs/benchmarks.md, "Copy path of the layer-wise loads");
+  sub-chunk, copied by DMA instead of by SMs shared with vLLM's kernels (faster than the
+  kernel layer by layer for warm prompts: docs/benchmarks.md, "Copy path of the layer-wise
+  loads");
 - else a fenced LOAD takes the kernel: it issues a layer in one launch, where the copy
   engine takes a descriptor per page;
 - else what ``auto`` measured for the op's page size and direction (``path_from_rates``),
@@ -35,7 +34,7 @@ def op_path(configured: str, dev, op: CopyOp, regions: list[Region]) -> str:
     ``paths``) under ``--copy-backend configured``."""
     path = configured
     if (path == STAGED or path == AUTO and op.page_bytes <= staged.AUTO_MAX_PAGE_BYTES) and \
-            dev.staging is not None and staged.can_stage(op, dev.staging.slot_bytes, allow_fenced=True) and \
+            dev.staging is not None and staged.can_stage(op, dev.staging.buffer_bytes, allow_fenced=True) and \
             is_aligned_op(dev, op, regions):
         return STAGED
     if path == STAGED:

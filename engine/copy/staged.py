@@ -3,19 +3,19 @@
 Page by page, the copy engine takes a descriptor per page (20 000 for a 10k-token prefix
 of an 8B model), whose issue alone holds the dispatcher for longer than the copy's share
 of it (docs/benchmarks.md).  Here the pages take a detour
-through a device slot laid out like the pool (entry by entry, layer by layer inside an
+through a device buffer laid out like the pool (entry by entry, layer by layer inside an
 entry): the gather kernel packs them at device-memory speed, and a run of consecutive pool
 entries crosses PCIe as one copy, as fast as one large pinned copy (figures: "The staged
 path" in ``docs/benchmarks.md``)::
 
-    SAVE, per sub-chunk of up to ``entries_per_slot`` entries:
-      gather stream   [wait: the slot's last use]  gather kernel -> slot     record packed
-      copy stream     wait packed                  slot -> pool, per run     record slot free
+    SAVE, per sub-chunk of up to ``entries_per_buffer`` entries:
+      gather stream   [wait: the buffer's last use]  gather kernel -> buffer    record packed
+      copy stream     wait packed                    buffer -> pool, per run    record buffer free
     LOAD, the mirror:
-      copy stream     [wait: the slot's last use]  pool -> slot, per run     record landed
-      gather stream   wait landed                  scatter kernel -> client  record slot free
+      copy stream     [wait: the buffer's last use]  pool -> buffer, per run    record landed
+      gather stream   wait landed                    scatter kernel -> client   record buffer free
 
-A device has one set of slots and one stream pair per direction, so loads never queue
+A device has one set of buffers and one stream pair per direction, so loads never queue
 behind saves, and the stream order of a direction keeps its ops in turn.  The first
 sub-chunk of a SAVE waits for the client's events (per layer before that layer's
 gather); a LOAD's scatter waits for its client event.  A LOAD whose client waits layer
@@ -24,7 +24,7 @@ after the last sub-chunk's scatter, so no layer is ready before the whole load. 
 loads share the direction's one stream pair with the unfenced (asynchronous) ones.  What
 is not staged: an op over one
 layer or over layers that are not consecutive in the pool entry, and an entry larger
-than a slot.
+than a buffer.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ import numpy as np
 
 from pegaflow.platform.cuda import driver
 from pegaflow.platform.errors import CudaError
+from pegaflow.platform.protocol import layer_event
 
 from .base import CopyOp, Direction
 from .checks import Region
 from .cuda_device import release_all
 
-SLOTS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
+BUFFERS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
 # ``auto`` stages pages up to this size: staged is ahead of (or level with) the copy engine
 # page by page up to 256 KiB pages at every prefix length, and behind it for 1 MiB pages
 # at short prefixes ("The staged path" in docs/benchmarks.md).
@@ -46,22 +47,22 @@ AUTO_MAX_PAGE_BYTES = 256 << 10
 
 
 class _Side:
-    """One direction's slots and streams on one device."""
+    """One direction's buffers and streams on one device."""
 
-    def __init__(self, base: int, slot_bytes: int) -> None:
-        self.slots = [base + i * slot_bytes for i in range(SLOTS_PER_DIRECTION)]
+    def __init__(self, base: int, buffer_bytes: int) -> None:
+        self.buffers = [base + i * buffer_bytes for i in range(BUFFERS_PER_DIRECTION)]
         self.gather_stream = driver.create_stream(low_priority=True)
         try:
             self.copy_stream = driver.create_stream(low_priority=True)
         except CudaError:
             driver.destroy_stream(self.gather_stream)
             raise
-        self.free_events: list = [None] * SLOTS_PER_DIRECTION  # each slot's last use ends
+        self.free_events: list = [None] * BUFFERS_PER_DIRECTION  # each buffer's last use ends
         self.cursor = 0
 
-    def next_slot(self) -> int:
+    def next_buffer(self) -> int:
         index = self.cursor
-        self.cursor = (self.cursor + 1) % len(self.slots)
+        self.cursor = (self.cursor + 1) % len(self.buffers)
         return index
 
     def streams(self) -> tuple:
@@ -72,23 +73,23 @@ class DeviceStaging:
     """``total_bytes`` of device memory on the current device, half per direction."""
 
     def __init__(self, total_bytes: int) -> None:
-        slot_bytes = total_bytes // (2 * SLOTS_PER_DIRECTION) // 256 * 256
-        if slot_bytes <= 0:
-            raise CudaError(f"device staging of {total_bytes} bytes leaves no slot")
-        self.slot_bytes = slot_bytes
-        self._memory = driver.device_alloc(2 * SLOTS_PER_DIRECTION * slot_bytes)
-        half = SLOTS_PER_DIRECTION * slot_bytes
+        buffer_bytes = total_bytes // (2 * BUFFERS_PER_DIRECTION) // 256 * 256
+        if buffer_bytes <= 0:
+            raise CudaError(f"device staging of {total_bytes} bytes leaves no buffer")
+        self.buffer_bytes = buffer_bytes
+        self._memory = driver.device_alloc(2 * BUFFERS_PER_DIRECTION * buffer_bytes)
+        half = BUFFERS_PER_DIRECTION * buffer_bytes
         self.sides = {}
         try:
             for direction, base in ((Direction.SAVE, self._memory),
                                     (Direction.LOAD, self._memory + half)):
-                self.sides[direction] = _Side(base, slot_bytes)
+                self.sides[direction] = _Side(base, buffer_bytes)
         except CudaError:
             self.close()
             raise
 
     def forget(self, recycled: set[int]) -> None:
-        """Events of a finished op go back to the pool: a slot whose last use was one of
+        """Events of a finished op go back to the pool: a buffer whose last use was one of
         them is free (the op ended after every one of its uses)."""
         for side in self.sides.values():
             side.free_events = [None if e is not None and id(e) in recycled else e
@@ -105,11 +106,11 @@ def run_bytes(op: CopyOp) -> int:
     return len(op.layers) * op.page_bytes
 
 
-def can_stage(op: CopyOp, slot_bytes: int, allow_fenced: bool = False) -> bool:
+def can_stage(op: CopyOp, buffer_bytes: int, allow_fenced: bool = False) -> bool:
     """Whether ``op`` takes the staged path: more than one layer, consecutive in the entry,
-    an entry's run fitting a slot, and no client waiting layer by layer on our events
+    an entry's run fitting a buffer, and no client waiting layer by layer on our events
     unless ``allow_fenced`` (then every layer's event is recorded once the last sub-chunk is in)."""
-    if op.record_events is not None and not allow_fenced or len(op.layers) < 2 or run_bytes(op) > slot_bytes:
+    if op.record_events is not None and not allow_fenced or len(op.layers) < 2 or run_bytes(op) > buffer_bytes:
         return False
     first = op.layers[0].layer
     return all(p.layer == first + k for k, p in enumerate(op.layers))
@@ -127,11 +128,11 @@ def entry_runs(offsets: np.ndarray, step: int, split_bytes: int = 0) -> tuple[np
     return starts, np.diff(np.concatenate((starts, [len(offsets)])))
 
 
-def local_offsets(op: CopyOp, slot_bytes: int) -> np.ndarray:
-    """Where entry k of a sub-chunk lies in its slot, for the kernel (k below the entries a
-    slot holds, or the op's own count if smaller)."""
+def local_offsets(op: CopyOp, buffer_bytes: int) -> np.ndarray:
+    """Where entry k of a sub-chunk lies in its buffer, for the kernel (k below the entries a
+    buffer holds, or the op's own count if smaller)."""
     step = run_bytes(op)
-    return np.arange(min(slot_bytes // step, len(op.block_ids)), dtype=np.int64) * step
+    return np.arange(min(buffer_bytes // step, len(op.block_ids)), dtype=np.int64) * step
 
 
 def uniform_layers(op: CopyOp, regions: list[Region]) -> int | None:
@@ -152,73 +153,93 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
     kernel), followed by its ``local_offsets``.  ``new_event()`` gives an engine event;
     every one used goes to ``inflight.events``, and ``inflight.done`` is recorded after
     the last copy.  ``split_bytes``: the pool's pinned chunks (``entry_runs``)."""
-    local_offsets_address = ids_address + 8 * len(op.block_ids)
-    side = staging.sides[op.direction]
-    save = op.direction == Direction.SAVE
-    step = run_bytes(op)
-    per_slot = staging.slot_bytes // step
-    first_layer = op.layers[0].layer
-    layer_step = uniform_layers(op, regions)
-    gather, copy = side.gather_stream, side.copy_stream
-    inflight.streams += [gather, copy]
-    starts, counts = entry_runs(op.entry_offsets, step, split_bytes)
-    run_of = np.repeat(np.arange(len(starts)), counts)
-    pool_runs = op.entry_offsets[starts] + pool_base + first_layer * op.page_bytes
+    _StagedOp(staging, kernel, op, regions, pool_base, ids_address, client_events, new_event,
+              inflight, split_bytes).issue()
 
-    def recorded(stream):
-        event = new_event()
-        inflight.events.append(event)
+
+class _StagedOp:
+    """One op through the staging buffers: per sub-chunk, the kernel packs (or scatters)
+    its pages in a staging buffer and the copy engine moves the buffer in runs."""
+
+    def __init__(self, staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], pool_base: int,
+                 ids_address: int, client_events: list, new_event, inflight, split_bytes: int) -> None:
+        self.kernel, self.op, self.regions = kernel, op, regions
+        self.ids_address, self.client_events = ids_address, client_events
+        self.new_event, self.inflight = new_event, inflight
+        self.local_offsets_address = ids_address + 8 * len(op.block_ids)
+        self.side = staging.sides[op.direction]
+        self.save = op.direction == Direction.SAVE
+        self.step = run_bytes(op)
+        self.per_buffer = staging.buffer_bytes // self.step
+        self.layer_step = uniform_layers(op, regions)
+        self.gather, self.copy = self.side.gather_stream, self.side.copy_stream
+        inflight.streams += [self.gather, self.copy]
+        self.starts, self.counts = entry_runs(op.entry_offsets, self.step, split_bytes)
+        self.run_of = np.repeat(np.arange(len(self.starts)), self.counts)
+        self.pool_runs = op.entry_offsets[self.starts] + pool_base + op.layers[0].layer * op.page_bytes
+
+    def issue(self) -> None:
+        op, side, save, gather, copy = self.op, self.side, self.save, self.gather, self.copy
+        for j, start in enumerate(range(0, len(op.block_ids), self.per_buffer)):
+            count = min(self.per_buffer, len(op.block_ids) - start)
+            index = side.next_buffer()
+            buffer = side.buffers[index]
+            if side.free_events[index] is not None:
+                driver.wait(gather if save else copy, side.free_events[index])
+            if save:
+                self.pack(start, count, buffer, j == 0)
+                driver.wait(copy, self.recorded(gather))
+                self.move(start, count, buffer)
+                side.free_events[index] = self.recorded(copy)
+            else:
+                self.move(start, count, buffer)
+                driver.wait(gather, self.recorded(copy))
+                self.pack(start, count, buffer, j == 0)
+                side.free_events[index] = self.recorded(gather)
+        if op.record_events is None:
+            self.inflight.done = side.free_events[index]
+            return
+        for k in range(len(op.layers)):  # a fenced LOAD: every layer is in with the last scatter
+            driver.record(self.client_events[layer_event(op.record_events, k)], gather)
+        self.inflight.done = self.recorded(gather)  # done once the client's events are recorded too
+
+    def recorded(self, stream):
+        event = self.new_event()
+        self.inflight.events.append(event)
         driver.record(event, stream)
         return event
 
-    def move(start: int, count: int, slot: int) -> None:
-        runs = slice(run_of[start], run_of[start + count - 1] + 1)  # run_of: 0, 0, 1, 2, 2, ...
+    def move(self, start: int, count: int, buffer: int) -> None:
+        """The copy engine's part: the sub-chunk between its staging buffer and the pool."""
+        starts, counts, step = self.starts, self.counts, self.step
+        runs = slice(self.run_of[start], self.run_of[start + count - 1] + 1)  # run_of: 0, 0, 1, 2, 2, ...
         lo = np.maximum(starts[runs], start)
         hi = np.minimum(starts[runs] + counts[runs], start + count)
-        pool = pool_runs[runs] + (lo - starts[runs]) * step
-        local = slot + (lo - start) * step
-        dst, src = (pool, local) if save else (local, pool)
+        pool = self.pool_runs[runs] + (lo - starts[runs]) * step
+        local = buffer + (lo - start) * step
+        dst, src = (pool, local) if self.save else (local, pool)
         if len(lo) == 1:
-            driver.memcpy_async(int(dst[0]), int(src[0]), int(hi[0] - lo[0]) * step, copy)
+            driver.memcpy_async(int(dst[0]), int(src[0]), int(hi[0] - lo[0]) * step, self.copy)
         else:
-            driver.memcpy_batch_async(dst, src, (hi - lo) * step, copy)
+            driver.memcpy_batch_async(dst, src, (hi - lo) * step, self.copy)
 
-    def pack(start: int, count: int, slot: int, first: bool) -> None:
-        ids = ids_address + 8 * start
-        if layer_step is not None and not (first and op.wait_per_layer):
+    def pack(self, start: int, count: int, buffer: int, first: bool) -> None:
+        """The kernel's part: the sub-chunk's pages between the client's layers and its buffer
+        (the first sub-chunk of a SAVE waits for the client's events first)."""
+        op, regions, gather = self.op, self.regions, self.gather
+        ids = self.ids_address + 8 * start
+        if self.layer_step is not None and not (first and op.wait_per_layer):
             if first and op.wait_event is not None:  # one event for the whole op
-                driver.wait(gather, client_events[op.wait_event])
+                driver.wait(gather, self.client_events[op.wait_event])
             base = regions[0].base + op.layers[0].offset_bytes
-            kernel.launch(gather, ids, local_offsets_address, count, base,
-                          op.layers[0].block_stride_bytes, slot, op.page_bytes, save,
-                          len(op.layers), layer_step, op.page_bytes)
+            self.kernel.launch(gather, ids, self.local_offsets_address, count, base,
+                               op.layers[0].block_stride_bytes, buffer, op.page_bytes, self.save,
+                               len(op.layers), self.layer_step, op.page_bytes)
             return
         for k, (layer, region) in enumerate(zip(op.layers, regions)):
             if first and op.wait_event is not None and (k == 0 or op.wait_per_layer):
-                driver.wait(gather, client_events[op.wait_event + (k if op.wait_per_layer else 0)])
-            kernel.launch(gather, ids, local_offsets_address, count,
-                          region.base + layer.offset_bytes, layer.block_stride_bytes,
-                          slot + k * op.page_bytes, op.page_bytes, save)
-
-    for j, start in enumerate(range(0, len(op.block_ids), per_slot)):
-        count = min(per_slot, len(op.block_ids) - start)
-        index = side.next_slot()
-        slot = side.slots[index]
-        if side.free_events[index] is not None:
-            driver.wait(gather if save else copy, side.free_events[index])
-        if save:
-            pack(start, count, slot, j == 0)
-            driver.wait(copy, recorded(gather))
-            move(start, count, slot)
-            side.free_events[index] = recorded(copy)
-        else:
-            move(start, count, slot)
-            driver.wait(gather, recorded(copy))
-            pack(start, count, slot, j == 0)
-            side.free_events[index] = recorded(gather)
-    if op.record_events is None:
-        inflight.done = side.free_events[index]
-        return
-    for k in range(len(op.layers)):  # a fenced LOAD: every layer is in with the last scatter
-        driver.record(client_events[op.record_events + k], gather)
-    inflight.done = recorded(gather)  # done once the client's events are recorded too
+                event = layer_event(op.wait_event, k) if op.wait_per_layer else op.wait_event
+                driver.wait(gather, self.client_events[event])
+            self.kernel.launch(gather, ids, self.local_offsets_address, count,
+                               region.base + layer.offset_bytes, layer.block_stride_bytes,
+                               buffer + k * op.page_bytes, op.page_bytes, self.save)

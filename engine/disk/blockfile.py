@@ -84,7 +84,7 @@ def block_path(root: Path, key: Key) -> Path:
 
 def block_path_text(root: str, key: Key) -> str:
     """``block_path`` as a string (the engine thread names thousands a lookup: pathlib's
-    joins cost ~40 us each, this ~1 us)."""
+    joins cost far more; docs/benchmarks.md, "Figures behind the engine's constants")."""
     namespace, block_hash = key
     hex_hash = block_hash.hex()
     return f"{root}/{BLOCKS_DIR}/{namespace:016x}/{hex_hash[:2]}/{hex_hash}{BLOCK_SUFFIX}"

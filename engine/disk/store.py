@@ -28,7 +28,7 @@ from pathlib import Path
 from pegaflow.platform.errors import ConfigError
 
 from ..entries import Key
-from . import blockfile
+from . import blockfile, scan
 from .blockfile import BLOCKS_DIR, HEADER_BYTES
 from .workers import DiskDone, DiskJob, IoWorkers
 
@@ -50,7 +50,7 @@ class DiskCounters:
 
 
 @dataclass(slots=True)
-class _Block:
+class Block:
     path_index: int
     file_bytes: int
     num_layers: int = 0
@@ -74,8 +74,8 @@ class DiskStore:
             blockfile.make_private_dirs(path / BLOCKS_DIR)
         self._size_bytes = size_bytes
         self._used_bytes = [0] * len(self._paths)
-        self._blocks: collections.OrderedDict[Key, _Block] = collections.OrderedDict()  # oldest first
-        self._writing: dict[Key, _Block] = {}
+        self._blocks: collections.OrderedDict[Key, Block] = collections.OrderedDict()  # oldest first
+        self._writing: dict[Key, Block] = {}
         self._num_inflight = 0
         self._is_closed = False
         self.counters = DiskCounters()
@@ -137,7 +137,7 @@ class DiskStore:
             self.counters.writes_refused += 1
             return False
         self._used_bytes[path_index] += file_bytes
-        self._writing[key] = _Block(path_index, file_bytes, num_layers)
+        self._writing[key] = Block(path_index, file_bytes, num_layers)
         self._submit(DiskJob(token, key, False, self._path_of(path_index, key), view, num_layers))
         return True
 
@@ -177,30 +177,14 @@ class DiskStore:
         return done_list
 
     def scan(self) -> int:
-        """Rebuild the index from the files under every path; the number of blocks indexed."""
-        assert self._num_inflight == 0, "scan runs before any I/O"
-        self._blocks.clear()
-        self._used_bytes = [0] * len(self._paths)
-        found: list[tuple[blockfile.FoundBlock, int]] = []
-        num_leftovers = [0] * len(self._paths)
-        for path_index, path in enumerate(self._paths):
-            blocks, leftovers = blockfile.list_blocks(path)
-            found.extend((block, path_index) for block in blocks)
-            num_leftovers[path_index] = sum(self._unlink(leftover) for leftover in leftovers)
-        found.sort(key=lambda item: item[0].mtime_ns)
-        for block, path_index in found:
-            if block.key in self._blocks:  # the same block on two paths: keep the older
-                num_leftovers[path_index] += self._unlink(self._path_of(path_index, block.key))
-                continue
-            self._blocks[block.key] = _Block(path_index, block.file_bytes, block.num_layers)
-            self._used_bytes[path_index] += block.file_bytes
-        for path_index, path in enumerate(self._paths):
-            num_evicted = self._shrink(path_index)
-            num_kept = sum(block.path_index == path_index for block in self._blocks.values())
-            logger.info("disk tier %s: %d blocks (%d of %d bytes) taken in, %d leftover files removed, "
-                        "%d blocks evicted to fit", path, num_kept, self._used_bytes[path_index],
-                        self._size_bytes, num_leftovers[path_index], num_evicted)
-        return len(self._blocks)
+        """Rebuild the index from the files under every path (``scan.py``); the number of
+        blocks indexed."""
+        return scan.scan(self)
+
+    def take_in(self, block: blockfile.FoundBlock, path_index: int) -> None:
+        """Index a block file found under path ``path_index`` (at scan)."""
+        self._blocks[block.key] = Block(path_index, block.file_bytes, block.num_layers)
+        self._used_bytes[path_index] += block.file_bytes
 
     def close(self, timeout_s: float = 5.0, drop_queued: bool = False) -> bool:
         """Stop the workers once the queued I/O ends (``drop_queued``: once the I/O under way

@@ -38,11 +38,12 @@ logger = logging.getLogger(__name__)
 MAX_WRITES_IN_FLIGHT = 64
 # One lookup's reads at most (the rest of its prefix is a miss): its LOAD waits for all of
 # them, and the connector gives an asynchronous load 5 s (command_timeout_ms) before it
-# gives up on the engine; 2 GiB is 1.3 s at the 1.5 GB/s of the H200 machine's disk.
+# gives up on the engine; 2 GiB is read well within that (docs/benchmarks.md, "Figures
+# behind the engine's constants").
 MAX_PROMOTE_BYTES = 2 << 30
 WRITE_ERROR_PAUSE_S = 1.0  # after a failed write (a full disk, say) no spill for this long
 _WRITE_ENDED, _PAUSED = -1, -2  # what ``_scanned_at`` holds when no pass has looked since
-SPILL_INTERVAL_S = 10e-3  # a pass looks at up to SPILL_SCAN_BLOCKS entries (~45 us): at most
+SPILL_INTERVAL_S = 10e-3  # a pass looks at up to SPILL_SCAN_BLOCKS entries: at most
 #                           this often, and 64 writes in flight keep a drive busy meanwhile
 # Spilled: the coldest blocks, up to 1/8 of the pool (at least SPILL_WINDOW_MIN) and at most
 # SPILL_SCAN_BLOCKS looked at per pass (a pass runs only after the LRU order or the writes

@@ -1,6 +1,6 @@
 """A LOOKUP continued through the remote store, on the engine's thread::
 
-    start(client, rec, keys, num_hits, lease_id)   the local prefix ended on a key the pool
+    start(received, keys, num_hits, lease_id)   the local prefix ended on a key the pool
             lacks: ask the store which keys after it it holds (a query) and leave
             the LOOKUP unanswered (its client's ``num_inflight`` counts it meanwhile)
     on_query(done)      the store said which keys it holds: a pool entry is reserved for
@@ -37,20 +37,22 @@ MAX_QUERIES_IN_FLIGHT = 16
 
 @dataclass(slots=True)
 class PendingLookup:
-    client: object
-    rec: object
+    received: object  # the LOOKUP as received (``engine/received.py``): answered once, from here
     keys: list[Key]  # those after the local prefix
     num_hits: int    # the local prefix
     lease_id: int
     deadline: float
-    received_at: float  # perf_counter, for the LOOKUP's latency
+
+    @property
+    def client(self):
+        return self.received.client
 
 
 class RemoteLookups:
     def __init__(self, workers: RemoteWorkers, index: BlockIndex, stats: StatsWriter, timeout_s: float,
                  answer: Callable | None = None) -> None:
         self.workers, self.index, self.stats, self.timeout_s = workers, index, stats, timeout_s
-        self.answer = answer  # (client, rec, num_hits, lease_id, received_at): the dispatcher's
+        self.answer = answer  # (received, num_hits, lease_id): the dispatcher's
         self._tokens = itertools.count(1)
         self.pending: dict[int, PendingLookup] = {}
         self._queried_at: dict[int, float] = {}  # queries out (answered or not), by token
@@ -64,7 +66,7 @@ class RemoteLookups:
     def next_deadline(self) -> float:
         return min((p.deadline for p in self.pending.values()), default=float("inf"))
 
-    def start(self, client, rec, keys: list[Key], num_hits: int, lease_id: int) -> bool:
+    def start(self, received, keys: list[Key], num_hits: int, lease_id: int) -> bool:
         """Ask the store for the rest of ``keys`` past ``num_hits``; False (answer now) where
         the store is not asked: nothing left, the pool has the next key (being written), or
         the store stalls."""
@@ -80,9 +82,8 @@ class RemoteLookups:
         rest = keys[num_hits:num_hits + MAX_QUERY_BLOCKS]
         self.workers.submit(RemoteJob(Kind.QUERY, token, rest))
         self._queried_at[token] = now
-        self.pending[token] = PendingLookup(client, rec, rest, num_hits, lease_id, now + self.timeout_s,
-                                            time.perf_counter())
-        client.num_inflight += 1
+        self.pending[token] = PendingLookup(received, rest, num_hits, lease_id, now + self.timeout_s)
+        received.client.num_inflight += 1
         self.stats.add("remote_lookups")
         return True
 
@@ -172,7 +173,7 @@ class RemoteLookups:
 
     def _answer(self, lookup: PendingLookup, num_hits: int, lease_id: int) -> None:
         lookup.client.num_inflight -= 1
-        self.answer(lookup.client, lookup.rec, num_hits, lease_id, lookup.received_at)
+        self.answer(lookup.received, num_hits, lease_id)
 
     def _degraded(self, what: str) -> None:
         if not self.is_degraded:

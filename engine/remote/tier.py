@@ -98,8 +98,8 @@ class RemoteTier:
                            "remote_puts_dropped; logged once)", num_dropped)
         self._num_dropped_logged += num_dropped
 
-    def try_lookup(self, client, rec, keys: list[Key], num_hits: int, lease_id: int) -> bool:
-        return self.lookups.start(client, rec, keys, num_hits, lease_id)
+    def try_lookup(self, received, keys: list[Key], num_hits: int, lease_id: int) -> bool:
+        return self.lookups.start(received, keys, num_hits, lease_id)
 
     def poll(self, now: float) -> bool:
         """Take in finished store calls and answer LOOKUPs past their deadline; True if

@@ -22,36 +22,36 @@ class Answers:
         self._unwanted: set[int] = set()
         self._orphans: list[Completion] = []
 
-    def is_awaited(self, request_id: int) -> bool:
+    def is_awaited(self, command_id: int) -> bool:
         """Whether a caller still waits for this request's answer."""
-        return request_id not in self._abandoned and request_id not in self._unwanted
+        return command_id not in self._abandoned and command_id not in self._unwanted
 
     def keep(self, completion: Completion) -> None:
-        request_id = completion.request_id
-        if request_id in self._unwanted:
-            self._unwanted.discard(request_id)
+        command_id = completion.command_id
+        if command_id in self._unwanted:
+            self._unwanted.discard(command_id)
             if not completion.is_ok:
-                logger.debug("engine answered request %d with %s", request_id, completion.status)
-        elif request_id in self._abandoned:
-            self._abandoned.discard(request_id)
+                logger.debug("engine answered command %d with %s", command_id, completion.status)
+        elif command_id in self._abandoned:
+            self._abandoned.discard(command_id)
             self._orphans.append(completion)
         else:
-            self._done[request_id] = completion
+            self._done[command_id] = completion
 
-    def take(self, request_id: int) -> Completion | None:
-        return self._done.pop(request_id, None)
+    def take(self, command_id: int) -> Completion | None:
+        return self._done.pop(command_id, None)
 
-    def ignore(self, request_id: int) -> None:
+    def ignore(self, command_id: int) -> None:
         """Nobody will wait for this answer: drop it when it arrives."""
-        self._unwanted.add(request_id)
+        self._unwanted.add(command_id)
 
-    def abandon(self, request_id: int) -> None:
+    def abandon(self, command_id: int) -> None:
         """The waiter gave up: the answer (read already, or when it comes) is an orphan."""
-        done = self._done.pop(request_id, None)
+        done = self._done.pop(command_id, None)
         if done is not None:
             self._orphans.append(done)
         else:
-            self._abandoned.add(request_id)
+            self._abandoned.add(command_id)
 
     def take_orphans(self) -> list[Completion]:
         orphans, self._orphans = self._orphans, []

@@ -1,21 +1,22 @@
-"""A command's answer as a client reads it: a ``Completion``, its values by name
-(``RESULT_FIELDS``), and CommandError for an answer that is not OK."""
+"""A command's answer as a client reads it: a ``Completion``, its values by name (the
+opcode's answer type in ``pegaflow.platform.protocol``), and CommandError for an answer
+that is not OK."""
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import NamedTuple
 
 from pegaflow.platform.errors import CommandError
-from pegaflow.platform.wire import RESULT_FIELDS, Opcode, Status
+from pegaflow.platform.protocol import ANSWERS, LookupAnswer, SaveAnswer
+from pegaflow.platform.wire import Opcode, Status
 
 
 class Completion(NamedTuple):
     """One answer (a named tuple: built on every round trip, and a frozen dataclass costs
     about a microsecond to build)."""
 
-    request_id: int
+    command_id: int  # the engine's command id (the client's count; not vLLM's request id)
     opcode: Opcode | int
     status: Status | int
     num_items: int
@@ -29,16 +30,14 @@ class Completion(NamedTuple):
 
     @property
     def result(self):
-        """The answer's values by name (``RESULT_FIELDS`` of its opcode): e.g. a LOOKUP's
+        """The answer's values by name (its opcode's answer type): e.g. a LOOKUP's
         ``num_hit_blocks`` and ``lease_id``.  An opcode without named values: ()."""
-        kind = RESULT_TYPES.get(self.opcode)
+        kind = ANSWERS.get(self.opcode)
         return kind(*(self.value, self.value2, self.value3)[:len(kind._fields)]) if kind else ()
 
 
-RESULT_TYPES = {op: collections.namedtuple(f"{op.name.title().replace('_', '')}Result", fields)
-                for op, fields in RESULT_FIELDS.items()}
-LookupResult = RESULT_TYPES[Opcode.LOOKUP]
-SaveResult = RESULT_TYPES[Opcode.SAVE]
+LookupResult = LookupAnswer
+SaveResult = SaveAnswer
 
 
 _OK = Status.OK  # read once: the hot loop compares against a plain name
@@ -50,8 +49,8 @@ _new_completion = functools.partial(tuple.__new__, Completion)
 def completion_of(record) -> Completion:
     """A COMPLETION record (in field order) as a Completion; an opcode or status this
     client does not know stays a number."""
-    _, request_id, opcode, status, num_items, value, value2, value3 = record
-    return _new_completion((request_id, _opcode_of(opcode, opcode), _status_of(status, status),
+    _, command_id, opcode, status, num_items, value, value2, value3 = record
+    return _new_completion((command_id, _opcode_of(opcode, opcode), _status_of(status, status),
                             num_items, value, value2, value3))
 
 

@@ -2,7 +2,8 @@
 
 ``EngineClient.connect(name)`` attaches to the engine's control segment, checks magic,
 wire version and the descriptor fingerprint, claims a free client slot under the
-control lock and says ATTACH on the slot's ring.  Each command gets a ``request_id``;
+control lock and says ATTACH on the slot's ring.  Each command (a typed value of
+``pegaflow.platform.protocol``) gets a command id, the engine's (not vLLM's request id);
 ``submit`` never waits for the answer, ``wait`` does (with a deadline), and ``call``
 is both.  Completions that arrive for other requests are kept until asked for.
 """
@@ -16,11 +17,11 @@ import time
 import numpy as np
 
 from pegaflow.client.answers import Answers
+from pegaflow.client.commands import EngineCommands
 from pegaflow.client.completion import Completion, checked, completion_of
 from pegaflow.client.slots import claim_slot, give_back_slot, open_control, wait_slot_active
 from pegaflow.platform import shm
 from pegaflow.platform.arena import PayloadArena
-from pegaflow.platform.commands import EngineCommands
 from pegaflow.platform.errors import (
     CommandError,
     EngineGoneError,
@@ -28,19 +29,15 @@ from pegaflow.platform.errors import (
     EngineTimeoutError,
     PegaflowError,
 )
+from pegaflow.platform.protocol import Attach, Detach, Voters, encode, raw_submission, record_fields
 from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.platform.shm import is_pid_alive
 from pegaflow.platform.waits import Doorbell, poll_until
-from pegaflow.platform.wire import (
-    ALL_LAYERS,
-    CONTROL_HEADER,
-    NO_EVENT,
-    WIRE_VERSION,
-    ClientRole,
-    Opcode,
-)
+from pegaflow.platform.wire import CONTROL_HEADER, ClientRole
 
 logger = logging.getLogger(__name__)
+
+_DETACH = Detach()
 
 
 class _HeaderWords:
@@ -58,7 +55,7 @@ class EngineClient(EngineCommands):
     def __init__(self, engine_name: str, default_timeout_s: float = 5.0):
         self.engine_name = engine_name
         self.default_timeout_s = default_timeout_s
-        self._next_request_id = 1
+        self._next_command_id = 1
         self.answers = Answers()  # read, not yet asked for
         self.slot = -1
         self.epoch = 0
@@ -139,9 +136,8 @@ class EngineClient(EngineCommands):
         self._view = view
         self.is_closed = False
         role, rank, namespace, instance, voters = identity
-        words = [instance] if voters is None else [instance, *voters]
-        self.call(Opcode.ATTACH, payload=[np.array(words, dtype="<u8")], arg=os.getpid(),
-                  flags=int(role), layer=rank, namespace=namespace, timeout_s=timeout_s)
+        self.call(Attach(os.getpid(), role, rank=rank, namespace=namespace, instance=instance,
+                         voters=None if voters is None else Voters(*voters)), timeout_s=timeout_s)
         logger.info("attached to engine %r (pid %d) as slot %d", self.engine_name, self.engine_pid, self.slot)
 
     def _wait_serving(self, timeout_s: float) -> bool:
@@ -162,33 +158,35 @@ class EngineClient(EngineCommands):
             return None
         return poll_until(serving, timeout_s, max_pause_s=10e-3) is not None
 
-    def _new_request_id(self) -> int:
-        request_id = self._next_request_id
-        self._next_request_id += 1
-        return request_id
+    def _new_command_id(self) -> int:
+        command_id = self._next_command_id
+        self._next_command_id += 1
+        return command_id
 
-    def submit(self, opcode: Opcode, *, payload: list[np.ndarray] = (), num_items: int = 0,
-               layer: int = ALL_LAYERS, region_id: int = 0, namespace: int = 0,
-               event_index: int = NO_EVENT, arg: int = 0, flags: int = 0,
-               timeout_s: float | None = None) -> int:
-        """Publish one command; returns its request id without waiting for the answer."""
+    def submit(self, command, *, timeout_s: float | None = None, payload=(), **fields) -> int:
+        """Publish one command; returns its command id without waiting for the answer.
+
+        ``command``: a typed command of ``pegaflow.platform.protocol``, or an opcode whose
+        record is spelled out in ``payload`` and wire ``fields`` (``raw_submission``: for
+        tests of what the engine refuses)."""
         if self.is_closed:
             raise EngineGoneError("client is closed")
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
-        num_bytes = sum(p.nbytes for p in payload) if payload else 0
+        encoded = raw_submission(command, payload, **fields) if isinstance(command, int) else encode(command)
+        parts = encoded.payload
+        num_bytes = sum(p.nbytes for p in parts) if parts else 0
         offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
         if num_bytes:
-            self._arena.write(offset, list(payload))
-        request_id = self._new_request_id()
+            self._arena.write(offset, list(parts))
+        command_id = self._new_command_id()
         producer = self._producer
         position = producer.position
-        fields = (request_id, opcode, flags, layer, region_id, num_items, event_index, namespace,
-                  offset, num_bytes, WIRE_VERSION, arg)
-        if not producer.try_put_fields(fields):
-            producer.put_fields(fields, timeout_s)
+        record = record_fields(command_id, encoded, offset, num_bytes)
+        if not producer.try_put_fields(record):
+            producer.put_fields(record, timeout_s)
         if num_bytes:  # a command without payload holds no arena bytes back
             self._arena.mark_sent(position)
-        return request_id
+        return command_id
 
     def poll(self) -> list[Completion]:
         """Every completion that has arrived; never blocks."""
@@ -197,14 +195,14 @@ class EngineClient(EngineCommands):
             arrived.append(completion_of(record))
         return arrived
 
-    def try_take(self, request_id: int) -> Completion | None:
+    def try_take(self, command_id: int) -> Completion | None:
         for completion in self.poll():
             self.answers.keep(completion)
-        return self.answers.take(request_id)
+        return self.answers.take(command_id)
 
-    def abandon(self, request_id: int) -> None:
-        """Stop waiting for ``request_id``; its answer, when it comes, goes to ``take_orphans``."""
-        self.answers.abandon(request_id)
+    def abandon(self, command_id: int) -> None:
+        """Stop waiting for ``command_id``; its answer, when it comes, goes to ``take_orphans``."""
+        self.answers.abandon(command_id)
 
     def take_orphans(self) -> list[Completion]:
         """Answers that arrived for abandoned requests (a lookup's lease to release, say)."""
@@ -212,13 +210,13 @@ class EngineClient(EngineCommands):
             self.answers.keep(completion)
         return self.answers.take_orphans()
 
-    def wait(self, request_id: int, timeout_s: float | None = None) -> Completion:
-        """The completion of ``request_id``; EngineTimeoutError / EngineGoneError after the deadline.
+    def wait(self, command_id: int, timeout_s: float | None = None) -> Completion:
+        """The completion of ``command_id``; EngineTimeoutError / EngineGoneError after the deadline.
 
         Completions are read in ring order up to the one asked for; those of other
         requests are kept (or dropped or orphaned) as ``try_take`` would.
         """
-        done = self.answers.take(request_id)
+        done = self.answers.take(command_id)
         if done is not None:
             return done
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
@@ -229,18 +227,19 @@ class EngineClient(EngineCommands):
             record = consumer.get_values(min(deadline, now + 0.5))
             if record is not None:
                 completion = completion_of(record)
-                if completion.request_id == request_id and self.answers.is_awaited(request_id):
+                if completion.command_id == command_id and self.answers.is_awaited(command_id):
                     return completion
                 self.answers.keep(completion)
                 continue
             if time.monotonic() >= deadline:
                 self.check_engine()
-                raise EngineTimeoutError(f"no answer to request {request_id} within {timeout_s:.3f}s")
+                raise EngineTimeoutError(f"no answer to command {command_id} within {timeout_s:.3f}s")
             self.check_engine()  # every half second without an answer
 
-    def call(self, opcode: Opcode, *, timeout_s: float | None = None, **fields) -> Completion:
+    def call(self, command, *, timeout_s: float | None = None, **fields) -> Completion:
         """Submit and wait; a non-OK status raises CommandError."""
-        return checked(opcode, self.wait(self.submit(opcode, timeout_s=timeout_s, **fields), timeout_s))
+        opcode = command if isinstance(command, int) else command.OPCODE
+        return checked(opcode, self.wait(self.submit(command, timeout_s=timeout_s, **fields), timeout_s))
 
     def is_engine_up(self) -> bool:
         """A fast check (a signal-0 syscall, two words of shared memory) that the engine we
@@ -279,7 +278,7 @@ class EngineClient(EngineCommands):
         is_answered = False
         try:
             if detach:
-                self.call(Opcode.DETACH, timeout_s=min(self.default_timeout_s, timeout_s))
+                self.call(_DETACH, timeout_s=min(self.default_timeout_s, timeout_s))
                 is_answered = True
         except CommandError as exc:  # answered, with an error: read all the same
             is_answered = True

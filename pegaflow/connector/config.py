@@ -13,18 +13,13 @@ import math
 import os
 from dataclasses import dataclass, fields
 
+from pegaflow.platform.env_vars import CONNECTOR_ENV_VARS
 from pegaflow.platform.errors import ConfigError
 from pegaflow.platform.shm import check_engine_name
 from pegaflow.platform.values import as_bool, as_float, as_int
 from pegaflow.platform.wire import KvRole
 
-ENV_VARS = {
-    "engine_name": "PEGAFLOW_NAME", "load_mode": "PEGAFLOW_LOAD_MODE",
-    "enable_save": "PEGAFLOW_ENABLE_SAVE", "enable_load": "PEGAFLOW_ENABLE_LOAD",
-    "lookup_timeout_ms": "PEGAFLOW_LOOKUP_TIMEOUT_MS", "command_timeout_ms": "PEGAFLOW_COMMAND_TIMEOUT_MS",
-    "reconnect_interval_s": "PEGAFLOW_RECONNECT_INTERVAL_S", "num_load_slots": "PEGAFLOW_NUM_LOAD_SLOTS",
-    "disk_load_mode": "PEGAFLOW_DISK_LOAD_MODE", "lookup_wait_ms": "PEGAFLOW_LOOKUP_WAIT_MS",
-}
+ENV_VARS = CONNECTOR_ENV_VARS
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
 LOAD_MODES = ("layerwise", "async", "auto")
 

@@ -4,12 +4,14 @@ Segments (all created by the engine, see ``pegaflow.platform.shm``)::
 
     control   CONTROL_HEADER | SLOT x num_slots          clients claim a slot here
     ring.<i>  RING_HEADER | SUBMISSION x n | COMPLETION x n | payload arena
-    stats     STATS | CLIENT_STATS x num_slots            written by the engine only
+    stats     STATS | CLIENT_STATS x num_slots            written by the engine only (stats_layout.py)
     pool.table POOL_TABLE_HEADER | POOL_RECORD x n        what each pool entry holds (pool_layout.py)
 
 A client writes SUBMISSIONs (and their variable-length payload: HASH records, int32
 block ids, REGION/LAYER records) and the engine answers each with exactly one
-COMPLETION carrying the same ``request_id``.  Offsets are explicit and every itemsize
+COMPLETION carrying the same ``request_id`` (the engine's command id, not vLLM's request
+id).  Only ``pegaflow.platform.protocol`` reads or writes a SUBMISSION's generic fields:
+each command is a typed value there.  Offsets are explicit and every itemsize
 is checked at import, so a layout change that is not a version bump cannot slip in.
 
 Voting (one stored copy of KV that several clients compute alike, e.g. MLA's latent on
@@ -28,6 +30,18 @@ import hashlib
 from enum import IntEnum, IntFlag
 
 import numpy as np
+
+from pegaflow.platform.records import struct_dtype
+from pegaflow.platform.stats_layout import (
+    CLIENT_STATS,
+    LATENCY_BUCKETS_S,
+    LATENCY_OPCODES,
+    NUM_LATENCY_BUCKETS,
+    NUM_OPCODE_COUNTERS,
+    NUM_STATUS_COUNTERS,
+    STATS,
+    STATS_COUNTER_NAMES,
+)
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
 WIRE_VERSION = 12  # 12: ATTACH carries the kv_role, LOOKUP its wait for saves in flight
@@ -50,19 +64,6 @@ class Opcode(IntEnum):
     LOAD = 9
     PING = 10
     DROP = 11
-
-
-# What an OK answer's value, value2, value3 mean, per opcode (the rest answer zeros);
-# pegaflow.client.connection decodes them into named results (``Completion.result``).
-RESULT_FIELDS: dict[Opcode, tuple[str, ...]] = {
-    # the prefix found (in the pool, or on disk and being read into it), its lease (0: none),
-    # how many of its blocks come from disk (their LOAD waits for the reads)
-    Opcode.LOOKUP: ("num_hit_blocks", "lease_id", "num_disk_blocks"),
-    Opcode.SAVE: ("num_stored", "num_deduped", "num_dropped"),  # copied, held already, no room
-    Opcode.LOAD: ("num_loaded",),
-    Opcode.PING: ("num_inflight",),                    # the engine's copies in flight
-    Opcode.DROP: ("num_found",),                       # blocks it held that the SAVEs named stored
-}
 
 
 class Status(IntEnum):
@@ -126,32 +127,16 @@ def split_attach_role(flags: int) -> tuple[ClientRole, KvRole]:
 
 
 class CommandFlag(IntFlag):
+    """SAVE and LOAD options on the wire; what each means is said once, by the typed
+    commands' fields in ``pegaflow.platform.protocol`` (their encoder sets these)."""
+
     NONE = 0
-    RELEASE_LEASE = 1  # LOAD: drop the lease named in ``arg`` once the copy is done
-    AFTER_CLIENT = 2   # LOAD: copy only once the client's stream reaches where it last recorded
-    #                    the last event of its pool (vLLM's kernels still queued there may
-    #                    write blocks it has just given to this load)
-    ONE_EVENT = 4      # SAVE of every layer: each layer's copy waits for ``event_index`` alone
-    #                    (recorded once after a forward whose per-layer hooks did not run,
-    #                    e.g. a full CUDA graph replay)
-    LAYER_GROUP = 8    # SAVE/LOAD of the layers REGISTERed in group ``layer`` (a KV cache group
-    #                    of a hybrid model: its own block ids), not of one layer; their events
-    #                    are numbered in the group's layer order
-    LEASE_HELD = 16    # LOAD: the lease named in ``arg`` pins these blocks and ends with another
-    #                    LOAD (one KV cache group's LOAD of several): wait while its blocks are
-    #                    read from disk, as RELEASE_LEASE does, but never end it
-    VOTE_TAGS = 32     # SAVE of a voter (ATTACH named num_voters > 1): the payload ends with one
-    #                    <u8 tag per block, after the hashes (module docstring: voting)
-
-
-def struct_dtype(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
-    """A fixed-layout record: (name, format, offset) fields in ``itemsize`` bytes."""
-    return np.dtype({
-        "names": [f[0] for f in fields],
-        "formats": [f[1] for f in fields],
-        "offsets": [f[2] for f in fields],
-        "itemsize": itemsize,
-    })
+    RELEASE_LEASE = 1  # Load.lease_id with ends_lease
+    AFTER_CLIENT = 2   # Load.after_client
+    ONE_EVENT = 4      # Save.one_event
+    LAYER_GROUP = 8    # Save/Load.group (carried in ``layer``)
+    LEASE_HELD = 16    # Load.lease_id without ends_lease
+    VOTE_TAGS = 32     # Save.tags (after the hashes; module docstring: voting)
 
 
 CONTROL_HEADER = struct_dtype([
@@ -243,85 +228,6 @@ EVENT_HANDLE = struct_dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_
 BLOCK_ID = np.dtype("<i4")
 TAG = np.dtype("<u8")  # one per block at the end of a VOTE_TAGS SAVE's payload
 
-# heartbeat_ns: the last housekeeping pass (every housekeeping_s to 2.5 s, clients attached
-# or not): older than a few seconds means a stopped or stuck engine.  pool_bytes_ready: the
-# pool's part pinned and in use (below pool_bytes_capacity while the rest is pinned in the
-# background); pool_pin_ns: how long pinning the whole pool took (0 until it is done).
-_STATS_COUNTERS = [
-    "engine_pid", "start_ns", "heartbeat_ns",
-    "commands", "errors",
-    "blocks_saved", "bytes_saved", "blocks_loaded", "bytes_loaded",
-    "save_dedup_blocks", "save_dropped_blocks",
-    # voting (module docstring): blocks a voter's SAVE vouched for without copying them (its
-    # vote on another voter's copy), and blocks a SAVE left alone for another tag's copy
-    "save_votes", "save_vote_conflicts",
-    "lookups", "lookup_blocks", "lookup_hit_blocks",
-    "evictions", "lease_expiries",
-    "pool_bytes_used", "pool_bytes_capacity", "pool_bytes_ready", "pool_pin_ns", "pool_blocks_used",
-    "leases_active", "clients_attached", "inflight_copies",
-    # claims refused and clients closed for what they wrote into shared memory (a pid not
-    # theirs, a slot state rewritten, no ATTACH within the attach timeout)
-    "clients_refused",
-    # the disk tier (all 0 without one): bytes and blocks on disk, blocks written from the
-    # pool and read (promoted) back into it, their bytes and I/O time, blocks found corrupt
-    # (checksum or key) and I/O errors (each a miss), writes refused for room
-    "disk_bytes_used", "disk_bytes_capacity", "disk_blocks_used",
-    "disk_blocks_written", "disk_bytes_written", "disk_write_ns",
-    "disk_blocks_read", "disk_bytes_read", "disk_read_ns",
-    "disk_checksum_failures", "disk_io_errors", "disk_writes_refused", "disk_evictions",
-    "lookup_disk_blocks", "disk_late_loads",
-    # the remote tier (all 0 without one): blocks published to the store and fetched back,
-    # their bytes and time (summed over batches), put failures and puts dropped for a full
-    # queue, lookups that asked the store and the blocks it held, fetched blocks found
-    # corrupt or gone mid-fetch (each a miss), lookups answered past the store's deadline
-    # or while it was unreachable, and store calls that failed
-    "remote_enabled", "remote_blocks_put", "remote_bytes_put", "remote_put_ns", "remote_put_failures",
-    "remote_puts_dropped", "remote_lookups", "remote_lookup_ns", "lookup_remote_blocks",
-    "remote_blocks_fetched", "remote_bytes_fetched", "remote_fetch_ns", "remote_fetch_failures",
-    "remote_checksum_failures", "remote_lookup_timeouts", "remote_errors",
-    # LOOKUPs that waited for saves in flight (``engine/waiting_lookups.py``), the blocks the
-    # wait gained them, those answered at the deadline with the READY part, the time waited
-    "lookup_waits", "lookup_wait_blocks", "lookup_wait_timeouts", "lookup_wait_ns",
-]
-NUM_OPCODE_COUNTERS = 16
-NUM_STATUS_COUNTERS = 16
-# Engine-side latency (receipt to answer) of the commands on vLLM's path, per opcode: counts
-# per bucket (not cumulative), the last bucket open-ended, and the sum in nanoseconds.
-LATENCY_OPCODES = ("lookup", "load", "save")
-LATENCY_BUCKETS_S = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
-                     50e-3, 100e-3, 250e-3, 1.0)
-NUM_LATENCY_BUCKETS = len(LATENCY_BUCKETS_S) + 1
-_OPCODE_COUNTERS_AT = 8 * len(_STATS_COUNTERS)
-_STATUS_COUNTERS_AT = _OPCODE_COUNTERS_AT + 8 * NUM_OPCODE_COUNTERS
-_LATENCY_AT = _STATUS_COUNTERS_AT + 8 * NUM_STATUS_COUNTERS
-_LATENCY_SUM_AT = _LATENCY_AT + 8 * NUM_LATENCY_BUCKETS * len(LATENCY_OPCODES)
-STATS = struct_dtype(
-    [(name, "<u8", 8 * i) for i, name in enumerate(_STATS_COUNTERS)]
-    + [("commands_by_opcode", f"({NUM_OPCODE_COUNTERS},)<u8", _OPCODE_COUNTERS_AT),
-       ("errors_by_status", f"({NUM_STATUS_COUNTERS},)<u8", _STATUS_COUNTERS_AT),
-       ("latency_buckets", f"({len(LATENCY_OPCODES)},{NUM_LATENCY_BUCKETS})<u8", _LATENCY_AT),
-       ("latency_sum_ns", f"({len(LATENCY_OPCODES)},)<u8", _LATENCY_SUM_AT)],
-    _LATENCY_SUM_AT + 8 * len(LATENCY_OPCODES),
-)
-STATS_COUNTER_NAMES = tuple(_STATS_COUNTERS)
-
-# One record per client slot after STATS; zeroed when the slot is freed.  ``rank``,
-# ``namespace`` and ``role`` are what the client said at ATTACH (a worker: its TP/PP rank
-# index and namespace; a scheduler: its first rank's namespace).
-CLIENT_STATS = struct_dtype([
-    ("pid", "<u4", 0),
-    ("role", "<u2", 4),
-    ("rank", "<u2", 6),
-    ("namespace", "<u8", 8),
-    ("blocks_saved", "<u8", 16),
-    ("blocks_loaded", "<u8", 24),
-    ("lookups", "<u8", 32),
-    ("lookup_hit_blocks", "<u8", 40),
-    ("inflight_copies", "<u8", 48),
-    ("is_attached", "<u4", 56),
-], 64)
-
-
 def _fingerprint() -> int:
     text = repr([
         WIRE_VERSION,
@@ -343,9 +249,8 @@ assert COMPLETION.itemsize == 48
 assert HASH.itemsize == 40
 assert REGION.itemsize == 232
 assert LAYER.itemsize == 24
-assert CLIENT_STATS.itemsize == 64
-assert STATS.itemsize == 8 * (len(_STATS_COUNTERS) + NUM_OPCODE_COUNTERS + NUM_STATUS_COUNTERS
-                             + (NUM_LATENCY_BUCKETS + 1) * len(LATENCY_OPCODES))
+__all__ = ["CLIENT_STATS", "LATENCY_BUCKETS_S", "LATENCY_OPCODES", "NUM_LATENCY_BUCKETS",  # (stats_layout.py's)
+           "NUM_OPCODE_COUNTERS", "NUM_STATUS_COUNTERS", "STATS", "STATS_COUNTER_NAMES", "struct_dtype"]
 
 
 def encode_hashes(hashes: list[bytes]) -> np.ndarray:

@@ -82,7 +82,7 @@ class KVClient:
         rec["version"], rec["layer"], rec["event_index"] = WIRE_VERSION, ALL_LAYERS, NO_EVENT
         for name, value in fields.items():
             rec[name] = value
-        request_id = self.client._new_request_id()
+        request_id = self.client._new_command_id()
         rec["request_id"] = request_id
         position = self.client._producer.position
         self.client._producer.put(rec, 5.0)

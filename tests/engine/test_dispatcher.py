@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pegaflow.client.connection
+import pegaflow.platform.protocol.codec
 from pegaflow.client.host_memory import HostKVBuffer, layer_major_records, layer_records
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.wire import BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes, hash_keys
@@ -153,7 +154,7 @@ def test_dispatcher_pipelined_commands_get_exactly_one_completion_each(shared_en
     seen = []
     deadline = time.monotonic() + 10.0
     while len(seen) < len(request_ids) and time.monotonic() < deadline:
-        seen += [c.request_id for c in kv.client.poll()]
+        seen += [c.command_id for c in kv.client.poll()]
         time.sleep(1e-3)
     assert sorted(seen) == sorted(request_ids)
     # 3. Nothing more arrives afterwards.
@@ -220,7 +221,8 @@ def test_dispatcher_wrong_version_field_answers_bad_version(shared_engine, kv_cl
     kv = kv_client(shared_engine)
     before = shared_engine.stats()["errors_by_status"]
     # 1. The client writes the next wire version into the next SUBMISSION.
-    monkeypatch.setattr(pegaflow.client.connection, "WIRE_VERSION", pegaflow.client.connection.WIRE_VERSION + 1)
+    codec = pegaflow.platform.protocol.codec
+    monkeypatch.setattr(codec, "WIRE_VERSION", codec.WIRE_VERSION + 1)
     request_id = kv.client.submit(Opcode.PING)
     monkeypatch.undo()
     # 2. The engine answers BAD_VERSION and keeps serving commands of the right version.
@@ -797,3 +799,10 @@ def test_dispatcher_group_save_waits_for_one_event_per_layer_of_that_group():
            flags=CommandFlag.LAYER_GROUP, layer=0)
     answer = h.completions.try_get()
     assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT)
+
+
+def test_dispatcher_has_a_handler_for_every_opcode():
+    # An opcode added to the wire's enum without a handler here fails (and the engine's
+    # dispatcher refuses to start).
+    h = _held_dispatcher()
+    assert set(h.dispatcher.handlers) == set(Opcode)

@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from engine import segments
+from engine import name_lock
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform import shm
 from pegaflow.platform.errors import ForeignSegmentError
@@ -83,14 +83,14 @@ def test_foreign_link_where_the_name_lock_goes_is_not_followed(engine_factory, t
     name = unique_engine_name("forlock")
     target = tmp_path / "precious"
     target.write_text("keep me")
-    os.symlink(target, segments._lock_path(name))
+    os.symlink(target, name_lock.name_lock_path(name))
     try:
         # 2. The engine refuses to start, with one line; the target is untouched.
         with pytest.raises(ForeignSegmentError, match="cannot open the lock"):
-            segments._claim_name(name)
+            name_lock.claim_name(name)
         assert target.read_text() == "keep me"
     finally:
-        os.unlink(segments._lock_path(name))
+        os.unlink(name_lock.name_lock_path(name))
 
 
 @needs_root

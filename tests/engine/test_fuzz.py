@@ -72,7 +72,7 @@ def _collect(fuzz: KVClient, seen: dict[int, int], wanted: set[int]) -> None:
     deadline = time.monotonic() + ANSWER_TIMEOUT_S
     while True:
         for done in fuzz.client.poll():
-            seen[done.request_id] = seen.get(done.request_id, 0) + 1
+            seen[done.command_id] = seen.get(done.command_id, 0) + 1
         if wanted <= seen.keys() or time.monotonic() > deadline:
             return
         time.sleep(1e-4)
@@ -125,8 +125,8 @@ def test_fuzz_every_command_is_answered_once_and_others_stay_exact(fuzz_engine, 
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
         while len(answers) < 1 + len(after) and time.monotonic() < deadline:
             for done in fuzz.client.poll():
-                assert done.request_id not in answers, "answered twice"
-                answers[done.request_id] = done.status
+                assert done.command_id not in answers, "answered twice"
+                answers[done.command_id] = done.status
             time.sleep(1e-4)
         assert answers[detach] == Status.OK and [answers.get(i) for i in after] == [Status.NOT_ATTACHED] * len(after)
         honest.pages[:, [10, 11, 12]] = 0

@@ -56,7 +56,7 @@ def test_pool_table_records_follow_an_entry_from_reserve_to_ready_to_free():
     assert read_ready(records) == _ready_in_index(index)
     assert len(read_ready(records)) == 3
     # 3. Dropped (a failed save abandons a WRITING one; eviction drops READY ones): FREE.
-    index._drop(keys[0])
+    index.drop_entry(keys[0])
     assert read_ready(records) == _ready_in_index(index) and len(read_ready(records)) == 2
 
 
@@ -249,7 +249,7 @@ def test_pool_table_kept_entries_beyond_the_ready_part_are_served_once_it_grows(
     first.mark_layers_done(near + far, ALL)
     first.touch_chain(near)
     first.touch_chain(far)  # the more recently used of the two chains
-    first._drop(near[0])  # a free slot in slab 0
+    first.drop_entry(near[0])  # a free slot in slab 0
     table = PoolTable(first.table.records.base, 2 * SLAB, SLAB, keep=True)
     # 2. A new engine has pinned only slab 0: every block is taken in, those in slab 1 are
     #    not found (not looked up, not loaded) until it is pinned.

@@ -14,7 +14,8 @@ from engine.clients import ClientState
 from engine.pool import PagePool
 from engine.registration import MAX_LAYERS, MIN_PAGE_BYTES, register_events, register_region
 from pegaflow.platform.errors import CommandError, ShmError
-from pegaflow.platform.wire import EVENT_HANDLE, LAYER, REGION, RegionKind, Status
+from pegaflow.platform.protocol import DECODERS
+from pegaflow.platform.wire import EVENT_HANDLE, LAYER, REGION, Opcode, RegionKind, Status
 
 PAGE = 4096
 SLAB = 1 << 20
@@ -56,7 +57,7 @@ def _payload(num_blocks: int, alloc_bytes: int, layers: list[tuple[int, int, int
 def _register(client, payload, num_items: int, region_id: int = 0, backend=None, slab: int = SLAB):
     rec = SimpleNamespace(num_items=num_items, region_id=region_id)
     backend = backend or RecordingBackend()
-    register_region(client, rec, payload, backend, PagePool(4 * slab, slab))
+    register_region(client, DECODERS[Opcode.REGISTER](rec, payload), backend, PagePool(4 * slab, slab))
     return backend
 
 
@@ -157,15 +158,18 @@ def test_registration_events_once_and_whole_handles_only():
     client, backend = _client(), RecordingBackend()
     handles = np.zeros(3, EVENT_HANDLE).view(np.uint8)
     rec = SimpleNamespace(num_items=3)
+
+    def events(payload):
+        return DECODERS[Opcode.REGISTER_EVENTS](rec, payload)
     with pytest.raises(CommandError) as info:
-        register_events(client, rec, handles[:-1], backend)
+        register_events(client, events(handles[:-1]), backend)
     assert info.value.status == Status.BAD_PAYLOAD and client.num_events == 0
-    register_events(client, rec, handles, backend)
+    register_events(client, events(handles), backend)
     assert client.num_events == 3 and backend.events == [(0, 3)]
     with pytest.raises(CommandError) as info:
-        register_events(client, rec, handles, backend)
+        register_events(client, events(handles), backend)
     assert info.value.status == Status.BAD_ARGUMENT and backend.events == [(0, 3)]
     refused = _client()
     with pytest.raises(CommandError) as info:
-        register_events(refused, rec, handles, RecordingBackend(refuse=True))
+        register_events(refused, events(handles), RecordingBackend(refuse=True))
     assert info.value.status == Status.BAD_ARGUMENT and refused.num_events == 0

@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from engine import segments
+from engine import name_lock, segments
 from pegaflow.platform import shm
 
 
@@ -51,7 +51,7 @@ def test_restart_after_a_crash_removes_the_rings_of_more_slots_than_its_own(engi
 def test_clean_stop_removes_the_name_lock_and_the_name_can_be_taken_again(engine_factory):
     # 1. A running engine holds a lock file on its name; a clean stop removes it.
     engine = engine_factory()
-    lock = segments._lock_path(engine.name)
+    lock = name_lock.name_lock_path(engine.name)
     assert os.path.exists(lock)
     assert engine.stop() == 0
     assert not os.path.exists(lock)

@@ -174,7 +174,7 @@ def test_waiting_lookup_catches_up_with_rings_read_after_it(rng):
     assert [(c, end) for c, end in marks] == [(saver, 2)]
     waiting = WaitingLookups(index, answered.append)
     now = time.monotonic()
-    waiting.park(WaitingLookup(asker, None, keys, now + 60, 0.0, now, 0, marks))
+    waiting.park(WaitingLookup(asker, None, keys, now + 60, now, 0, marks))
     # 2. Not answered while the saver's commands are unread, even though nothing is written.
     assert waiting.resume(now) == 0 and asker.num_inflight == 1
     ring.try_get()
@@ -209,6 +209,6 @@ def test_waiting_lookup_past_deadline_or_gone_is_answered(is_attached):
     index.add(keys[0], False)
     waiting, asker = WaitingLookups(index, answered.append), _Client()
     now = time.monotonic()
-    waiting.park(WaitingLookup(asker, None, keys, now + 60, 0.0, now, 0))
+    waiting.park(WaitingLookup(asker, None, keys, now + 60, now, 0))
     asker.is_attached = is_attached
     assert waiting.resume(now + (0 if not is_attached else 61)) == 1 and len(answered) == 1

@@ -17,7 +17,7 @@ def _path_of(copy_backend: str, page_bytes: int, fenced: bool = False, misaligne
              has_staging: bool = True) -> str:
     """The path of an op of every layer, where the probe chose the kernel (no GPU)."""
     staging = staged.DeviceStaging.__new__(staged.DeviceStaging)
-    staging.slot_bytes = 64 << 20
+    staging.buffer_bytes = 64 << 20
     dev = type("Dev", (), {"staging": staging if has_staging else None,
                            "pool_base": (1 << 40) + 8 * misaligned,
                            "paths": {(page_bytes, Direction.LOAD): "kernel"}})()

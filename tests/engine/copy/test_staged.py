@@ -137,7 +137,7 @@ def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=(), seed: int
     """``staged.issue`` as the backend calls it (ids and local offsets in memory first),
     then ``then()`` (the client's own work queued after it), then the GPU runs it all
     under ``seed``'s order."""
-    words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.slot_bytes)])
+    words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.buffer_bytes)])
     gpu.mem[WORDS:WORDS + 8 * len(words)] = words.astype(np.int64).view(np.uint8)
     regions = regions or [Region(0, b"", CLIENT, NUM_LAYERS * LAYER_BYTES)] * len(op.layers)
     counter = iter(range(1 << 20))
@@ -203,8 +203,8 @@ def test_save_then_load_through_slots_byte_exact(gpu, uniform, slot_entries, see
     gpu.mem[CLIENT:CLIENT + NUM_LAYERS * LAYER_BYTES] = rng.integers(0, 256, NUM_LAYERS * LAYER_BYTES)
     before = _client(gpu).copy()
     _pool(gpu)[:] = POISON
-    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * slot_entries * ENTRY)
-    assert staging.slot_bytes == slot_entries * ENTRY
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * slot_entries * ENTRY)
+    assert staging.buffer_bytes == slot_entries * ENTRY
     regions = None
     if not uniform:  # layer 2 lives in another allocation (same bytes copied there)
         other = 3 * LAYER_BYTES + 2 * LAYER_BYTES + 512
@@ -237,7 +237,7 @@ def test_save_of_some_layers_leaves_the_entries_other_layers(gpu):
     gpu.mem[CLIENT:CLIENT + NUM_LAYERS * LAYER_BYTES] = rng.integers(0, 256, NUM_LAYERS * LAYER_BYTES)
     before = _client(gpu).copy()
     _pool(gpu)[:] = POISON
-    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 4 * ENTRY)
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * 4 * ENTRY)
     src, entries = np.array([3, 7, 11]), np.array([5, 6, 7])  # consecutive entries
     _issue(gpu, staging, _op(Direction.SAVE, src, entries, layers=[1, 2]))
     pool = _pool(gpu)
@@ -248,7 +248,7 @@ def test_save_of_some_layers_leaves_the_entries_other_layers(gpu):
 
 
 def test_save_waits_each_layers_event_before_its_first_gather_then_one_launch(gpu):
-    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * 2 * ENTRY)
     events = [f"client{i}" for i in range(8)]
     op = _op(Direction.SAVE, [1, 2, 3, 4, 5], [0, 1, 2, 3, 4], wait_event=3, wait_per_layer=True)
     inflight = _issue(gpu, staging, op, events=events)
@@ -268,7 +268,7 @@ def test_save_waits_each_layers_event_before_its_first_gather_then_one_launch(gp
 
 
 def test_slot_reuse_waits_for_its_last_use_and_forget_frees_it(gpu):
-    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * ENTRY)
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * ENTRY)
     side = staging.sides[Direction.LOAD]
     inflight = _issue(gpu, staging, _op(Direction.LOAD, [1, 2, 3], [0, 5, 9]))
     # three sub-chunks over two slots: the third waits (on the copy stream) for the first's end
@@ -303,7 +303,7 @@ def test_save_reads_client_pages_only_after_their_event(gpu, seed, per_layer):
     events = [f"client{i}" for i in range(8)]
     waited = events[3 + 2] if per_layer else events[5]
     _client_late(gpu, waited, lambda: _client(gpu).__setitem__(2, NEW_BYTE))
-    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * 2 * ENTRY)
     src, entries = np.array([1, 4, 9, 12, 15]), np.array([0, 1, 2, 5, 6])
     op = _op(Direction.SAVE, src, entries, wait_event=3 if per_layer else 5,
              wait_per_layer=per_layer)
@@ -322,7 +322,7 @@ def test_load_writes_client_pages_only_after_its_event(gpu, seed):
         _client(gpu)[:, dst] = POISON
 
     _client_late(gpu, "client1", still_in_use)
-    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * 2 * ENTRY)
     _issue(gpu, staging, _op(Direction.LOAD, dst, entries, wait_event=1),
            events=[f"client{i}" for i in range(4)], seed=seed)
     # 2. The loaded bytes land after the client's last use, never under it.
@@ -336,7 +336,7 @@ def test_fenced_load_records_each_layer_event_after_every_sub_chunk_landed(gpu, 
     gpu.mem[POOL:POOL + NUM_ENTRIES * ENTRY] = np.arange(NUM_ENTRIES * ENTRY) % 251
     dst, entries = np.array([2, 3, 8, 10, 11]), np.array([4, 5, 6, 9, 20])
     _client(gpu)[:, dst] = POISON
-    staging = staged.DeviceStaging(2 * staged.SLOTS_PER_DIRECTION * 2 * ENTRY)
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * 2 * ENTRY)
     events, seen = [f"client{i}" for i in range(2 + NUM_LAYERS)], {}
 
     def client_reads_each_layer_after_its_event():

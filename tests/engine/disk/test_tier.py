@@ -150,17 +150,20 @@ def test_transfers_load_parked_on_disk_reads_is_late_past_its_deadline(tier):
     from types import SimpleNamespace
 
     from engine.parked_loads import PARKED_LOAD_DEADLINE_S
+    from engine.received import Received
     from engine.transfers import Transfers
+    from pegaflow.platform.protocol import Load
+    from pegaflow.platform.wire import Opcode
     _on_disk_only(tier, 0)
     _, lease_id = tier.index.lookup(SLOT, [key(0)])
-    transfers = Transfers(tier.index, None, tier.stats, reply=None)
+    transfers = Transfers(tier.index, None, tier.stats, answer=None)
     client = SimpleNamespace(num_inflight=0)
-    rec = SimpleNamespace(arg=lease_id)
+    received, rec = Received(client, 1, Opcode.LOAD, 0, 0.0), Load(0, None, None, lease_id)
     # 2. Parked just now it waits (counted in flight); past the deadline it comes back late.
     now = time.monotonic()
-    transfers.parked.park(client, rec, None, now)
+    transfers.parked.park(received, rec, now)
     assert transfers.take_parked(now) == [] and client.num_inflight == 1
-    assert transfers.take_parked(now + PARKED_LOAD_DEADLINE_S + 1) == [(client, rec, None, True)]
+    assert transfers.take_parked(now + PARKED_LOAD_DEADLINE_S + 1) == [(received, rec, True)]
     assert client.num_inflight == 0 and len(transfers.parked) == 0
     _settle(tier)  # the read goes on into the pool
     assert tier.index.leases[lease_id].entries[0].is_ready
@@ -210,14 +213,17 @@ def test_transfers_group_load_holding_a_promoting_lease_is_parked_too(tier):
     # (LEASE_HELD) waits for the disk reads like the lease-ending one, not copying early.
     from types import SimpleNamespace
 
-    from engine.transfers import ANSWERED_LATER, Transfers
-    from pegaflow.platform.wire import CommandFlag
+    from engine.received import LATER as ANSWERED_LATER
+    from engine.received import Received
+    from engine.transfers import Transfers
+    from pegaflow.platform.protocol import Load
+    from pegaflow.platform.wire import Opcode
     _on_disk_only(tier, 0)
     _, lease_id = tier.index.lookup(SLOT, [key(0)])
-    transfers = Transfers(tier.index, None, tier.stats, reply=None)
+    transfers = Transfers(tier.index, None, tier.stats, answer=None)
     client = SimpleNamespace(num_inflight=0, instance=0)
-    held = SimpleNamespace(arg=lease_id, flags=CommandFlag.LEASE_HELD)
-    assert transfers.load(client, held, None)[0] is ANSWERED_LATER
+    held = Load(0, None, None, lease_id, ends_lease=False)
+    assert transfers.load(Received(client, 1, Opcode.LOAD, 0, 0.0), held) is ANSWERED_LATER
     assert len(transfers.parked) == 1 and client.num_inflight == 1
     _settle(tier)  # the read ends: the LOAD goes on, and the lease is still there for the last LOAD
     assert [item[1] for item in transfers.take_parked(time.monotonic())] == [held]

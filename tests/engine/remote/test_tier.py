@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.entries import Key
 from engine.index import BlockIndex
 from engine.pool import PagePool
+from engine.received import Received
 from engine.remote.header import data_name, header_name
 from engine.remote.tier import RemoteTier
 from engine.remote.workers import RemoteWorkers
@@ -27,11 +28,11 @@ MASK = (1 << NUM_LAYERS) - 1
 
 
 class FakeClient:
-    slot, instance, is_attached, num_inflight, pending_detach = 0, 0, True, 0, 0
+    slot, instance, is_attached, num_inflight, pending_detach = 0, 0, True, 0, None
 
 
-class Rec:
-    num_items, request_id, opcode = 0, 1, 0
+def _received() -> Received:
+    return Received(FakeClient(), 1, 0, 0, 0.0)
 
 
 class Host:
@@ -45,7 +46,7 @@ class Host:
         self.workers = RemoteWorkers(store, self.pool)
         self.tier = RemoteTier(store, self.workers, self.index, self.stats, publish, timeout_s)
         self.answers: list[tuple[int, int]] = []
-        self.tier.lookups.answer = lambda client, rec, num_hits, lease_id, at: self.answers.append((num_hits, lease_id))
+        self.tier.lookups.answer = lambda received, num_hits, lease_id: self.answers.append((num_hits, lease_id))
 
     def counter(self, name: str) -> int:
         return int(self.stats_row[0][name])
@@ -72,7 +73,7 @@ class Host:
     def lookup(self, keys: list[Key]) -> tuple[int, int]:
         """A LOOKUP as the dispatcher makes it: local first, then the store; its answer."""
         num_hits, lease_id = self.index.lookup(0, keys)
-        if not self.tier.try_lookup(FakeClient(), Rec(), keys, num_hits, lease_id):
+        if not self.tier.try_lookup(_received(), keys, num_hits, lease_id):
             return num_hits, lease_id
         self.pump(lambda: self.answers)
         return self.answers.pop()

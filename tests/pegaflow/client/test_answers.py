@@ -14,7 +14,7 @@ def _answer(request_id: int, status: Status = Status.OK):
 def test_answers_kept_answer_is_taken_once():
     answers = Answers()
     answers.keep(_answer(3))
-    assert answers.take(3).request_id == 3
+    assert answers.take(3).command_id == 3
     assert answers.take(3) is None
 
 
@@ -34,5 +34,5 @@ def test_answers_abandoned_answer_becomes_an_orphan_whether_read_before_or_after
     answers.abandon(6)   # not yet arrived
     assert not answers.is_awaited(6)
     answers.keep(_answer(6))
-    assert sorted(c.request_id for c in answers.take_orphans()) == [5, 6]
+    assert sorted(c.command_id for c in answers.take_orphans()) == [5, 6]
     assert answers.take(5) is None and answers.take(6) is None and answers.take_orphans() == []

@@ -1,0 +1,44 @@
+"""The one contract between a client and the engine: a typed command per opcode
+(``commands.py``: its fields, its answer, what a LOAD's flags and events mean) how each
+goes onto the fixed wire record and back (``codec.py``), and what every record says
+whatever its opcode (``envelope.py``)."""
+
+from .codec import DECODERS, ENCODERS, Encoded, decode, encode, raw_submission, record_fields
+from .commands import (
+    ANSWERS,
+    COMMANDS,
+    NO_PAYLOAD,
+    Attach,
+    Command,
+    Detach,
+    Done,
+    Drop,
+    DropAnswer,
+    Key,
+    Load,
+    LoadAnswer,
+    Lookup,
+    LookupAnswer,
+    Ping,
+    PingAnswer,
+    Register,
+    RegisterEvents,
+    Release,
+    Save,
+    SaveAnswer,
+    Unregister,
+    Voters,
+    hash_records,
+    keys_of,
+    last_pool_event,
+    layer_event,
+)
+from .envelope import check_envelope, envelope, read_payload
+
+__all__ = [
+    "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "Attach", "Command", "Detach", "Done",
+    "Drop", "DropAnswer", "Encoded", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
+    "Ping", "PingAnswer", "Register", "RegisterEvents", "Release", "Save", "SaveAnswer", "Unregister",
+    "Voters", "check_envelope", "decode", "encode", "envelope", "hash_records", "keys_of",
+    "last_pool_event", "layer_event", "raw_submission", "read_payload", "record_fields",
+]

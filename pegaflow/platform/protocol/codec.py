@@ -1,0 +1,264 @@
+"""Commands onto the fixed SUBMISSION record and its payload, and back: one encoder and one
+decoder per opcode.  A decoder checks what the bytes alone can say (payload sizes, hash
+lengths) and raises CommandError; what depends on the client (its layers, its lease) is the
+engine's to check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from pegaflow.platform.errors import CommandError
+from pegaflow.platform.wire import (
+    ALL_LAYERS,
+    BLOCK_ID,
+    EVENT_HANDLE,
+    HASH,
+    HASH_BYTES,
+    LAYER,
+    NO_EVENT,
+    REGION,
+    TAG,
+    WIRE_VERSION,
+    CommandFlag,
+    Opcode,
+    Status,
+    attach_role,
+    split_attach_role,
+)
+
+from .commands import (
+    COMMANDS,
+    Attach,
+    Detach,
+    Drop,
+    Load,
+    Lookup,
+    Ping,
+    Register,
+    RegisterEvents,
+    Release,
+    Save,
+    Unregister,
+    Voters,
+    hash_records,
+)
+
+_DETACH, _UNREGISTER, _PING = Detach(), Unregister(), Ping()  # no fields: one value each
+
+
+class Encoded(NamedTuple):
+    """A command as the SUBMISSION's fields (less seq, its id and the payload's place) and
+    the arrays its payload is made of."""
+
+    opcode: int
+    flags: int = 0
+    layer: int = ALL_LAYERS
+    region_id: int = 0
+    num_items: int = 0
+    event_index: int = NO_EVENT
+    namespace: int = 0
+    arg: int = 0
+    payload: tuple = ()
+
+
+def record_fields(command_id: int, encoded: Encoded, payload_offset: int, payload_bytes: int) -> tuple:
+    """The SUBMISSION's fields after ``seq``, in record order (``Encoded`` holds them in that
+    order, from ``opcode`` to ``namespace``; a tuple slice: this runs once per command)."""
+    return (command_id, *encoded[:7], payload_offset, payload_bytes, WIRE_VERSION, encoded[7])
+
+
+def decode(opcode: Opcode, rec, payload: np.ndarray | None):
+    """The typed command of a record ``check_envelope`` passed, and its payload."""
+    if payload is None:
+        raise CommandError(Status.BAD_PAYLOAD, f"payload [{rec.payload_offset}, "
+                                               f"+{rec.payload_bytes}) past the arena")
+    return DECODERS[opcode](rec, payload)
+
+
+def encode(command) -> Encoded:
+    return ENCODERS[command.OPCODE](command)
+
+
+def raw_submission(opcode: int, payload=(), **fields) -> Encoded:
+    """Any record at all, fields by their wire names (tests of what the engine refuses)."""
+    return Encoded(opcode, payload=tuple(payload), **fields)
+
+
+def _hashes(rec, payload: np.ndarray, what: str) -> np.ndarray:
+    if len(payload) != rec.num_items * HASH.itemsize:
+        raise CommandError(Status.BAD_PAYLOAD, f"{what} wants num_items hash records")
+    return _checked_hashes(payload.view(HASH))
+
+
+def _checked_hashes(records: np.ndarray) -> np.ndarray:
+    lengths = records["length"]
+    if (lengths == 0).any() or (lengths > HASH_BYTES).any():
+        raise CommandError(Status.BAD_PAYLOAD, "a hash record has a bad length")
+    return records
+
+
+def _blocks(rec, payload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A SAVE's or LOAD's block ids and hash records."""
+    num_items = rec.num_items
+    if len(payload) != num_items * (BLOCK_ID.itemsize + HASH.itemsize):
+        raise CommandError(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
+    split = num_items * BLOCK_ID.itemsize
+    return payload[:split].view(BLOCK_ID), _checked_hashes(payload[split:].view(HASH))
+
+
+def _layers(flags: int, layer: int) -> tuple[int, int | None]:
+    """(layer, group) of a SAVE's or LOAD's record."""
+    return (ALL_LAYERS, layer) if flags & CommandFlag.LAYER_GROUP else (layer, None)
+
+
+def _event(event_index: int) -> int | None:
+    return None if event_index == NO_EVENT else event_index
+
+
+def _encode_layers(command, flags: int) -> tuple[int, int]:
+    if command.group is not None:
+        return flags | CommandFlag.LAYER_GROUP, command.group
+    return flags, command.layer
+
+
+def _encode_attach(c: Attach) -> Encoded:
+    words = [c.instance] if c.voters is None else [c.instance, c.voters.num_voters, c.voters.voter]
+    return Encoded(Opcode.ATTACH, attach_role(c.role, c.kv_role), c.rank, namespace=c.namespace,
+                   arg=c.pid, payload=(np.array(words, dtype="<u8"),))
+
+
+def _decode_attach(rec, payload: np.ndarray) -> Attach:
+    words = payload.view("<u8").tolist() if len(payload) in (8, 24) else [0]
+    role, kv_role = split_attach_role(int(rec.flags))
+    voters = Voters(words[1], words[2]) if len(words) == 3 else None
+    return Attach(rec.arg, role, kv_role, rec.layer, rec.namespace, words[0], voters)
+
+
+def _encode_register(c: Register) -> Encoded:
+    return Encoded(Opcode.REGISTER, region_id=c.region_id, num_items=len(c.layers),
+                   payload=(c.region, c.layers))
+
+
+def _decode_register(rec, payload: np.ndarray) -> Register:
+    if len(payload) != REGION.itemsize + rec.num_items * LAYER.itemsize:
+        raise CommandError(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
+    return Register(rec.region_id, payload[:REGION.itemsize].view(REGION)[0],
+                    payload[REGION.itemsize:].view(LAYER))
+
+
+def _encode_events(c: RegisterEvents) -> Encoded:
+    return Encoded(Opcode.REGISTER_EVENTS, num_items=len(c.handles), payload=(c.handles,))
+
+
+def _decode_events(rec, payload: np.ndarray) -> RegisterEvents:
+    if len(payload) != rec.num_items * EVENT_HANDLE.itemsize:
+        raise CommandError(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
+    return RegisterEvents(payload.view(EVENT_HANDLE))
+
+
+def _encode_lookup(c: Lookup) -> Encoded:
+    records = hash_records(c.hashes)
+    wait = 0 if c.wait_ms is None else 1 + max(0, int(c.wait_ms))  # 0 on the wire: the engine's
+    return Encoded(Opcode.LOOKUP, num_items=len(records), namespace=c.namespace, arg=wait,
+                   payload=(records,))
+
+
+def _decode_lookup(rec, payload: np.ndarray) -> Lookup:
+    wait = rec.arg
+    return Lookup(rec.namespace, _hashes(rec, payload, "LOOKUP"), None if wait == 0 else wait - 1)
+
+
+def _encode_save(c: Save) -> Encoded:
+    ids = np.asarray(c.block_ids, dtype=BLOCK_ID)
+    flags, layer = _encode_layers(c, CommandFlag.ONE_EVENT if c.one_event else CommandFlag.NONE)
+    payload = (ids, hash_records(c.hashes))
+    if c.tags is not None:
+        flags |= CommandFlag.VOTE_TAGS
+        payload += (np.asarray(c.tags, dtype=TAG),)
+    return Encoded(Opcode.SAVE, int(flags), layer, num_items=len(ids),
+                   event_index=NO_EVENT if c.first_event is None else c.first_event,
+                   namespace=c.namespace, payload=payload)
+
+
+def _decode_save(rec, payload: np.ndarray) -> Save:
+    flags, tags = rec.flags, None
+    if flags & CommandFlag.VOTE_TAGS:
+        split = len(payload) - rec.num_items * TAG.itemsize
+        if split < 0:
+            raise CommandError(Status.BAD_PAYLOAD, "VOTE_TAGS wants a tag per block")
+        payload, tags = payload[:split], payload[split:].view(TAG)
+    block_ids, hashes = _blocks(rec, payload)
+    layer, group = _layers(flags, rec.layer)
+    return Save(rec.namespace, block_ids, hashes, layer, group, _event(rec.event_index),
+                bool(flags & CommandFlag.ONE_EVENT), tags)
+
+
+def _encode_load(c: Load) -> Encoded:
+    flags = CommandFlag.NONE
+    if c.lease_id:
+        flags = CommandFlag.RELEASE_LEASE if c.ends_lease else CommandFlag.LEASE_HELD
+    if c.after_client:
+        flags |= CommandFlag.AFTER_CLIENT
+    flags, layer = _encode_layers(c, flags)
+    ids = np.asarray(c.block_ids, dtype=BLOCK_ID)
+    return Encoded(Opcode.LOAD, int(flags), layer, num_items=len(ids),
+                   event_index=NO_EVENT if c.first_event is None else c.first_event,
+                   namespace=c.namespace, arg=c.lease_id, payload=(ids, hash_records(c.hashes)))
+
+
+def _decode_load(rec, payload: np.ndarray) -> Load:
+    flags = rec.flags
+    block_ids, hashes = _blocks(rec, payload)
+    layer, group = _layers(flags, rec.layer)
+    names_lease = flags & (CommandFlag.RELEASE_LEASE | CommandFlag.LEASE_HELD)
+    return Load(rec.namespace, block_ids, hashes, rec.arg if names_lease else 0,
+                bool(flags & CommandFlag.RELEASE_LEASE) or not names_lease, layer, group,
+                _event(rec.event_index), bool(flags & CommandFlag.AFTER_CLIENT))
+
+
+def _encode_drop(c: Drop) -> Encoded:
+    records = hash_records(c.hashes)
+    return Encoded(Opcode.DROP, num_items=len(records), namespace=c.namespace, arg=c.since_command,
+                   payload=(records,))
+
+
+def _decode_drop(rec, payload: np.ndarray) -> Drop:
+    return Drop(rec.namespace, _hashes(rec, payload, "DROP"), rec.arg)
+
+
+_ENCODED_DETACH, _ENCODED_UNREGISTER, _ENCODED_PING = (
+    Encoded(Opcode.DETACH), Encoded(Opcode.UNREGISTER), Encoded(Opcode.PING))
+
+ENCODERS: dict[Opcode, Callable[..., Encoded]] = {
+    Opcode.ATTACH: _encode_attach,
+    Opcode.DETACH: lambda c: _ENCODED_DETACH,
+    Opcode.REGISTER: _encode_register,
+    Opcode.UNREGISTER: lambda c: _ENCODED_UNREGISTER,
+    Opcode.REGISTER_EVENTS: _encode_events,
+    Opcode.LOOKUP: _encode_lookup,
+    Opcode.RELEASE: lambda c: Encoded(Opcode.RELEASE, arg=c.lease_id),
+    Opcode.SAVE: _encode_save,
+    Opcode.LOAD: _encode_load,
+    Opcode.PING: lambda c: _ENCODED_PING,
+    Opcode.DROP: _encode_drop,
+}
+
+DECODERS: dict[Opcode, Callable[..., object]] = {
+    Opcode.ATTACH: _decode_attach,
+    Opcode.DETACH: lambda rec, payload: _DETACH,
+    Opcode.REGISTER: _decode_register,
+    Opcode.UNREGISTER: lambda rec, payload: _UNREGISTER,
+    Opcode.REGISTER_EVENTS: _decode_events,
+    Opcode.LOOKUP: _decode_lookup,
+    Opcode.RELEASE: lambda rec, payload: Release(rec.arg),
+    Opcode.SAVE: _decode_save,
+    Opcode.LOAD: _decode_load,
+    Opcode.PING: lambda rec, payload: _PING,
+    Opcode.DROP: _decode_drop,
+}
+
+if not set(COMMANDS) == set(Opcode) == set(ENCODERS) == set(DECODERS):
+    raise ImportError("every opcode needs a command type, an encoder and a decoder")
