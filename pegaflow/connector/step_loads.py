@@ -1,21 +1,20 @@
-"""A worker step's loads, and the asynchronous ones still out.
+"""A worker step's loads: submitted, fenced on vLLM's stream, judged.
 
 ``start`` submits one LOAD per planned request (all layers; with the cuda backend each
 layer's copy records an IPC event, and a start fence makes the engine begin only once
-vLLM's stream has passed the point where the loads were issued); ``wait_for_layer`` waits
-for the engine to accept the step's loads and then makes vLLM's stream wait, on the GPU,
-for that layer's events; ``check_fenced`` judges them against the connection they went out
+vLLM's stream has passed the point where the loads were issued); ``wait`` waits for the
+engine to accept the step's loads and ``fence`` then makes vLLM's stream wait, on the GPU,
+for a layer's events; ``check_fenced`` judges them against the connection they went out
 on when the step ends.  A load that fails or cannot be fenced becomes a load error (vLLM
 recomputes its blocks) and taints the saves that would store what it left behind.  A
 command that breaks the connection is returned (``Lost``) for the step's owner to drop it;
 nothing here drops a connection.  Asynchronous loads wait in ``async_loads.py``.
 
-A hybrid model's load is one LOAD per KV cache group, all under the lookup's one lease (the
-last ends it), and always asynchronous: it is done once every group's LOAD is answered,
-and a failed one fails the request (``failed_recving``: vLLM recomputes it whole; it
-cannot take failed block ids of several groups).
+A hybrid model's load is one LOAD per KV cache group (``load_commands.py``), always
+asynchronous: it is done once every group's LOAD is answered, and a failed one fails the
+request (``failed_recving``: vLLM recomputes it whole; it cannot take failed block ids of
+several groups).
 """
-
 from __future__ import annotations
 
 import logging

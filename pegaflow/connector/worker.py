@@ -5,8 +5,8 @@
 and the ones still out (``save_ledger.py``), the saves a failed load taints (``taint.py``) and
 this rank's recent saves (``recent_saves.py``).  One step, in the order vLLM calls it:
 
-    bind                  the plan: acknowledge rewound blocks, hold finished requests
     handle_preemptions    wait for saves still reading blocks vLLM hands out again
+    bind                  the plan: acknowledge rewound blocks, hold finished requests
     start_load_kv         the step's LOADs (fenced before the forward for a full CUDA graph)
     wait_for_layer_load   per layer: vLLM's stream waits, on the GPU, for its copies
     save_kv_layer         per layer: an event once its KV is written
@@ -99,6 +99,12 @@ class WorkerSide:
 
     # -- the step, in vLLM's order --------------------------------------------------------
 
+    def handle_preemptions(self, meta: PegaConnectorMetadata) -> None:
+        if meta.preempted_req_ids:
+            self.wait_for_saves_of(meta.preempted_req_ids)
+        if meta.wait_saves_through:
+            self.wait_for_saves_through(meta.wait_saves_through)
+
     def bind(self, meta: PegaConnectorMetadata) -> None:
         self._meta = meta
         if not self._is_namespace_checked and meta.namespaces:
@@ -113,12 +119,6 @@ class WorkerSide:
             self._recent_saves.new_step()
         self.saves.held |= meta.held_req_ids
         self.saves.new_step(meta.step)
-
-    def handle_preemptions(self, meta: PegaConnectorMetadata) -> None:
-        if meta.preempted_req_ids:
-            self.wait_for_saves_of(meta.preempted_req_ids)
-        if meta.wait_saves_through:
-            self.wait_for_saves_through(meta.wait_saves_through)
 
     def start_load_kv(self, runs_layer_hooks: bool = True) -> None:
         """Submit this step's loads.  ``runs_layer_hooks`` False: vLLM will not call
