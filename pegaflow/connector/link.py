@@ -9,6 +9,10 @@ load error), one warning is logged, and a reconnect is tried every
 name (the control segment is looked at every ``PROBE_INTERVAL_S``), so an instance that
 outlives an engine restart saves and is served again right away.  ``on_connect``
 re-registers what a fresh engine must know.
+
+A dropped connection is a value, not a call back into its user: ``num_dropped`` counts the
+connections dropped so far, and a user that keeps commands out compares it with the count
+it last saw (its commands sent before a drop will never be answered).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from pegaflow.client.connection import EngineClient
 from pegaflow.client.slots import serving_engine_epoch
@@ -32,15 +37,31 @@ PROBE_INTERVAL_S = 0.05  # while down: how often to look for a new engine servin
 REFUSALS = frozenset({Status.BAD_ARGUMENT, Status.BAD_PAYLOAD, Status.UNKNOWN_REGION})
 
 
+class ClientIdentity(NamedTuple):
+    """Who this process is to the engine (``EngineClient.connect``)."""
+
+    role: int  # a ClientRole, with the kv_role bits (attach_role)
+    rank: int  # the worker's rank index (pp_rank * tp_size + tp_rank); 0 for the scheduler
+    namespace: int
+    instance: int  # the vLLM instance key (0: none)
+
+
+class Voters(NamedTuple):
+    """TP ranks that hold the same KV (MLA) and vouch for one stored copy together."""
+
+    num_voters: int
+    voter: int  # this rank's index among them
+
+
 class EngineLink:
     def __init__(self, engine_name: str, reconnect_interval_s: float, who: str,
                  on_connect: Callable[[EngineClient], None] | None = None,
-                 identity: tuple[ClientRole, int, int, int] = (ClientRole.OTHER, 0, 0, 0),
-                 on_lost: Callable[[], None] | None = None, voters: tuple[int, int] | None = None):
+                 identity: ClientIdentity = ClientIdentity(ClientRole.OTHER, 0, 0, 0),
+                 voters: Voters | None = None):
         self.engine_name = engine_name
-        self.on_lost = on_lost  # called whenever a connection is dropped: its requests are void
-        self.identity = identity  # (role, rank, namespace, vLLM instance): see EngineClient.connect
-        self.voters = voters  # (num_voters, voter) of a client that votes: EngineClient.connect
+        self.identity = identity
+        self.voters = voters
+        self.num_dropped = 0  # connections dropped so far: their commands are void
         self.reconnect_interval_s = reconnect_interval_s
         self.who = who
         self.on_connect = on_connect
@@ -70,9 +91,9 @@ class EngineLink:
         self._next_try = now + self.reconnect_interval_s
         client = None
         try:
-            role, rank, namespace, instance = self.identity
-            client = EngineClient.connect(self.engine_name, timeout_s=CONNECT_TIMEOUT_S, role=role,
-                                          rank=rank, namespace=namespace, instance=instance,
+            who = self.identity
+            client = EngineClient.connect(self.engine_name, timeout_s=CONNECT_TIMEOUT_S, role=who.role,
+                                          rank=who.rank, namespace=who.namespace, instance=who.instance,
                                           voters=self.voters,
                                           wait_for_start=False)  # never stall vLLM for it
             if self.on_connect is not None:
@@ -121,8 +142,7 @@ class EngineLink:
             # A live engine frees our slot (and whatever we left queued) on DETACH.
             self._client.close(detach=not isinstance(exc, EngineGoneError), timeout_s=DETACH_TIMEOUT_S)
             self._client = None
-            if self.on_lost is not None:
-                self.on_lost()
+            self.num_dropped += 1
         self._next_try = time.monotonic() + self.reconnect_interval_s
 
     def _mark_down(self, exc: Exception, is_refused: bool = False) -> None:

@@ -25,8 +25,8 @@ FIRST_WAIT_S = 2e-3  # per call, all ranks' answers together: a lookup is usuall
 
 @dataclass(slots=True)
 class PendingLookup:
-    client: object  # request ids mean something only to the client that sent them
-    request_ids: tuple[int, ...]  # one LOOKUP per rank
+    client: object  # command ids mean something only to the client that sent them
+    command_ids: tuple[int, ...]  # the engine's ids of its LOOKUPs, one per worker rank (pp x tp)
     num_blocks: int
     started_at: float
     answers: dict = field(default_factory=dict)
@@ -36,7 +36,7 @@ class Lookups:
     def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, link: EngineLink,
                  stats: PegaKVConnectorStats):
         self.config = config
-        self.namespaces = namespaces  # one LOOKUP per rank
+        self.namespaces = namespaces  # one LOOKUP per worker rank (pp x tp, in rank order)
         self.block_size = block_size
         self.link = link
         self.stats = stats
@@ -71,10 +71,10 @@ class Lookups:
         deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
         wait_until = min(deadline, time.monotonic() + FIRST_WAIT_S)  # for all ranks' answers
         try:
-            for request_id in pending.request_ids:
-                if request_id not in pending.answers:
-                    pending.answers[request_id] = client.wait(
-                        request_id, max(0.0, wait_until - time.monotonic()))
+            for command_id in pending.command_ids:
+                if command_id not in pending.answers:
+                    pending.answers[command_id] = client.wait(
+                        command_id, max(0.0, wait_until - time.monotonic()))
         except EngineTimeoutError:
             return self._late(state, client, deadline)
         except PegaflowError as exc:
@@ -82,7 +82,7 @@ class Lookups:
             state.lookup = None
             return True
         state.lookup = None
-        answers = [pending.answers[i] for i in pending.request_ids]
+        answers = [pending.answers[i] for i in pending.command_ids]
         leases = tuple(a.result.lease_id for a in answers)
         num_hits = min([pending.num_blocks] + [a.result.num_hit_blocks if a.is_ok else 0 for a in answers])
         self.stats.add("lookups")
@@ -115,9 +115,9 @@ class Lookups:
         answers (``client`` None: the connection it went out on is gone)."""
         lookup, state.lookup = state.lookup, None
         self.release(tuple(a.result.lease_id for a in lookup.answers.values()))
-        for request_id in lookup.request_ids if client is not None else ():
-            if request_id not in lookup.answers:
-                client.abandon(request_id)
+        for command_id in lookup.command_ids if client is not None else ():
+            if command_id not in lookup.answers:
+                client.abandon(command_id)
 
     def release_orphans(self, client) -> None:
         """Leases of lookups answered after their deadline: give them back."""

@@ -7,51 +7,29 @@ until the workers' LOAD uses it (or it is released here, or it expires).  Each s
 ``build_connector_meta`` hands the workers the loads planned at allocation and the
 full blocks the step completes (prefill chunks and decode alike).
 
-A hybrid model (several KV cache groups: full attention, sliding window) has a block table
-per group; a load or save names each group's own block ids, skipping the null block where
-a sliding window let a position go.  Its loads always go between steps: vLLM can take a
-failed load of such a model only as a failed request (``failed_recving``), never as
-failed block ids.  A sliding window gives blocks back inside ``schedule()``, and vLLM may
-hand them to another request at once while a SAVE of an earlier step still reads them:
-such a step's metadata makes the workers wait for those SAVEs before its forward.
+A hybrid model (several KV cache groups) has a block table per group (``plans.py``).  Its
+loads always go between steps: vLLM can take a failed load of such a model only as a failed
+request (``failed_recving``).  A sliding window gives blocks back inside ``schedule()``,
+and vLLM may hand them out at once while a SAVE of an earlier step still reads them: such
+a step's metadata makes the workers wait for those SAVEs before its forward.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 from pegaflow.connector.config import ConnectorConfig
-from pegaflow.connector.link import EngineLink
-from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
-from pegaflow.connector.metadata import GroupBlocks, LoadSpec, PegaConnectorMetadata, SavesDone, SaveSpec
+from pegaflow.connector.link import ClientIdentity, EngineLink
+from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups
+from pegaflow.connector.metadata import PegaConnectorMetadata, SavesDone, SaveSpec
+from pegaflow.connector.plans import extend_tables, load_spec, next_save
+from pegaflow.connector.request_state import RequestState
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.trace import log_schedule
 from pegaflow.platform.wire import ClientRole, attach_role
 
 logger = logging.getLogger(__name__)
-
-NULL_BLOCK = 0  # vLLM's placeholder block id (never a request's own block)
-
-@dataclass(slots=True)
-class RequestState:
-    request: Any
-    lookup_at_tokens: int = -1
-    looked_up_at: float = 0.0
-    num_hit_tokens: int = 0
-    lease_ids: tuple[int, ...] = ()
-    is_from_disk: bool = False  # some of the hit is read from the engine's disk tier first
-    block_ids: list[list[int]] = field(default_factory=lambda: [[]])  # per KV cache group
-    num_saved_blocks: int = 0
-    pending_load: LoadSpec | None = None
-    has_saves: bool = False
-    last_save_step: int = 0  # the step whose metadata planned this request's last save
-    is_async_loading: bool = False
-    is_async_hit: bool = False  # how its hit loads, as last told to vLLM
-    has_failed_load: bool = False  # a hybrid load of it failed: vLLM recomputes it, no hit again
-    lookup: PendingLookup | None = None
 
 
 class SchedulerSide:
@@ -59,12 +37,12 @@ class SchedulerSide:
                  num_groups: int = 1):
         self.config = config
         self.num_groups = num_groups  # KV cache groups (more than one: a hybrid model)
-        self.namespaces = namespaces  # one per worker rank (PP stages x TP ranks, in rank order)
+        self.namespaces = namespaces  # one per worker rank: pp x tp of them, rank = pp_rank * tp_size + tp_rank
         self.block_size = block_size
+        identity = ClientIdentity(attach_role(ClientRole.SCHEDULER, config.wire_kv_role), 0,
+                                  namespaces[0] if namespaces else 0, instance)
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler",
-                               identity=(attach_role(ClientRole.SCHEDULER, config.wire_kv_role), 0,
-                                         namespaces[0] if namespaces else 0,
-                                         instance))
+                               identity=identity)
         self.requests: dict[str, RequestState] = {}
         self._held: set[str] = set()  # finished and held, not yet told to the workers
         self._awaiting_report: set[str] = set()  # held until the workers report their saves done
@@ -129,27 +107,39 @@ class SchedulerSide:
                 self.lookups.release_leases(state)
                 state.lookup_at_tokens = -1
             return
-        bs = self.block_size
         tables = blocks.get_block_ids()
         state.block_ids = [list(t) for t in tables]  # an async load's request is not scheduled yet
-        first, count = state.lookup_at_tokens // bs, num_external_tokens // bs
+        first, count = state.lookup_at_tokens // self.block_size, num_external_tokens // self.block_size
         hashes = tuple(request.block_hashes[first:first + count])
-        if len(tables) == 1:  # (a sliding-window-only model's null blocks are left out)
-            ids, kept = _non_null(tables[0][first:first + count], hashes)
-            state.pending_load = LoadSpec(request.request_id, ids, kept, state.lease_ids, state.is_async_hit)
-        else:
-            parts = _group_parts(tables, first, hashes)
-            state.pending_load = LoadSpec(request.request_id, tuple(b for p in parts for b in p.block_ids),
-                                          hashes, state.lease_ids, state.is_async_hit, parts)
+        state.pending_load = load_spec(request.request_id, tables, first, count, hashes, state.lease_ids,
+                                       state.is_async_hit)
         state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
         # The loaded blocks are stored already: never save them back (if their load fails,
         # the GPU holds garbage under their hashes until vLLM recomputes them).
         state.num_saved_blocks = max(state.num_saved_blocks, first + count)
 
     def build_connector_meta(self, scheduler_output) -> PegaConnectorMetadata:
+        """The step's plan for the workers: the loads planned at allocation, the saves of the
+        full blocks this step completes, and which held or preempted requests they must
+        finish or wait for."""
         if (client := self.link.client()) is not None:
             self.lookups.release_orphans(client)
         self._step += 1
+        meta = self._new_meta(scheduler_output)
+        handed_out = self._plan_saves(meta, scheduler_output)
+        if self.num_groups > 1:
+            self._plan_reuse_wait(meta, handed_out)
+        for state in self.requests.values():
+            if state.pending_load is not None:
+                meta.loads.append(state.pending_load)
+                state.is_async_loading = state.pending_load.is_async
+                state.pending_load = None
+        log_schedule(self._step, scheduler_output, meta)
+        return meta
+
+    def _new_meta(self, scheduler_output) -> PegaConnectorMetadata:
+        """The step's metadata with what happened since the last: requests held or preempted,
+        failed loads seen, saves planned at a request's finish."""
         meta = PegaConnectorMetadata(step=self._step, held_req_ids=self._held, preempted_req_ids=set(
             scheduler_output.preempted_req_ids or ()), rewound_block_ids=self._rewound,
             namespaces=tuple(self.namespaces))
@@ -162,6 +152,11 @@ class SchedulerSide:
             if (state := self.requests.get(req_id)) is not None:
                 state.block_ids = [[]]
                 state.has_saves = False  # the workers wait for them before the blocks are reused
+        return meta
+
+    def _plan_saves(self, meta: PegaConnectorMetadata, scheduler_output) -> set[int]:
+        """Follow each scheduled request's block tables and plan the saves of the full blocks
+        the step completes; the blocks the step hands out anew (a hybrid model's, else none)."""
         num_scheduled = scheduler_output.num_scheduled_tokens
         is_hybrid = self.num_groups > 1
         handed_out: set[int] = set()  # hybrid: blocks this step allocates (the reuse check)
@@ -169,41 +164,33 @@ class SchedulerSide:
             if is_hybrid:  # past its computed (hit) blocks, which are only read
                 first = new.num_computed_tokens // self.block_size
                 handed_out.update(b for ids in new.block_ids for b in ids[first:])
-            state = self.requests.get(new.req_id)
-            if state is not None:
+            if (state := self.requests.get(new.req_id)) is not None:
                 state.block_ids = [list(ids) for ids in new.block_ids]
                 self._plan_save(meta, state, new.num_computed_tokens + num_scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
             if new_ids and is_hybrid:
                 handed_out.update(b for ids in new_ids for b in ids)
-            state = self.requests.get(req_id)
-            if state is None:
+            if (state := self.requests.get(req_id)) is None:
                 continue
             if req_id in cached.resumed_req_ids:
                 state.block_ids = [list(ids) for ids in new_ids] if new_ids else [[]]
             elif new_ids:
-                if len(state.block_ids) < len(new_ids):
-                    state.block_ids += [[] for _ in range(len(new_ids) - len(state.block_ids))]
-                for table, ids in zip(state.block_ids, new_ids):
-                    table.extend(ids)
+                extend_tables(state.block_ids, new_ids)
             self._plan_save(meta, state, cached.num_computed_tokens[i] + num_scheduled.get(req_id, 0))
-        if is_hybrid:
-            for state in self.requests.values():  # a load writes its blocks too
-                if state.pending_load is not None:
-                    handed_out.update(state.pending_load.block_ids)
-                    self._loading[state.request.request_id] = state.pending_load.block_ids
-            meta.wait_saves_through = self._reuse_wait(handed_out)
-            saved = {b for spec in meta.saves for b in spec.block_ids}
-            if saved:
-                self._saved_by_step[self._step] = saved
+        return handed_out
+
+    def _plan_reuse_wait(self, meta: PegaConnectorMetadata, handed_out: set[int]) -> None:
+        """A hybrid model: the step's loads write blocks too; the workers wait, before the
+        forward, for SAVEs that still read a block handed out again (``_reuse_wait``)."""
         for state in self.requests.values():
             if state.pending_load is not None:
-                meta.loads.append(state.pending_load)
-                state.is_async_loading = state.pending_load.is_async
-                state.pending_load = None
-        log_schedule(self._step, scheduler_output, meta)
-        return meta
+                handed_out.update(state.pending_load.block_ids)
+                self._loading[state.request.request_id] = state.pending_load.block_ids
+        meta.wait_saves_through = self._reuse_wait(handed_out)
+        if saved := {b for spec in meta.saves for b in spec.block_ids}:
+            self._saved_by_step[self._step] = saved
 
     def _reuse_wait(self, handed_out: set[int]) -> int:
         """The last step whose SAVEs, possibly still running, read a block handed out again
@@ -221,14 +208,12 @@ class SchedulerSide:
     def _plan_save(self, meta: PegaConnectorMetadata, state: RequestState, num_tokens: int) -> None:
         if not self.config.enable_save:
             return
-        hashes = state.request.block_hashes
-        num_full = min(num_tokens // self.block_size, len(hashes), *map(len, state.block_ids))
-        if num_full <= state.num_saved_blocks:
+        planned = next_save(state.request, state.block_ids, state.num_saved_blocks, num_tokens // self.block_size)
+        if planned is None:
             return
-        start = state.num_saved_blocks
-        if (spec := _save_spec(state.request.request_id, state.block_ids, start, hashes[start:num_full])):
-            meta.saves.append(spec)
-        state.num_saved_blocks = num_full
+        if planned.spec is not None:
+            meta.saves.append(planned.spec)
+        state.num_saved_blocks = planned.num_full
         state.has_saves, state.last_save_step = True, self._step
 
     # -- finish ---------------------------------------------------------------------------
@@ -262,17 +247,11 @@ class SchedulerSide:
         if not self.config.enable_save or not block_ids:
             return False
         tables = block_ids if isinstance(block_ids[0], (list, tuple)) else (block_ids,)
-        hashes = request.block_hashes
-        num_full = min(request.num_computed_tokens // self.block_size, len(hashes), *map(len, tables))
-        if num_full <= state.num_saved_blocks:
+        planned = next_save(request, tables, state.num_saved_blocks, request.num_computed_tokens // self.block_size)
+        if planned is None or planned.spec is None:
             return False
-        start = state.num_saved_blocks
-        # (a table's null blocks are positions vLLM let go out of a sliding window: skipped)
-        spec = _save_spec(request.request_id, tables, start, hashes[start:num_full])
-        if spec is None:
-            return False
-        self._finish_saves.append(spec)
-        state.num_saved_blocks, state.has_saves = num_full, True
+        self._finish_saves.append(planned.spec)
+        state.num_saved_blocks, state.has_saves = planned.num_full, True
         return True
 
     def update_connector_output(self, connector_output) -> None:
@@ -319,34 +298,3 @@ class SchedulerSide:
         for state in self.requests.values():
             self.lookups.release_leases(state)
         self.link.close()
-
-
-def _non_null(block_ids, hashes) -> tuple[tuple[int, ...], tuple[bytes, ...]]:
-    """The positions of one table that hold a block (not vLLM's null block), with their hashes."""
-    if NULL_BLOCK not in block_ids:
-        return tuple(block_ids), tuple(hashes)
-    kept = [(b, h) for b, h in zip(block_ids, hashes) if b != NULL_BLOCK]
-    return tuple(b for b, _ in kept), tuple(h for _, h in kept)
-
-
-def _save_spec(req_id: str, tables, start: int, hashes) -> SaveSpec | None:
-    """The save of positions ``start`` to ``start + len(hashes)`` of a request's tables (one,
-    or one per KV cache group); None when no table holds a block there."""
-    hashes = tuple(hashes)
-    if len(tables) == 1:
-        ids, kept = _non_null(tables[0][start:start + len(hashes)], hashes)
-        return SaveSpec(req_id, ids, kept) if ids else None
-    parts = _group_parts(tables, start, hashes)
-    return SaveSpec(req_id, tuple(b for p in parts for b in p.block_ids), hashes, parts) if parts else None
-
-
-def _group_parts(tables, start: int, hashes: tuple[bytes, ...]) -> tuple[GroupBlocks, ...]:
-    """Each KV cache group's blocks at positions ``start`` to ``start + len(hashes)``, with
-    the hashes of those positions; a group's null blocks (positions a sliding window let
-    go) are left out, and so is a group with none left."""
-    parts = []
-    for group, table in enumerate(tables):
-        kept = [(b, h) for b, h in zip(table[start:start + len(hashes)], hashes) if b != NULL_BLOCK]
-        if kept:
-            parts.append(GroupBlocks(group, tuple(b for b, _ in kept), tuple(h for _, h in kept)))
-    return tuple(parts)

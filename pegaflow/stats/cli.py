@@ -148,6 +148,33 @@ def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    if args.serve_metrics:
+        return serve_metrics(args.name, args.serve_metrics, args.stale_after)
+    try:
+        return _show(args)
+    except EngineNotRespondingError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 3
+    except EngineDeadError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 1
+    except EngineNotRunningError:  # (a ShmError: caught before the others)
+        print(_not_running(args.name), file=sys.stderr)
+        return 1
+    except ShmError as exc:
+        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # e.g. `pegaflow-stat | head`: the reader is gone, and so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _parser() -> ArgumentParser:
     parser = ArgumentParser(prog="pegaflow-stat", description="a read-only view of a running engine's counters")
     parser.add_argument("--version", action="version", version=version_line("pegaflow-stat"))
     parser.add_argument("--name", default=os.environ.get("PEGAFLOW_NAME", "pegaflow"),
@@ -163,50 +190,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-metrics", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics of the engine at /metrics until stopped; "
                              "HOST defaults to 127.0.0.1 (0.0.0.0: every interface)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_args(parser: ArgumentParser, args) -> None:
+    """A bad flag: one line and exit 2, as argparse says any other."""
     try:
         check_engine_name(args.name)
     except ConfigError as exc:
-        parser.error(str(exc))  # one line and exit 2, as for any other bad flag
+        parser.error(str(exc))
     for flag, value, most in (("--interval", args.interval, MAX_INTERVAL_S),
                               ("--stale-after", args.stale_after, MAX_STALE_AFTER_S)):
         if not 0 < value <= most:  # nan fails too
             parser.error(f"{flag} {value:g}: must lie in (0, {most:g}] seconds")
-    if args.serve_metrics:
-        return serve_metrics(args.name, args.serve_metrics, args.stale_after)
-    try:
-        if args.json:
-            snapshot = read_stats(args.name, args.stale_after)  # a crashed engine's too
-            print(json.dumps(snapshot))
-            return 0 if snapshot["alive"] and snapshot["responding"] else (
-                3 if snapshot["alive"] else 1)
-        if args.once:
-            print(format_once(_read_live(args.name, args.stale_after)))
-        else:
-            live(args.name, args.interval, args.stale_after)
-    except EngineNotRespondingError as exc:
-        print(f"pegaflow-stat: {exc}", file=sys.stderr)
-        return 3
-    except EngineDeadError as exc:
-        print(f"pegaflow-stat: {exc}", file=sys.stderr)
-        return 1
-    except EngineNotRunningError:
-        kept = kept_pool_blocks(args.name)
-        print(f"pegaflow-stat: no engine named {args.name!r} is running on this host "
-              f"(start one with `pegaflow-engine --name {args.name}`)"
-              + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
-                 f"engine started with --keep-pool and the same pool geometry takes in"),
-              file=sys.stderr)
-        return 1
-    except ShmError as exc:
-        print(f"pegaflow-stat: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:  # e.g. `pegaflow-stat | head`: the reader is gone, and so are we
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+
+
+def _show(args) -> int:
+    """One snapshot (JSON or text) or the live view; the exit status."""
+    if args.json:
+        snapshot = read_stats(args.name, args.stale_after)  # a crashed engine's too
+        print(json.dumps(snapshot))
+        return 0 if snapshot["alive"] and snapshot["responding"] else (3 if snapshot["alive"] else 1)
+    if args.once:
+        print(format_once(_read_live(args.name, args.stale_after)))
+    else:
+        live(args.name, args.interval, args.stale_after)
     return 0
+
+
+def _not_running(name: str) -> str:
+    kept = kept_pool_blocks(name)
+    return (f"pegaflow-stat: no engine named {name!r} is running on this host "
+            f"(start one with `pegaflow-engine --name {name}`)"
+            + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
+               f"engine started with --keep-pool and the same pool geometry takes in"))
 
 
 def serve_metrics(name: str, where: str, stale_after_s: float = STALE_AFTER_S) -> int:

@@ -502,3 +502,34 @@ def test_worker_namespace_unlike_the_schedulers_is_said_once_as_an_error(caplog)
             other.bind(PegaConnectorMetadata(step=step, namespaces=(5, 7)))
     assert len(caplog.records) == 1
     assert "0000000000000009" in caplog.text and "0000000000000007" in caplog.text
+
+
+class BrokenSaveClient(StuckClient):
+    """A live engine whose ring is full when the step's SAVE goes out."""
+
+    def submit_save(self, *args, **kwargs):
+        from pegaflow.platform.errors import RingFullError
+        raise RingFullError("submission ring full")
+
+
+def test_worker_save_that_breaks_the_connection_voids_what_was_sent_on_it():
+    # 1. A SAVE of an earlier step and an async load are out on the connection.
+    from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata, SaveSpec
+    worker = WorkerSide(ConnectorConfig(), namespace=1, rank=0, num_blocks=8)
+    worker.memory = SimpleNamespace(has_events=False)
+    worker.layers.save_layers = {"layer"}
+    client = BrokenSaveClient()
+    worker.link.use(client)
+    worker.saves.sent(11, ("req-a",))
+    worker.loads.asyncs[21] = (LoadSpec("req-b", (3,), (b"h" * 32,), (0,), True), time.monotonic())
+    # 2. This step's SAVE cannot go out: the connection is dropped (revoked first), the
+    #    earlier SAVE will never be answered and the async load failed; vLLM is told so.
+    meta = PegaConnectorMetadata(saves=[SaveSpec("req-c", (5,), (b"s" * 32,))])
+    worker.bind(meta)
+    worker.start_load_kv()
+    worker.save_kv_layer("layer")
+    worker.wait_for_save()
+    assert client.calls == ["revoke", "close"] and worker.link.is_down
+    assert not worker.saves.is_saving({"req-a", "req-c"})
+    assert worker.get_finished(set()) == (None, {"req-b"})
+    assert worker.get_block_ids_with_load_errors() == {3}
