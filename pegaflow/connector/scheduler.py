@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pegaflow.connector import mamba_state
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups, PendingLookup
@@ -56,9 +57,10 @@ class RequestState:
 
 class SchedulerSide:
     def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, instance: int = 0,
-                 num_groups: int = 1):
+                 num_groups: int = 1, state_groups: frozenset[int] = frozenset()):
         self.config = config
         self.num_groups = num_groups  # KV cache groups (more than one: a hybrid model)
+        self.state_groups = state_groups  # of them, Mamba groups (mamba_state.py)
         self.namespaces = namespaces  # one per worker rank (PP stages x TP ranks, in rank order)
         self.block_size = block_size
         self.link = EngineLink(config.engine_name, config.reconnect_interval_s, "pegaflow scheduler",
@@ -76,7 +78,8 @@ class SchedulerSide:
         self._saved_by_step: dict[int, set[int]] = {}  # hybrid: step -> the blocks its SAVEs read, until over
         self._loading: dict[str, tuple[int, ...]] = {}  # hybrid: async loads' blocks, until finished
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
-        self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
+        self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats,
+                               has_states=bool(state_groups))
         if config.is_off:
             self.link.close()  # no engine slot held for nothing
 
@@ -137,6 +140,9 @@ class SchedulerSide:
         if len(tables) == 1:  # (a sliding-window-only model's null blocks are left out)
             ids, kept = _non_null(tables[0][first:first + count], hashes)
             state.pending_load = LoadSpec(request.request_id, ids, kept, state.lease_ids, state.is_async_hit)
+        elif self.state_groups:
+            state.pending_load = mamba_state.load_spec(request.request_id, tables, first, hashes,
+                                                       state.lease_ids, self.state_groups)
         else:
             parts = _group_parts(tables, first, hashes)
             state.pending_load = LoadSpec(request.request_id, tuple(b for p in parts for b in p.block_ids),
@@ -226,7 +232,8 @@ class SchedulerSide:
         if num_full <= state.num_saved_blocks:
             return
         start = state.num_saved_blocks
-        if (spec := _save_spec(state.request.request_id, state.block_ids, start, hashes[start:num_full])):
+        if (spec := _save_spec(state.request.request_id, state.block_ids, start, hashes[start:num_full],
+                               self.state_groups)):
             meta.saves.append(spec)
         state.num_saved_blocks = num_full
         state.has_saves, state.last_save_step = True, self._step
@@ -268,7 +275,7 @@ class SchedulerSide:
             return False
         start = state.num_saved_blocks
         # (a table's null blocks are positions vLLM let go out of a sliding window: skipped)
-        spec = _save_spec(request.request_id, tables, start, hashes[start:num_full])
+        spec = _save_spec(request.request_id, tables, start, hashes[start:num_full], self.state_groups)
         if spec is None:
             return False
         self._finish_saves.append(spec)
@@ -329,10 +336,13 @@ def _non_null(block_ids, hashes) -> tuple[tuple[int, ...], tuple[bytes, ...]]:
     return tuple(b for b, _ in kept), tuple(h for _, h in kept)
 
 
-def _save_spec(req_id: str, tables, start: int, hashes) -> SaveSpec | None:
+def _save_spec(req_id: str, tables, start: int, hashes, states: frozenset[int] = frozenset()) -> SaveSpec | None:
     """The save of positions ``start`` to ``start + len(hashes)`` of a request's tables (one,
-    or one per KV cache group); None when no table holds a block there."""
+    or one per KV cache group; ``states``: the Mamba groups); None when no table holds a
+    block there."""
     hashes = tuple(hashes)
+    if states:
+        return mamba_state.save_spec(req_id, tables, start, hashes, states)
     if len(tables) == 1:
         ids, kept = _non_null(tables[0][start:start + len(hashes)], hashes)
         return SaveSpec(req_id, ids, kept) if ids else None

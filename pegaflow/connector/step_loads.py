@@ -110,14 +110,16 @@ class StepLoads:
             return [client.submit_load(self.namespace, spec.block_ids, list(spec.hashes), lease_id=lease,
                                        event_index=base, after_client=self.memory.has_events)]
         # (a group without registered layers, the drafter's, is not stored: nothing to load)
-        parts = sorted((p for p in spec.groups if self.layers.layers_of(p.group)), key=lambda p: len(p.hashes))
+        # (a Mamba group's state, under its own key, goes without the lease: first)
+        parts = sorted((p for p in spec.groups if self.layers.layers_of(p.group)),
+                       key=lambda p: (not p.is_state, len(p.hashes)))
         if not parts:
             return []
         sent = []
         for i, part in enumerate(parts):
             event = base if slot is None else base + self.layers.first_layer_of(part.group)
             request_id = client.submit_load(self.namespace, part.block_ids, list(part.hashes),
-                                            lease_id=lease, event_index=event,
+                                            lease_id=0 if part.is_state else lease, event_index=event,
                                             after_client=self.memory.has_events, group=part.group,
                                             ends_lease=i == len(parts) - 1)
             self._group_of[request_id] = part.group

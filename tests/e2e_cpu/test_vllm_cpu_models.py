@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 # family -> (model directory in tools/models, more LLM arguments: the reference run gets them too)
 FAMILIES = {
     "sliding_window": ("gemma-3-tiny", {}),  # a 128-token window; the hybrid manager on (vLLM's default)
+    # 3 Gated-DeltaNet (Mamba-state) layers and 1 full attention: Mamba states at block boundaries
+    "hybrid_ssm": ("qwen3-next-tiny", {"mamba_cache_mode": "align"}),
 }
 
 
