@@ -59,12 +59,12 @@ def refusal(vllm_config, kv_cache_config, can_fail_requests: bool, hash_unit: in
 
     groups = list(kv_cache_config.kv_cache_groups)
     states = state_groups(kv_cache_config)
-    if not current_platform.is_cpu():
-        return ("a hybrid SSM model is served on vLLM's CPU build only: a Mamba layer runs no save "
-                "hook, so a GPU save of its state has no event to wait for")
     if not can_fail_requests:
         return ("a hybrid SSM model needs a vLLM that takes a failed load as a failed request "
                 "(failed_recving, vLLM 0.30 on)")
+    if not current_platform.is_cpu():
+        return ("a hybrid SSM model is served on vLLM's CPU build only: a Mamba layer runs no save "
+                "hook, so a GPU save of its state has no event to wait for")
     mode = getattr(vllm_config.cache_config, "mamba_cache_mode", "none")
     if mode != "align":
         return (f"mamba_cache_mode {mode!r}: vLLM keeps Mamba states at block boundaries only under "

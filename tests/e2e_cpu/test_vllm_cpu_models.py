@@ -10,7 +10,9 @@ cache starts empty) are what the engine served.  B's greedy tokens and top-5 log
 equal R's second pass bit for bit, and B must be served at least 95 % of what that pass hit.
 Families: a sliding-window model (Gemma-3 shape, 3 windowed layers and 1 full) with vLLM's
 hybrid KV cache manager on (two KV cache groups; vLLM's CPU build reports a failed load per
-request).
+request); a hybrid SSM model (Qwen3-Next shape: 3 Gated-DeltaNet layers, 1 full attention)
+under ``mamba_cache_mode`` align, served its attention blocks and the Mamba state at each
+hit's last block (pegaflow/connector/mamba_state.py).
 """
 
 from __future__ import annotations
