@@ -185,3 +185,57 @@ def test_mamba_state_not_served_off_the_cpu_build(monkeypatch):
     import vllm.platforms
     monkeypatch.setattr(vllm.platforms, "current_platform", SimpleNamespace(is_cpu=lambda: False))
     assert "CPU build" in mamba_state.refusal(_vllm(), _config(_spec("MambaSpec"), _spec("FullAttentionSpec")), True)
+
+
+class _LoadingClient:
+    """Records each LOAD; the engine has lost the state of ``lost_group`` (its LOAD fails)."""
+
+    def __init__(self, lost_group: int | None = None):
+        self.loads, self.lost_group = [], lost_group
+
+    def submit_load(self, namespace, block_ids, hashes, *, lease_id=0, event_index=0, after_client=False,
+                    group=None, ends_lease=True) -> int:
+        self.loads.append((group, tuple(block_ids), tuple(hashes), lease_id, ends_lease))
+        return len(self.loads)
+
+    def try_take(self, request_id: int):
+        group = self.loads[request_id - 1][0]
+        return SimpleNamespace(is_ok=group != self.lost_group, status="NOT_FOUND")
+
+
+def _step_loads(client):
+    from pegaflow.connector.kv_layers import KVLayers
+    from pegaflow.connector.step_loads import StepLoads
+    from pegaflow.connector.taint import Taint
+    from pegaflow.connector.trace import StepTrace
+
+    config = ConnectorConfig.from_sources({})
+    link = SimpleNamespace(client=lambda: client, fail=lambda exc: None)
+    loads = StepLoads(config, 7, 0, link, PegaKVConnectorStats(), Taint(), StepTrace())
+    loads.memory = SimpleNamespace(has_events=False)
+    loads.layers = KVLayers(config.num_load_slots, num_virtual=4, group_layers=[(0, 1), (1, 1), (2, 1), (3, 1)])
+    return loads
+
+
+@pytest.mark.parametrize("lost_group", [None, 1])
+def test_mamba_state_load_sends_states_first_without_the_lease_and_a_lost_state_fails_the_request(lost_group):
+    import time
+
+    from pegaflow.connector.metadata import PegaConnectorMetadata
+
+    client = _LoadingClient(lost_group)
+    loads = _step_loads(client)
+    spec = mamba_state.load_spec("r", ([0, 7], [0, 8], [0, 9], [4, 5]), 0, H[:2], (42,), STATES)
+    loads.start(PegaConnectorMetadata(loads=[spec]))
+    s1 = mamba_state.state_key(H[1])
+    # 1. Each Mamba group's state under its state key, with no lease; then the attention
+    #    blocks under the lookup's lease, which that LOAD ends.
+    assert client.loads == [(0, (7,), (s1,), 0, False), (1, (8,), (s1,), 0, False), (2, (9,), (s1,), 0, False),
+                            (3, (4, 5), (H[0], H[1]), 42, True)]
+    # 2. Done once every LOAD is answered: loaded, or (a state the engine lost) a failed
+    #    request, which vLLM recomputes whole.
+    assert loads.collect(client, time.monotonic())
+    if lost_group is None:
+        assert loads.take_finished_recving() == {"r"} and loads.take_failed_recving() == set()
+    else:
+        assert loads.take_failed_recving() == {"r"} and loads.take_finished_recving() == {"r"}
