@@ -79,7 +79,7 @@ def refusal(vllm_config, kv_cache_config, can_fail_requests: bool, hash_unit: in
     return None
 
 
-def page_view(name: str, tensor, element_size: int | None = None):
+def page_view(name: str, tensor):
     """A Mamba layer's KV memory as the engine copies it: one raw page per block, the whole
     block stride (vLLM pads the state to the attention page; the padding travels along).
     ``tensor``: the layer's tensor, or the list of views (conv, SSM state) vLLM gives it."""
@@ -87,8 +87,7 @@ def page_view(name: str, tensor, element_size: int | None = None):
 
     views = list(tensor) if isinstance(tensor, (list, tuple)) else [tensor]
     first = min(views, key=lambda t: t.data_ptr())
-    size = element_size or first.element_size()
-    stride_bytes = first.stride(0) * size
+    stride_bytes = first.stride(0) * first.element_size()
     return TensorInfo(name, first.data_ptr(), (first.shape[0], stride_bytes), (stride_bytes, 1), 1)
 
 
