@@ -20,6 +20,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1 import base as vllm_base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
 
+from pegaflow.connector import mamba_state
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.drafter import drafter_layers
 from pegaflow.connector.layout import TensorInfo
@@ -50,6 +51,11 @@ def _rank(group: str, size: int) -> int:
             return 0
         raise ConfigError(f"pegaflow: cannot read this worker's {group} rank "
                           f"({size} ranks): {exc!r}") from exc
+
+
+def _flat(tensors) -> list:
+    """vLLM's KV tensors, a Mamba layer's list of state views unpacked."""
+    return [t for x in tensors for t in (x if isinstance(x, (list, tuple)) else (x,))]
 
 
 def _tensor_info(name: str, tensor) -> TensorInfo:
@@ -118,7 +124,8 @@ class PegaKVConnector(*_BASES):
             namespaces = [rank_namespace(base, tp, pp, shares_tp) for pp in range(pp_size) for tp in range(tp_size)]
             self._scheduler = SchedulerSide(self.pega_config, namespaces, vllm_config.cache_config.block_size,
                                             instance=instance_key(vllm_config),  # a worker per namespace
-                                            num_groups=max(len(self._groups), 1))
+                                            num_groups=max(len(self._groups), 1),
+                                            state_groups=self._state_groups)
         else:
             tp_rank, pp_rank = _rank("tp", tp_size), _rank("pp", pp_size)
             namespaces = [rank_namespace(base, tp_rank, pp_rank, shares_tp)]
@@ -133,13 +140,16 @@ class PegaKVConnector(*_BASES):
 
     def _servable_config(self, vllm_config, kv_cache_config) -> ConnectorConfig:
         """The settings from vLLM's config, with loads and saves off for a model pegaflow
-        cannot serve; sets ``_groups``, each KV cache group's layer names."""
+        cannot serve; sets ``_groups``, each KV cache group's layer names, and ``_state_groups``, its Mamba groups."""
         transfer = vllm_config.kv_transfer_config
         config = ConnectorConfig.from_sources(transfer.kv_connector_extra_config,
                                               kv_role=transfer.kv_role or "kv_both")
-        self._groups, unservable = kv_cache_groups(
-            kv_cache_config, vllm_config.cache_config.block_size, HAS_FAILED_RECVING,
-            getattr(vllm_config.cache_config, "prefix_match_unit", None))
+        hash_unit = getattr(vllm_config.cache_config, "prefix_match_unit", None)
+        self._groups, unservable = kv_cache_groups(kv_cache_config, vllm_config.cache_config.block_size,
+                                                   HAS_FAILED_RECVING, hash_unit)
+        self._state_groups = mamba_state.state_groups(kv_cache_config)
+        if self._state_groups:  # a hybrid SSM model: its attention blocks and Mamba states
+            unservable = mamba_state.refusal(vllm_config, kv_cache_config, HAS_FAILED_RECVING, hash_unit)
         unservable = unservable or platform_refusal(vllm_config, kv_cache_config)
         if unservable is None:
             return config
@@ -199,19 +209,22 @@ class PegaKVConnector(*_BASES):
             logger.info("pegaflow: %d of %d KV layers are the speculative drafter's: not stored "
                         "(the target's are; outputs stay exact)", len(drafter), len(kv_caches))
             kv_caches = {name: t for name, t in kv_caches.items() if name not in drafter}
-        tensors = {name: _tensor_info(name, t) for name, t in kv_caches.items()}
         groups = None
         if len(self._groups) > 1:  # a hybrid model: each layer's KV cache group
-            groups = {name: g for g, names in enumerate(self._groups) for name in names if name in tensors}
-        devices = {t.device.type for t in kv_caches.values()}
+            groups = {name: g for g, names in enumerate(self._groups) for name in names if name in kv_caches}
+        tensors = {name: mamba_state.page_view(name, t) if groups and groups.get(name) in self._state_groups
+                   else _tensor_info(name, t) for name, t in kv_caches.items()}
+        devices = {t.device.type for t in _flat(kv_caches.values())}
         if devices == {"cuda"}:
-            memory = CudaMemory(next(iter(kv_caches.values())).device.index or 0)
+            memory = CudaMemory(_flat(kv_caches.values())[0].device.index or 0)
         elif devices == {"cpu"}:
             memory = HostMemory()
-            memory.share(kv_caches.values())  # vLLM's CPU build: private memory made shareable
+            memory.share(_flat(kv_caches.values()))  # vLLM's CPU build: private memory made shareable
         else:
             raise LayoutError(f"pegaflow: KV caches on {sorted(devices)}; expected all cuda or all cpu")
         self._worker.register_kv_caches(tensors, memory, groups)
+        if self._state_groups:
+            mamba_state.drop_hookless(self._worker.layers, groups, self._state_groups)
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
         if isinstance(kv_connector_metadata, PegaConnectorMetadata):

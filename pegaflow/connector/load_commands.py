@@ -38,11 +38,14 @@ def submit_loads(client: EngineClient, namespace: int, rank: int, spec: LoadSpec
                                         event_index=base, after_client=has_events)
         return [SubmittedLoad(command_id, None)]
     # (a group without registered layers, the drafter's, is not stored: nothing to load)
-    parts = sorted((p for p in spec.groups if layers.layers_of(p.group)), key=lambda p: len(p.hashes))
+    # (a Mamba group's state, under its own key, goes first and without the lease)
+    parts = sorted((p for p in spec.groups if layers.layers_of(p.group)),
+                   key=lambda p: (not p.is_state, len(p.hashes)))
     submitted = []
     for i, part in enumerate(parts):
         event = base if slot is None else base + layers.first_layer_of(part.group)
-        command_id = client.submit_load(namespace, part.block_ids, list(part.hashes), lease_id=lease,
+        command_id = client.submit_load(namespace, part.block_ids, list(part.hashes),
+                                        lease_id=0 if part.is_state else lease,
                                         event_index=event, after_client=has_events, group=part.group,
                                         ends_lease=i == len(parts) - 1)
         submitted.append(SubmittedLoad(command_id, part.group))

@@ -8,6 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from pegaflow.connector import mamba_state
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.stats import PegaKVConnectorStats
@@ -30,11 +31,15 @@ class PendingLookup:
     num_blocks: int
     started_at: float
     answers: dict = field(default_factory=dict)
+    hashes: tuple[bytes, ...] = ()  # (a hybrid SSM model's: its state lookups follow)
+    num_run: int = -1  # the stored run's blocks on every rank, once its state lookups are out
+    state_ids: dict[int, tuple[int, ...]] = field(default_factory=dict)  # position -> a LOOKUP per rank
 
 
 class Lookups:
     def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, link: EngineLink,
-                 stats: PegaKVConnectorStats):
+                 stats: PegaKVConnectorStats, has_states: bool = False):
+        self.has_states = has_states  # a hybrid SSM model: a hit must end on a stored state
         self.config = config
         self.namespaces = namespaces  # one LOOKUP per worker rank (pp x tp, in rank order)
         self.block_size = block_size
@@ -60,7 +65,8 @@ class Lookups:
         except PegaflowError as exc:
             self.link.fail(exc)
             return
-        state.lookup = PendingLookup(client, ids, len(hashes), time.monotonic())
+        state.lookup = PendingLookup(client, ids, len(hashes), time.monotonic(),
+                                     hashes=tuple(hashes) if self.has_states else ())
 
     def finish(self, state) -> bool:
         """Collect the answers if they are in (True), or give up after the deadline (True)."""
@@ -71,10 +77,10 @@ class Lookups:
         deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
         wait_until = min(deadline, time.monotonic() + FIRST_WAIT_S)  # for all ranks' answers
         try:
-            for command_id in pending.command_ids:
-                if command_id not in pending.answers:
-                    pending.answers[command_id] = client.wait(
-                        command_id, max(0.0, wait_until - time.monotonic()))
+            self._collect(client, pending, pending.command_ids, wait_until)
+            if pending.hashes and pending.num_run < 0:
+                mamba_state.submit_state_lookups(client, self, pending)
+            self._collect(client, pending, [i for ids in pending.state_ids.values() for i in ids], wait_until)
         except EngineTimeoutError:
             return self._late(state, client, deadline)
         except PegaflowError as exc:
@@ -84,7 +90,9 @@ class Lookups:
         state.lookup = None
         answers = [pending.answers[i] for i in pending.command_ids]
         leases = tuple(a.result.lease_id for a in answers)
-        num_hits = min([pending.num_blocks] + [a.result.num_hit_blocks if a.is_ok else 0 for a in answers])
+        num_hits = _num_hits(pending.num_blocks, answers)
+        if pending.hashes:  # only as far as the last stored Mamba state in that run
+            num_hits = mamba_state.finish_state_lookups(self, pending, num_hits)
         self.stats.add("lookups")
         self.stats.add("lookup_tokens", pending.num_blocks * self.block_size)
         self.stats.add("lookup_hit_tokens", num_hits * self.block_size)
@@ -97,6 +105,12 @@ class Lookups:
         state.num_hit_tokens, state.lease_ids = num_hits * self.block_size, leases
         state.is_from_disk = any(a.is_ok and a.result.num_disk_blocks for a in answers)
         return True
+
+    @staticmethod
+    def _collect(client, pending: PendingLookup, command_ids, wait_until: float) -> None:
+        for command_id in command_ids:
+            if command_id not in pending.answers:
+                pending.answers[command_id] = client.wait(command_id, max(0.0, wait_until - time.monotonic()))
 
     def _late(self, state, client, deadline: float) -> bool:
         if time.monotonic() < deadline:
@@ -115,7 +129,8 @@ class Lookups:
         answers (``client`` None: the connection it went out on is gone)."""
         lookup, state.lookup = state.lookup, None
         self.release(tuple(a.result.lease_id for a in lookup.answers.values()))
-        for command_id in lookup.command_ids if client is not None else ():
+        state_ids = [i for ids in lookup.state_ids.values() for i in ids]
+        for command_id in [*lookup.command_ids, *state_ids] if client is not None else ():
             if command_id not in lookup.answers:
                 client.abandon(command_id)
 
@@ -149,3 +164,8 @@ class Lookups:
         if state.pending_load is not None:
             self.release(state.pending_load.lease_ids)
             state.pending_load = None
+
+
+def _num_hits(num_blocks: int, answers) -> int:
+    """The blocks every rank found stored, of ``num_blocks`` asked."""
+    return min([num_blocks] + [a.result.num_hit_blocks if a.is_ok else 0 for a in answers])

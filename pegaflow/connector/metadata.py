@@ -12,11 +12,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 @dataclass(frozen=True, slots=True)
 class GroupBlocks:
     """One KV cache group's part of a load or save (a hybrid model): the group's own block
-    ids, and the hashes of the positions they hold (a sliding window's are a suffix)."""
+    ids, and the hashes of the positions they hold (a sliding window's are a suffix).
+    ``is_state``: a Mamba group's state, loaded under its state key without the lookup's
+    lease (mamba_state.py)."""
 
     group: int
     block_ids: tuple[int, ...]
     hashes: tuple[bytes, ...]
+    is_state: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,13 @@ def namespace_of(fields: dict) -> int:
     return value or 1
 
 
+def state_fields(spec) -> dict:
+    """A Mamba group's state shapes and dtypes (vLLM may keep the SSM state in float32)."""
+    if not hasattr(spec, "shapes"):
+        return {}
+    return {"state": str((getattr(spec, "shapes", None), getattr(spec, "dtypes", None)))}
+
+
 def kv_fields(vllm_config, kv_cache_config) -> dict:
     """What every rank's KV bytes depend on, read from vLLM's configs."""
     model = vllm_config.model_config
@@ -46,6 +53,7 @@ def kv_fields(vllm_config, kv_cache_config) -> dict:
                 "type": type(spec).__name__, "layers": len(group.layer_names),
                 "block_size": spec.block_size, "num_kv_heads": getattr(spec, "num_kv_heads", None),
                 "head_size": getattr(spec, "head_size", None), "dtype": str(getattr(spec, "dtype", "")),
+                **state_fields(spec),
             })
         else:
             # Under PP a worker's groups hold its stage's layers only, and the scheduler's copy

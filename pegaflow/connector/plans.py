@@ -6,17 +6,20 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from pegaflow.connector import mamba_state
+from pegaflow.connector.mamba_state import NULL_BLOCK
 from pegaflow.connector.metadata import GroupBlocks, LoadSpec, SaveSpec
-
-NULL_BLOCK = 0  # vLLM's placeholder block id (never a request's own block)
 
 
 def load_spec(req_id: str, tables, first: int, count: int, hashes: tuple[bytes, ...],
-              lease_ids: tuple[int, ...], is_async: bool) -> LoadSpec:
-    """The load of positions ``first`` to ``first + count`` of a request's tables."""
+              lease_ids: tuple[int, ...], is_async: bool, states: frozenset[int] = frozenset()) -> LoadSpec:
+    """The load of positions ``first`` to ``first + count`` of a request's tables
+    (``states``: a hybrid SSM model's Mamba groups, mamba_state.py)."""
     if len(tables) == 1:  # (a sliding-window-only model's null blocks are left out)
         ids, kept = _non_null(tables[0][first:first + count], hashes)
         return LoadSpec(req_id, ids, kept, lease_ids, is_async)
+    if states:
+        return mamba_state.load_spec(req_id, tables, first, hashes, lease_ids, states)
     parts = _group_parts(tables, first, hashes)
     return LoadSpec(req_id, tuple(b for p in parts for b in p.block_ids), hashes, lease_ids, is_async, parts)
 
@@ -26,7 +29,8 @@ class PlannedSave(NamedTuple):
     num_full: int  # the request's full blocks, saved once this save is
 
 
-def next_save(request, tables, num_saved: int, num_computed_blocks: int) -> PlannedSave | None:
+def next_save(request, tables, num_saved: int, num_computed_blocks: int,
+              states: frozenset[int] = frozenset()) -> PlannedSave | None:
     """The save of ``request``'s full blocks past its first ``num_saved``, up to
     ``num_computed_blocks`` (its computed tokens, in whole blocks), as far as its hashes
     and every table reach; None when no block is newly full."""
@@ -34,7 +38,8 @@ def next_save(request, tables, num_saved: int, num_computed_blocks: int) -> Plan
     num_full = min(num_computed_blocks, len(hashes), *map(len, tables))
     if num_full <= num_saved:
         return None
-    return PlannedSave(save_spec(request.request_id, tables, num_saved, hashes[num_saved:num_full]), num_full)
+    return PlannedSave(save_spec(request.request_id, tables, num_saved, hashes[num_saved:num_full], states),
+                       num_full)
 
 
 def extend_tables(tables: list[list[int]], new_ids) -> None:
@@ -53,10 +58,13 @@ def _non_null(block_ids, hashes) -> tuple[tuple[int, ...], tuple[bytes, ...]]:
     return tuple(b for b, _ in kept), tuple(h for _, h in kept)
 
 
-def save_spec(req_id: str, tables, start: int, hashes) -> SaveSpec | None:
+def save_spec(req_id: str, tables, start: int, hashes, states: frozenset[int] = frozenset()) -> SaveSpec | None:
     """The save of positions ``start`` to ``start + len(hashes)`` of a request's tables (one,
-    or one per KV cache group); None when no table holds a block there."""
+    or one per KV cache group; ``states``: the Mamba groups); None when no table holds a
+    block there."""
     hashes = tuple(hashes)
+    if states:
+        return mamba_state.save_spec(req_id, tables, start, hashes, states)
     if len(tables) == 1:
         ids, kept = _non_null(tables[0][start:start + len(hashes)], hashes)
         return SaveSpec(req_id, ids, kept) if ids else None

@@ -34,9 +34,10 @@ logger = logging.getLogger(__name__)
 
 class SchedulerSide:
     def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, instance: int = 0,
-                 num_groups: int = 1):
+                 num_groups: int = 1, state_groups: frozenset[int] = frozenset()):
         self.config = config
-        self.num_groups = num_groups  # KV cache groups (more than one: a hybrid model)
+        # KV cache groups (more than one: a hybrid model), and of them the Mamba groups (mamba_state.py)
+        self.num_groups, self.state_groups = num_groups, state_groups
         self.namespaces = namespaces  # one per worker rank: pp x tp of them, rank = pp_rank * tp_size + tp_rank
         self.block_size = block_size
         identity = ClientIdentity(attach_role(ClientRole.SCHEDULER, config.wire_kv_role), 0,
@@ -54,7 +55,7 @@ class SchedulerSide:
         self._saved_by_step: dict[int, set[int]] = {}  # hybrid: step -> the blocks its SAVEs read, until over
         self._loading: dict[str, tuple[int, ...]] = {}  # hybrid: async loads' blocks, until finished
         self.stats = PegaKVConnectorStats()  # what vLLM's metrics get (get_kv_connector_stats)
-        self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats)
+        self.lookups = Lookups(config, namespaces, block_size, self.link, self.stats, bool(state_groups))
         if config.is_off:
             self.link.close()  # no engine slot held for nothing
 
@@ -112,7 +113,7 @@ class SchedulerSide:
         first, count = state.lookup_at_tokens // self.block_size, num_external_tokens // self.block_size
         hashes = tuple(request.block_hashes[first:first + count])
         state.pending_load = load_spec(request.request_id, tables, first, count, hashes, state.lease_ids,
-                                       state.is_async_hit)
+                                       state.is_async_hit, self.state_groups)
         state.lease_ids, state.lookup_at_tokens = (), -1  # the load owns the leases now
         # The loaded blocks are stored already: never save them back (if their load fails,
         # the GPU holds garbage under their hashes until vLLM recomputes them).
@@ -195,11 +196,10 @@ class SchedulerSide:
     def _reuse_wait(self, handed_out: set[int]) -> int:
         """The last step whose SAVEs, possibly still running, read a block handed out again
         in this one (0: none).  Only a block vLLM let go without asking us can be: a
-        sliding window's (a finished request's are held, a preempted one's waited for).
-        The wait is in the workers' ``handle_preemptions``, before the step's loads and
-        forward.  vLLM 0.33's V2 model runner queues two other writes of new blocks before
-        it calls that hook: zeroing them (caches of mixed precision) and copying a partial
-        prefix-cache hit's last block into a new one; those are not covered."""
+        sliding window's (a finished request's are held, a preempted one's waited for).  The
+        wait is in the workers' ``handle_preemptions``, before the step's loads and forward.
+        vLLM 0.33's V2 model runner queues two other writes of new blocks before that hook,
+        not covered: zeroing them (mixed-precision caches), and a partial hit's last block copied."""
         if not handed_out or not self._saved_by_step:
             return 0
         return max((step for step, blocks in self._saved_by_step.items()
@@ -208,7 +208,8 @@ class SchedulerSide:
     def _plan_save(self, meta: PegaConnectorMetadata, state: RequestState, num_tokens: int) -> None:
         if not self.config.enable_save:
             return
-        planned = next_save(state.request, state.block_ids, state.num_saved_blocks, num_tokens // self.block_size)
+        planned = next_save(state.request, state.block_ids, state.num_saved_blocks, num_tokens // self.block_size,
+                            self.state_groups)
         if planned is None:
             return
         if planned.spec is not None:
@@ -241,13 +242,13 @@ class SchedulerSide:
 
     def _plan_finish_save(self, state: RequestState, request, block_ids) -> bool:
         """Blocks whose KV is computed but whose hashes came too late for any step's plan
-        (asynchronous scheduling hands the scheduler a step's tokens after it has planned
-        the next step, so the blocks a request's last steps complete were never planned):
+        (asynchronous scheduling hands over a step's tokens after the next step is planned):
         saved by the next step, the request's blocks held until then.  Whether it planned one."""
         if not self.config.enable_save or not block_ids:
             return False
         tables = block_ids if isinstance(block_ids[0], (list, tuple)) else (block_ids,)
-        planned = next_save(request, tables, state.num_saved_blocks, request.num_computed_tokens // self.block_size)
+        planned = next_save(request, tables, state.num_saved_blocks, request.num_computed_tokens // self.block_size,
+                            self.state_groups)
         if planned is None or planned.spec is None:
             return False
         self._finish_saves.append(planned.spec)
@@ -264,9 +265,8 @@ class SchedulerSide:
             self.requests.pop(req_id, None)
             self._awaiting_report.discard(req_id)
         for req_id in getattr(connector_output, "failed_recving", None) or ():
-            # vLLM recomputes the whole request (it frees its blocks first), or fails it
-            # (its state may be gone by now): the workers may save what lands in those
-            # blocks once told (rewound); the request is saved anew and never loaded again.
+            # vLLM recomputes the whole request (its blocks freed first) or fails it: the workers may save
+            # what lands in those blocks once told (rewound); the request is saved anew, never loaded again.
             self._rewound |= set(self._loading.get(req_id, ()))
             if (state := self.requests.get(req_id)) is not None:
                 state.num_saved_blocks, state.block_ids, state.has_failed_load = 0, [[]], True

@@ -10,7 +10,9 @@ cache starts empty) are what the engine served.  B's greedy tokens and top-5 log
 equal R's second pass bit for bit, and B must be served at least 95 % of what that pass hit.
 Families: a sliding-window model (Gemma-3 shape, 3 windowed layers and 1 full) with vLLM's
 hybrid KV cache manager on (two KV cache groups; vLLM's CPU build reports a failed load per
-request).
+request); a hybrid SSM model (Qwen3-Next shape: 3 Gated-DeltaNet layers, 1 full attention)
+under ``mamba_cache_mode`` align, served its attention blocks and the Mamba state at each
+hit's last block (pegaflow/connector/mamba_state.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 # family -> (model directory in tools/models, more LLM arguments: the reference run gets them too)
 FAMILIES = {
     "sliding_window": ("gemma-3-tiny", {}),  # a 128-token window; the hybrid manager on (vLLM's default)
+    # 3 Gated-DeltaNet (Mamba-state) layers and 1 full attention: Mamba states at block boundaries
+    "hybrid_ssm": ("qwen3-next-tiny", {"mamba_cache_mode": "align"}),
 }
 
 
