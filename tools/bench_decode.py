@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.gpu import gpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 PHASE_TIMEOUT_S = 900.0
 KINDS = ("none", "idle", "saving")
@@ -81,9 +83,8 @@ def run_phase(args) -> dict:
             count = max(batch, args.requests)
             prompts = random_prompts(hash((args.seed, context, batch)) & 0xFFFFFFF, count, context, vocab)
             cells[f"bs{batch}_ctx{context}"] = _tpots(llm, prompts, batch, args.decode_tokens)
-    import torch
     return {"cudagraph_mode": getattr(mode, "name", str(mode)), "tpot_ms": cells,
-            "gpu": torch.cuda.get_device_name(0), "decode_tokens": args.decode_tokens}
+            "gpu": gpu_name(), "decode_tokens": args.decode_tokens}
 
 
 def _spawn(args, kind: str, seed: int) -> dict:

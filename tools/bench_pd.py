@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from types import SimpleNamespace
 
 from tools.bench_serving import Server, complete, external_hit_tokens, server_command
 from tools.engine_process import EngineProcess
+from tools.gpu import gpu_name
 from tools.replica_router import cacheable_tokens
 from tools.serving_workload import RequestResult, percentile, poisson_offsets
 
@@ -138,15 +138,6 @@ def run_replicas(args, warmup: list[list[int]], jobs: list[list[int]], log_dir: 
     finally:
         for server in servers:
             server.stop()
-
-
-def gpu_name() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30, check=True).stdout
-        return out.splitlines()[0].strip()
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

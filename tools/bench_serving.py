@@ -40,6 +40,7 @@ import urllib.request
 from pathlib import Path
 
 from tools import peers, step_timeline
+from tools.gpu import gpu_name
 from tools.serving_workload import (
     RequestResult,
     conversations,
@@ -478,8 +479,7 @@ def measured_on(args) -> tuple[str, str]:
     if args.merge:
         first = json.loads(Path(args.merge[0]).read_text())
         return first["gpu"], first["model"]
-    import torch
-    return torch.cuda.get_device_name(0), args.model
+    return gpu_name(), args.model
 
 
 def write_json(args, runs: list[dict]) -> None:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from tools import peers
+from tools.gpu import gpu_name
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_cache, tokens_by_source
@@ -359,7 +360,7 @@ def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) 
             print(f"bench_ttft: no figures for {config}: {reason}", file=sys.stderr)
     if "ttft_warm_ms" not in rows["pegaflow"]:
         return None
-    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, _gpu_name())
+    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, gpu_name())
 
 
 def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
@@ -370,11 +371,6 @@ def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
             "tpot_ratio_saving_vs_idle": med["pegaflow"] / med["idle"],
             "tpot_ratio_idle_vs_none": med["idle"] / med["none"],
             **{f"tpot_{phase}_ms_each": values for phase, values in tpot.items()}}
-
-
-def _gpu_name() -> str:
-    import torch
-    return torch.cuda.get_device_name(0)
 
 
 def main() -> int:
@@ -455,7 +451,7 @@ def main() -> int:
         finally:
             if engine is not None:
                 engine.stop()
-        print(json.dumps(summarize_tpot(tpot, _gpu_name())))
+        print(json.dumps(summarize_tpot(tpot, gpu_name())))
         return 0
     from pegaflow.stats.engine_stats import read_stats
     by_backend = {}
@@ -478,7 +474,7 @@ def main() -> int:
     peg = by_backend[backends[0] or "default"]
     rows = config_rows(peg, native, none, peer_runs)
     if (result := _figures(rows, peg, native, none)) is None:
-        print(json.dumps({"gpu": _gpu_name(), "configs": rows}))  # pegaflow's own figures invalid
+        print(json.dumps({"gpu": gpu_name(), "configs": rows}))  # pegaflow's own figures invalid
         return 1
     if disks is not None:
         result.update(summarize_disk(peg, disks, none))

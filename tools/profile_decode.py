@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from tools.bench_decode import KINDS, decode_llm, random_prompts
+from tools.gpu import gpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASE_TIMEOUT_S = 900.0
@@ -75,8 +76,7 @@ def run_phase(args) -> dict:
     profiler.disable()
     steps, rows = profile_rows(pstats.Stats(profiler))
     metrics, generated = out.metrics, len(out.outputs[0].token_ids)
-    import torch
-    return {"steps": steps, "generated": generated, "gpu": torch.cuda.get_device_name(0),
+    return {"steps": steps, "generated": generated, "gpu": gpu_name(),
             "tpot_ms_under_profiler": (metrics.last_token_ts - metrics.first_token_ts) * 1e3 / max(generated - 1, 1),
             "functions": rows}
 
