@@ -35,6 +35,7 @@ from tools.bench_serving import Server, complete, external_hit_tokens, server_co
 from tools.engine_process import EngineProcess
 from tools.gpu import gpu_name
 from tools.replica_router import cacheable_tokens
+from tools.serving_setup import pegaflow_transfer_args
 from tools.serving_workload import RequestResult, percentile, poisson_offsets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,10 +88,8 @@ def server_args(args, port: int, share: float) -> SimpleNamespace:
 
 def pd_command(role: str, args, port: int, engine_name: str) -> list[str]:
     """A plain server's command with pegaflow's connector in ``role``."""
-    extra = {"engine_name": engine_name}
-    return server_command("none", server_args(args, port, args.gpu_share), "") + ["--kv-transfer-config", json.dumps({
-        "kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
-        "kv_role": role, "kv_connector_extra_config": extra})]
+    return server_command("none", server_args(args, port, args.gpu_share), "",
+                          pegaflow_transfer_args(engine_name, role))
 
 
 def run_reference(args, jobs: list[list[int]], log_dir: Path) -> list[list[int]]:
