@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tools.gpu import gpu_name
+from tools.phase_process import engine_unless_named, spawn_phase
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASE_TIMEOUT_S = 900.0
 KINDS = ("none", "idle", "saving")
 
 
@@ -88,18 +85,11 @@ def run_phase(args) -> dict:
 
 
 def _spawn(args, kind: str, seed: int) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    cmd = [sys.executable, "-m", "tools.bench_decode", "--phase", kind, "--phase-out", out, "--seed", str(seed),
-           "--mode", args.mode, "--model", args.model, "--engine-name", args.engine_name,
-           "--decode-tokens", str(args.decode_tokens), "--requests", str(args.requests),
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-           "--batches", *map(str, args.batches), "--contexts", *map(str, args.contexts)]
-    try:  # stdout carries only our JSON; a phase that hangs fails the bench
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S)
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink(missing_ok=True)
+    return spawn_phase("tools.bench_decode", kind, [
+        "--seed", str(seed), "--mode", args.mode, "--model", args.model, "--engine-name", args.engine_name,
+        "--decode-tokens", str(args.decode_tokens), "--requests", str(args.requests),
+        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+        "--batches", *map(str, args.batches), "--contexts", *map(str, args.contexts)])
 
 
 def summarize(runs: list[tuple[str, int, dict]], mode: str) -> dict:
@@ -156,14 +146,8 @@ def headline(summaries: dict[str, dict]) -> dict:
 
 def _run_phases(args) -> list[tuple[str, str, int, dict]]:
     """Every phase, interleaved (A B C A B C) per mode, against one engine started here."""
-    from tools.engine_process import EngineProcess
-    engine = None
-    if not args.engine_name:
-        engine = EngineProcess(f"decode{os.getpid()}", backend="cuda", pool_size=args.pool_size,
-                               start_timeout_s=300)
-        args.engine_name = engine.name
     runs, contexts, seed = [], args.contexts, args.first_seed
-    try:
+    with engine_unless_named(args.engine_name, "decode", args.pool_size) as args.engine_name:
         for mode in args.modes:
             args.mode, args.contexts = mode, (args.eager_contexts if mode == "eager" else contexts)
             for _ in range(args.repeats):
@@ -176,9 +160,6 @@ def _run_phases(args) -> list[tuple[str, str, int, dict]]:
                             {"mode": mode, "kind": kind, "seed": seed, **result}))
                     print(f"phase {mode} {kind} (seed {seed}): {result}", file=sys.stderr, flush=True)
                     seed += 1
-    finally:
-        if engine is not None:
-            engine.stop()
     return runs
 
 

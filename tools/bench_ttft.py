@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tools import peers
 from tools.gpu import gpu_name
+from tools.phase_process import spawn_phase
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_cache, tokens_by_source
@@ -39,7 +40,6 @@ from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_ca
 # Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
 # PegaFlow's package of the same name first on its path (tools/peers.py).
 ROOT = Path(__file__).resolve().parent.parent
-PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
 
 
 def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
@@ -221,20 +221,13 @@ def run_phase(args) -> dict:
 
 def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
     """One phase in its own process; ``run``: a peer's, with its environment and directory."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    cmd = [sys.executable, "-m", "tools.bench_ttft", "--phase", phase, "--phase-out", out] + _passthrough(args)
+    flags = _passthrough(args)
     if run is not None:
-        cmd += ["--kv-transfer-config", json.dumps(run.kv_transfer_config)]
-    try:  # stdout carries only our JSON; a phase that hangs fails the bench
-        # vLLM 0.26 seeds its block hashes per process unless PYTHONHASHSEED is set: the disk
-        # phase's vLLM must hash the prompts as the first one did
-        env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **(run.env if run else {}))
-        subprocess.run(cmd, check=True, cwd=(run and run.cwd) or ROOT, stdout=sys.stderr,
-                       timeout=PHASE_TIMEOUT_S, env=env)
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink(missing_ok=True)
+        flags += ["--kv-transfer-config", json.dumps(run.kv_transfer_config)]
+    # vLLM 0.26 seeds its block hashes per process unless PYTHONHASHSEED is set: the disk
+    # phase's vLLM must hash the prompts as the first one did
+    env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **(run.env if run else {}))
+    return spawn_phase("tools.bench_ttft", phase, flags, env=env, cwd=run.cwd if run else None)
 
 
 def _peer_phases(args) -> dict[str, dict]:
