@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from tools.gpu import gpu_name
-from tools.phase_process import engine_unless_named, spawn_phase
+from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("none", "idle", "saving")
@@ -188,13 +188,12 @@ def main() -> int:
     p.add_argument("--from-dir", nargs="+", help="only summarize phases saved by --out-dir runs")
     p.add_argument("--first-seed", type=int, default=1, help="seed of the first phase (prompts)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--phase", choices=KINDS, help=argparse.SUPPRESS)
-    p.add_argument("--phase-out", help=argparse.SUPPRESS)
+    add_phase_args(p, KINDS)
     p.add_argument("--mode", default="graphs", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
-        Path(args.phase_out).write_text(json.dumps(run_phase(args)))
+        write_phase(args, run_phase(args))
         return 0
     runs = _saved_runs(args.from_dir) if args.from_dir else _run_phases(args)
     summaries = {mode: summarize([(k, s, r) for m, k, s, r in runs if m == mode], mode)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from tools import peers
 from tools.gpu import gpu_name
-from tools.phase_process import spawn_phase
+from tools.phase_process import add_phase_args, spawn_phase, write_phase
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_cache, tokens_by_source
@@ -402,16 +402,14 @@ def main() -> int:
                    help="peers measured beside pegaflow, each with a host cache of --pool-size "
                         "(tools/peers.py; one that cannot run here is skipped with one line)")
     p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
-    p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk", *peers.PEERS],
-                   help=argparse.SUPPRESS)
-    p.add_argument("--phase-out", help=argparse.SUPPRESS)
+    add_phase_args(p, ["pegaflow", "idle", "native", "none", "disk", *peers.PEERS])
     args = p.parse_args()
     if args.phase:
         try:
             result = run_phase(args)
         except GpuCacheNotEmptyError as exc:  # the configuration's row says so; the bench goes on
             result = {"failed": str(exc)}
-        Path(args.phase_out).write_text(json.dumps(result))
+        write_phase(args, result)
         return 0
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):

@@ -5,6 +5,8 @@
   <file> <flags>``; the phase writes its figures to the file as JSON and they are returned.  Its
   stdout goes to our stderr (our stdout carries only our JSON), a phase that exits non-zero
   raises ``CalledProcessError`` and one that hangs past ``timeout_s`` ``TimeoutExpired``;
+- the phase's side: ``add_phase_args(parser, phases)`` declares the two flags ``spawn_phase``
+  passes (hidden from ``--help``) and ``write_phase(args, figures)`` writes the figures back;
 - ``engine_unless_named(engine_name, prefix, pool_size)``: the engine the phases attach to: the
   one ``engine_name`` names, or else one started here (named ``<prefix><pid>``) and stopped
   after the ``with`` block.
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -38,6 +41,17 @@ def spawn_phase(module: str, phase: str, flags: list[str], timeout_s: float = PH
         return json.loads(Path(out).read_text())
     finally:
         Path(out).unlink(missing_ok=True)
+
+
+def add_phase_args(parser: argparse.ArgumentParser, phases: list[str] | tuple[str, ...]) -> None:
+    """``--phase`` (one of ``phases``; absent: the parent's run) and ``--phase-out``."""
+    parser.add_argument("--phase", choices=phases, help=argparse.SUPPRESS)
+    parser.add_argument("--phase-out", help=argparse.SUPPRESS)
+
+
+def write_phase(args: argparse.Namespace, figures: dict) -> None:
+    """A phase's figures, where ``spawn_phase`` reads them."""
+    Path(args.phase_out).write_text(json.dumps(figures))
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tools.bench_decode import KINDS, decode_llm, random_prompts
 from tools.gpu import gpu_name
-from tools.phase_process import engine_unless_named, spawn_phase
+from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_FUNCTION = ("sched/scheduler.py", "schedule")  # one call per engine step
@@ -130,12 +130,11 @@ def main() -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     p.add_argument("--most", type=int, default=25, help="functions listed per comparison")
     p.add_argument("--json", metavar="PATH", help="write the report (and each phase's steps) here")
-    p.add_argument("--phase", choices=KINDS, help=argparse.SUPPRESS)
-    p.add_argument("--phase-out", help=argparse.SUPPRESS)
+    add_phase_args(p, KINDS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
-        Path(args.phase_out).write_text(json.dumps(run_phase(args)))
+        write_phase(args, run_phase(args))
         return 0
     runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     with engine_unless_named(args.engine_name, "profile", args.pool_size) as args.engine_name:

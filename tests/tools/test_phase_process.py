@@ -12,27 +12,28 @@ from pathlib import Path
 import pytest
 
 import tools.engine_process
-from tools.phase_process import ENGINE_START_TIMEOUT_S, engine_unless_named, spawn_phase
+from tools.phase_process import ENGINE_START_TIMEOUT_S, ROOT, engine_unless_named, spawn_phase
 
 PHASE = textwrap.dedent("""
-    import argparse, json, os, sys
+    import argparse, os, sys
+    from tools.phase_process import add_phase_args, write_phase
     p = argparse.ArgumentParser()
-    p.add_argument("--phase")
-    p.add_argument("--phase-out")
     p.add_argument("--seed", type=int)
+    add_phase_args(p, ["pegaflow", "broken"])
     args = p.parse_args()
     print("vLLM's chatter")
     if args.phase == "broken":
         sys.exit(3)
-    with open(args.phase_out, "w") as f:
-        json.dump({"phase": args.phase, "seed": args.seed, "out": args.phase_out, "cwd": os.getcwd(),
-                   "mark": os.environ.get("PHASE_MARK")}, f)
+    write_phase(args, {"phase": args.phase, "seed": args.seed, "out": args.phase_out, "cwd": os.getcwd(),
+                       "mark": os.environ.get("PHASE_MARK")})
 """)
 
 
 @pytest.fixture
-def phase_dir(tmp_path):
+def phase_dir(tmp_path, monkeypatch):
+    """A phase module outside the repository (it runs there), importing the repository's tools."""
     (tmp_path / "fake_phase.py").write_text(PHASE)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     return tmp_path
 
 
@@ -45,6 +46,9 @@ def test_spawn_phase_returns_what_the_phase_wrote_and_removes_its_file(phase_dir
     assert Path(result["cwd"]) == phase_dir
     # 2. Its file is gone, and its stdout went to our stderr (our stdout carries only our JSON).
     assert not Path(result["out"]).exists()
+    # 3. A phase name it does not declare is refused by the phase's own parser.
+    with pytest.raises(subprocess.CalledProcessError):
+        spawn_phase("fake_phase", "idle", [], cwd=phase_dir)
     captured = capfd.readouterr()
     assert "vLLM's chatter" in captured.err and "vLLM's chatter" not in captured.out
 
