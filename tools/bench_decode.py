@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from tools.gpu import gpu_name
+from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
+
 ROOT = Path(__file__).resolve().parent.parent
-PHASE_TIMEOUT_S = 900.0
 KINDS = ("none", "idle", "saving")
 
 
@@ -81,24 +80,16 @@ def run_phase(args) -> dict:
             count = max(batch, args.requests)
             prompts = random_prompts(hash((args.seed, context, batch)) & 0xFFFFFFF, count, context, vocab)
             cells[f"bs{batch}_ctx{context}"] = _tpots(llm, prompts, batch, args.decode_tokens)
-    import torch
     return {"cudagraph_mode": getattr(mode, "name", str(mode)), "tpot_ms": cells,
-            "gpu": torch.cuda.get_device_name(0), "decode_tokens": args.decode_tokens}
+            "gpu": gpu_name(), "decode_tokens": args.decode_tokens}
 
 
 def _spawn(args, kind: str, seed: int) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    cmd = [sys.executable, "-m", "tools.bench_decode", "--phase", kind, "--phase-out", out, "--seed", str(seed),
-           "--mode", args.mode, "--model", args.model, "--engine-name", args.engine_name,
-           "--decode-tokens", str(args.decode_tokens), "--requests", str(args.requests),
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-           "--batches", *map(str, args.batches), "--contexts", *map(str, args.contexts)]
-    try:  # stdout carries only our JSON; a phase that hangs fails the bench
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S)
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink(missing_ok=True)
+    return spawn_phase("tools.bench_decode", kind, [
+        "--seed", str(seed), "--mode", args.mode, "--model", args.model, "--engine-name", args.engine_name,
+        "--decode-tokens", str(args.decode_tokens), "--requests", str(args.requests),
+        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+        "--batches", *map(str, args.batches), "--contexts", *map(str, args.contexts)])
 
 
 def summarize(runs: list[tuple[str, int, dict]], mode: str) -> dict:
@@ -155,14 +146,8 @@ def headline(summaries: dict[str, dict]) -> dict:
 
 def _run_phases(args) -> list[tuple[str, str, int, dict]]:
     """Every phase, interleaved (A B C A B C) per mode, against one engine started here."""
-    from tools.engine_process import EngineProcess
-    engine = None
-    if not args.engine_name:
-        engine = EngineProcess(f"decode{os.getpid()}", backend="cuda", pool_size=args.pool_size,
-                               start_timeout_s=300)
-        args.engine_name = engine.name
     runs, contexts, seed = [], args.contexts, args.first_seed
-    try:
+    with engine_unless_named(args.engine_name, "decode", args.pool_size) as args.engine_name:
         for mode in args.modes:
             args.mode, args.contexts = mode, (args.eager_contexts if mode == "eager" else contexts)
             for _ in range(args.repeats):
@@ -175,9 +160,6 @@ def _run_phases(args) -> list[tuple[str, str, int, dict]]:
                             {"mode": mode, "kind": kind, "seed": seed, **result}))
                     print(f"phase {mode} {kind} (seed {seed}): {result}", file=sys.stderr, flush=True)
                     seed += 1
-    finally:
-        if engine is not None:
-            engine.stop()
     return runs
 
 
@@ -206,13 +188,12 @@ def main() -> int:
     p.add_argument("--from-dir", nargs="+", help="only summarize phases saved by --out-dir runs")
     p.add_argument("--first-seed", type=int, default=1, help="seed of the first phase (prompts)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--phase", choices=KINDS, help=argparse.SUPPRESS)
-    p.add_argument("--phase-out", help=argparse.SUPPRESS)
+    add_phase_args(p, KINDS)
     p.add_argument("--mode", default="graphs", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
-        Path(args.phase_out).write_text(json.dumps(run_phase(args)))
+        write_phase(args, run_phase(args))
         return 0
     runs = _saved_runs(args.from_dir) if args.from_dir else _run_phases(args)
     summaries = {mode: summarize([(k, s, r) for m, k, s, r in runs if m == mode], mode)

@@ -37,21 +37,10 @@ from pegaflow.platform import shm
 from pegaflow.platform.values import format_size, parse_size
 from pegaflow.stats.engine_stats import read_stats
 from tools.engine_process import LARGE_POOL_STOP_S, ROOT, EngineProcess
+from tools.gpu import NO_GPU, gpu_name
 
 POLL_S = 5e-3
 FAULT_METHODS = ("write faulted", "touch", "fallocate+touch", "populate", "populate+huge", "map_populate")
-
-
-def gpu_name() -> str:
-    try:
-        import torch
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    except ImportError:
-        from engine.copy import detect_cuda
-        if not detect_cuda():
-            return "none"
-        from pegaflow.platform.cuda import driver
-        return driver.device_name(0)
 
 
 def start_once(args, name: str, log: Path, pin_chunk: str | None) -> dict:
@@ -233,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'?' if huge is None else format_size(huge):>13}")
     if args.json:
         written = [r["gbps"] for r in faults if r["method"] == "write faulted"]
-        result = {"gpu": "none" if args.backend == "host" else gpu_name(), "pool_gib": pool_bytes / 2**30,
+        result = {"gpu": NO_GPU if args.backend == "host" else gpu_name(), "pool_gib": pool_bytes / 2**30,
                   "backend": args.backend,
                   "first_client_s": background["first_client_s"], "pin_gbps": background["pin_gbps"],
                   "fully_ready_s": background["fully_ready_s"], "stop_s": background["stop_s"],

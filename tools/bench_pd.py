@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,9 @@ from types import SimpleNamespace
 
 from tools.bench_serving import Server, complete, external_hit_tokens, server_command
 from tools.engine_process import EngineProcess
+from tools.gpu import gpu_name
 from tools.replica_router import cacheable_tokens
+from tools.serving_setup import pegaflow_transfer_args
 from tools.serving_workload import RequestResult, percentile, poisson_offsets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,10 +88,8 @@ def server_args(args, port: int, share: float) -> SimpleNamespace:
 
 def pd_command(role: str, args, port: int, engine_name: str) -> list[str]:
     """A plain server's command with pegaflow's connector in ``role``."""
-    extra = {"engine_name": engine_name}
-    return server_command("none", server_args(args, port, args.gpu_share), "") + ["--kv-transfer-config", json.dumps({
-        "kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
-        "kv_role": role, "kv_connector_extra_config": extra})]
+    return server_command("none", server_args(args, port, args.gpu_share), "",
+                          pegaflow_transfer_args(engine_name, role))
 
 
 def run_reference(args, jobs: list[list[int]], log_dir: Path) -> list[list[int]]:
@@ -138,15 +137,6 @@ def run_replicas(args, warmup: list[list[int]], jobs: list[list[int]], log_dir: 
     finally:
         for server in servers:
             server.stop()
-
-
-def gpu_name() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30, check=True).stdout
-        return out.splitlines()[0].strip()
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import os
 import statistics
@@ -49,7 +48,6 @@ from types import SimpleNamespace
 
 from tools import peers, step_timeline
 from tools.bench_serving import (
-    PEGAFLOW_CONFIGS,
     Server,
     add_chat_args,
     add_run_args,
@@ -63,6 +61,7 @@ from tools.bench_serving import (
     server_command,
 )
 from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
+from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes, vllm_settings
 from tools.serving_workload import RequestResult, conversations, shared_prefix_prompts, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,15 +104,13 @@ class Fleet:
         one.host_gib = max(1, a.host_gib // a.replicas) if self.config == "native" else a.host_gib
         started = time.monotonic()
         log_path = self.log_dir / f"{self.tag}.r{replica}.log"
-        plan = self.plan
-        env = dict(plan.env) if plan else {}
+        peer_args, env, cwd = vllm_settings(self.plan)
         if (trace_path := self.trace_path(replica)) is not None:  # the connector's step timeline
             logging_path = self.log_dir / f"{self.tag}.r{replica}.logging.json"
             logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
             env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
-        self.servers[replica] = Server(server_command(self.config, one, self.engine_name,
-                                                      plan.serve_args() if plan else None),
-                                       one.port, log_path, env, plan.cwd if plan else None)
+        self.servers[replica] = Server(server_command(self.config, one, self.engine_name, peer_args),
+                                       one.port, log_path, env, cwd)
         self.ready_s[replica] = round(time.monotonic() - started, 2)
         return self.ready_s[replica]
 
@@ -211,36 +208,17 @@ def _delta(after: dict[int, dict[str, float]], before: dict[int, dict[str, float
 
 
 def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
-    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     name = f"replicas{os.getpid()}"
-    engine = None
-    if config in PEGAFLOW_CONFIGS:
-        engine = EngineProcess(name, *args.engine_arg, backend="cuda", pool_size=f"{args.host_gib}GiB",
-                               start_timeout_s=600, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
-    plan = None
-    if config in peers.PEERS:  # LMCache in vLLM's process: a private cache each, split like native's
-        split = args.replicas if config in SPLIT_PEERS else 1
-        plan = peers.plan(config, (args.host_gib << 30) // split)
-    try:
-        with contextlib.ExitStack() as stack:
-            if plan is not None:
-                stack.enter_context(peers.side_process(plan, log_dir / f"{tag}.peer.log"))
-            fleet = Fleet(config, args, name, log_dir, tag, plan)
-            try:
-                result = _workloads(config, args, fleet, tag) | {"engine": _engine_stats(name) if engine else None}
-            finally:
-                fleet.close()
-            # every replica's process is gone: its trace is whole (each process's clock is the host's)
-            return result | {"step_timeline": fleet.step_timelines(tuple(result["later_window"]))}
-    finally:
-        if engine is not None:
-            engine.stop(timeout_s=LARGE_POOL_STOP_S)
-
-
-def _engine_stats(name: str) -> dict:
-    from pegaflow.stats.engine_stats import read_stats
-    s = read_stats(name)
-    return {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
+    split = args.replicas if config in SPLIT_PEERS else 1  # LMCache in vLLM's process: a private cache each
+    with side_processes(config, name, args.engine_arg, args.host_gib, log_dir, tag,
+                        peer_pool_bytes=(args.host_gib << 30) // split, engine_start_timeout_s=600) as sides:
+        fleet = Fleet(config, args, name, log_dir, tag, sides.plan)
+        try:
+            result = _workloads(config, args, fleet, tag) | {"engine": sides.engine_stats()}
+        finally:
+            fleet.close()
+        # every replica's process is gone: its trace is whole (each process's clock is the host's)
+        return result | {"step_timeline": fleet.step_timelines(tuple(result["later_window"]))}
 
 
 def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import http.client
 import json
 import os
@@ -40,6 +39,8 @@ import urllib.request
 from pathlib import Path
 
 from tools import peers, step_timeline
+from tools.gpu import gpu_name
+from tools.serving_setup import PEGAFLOW_CONFIGS, pegaflow_transfer_args, side_processes, vllm_settings
 from tools.serving_workload import (
     RequestResult,
     conversations,
@@ -54,9 +55,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVED_NAME = "bench"
 START_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 600.0
-# pegaflow's configurations: the connector's options beyond the engine's name
-PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},
-                    "pegaflow-layerwise": {"load_mode": "layerwise"}}
 
 
 def complete(port: int, prompt: list[int], max_tokens: int, key: str, host: str = "127.0.0.1",
@@ -190,10 +188,7 @@ def server_command(config: str, args, engine_name: str, peer_args: list[str] | N
     if config == "native":
         cmd += ["--kv-offloading-size", str(args.host_gib), "--kv-offloading-backend", "native"]
     elif config in PEGAFLOW_CONFIGS:
-        extra = {"engine_name": engine_name, **PEGAFLOW_CONFIGS[config]}
-        cmd += ["--kv-transfer-config", json.dumps({
-            "kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
-            "kv_role": "kv_both", "kv_connector_extra_config": extra})]
+        cmd += pegaflow_transfer_args(engine_name, **PEGAFLOW_CONFIGS[config])
     return cmd + list(peer_args or ())
 
 
@@ -234,42 +229,28 @@ class Server:
 
 
 def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
-    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
-    engine = None
     name = f"bench{os.getpid()}"
-    if config in PEGAFLOW_CONFIGS:
-        engine = EngineProcess(name, *args.engine_arg, backend="cuda", pool_size=f"{args.host_gib}GiB",
-                               start_timeout_s=300, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
     trace_path, extra_env = log_dir / f"{tag}.trace.log", {}
     if config in PEGAFLOW_CONFIGS and args.trace:  # the connector's step timeline, into its own file
         logging_path = log_dir / f"{tag}.logging.json"
         logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
         extra_env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
-    plan = peers.plan(config, args.host_gib << 30) if config in peers.PEERS else None
-    try:
-        with contextlib.ExitStack() as stack:
-            if plan is not None:  # a peer: its server (if it has one) up first, its settings
-                stack.enter_context(peers.side_process(plan, log_dir / f"{tag}.peer.log"))
-                extra_env.update(plan.env)
-            server = Server(server_command(config, args, name, plan.serve_args() if plan else None), args.port,
-                            log_dir / f"{tag}.log", extra_env, plan.cwd if plan else None)
-            try:
-                counts0 = counters(args.port)
-                rounds = multi_round(args.port, args)
-                counts1 = counters(args.port)
-                reset_wait_s = reset_gpu_cache(args.port)
-                prefix = shared_prefix(args.port, args) if args.prefix_requests else []
-                counts2 = counters(args.port)
-            finally:
-                server.stop()
-        engine_stats = None
-        if engine is not None:
-            from pegaflow.stats.engine_stats import read_stats
-            s = read_stats(name)
-            engine_stats = {k: s[k] for k in ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")}
-    finally:
-        if engine is not None:
-            engine.stop(timeout_s=LARGE_POOL_STOP_S)
+    with side_processes(config, name, args.engine_arg, args.host_gib, log_dir, tag,
+                        peer_pool_bytes=args.host_gib << 30, engine_start_timeout_s=300) as sides:
+        peer_args, peer_env, cwd = vllm_settings(sides.plan)  # a peer's server (if it has one) is up
+        extra_env.update(peer_env)
+        server = Server(server_command(config, args, name, peer_args), args.port, log_dir / f"{tag}.log",
+                        extra_env, cwd)
+        try:
+            counts0 = counters(args.port)
+            rounds = multi_round(args.port, args)
+            counts1 = counters(args.port)
+            reset_wait_s = reset_gpu_cache(args.port)
+            prefix = shared_prefix(args.port, args) if args.prefix_requests else []
+            counts2 = counters(args.port)
+        finally:
+            server.stop()
+        engine_stats = sides.engine_stats()
     later = [r for rnd in rounds[1:] for r in rnd]
     phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
     timeline = None
@@ -478,8 +459,7 @@ def measured_on(args) -> tuple[str, str]:
     if args.merge:
         first = json.loads(Path(args.merge[0]).read_text())
         return first["gpu"], first["model"]
-    import torch
-    return torch.cuda.get_device_name(0), args.model
+    return gpu_name(), args.model
 
 
 def write_json(args, runs: list[dict]) -> None:

@@ -39,6 +39,7 @@ from engine.copy.cuda import CudaBackend  # noqa: E402
 from engine.fault_in import default_threads, fault_in  # noqa: E402
 from pegaflow.platform import shm  # noqa: E402
 from pegaflow.platform.cuda import driver  # noqa: E402
+from tools.gpu import gpu_name  # noqa: E402
 
 NUM_LAYERS, KV_HEADS, HEAD, DTYPE_BYTES = 32, 8, 128, 2
 TOKEN_BYTES = KV_HEADS * 2 * HEAD * DTYPE_BYTES  # K and V of one token in one layer: 4 KiB
@@ -318,7 +319,7 @@ def start_client():
 def main(argv=None) -> int:
     args = parse_args(argv)
     conn, proc, exported = start_client()
-    report = {"gpu": driver.device_name(0), "date": datetime.date.today().isoformat(),
+    report = {"gpu": gpu_name(), "date": datetime.date.today().isoformat(),
               "command": "python -m tools.bench_transfer " + " ".join(argv or sys.argv[1:]),
               "model_shape": "Llama-3.1-8B KV: 32 layers, 8 KV heads, head 128, bf16",
               "layout": "vLLM default (layer-major, [blocks, block, heads, K|V])"}

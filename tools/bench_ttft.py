@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 from tools import peers
+from tools.gpu import gpu_name
+from tools.phase_process import add_phase_args, spawn_phase, write_phase
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_cache, tokens_by_source
@@ -38,7 +40,6 @@ from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_ca
 # Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
 # PegaFlow's package of the same name first on its path (tools/peers.py).
 ROOT = Path(__file__).resolve().parent.parent
-PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
 
 
 def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
@@ -220,20 +221,13 @@ def run_phase(args) -> dict:
 
 def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
     """One phase in its own process; ``run``: a peer's, with its environment and directory."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    cmd = [sys.executable, "-m", "tools.bench_ttft", "--phase", phase, "--phase-out", out] + _passthrough(args)
+    flags = _passthrough(args)
     if run is not None:
-        cmd += ["--kv-transfer-config", json.dumps(run.kv_transfer_config)]
-    try:  # stdout carries only our JSON; a phase that hangs fails the bench
-        # vLLM 0.26 seeds its block hashes per process unless PYTHONHASHSEED is set: the disk
-        # phase's vLLM must hash the prompts as the first one did
-        env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **(run.env if run else {}))
-        subprocess.run(cmd, check=True, cwd=(run and run.cwd) or ROOT, stdout=sys.stderr,
-                       timeout=PHASE_TIMEOUT_S, env=env)
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink(missing_ok=True)
+        flags += ["--kv-transfer-config", json.dumps(run.kv_transfer_config)]
+    # vLLM 0.26 seeds its block hashes per process unless PYTHONHASHSEED is set: the disk
+    # phase's vLLM must hash the prompts as the first one did
+    env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **(run.env if run else {}))
+    return spawn_phase("tools.bench_ttft", phase, flags, env=env, cwd=run.cwd if run else None)
 
 
 def _peer_phases(args) -> dict[str, dict]:
@@ -359,7 +353,7 @@ def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) 
             print(f"bench_ttft: no figures for {config}: {reason}", file=sys.stderr)
     if "ttft_warm_ms" not in rows["pegaflow"]:
         return None
-    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, _gpu_name())
+    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, gpu_name())
 
 
 def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
@@ -370,11 +364,6 @@ def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
             "tpot_ratio_saving_vs_idle": med["pegaflow"] / med["idle"],
             "tpot_ratio_idle_vs_none": med["idle"] / med["none"],
             **{f"tpot_{phase}_ms_each": values for phase, values in tpot.items()}}
-
-
-def _gpu_name() -> str:
-    import torch
-    return torch.cuda.get_device_name(0)
 
 
 def main() -> int:
@@ -413,16 +402,14 @@ def main() -> int:
                    help="peers measured beside pegaflow, each with a host cache of --pool-size "
                         "(tools/peers.py; one that cannot run here is skipped with one line)")
     p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
-    p.add_argument("--phase", choices=["pegaflow", "idle", "native", "none", "disk", *peers.PEERS],
-                   help=argparse.SUPPRESS)
-    p.add_argument("--phase-out", help=argparse.SUPPRESS)
+    add_phase_args(p, ["pegaflow", "idle", "native", "none", "disk", *peers.PEERS])
     args = p.parse_args()
     if args.phase:
         try:
             result = run_phase(args)
         except GpuCacheNotEmptyError as exc:  # the configuration's row says so; the bench goes on
             result = {"failed": str(exc)}
-        Path(args.phase_out).write_text(json.dumps(result))
+        write_phase(args, result)
         return 0
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
@@ -455,7 +442,7 @@ def main() -> int:
         finally:
             if engine is not None:
                 engine.stop()
-        print(json.dumps(summarize_tpot(tpot, _gpu_name())))
+        print(json.dumps(summarize_tpot(tpot, gpu_name())))
         return 0
     from pegaflow.stats.engine_stats import read_stats
     by_backend = {}
@@ -478,7 +465,7 @@ def main() -> int:
     peg = by_backend[backends[0] or "default"]
     rows = config_rows(peg, native, none, peer_runs)
     if (result := _figures(rows, peg, native, none)) is None:
-        print(json.dumps({"gpu": _gpu_name(), "configs": rows}))  # pegaflow's own figures invalid
+        print(json.dumps({"gpu": gpu_name(), "configs": rows}))  # pegaflow's own figures invalid
         return 1
     if disks is not None:
         result.update(summarize_disk(peg, disks, none))

@@ -21,15 +21,14 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tools.bench_decode import KINDS, decode_llm, random_prompts
+from tools.gpu import gpu_name
+from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASE_TIMEOUT_S = 900.0
 STEP_FUNCTION = ("sched/scheduler.py", "schedule")  # one call per engine step
 
 
@@ -75,8 +74,7 @@ def run_phase(args) -> dict:
     profiler.disable()
     steps, rows = profile_rows(pstats.Stats(profiler))
     metrics, generated = out.metrics, len(out.outputs[0].token_ids)
-    import torch
-    return {"steps": steps, "generated": generated, "gpu": torch.cuda.get_device_name(0),
+    return {"steps": steps, "generated": generated, "gpu": gpu_name(),
             "tpot_ms_under_profiler": (metrics.last_token_ts - metrics.first_token_ts) * 1e3 / max(generated - 1, 1),
             "functions": rows}
 
@@ -115,16 +113,10 @@ def compare(base: dict[str, dict], other: dict[str, dict], most: int = 25) -> di
 
 
 def _spawn(args, kind: str, seed: int) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    cmd = [sys.executable, "-m", "tools.profile_decode", "--phase", kind, "--phase-out", out, "--seed", str(seed),
-           "--model", args.model, "--engine-name", args.engine_name, "--context", str(args.context),
-           "--decode-tokens", str(args.decode_tokens), "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
-    try:
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr, timeout=PHASE_TIMEOUT_S)
-        return json.loads(Path(out).read_text())
-    finally:
-        Path(out).unlink(missing_ok=True)
+    return spawn_phase("tools.profile_decode", kind, [
+        "--seed", str(seed), "--model", args.model, "--engine-name", args.engine_name,
+        "--context", str(args.context), "--decode-tokens", str(args.decode_tokens),
+        "--gpu-memory-utilization", str(args.gpu_memory_utilization)])
 
 
 def main() -> int:
@@ -138,29 +130,19 @@ def main() -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     p.add_argument("--most", type=int, default=25, help="functions listed per comparison")
     p.add_argument("--json", metavar="PATH", help="write the report (and each phase's steps) here")
-    p.add_argument("--phase", choices=KINDS, help=argparse.SUPPRESS)
-    p.add_argument("--phase-out", help=argparse.SUPPRESS)
+    add_phase_args(p, KINDS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.phase:
-        Path(args.phase_out).write_text(json.dumps(run_phase(args)))
+        write_phase(args, run_phase(args))
         return 0
-    from tools.engine_process import EngineProcess
-    engine = None
-    if not args.engine_name:
-        engine = EngineProcess(f"profile{os.getpid()}", backend="cuda", pool_size=args.pool_size,
-                               start_timeout_s=300)
-        args.engine_name = engine.name
     runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
-    try:
+    with engine_unless_named(args.engine_name, "profile", args.pool_size) as args.engine_name:
         seed = 1
         for _ in range(args.repeats):
             for kind in KINDS:
                 runs[kind].append(_spawn(args, kind, seed))
                 seed += 1
-    finally:
-        if engine is not None:
-            engine.stop()
     tables = {kind: per_step(phases) for kind, phases in runs.items()}
     report = {"gpu": runs["none"][0]["gpu"], "context": args.context, "decode_tokens": args.decode_tokens,
               "steps": {k: [p["steps"] for p in v] for k, v in runs.items()},

@@ -236,7 +236,7 @@ def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatc
     #    says why, one line on stderr.
     import tools.bench_ttft as bench
     from tools.ttft_configs import config_rows
-    monkeypatch.setattr(bench, "_gpu_name", lambda: "test-gpu")
+    monkeypatch.setattr(bench, "gpu_name", lambda: "test-gpu")
     peg, native, none = _phases()
     for phase, served in ((peg, 20), (native, 20)):
         phase.update(warm_cached_tokens=[served, served], cacheable_tokens=40, reset_wait_s=0.0,

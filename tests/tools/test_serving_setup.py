@@ -1,0 +1,107 @@
+"""tools/serving_setup.py: what a serving bench's configuration runs beside vLLM, with the
+engine and the peers' servers faked (no GPU)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+
+import pegaflow.stats.engine_stats
+import tools.engine_process
+from tools import peers, serving_setup
+from tools.serving_setup import pegaflow_transfer_args, side_processes, vllm_settings
+
+
+class _FakeEngine:
+    made: list[_FakeEngine] = []
+
+    def __init__(self, name, *flags, **kwargs):
+        self.name, self.flags, self.kwargs, self.stopped_with = name, flags, kwargs, None
+        _FakeEngine.made.append(self)
+
+    def stop(self, timeout_s=None):
+        self.stopped_with = timeout_s
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """The engine, its stats and the peers' servers faked; what each was asked, kept."""
+    _FakeEngine.made = []
+    sides = []
+
+    @contextlib.contextmanager
+    def side_process(plan, log_path):
+        sides.append([plan.config, log_path.name, "up"])
+        yield
+        sides[-1][2] = "stopped"
+    monkeypatch.setattr(tools.engine_process, "EngineProcess", _FakeEngine)
+    monkeypatch.setattr(pegaflow.stats.engine_stats, "read_stats", lambda name: {
+        "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 3, "evictions": 1, "pool_bytes_ready": 9})
+    monkeypatch.setattr(peers, "side_process", side_process)
+    return sides
+
+
+def _sides(config: str, tmp_path: Path, **kwargs):
+    return side_processes(config, "eng", ["--copy-backend=staged"], 32, tmp_path, "t0",
+                          peer_pool_bytes=kwargs.get("peer_pool_bytes", 8 << 30),
+                          engine_start_timeout_s=kwargs.get("engine_start_timeout_s", 300))
+
+
+def test_pegaflow_transfer_args_is_the_connectors_config_in_its_role():
+    flag, text = pegaflow_transfer_args("bench7", "kv_producer")
+    assert flag == "--kv-transfer-config"
+    assert json.loads(text) == {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+                                "kv_role": "kv_producer", "kv_connector_extra_config": {"engine_name": "bench7"}}
+    _, text = pegaflow_transfer_args("bench7", **serving_setup.PEGAFLOW_CONFIGS["pegaflow-async"])
+    assert json.loads(text)["kv_role"] == "kv_both"
+    assert json.loads(text)["kv_connector_extra_config"] == {"engine_name": "bench7", "load_mode": "async"}
+
+
+def test_side_processes_pegaflow_starts_an_engine_reads_its_stats_and_stops_it_last(fakes, tmp_path):
+    # 1. A fresh engine with the bench's flags and pool, its log beside the run's; no peer.
+    with _sides("pegaflow-layerwise", tmp_path, engine_start_timeout_s=600) as sides:
+        (engine,) = _FakeEngine.made
+        assert engine.name == "eng" and engine.flags == ("--copy-backend=staged",)
+        assert engine.kwargs == {"backend": "cuda", "pool_size": "32GiB", "start_timeout_s": 600,
+                                 "log_level": "INFO", "stderr_path": tmp_path / "t0.engine.log"}
+        assert sides.plan is None and engine.stopped_with is None
+        # 2. Its block counters, only those the benches record.
+        assert sides.engine_stats() == {"blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 3,
+                                        "evictions": 1}
+    # 3. Stopped on the way out, given a large pool's time.
+    assert engine.stopped_with == tools.engine_process.LARGE_POOL_STOP_S and fakes == []
+
+
+def test_side_processes_stops_the_engine_when_the_run_fails(fakes, tmp_path):
+    with pytest.raises(RuntimeError, match="vllm serve exited"), _sides("pegaflow", tmp_path):
+        raise RuntimeError("vllm serve exited (1)")
+    assert _FakeEngine.made[0].stopped_with == tools.engine_process.LARGE_POOL_STOP_S
+
+
+def test_side_processes_peer_plans_its_pool_and_runs_its_server_for_the_block(fakes, tmp_path, monkeypatch):
+    monkeypatch.setenv("PEGAFLOW_PEERS_DIR", str(tmp_path))
+    with _sides("pegaflow-rs", tmp_path, peer_pool_bytes=16 << 30) as sides:
+        assert fakes == [["pegaflow-rs", "t0.peer.log", "up"]]
+        assert sides.plan.config == "pegaflow-rs" and "--pool-size" in sides.plan.server_argv
+        assert sides.plan.server_argv[sides.plan.server_argv.index("--pool-size") + 1] == str(16 << 30)
+        assert sides.engine_stats() is None and _FakeEngine.made == []
+    assert fakes == [["pegaflow-rs", "t0.peer.log", "stopped"]]
+
+
+def test_side_processes_plain_configurations_run_nothing_beside_vllm(fakes, tmp_path):
+    for config in ("none", "native"):
+        with _sides(config, tmp_path) as sides:
+            assert sides.plan is None and sides.engine_stats() is None
+    assert _FakeEngine.made == [] and fakes == []
+
+
+def test_vllm_settings_of_a_peer_and_of_none(tmp_path, monkeypatch):
+    assert vllm_settings(None) == (None, {}, None)
+    monkeypatch.setenv("PEGAFLOW_PEERS_DIR", str(tmp_path))
+    plan = peers.plan("lmcache", 4 << 30)
+    args, env, cwd = vllm_settings(plan)
+    assert args == plan.serve_args() and env == plan.env and env is not plan.env and cwd == plan.cwd
+    assert env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "4"

@@ -1,0 +1,80 @@
+"""What one configuration of a serving bench runs beside its ``vllm serve`` processes, set up
+one way for ``bench_serving``, ``bench_replicas`` and ``bench_pd``.
+
+- ``pegaflow_transfer_args(engine_name, role, **options)``: the ``--kv-transfer-config`` that
+  attaches a vLLM to pegaflow's engine ``engine_name`` through ``PegaKVConnector``;
+- ``side_processes(...)``: a context manager that starts what the configuration needs: a fresh
+  pegaflow engine (``PEGAFLOW_CONFIGS``), or a peer's plan and its server (``tools/peers.py``);
+  it yields a ``Sides`` and stops them on exit, the engine last (a large pool takes its time
+  to give its memory back: waited for, not killed);
+- ``vllm_settings(plan)``: a vLLM process's extra arguments, environment and working directory
+  for a peer's plan (none of them without one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools import peers
+
+# pegaflow's configurations: the connector's options beyond the engine's name
+PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},
+                    "pegaflow-layerwise": {"load_mode": "layerwise"}}
+ENGINE_STATS = ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions")
+
+
+def pegaflow_transfer_args(engine_name: str, role: str = "kv_both", **options: str) -> list[str]:
+    """``vllm serve``'s arguments for pegaflow's connector in ``role``, attached to ``engine_name``."""
+    extra = {"engine_name": engine_name, **options}
+    return ["--kv-transfer-config", json.dumps({
+        "kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+        "kv_role": role, "kv_connector_extra_config": extra})]
+
+
+def vllm_settings(plan: peers.Plan | None) -> tuple[list[str] | None, dict[str, str], Path | None]:
+    """A vLLM process's extra ``serve`` arguments, added environment and working directory."""
+    if plan is None:
+        return None, {}, None
+    return plan.serve_args(), dict(plan.env), plan.cwd
+
+
+@dataclass(frozen=True, slots=True)
+class Sides:
+    """What a configuration's vLLMs run against: pegaflow's engine ``engine_name`` (where
+    ``has_engine``) or a peer's ``plan`` (None: no peer)."""
+
+    engine_name: str
+    has_engine: bool
+    plan: peers.Plan | None
+
+    def engine_stats(self) -> dict | None:
+        """The engine's block counters now (None without an engine)."""
+        if not self.has_engine:
+            return None
+        from pegaflow.stats.engine_stats import read_stats
+        stats = read_stats(self.engine_name)
+        return {k: stats[k] for k in ENGINE_STATS}
+
+
+@contextlib.contextmanager
+def side_processes(config: str, engine_name: str, engine_args: list[str], host_gib: int, log_dir: Path,
+                   tag: str, *, peer_pool_bytes: int, engine_start_timeout_s: float) -> Iterator[Sides]:
+    """For ``config``: pegaflow's engine with a ``host_gib`` pool (its log ``<tag>.engine.log``),
+    or the peer's plan for ``peer_pool_bytes`` and its server (``<tag>.peer.log``), or nothing."""
+    from tools import engine_process  # here, not at the top: it imports this repo's pegaflow
+    engine = None
+    if config in PEGAFLOW_CONFIGS:
+        engine = engine_process.EngineProcess(
+            engine_name, *engine_args, backend="cuda", pool_size=f"{host_gib}GiB",
+            start_timeout_s=engine_start_timeout_s, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
+    try:
+        plan = peers.plan(config, peer_pool_bytes) if config in peers.PEERS else None
+        with peers.side_process(plan, log_dir / f"{tag}.peer.log") if plan else contextlib.nullcontext():
+            yield Sides(engine_name, engine is not None, plan)
+    finally:
+        if engine is not None:
+            engine.stop(timeout_s=engine_process.LARGE_POOL_STOP_S)
