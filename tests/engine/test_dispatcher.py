@@ -737,7 +737,7 @@ def test_dispatcher_load_takes_over_its_lookups_lease(loaded):
     # 3. The copy ends: answered OK, nothing pinned, no lease left.
     h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
     done = _completion(h.completions.try_get())
-    assert (done.request_id, done.status, done.value) == (3, Status.OK, len(loaded))
+    assert (done.command_id, done.status, done.value) == (3, Status.OK, len(loaded))
     assert [e.refs for e in entries] == [0, 0, 0] and not h.dispatcher.index.leases
 
 
