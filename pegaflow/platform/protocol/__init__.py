@@ -3,7 +3,7 @@
 goes onto the fixed wire record and back (``codec.py``), and what every record says
 whatever its opcode (``envelope.py``)."""
 
-from .codec import DECODERS, ENCODERS, Encoded, decode, encode, raw_submission, record_fields
+from .codec import DECODERS, ENCODERS, Encoded, decode, encode, payload_past_arena, raw_submission, record_fields
 from .commands import (
     ANSWERS,
     COMMANDS,
@@ -40,5 +40,5 @@ __all__ = [
     "Drop", "DropAnswer", "Encoded", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
     "Ping", "PingAnswer", "Register", "RegisterEvents", "Release", "Save", "SaveAnswer", "Unregister",
     "Voters", "check_envelope", "decode", "encode", "envelope", "hash_records", "keys_of",
-    "last_pool_event", "layer_event", "raw_submission", "read_payload", "record_fields",
+    "last_pool_event", "layer_event", "payload_past_arena", "raw_submission", "read_payload", "record_fields",
 ]
