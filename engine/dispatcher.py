@@ -12,8 +12,8 @@ range, ...) is answered with its status and changes nothing.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
+from time import perf_counter
 
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
@@ -142,7 +142,7 @@ class Dispatcher:
         """Decode ``rec`` (its payload: ``read_payload``'s copy, None: out of the arena), run
         its handler and answer it (now, or once its work ends); True: an accepted DETACH."""
         command_id, opcode, num_items = envelope(rec)
-        received = new_received((client, command_id, opcode, num_items, time.perf_counter()))
+        received = new_received((client, command_id, opcode, num_items, perf_counter()))
         if opcode not in _READ_ONLY:
             self.gauges_stale = True
         try:
