@@ -11,14 +11,14 @@ range, ...) is answered with its status and changes nothing.
 
 from __future__ import annotations
 
-import functools
 import logging
-import time
 from collections.abc import Callable
+from time import perf_counter
 
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
     COMMANDS,
+    DECODERS,
     NO_PAYLOAD,
     Attach,
     Detach,
@@ -32,8 +32,8 @@ from pegaflow.platform.protocol import (
     Release,
     Unregister,
     check_envelope,
-    decode,
     envelope,
+    payload_past_arena,
     read_payload,
 )
 from pegaflow.platform.wire import ClientRole, Opcode, Status, attach_role
@@ -58,7 +58,7 @@ _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the 
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
 _DONE = Done()
-_new_ping_answer = functools.partial(tuple.__new__, PingAnswer)  # (a round trip's hot path)
+_PING_ANSWERS = tuple(PingAnswer(n) for n in range(256))  # built once: a round trip's hot path
 
 
 class Dispatcher:
@@ -82,6 +82,7 @@ class Dispatcher:
             Opcode.LOAD: self.transfers.load, Opcode.DROP: self._drop,
         }
         assert set(self.handlers) == set(COMMANDS), "every command needs a handler"
+        self._routes = {opcode: (handler, DECODERS[opcode]) for opcode, handler in self.handlers.items()}
 
     @property
     def pending(self) -> dict:
@@ -141,14 +142,17 @@ class Dispatcher:
         """Decode ``rec`` (its payload: ``read_payload``'s copy, None: out of the arena), run
         its handler and answer it (now, or once its work ends); True: an accepted DETACH."""
         command_id, opcode, num_items = envelope(rec)
-        received = new_received((client, command_id, opcode, num_items, time.perf_counter()))
+        received = new_received((client, command_id, opcode, num_items, perf_counter()))
         if opcode not in _READ_ONLY:
             self.gauges_stale = True
         try:
             opcode = check_envelope(rec)
             if not client.is_attached and opcode is not _ATTACH:
                 raise CommandError(Status.NOT_ATTACHED, "ATTACH first")
-            answer = self.handlers[opcode](received, decode(opcode, rec, payload))
+            handler, decoder = self._routes[opcode]  # (``protocol.decode``, less a call)
+            if payload is None:
+                raise payload_past_arena(rec)
+            answer = handler(received, decoder(rec, payload))
         except CommandError as exc:
             self._refused(received, exc)
             return False
@@ -210,7 +214,8 @@ class Dispatcher:
         return read_payload(client.view.arena, rec)
 
     def _ping(self, received: Received, ping: Ping) -> PingAnswer:
-        return _new_ping_answer((len(self.transfers.pending),))
+        num_inflight = len(self.transfers.pending)
+        return _PING_ANSWERS[num_inflight] if num_inflight < 256 else PingAnswer(num_inflight)
 
     def _attach(self, received: Received, attach: Attach) -> Done:
         # The pid decides when the slot is reclaimed: only the claimant, a process that maps

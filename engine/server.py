@@ -25,7 +25,7 @@ import logging
 import time
 
 from pegaflow.platform.errors import PegaflowError
-from pegaflow.platform.protocol import read_payload
+from pegaflow.platform.protocol import NO_PAYLOAD, PAYLOAD_BYTES_AT, read_payload
 from pegaflow.platform.values import format_size
 from pegaflow.platform.waits import Doorbell, sleep_until
 from pegaflow.platform.wire import CLIENT_STATS, STATS
@@ -174,13 +174,14 @@ class EngineServer:
                     continue  # it reads none of its answers: the engine's memory must not grow
             submissions = client.submissions
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
-                rec = submissions.try_peek()
+                rec = submissions.try_peek_values()  # the protocol reads its fields by place
                 if rec is None:
                     break
                 did_work = True
                 is_detached = False
                 try:
-                    is_detached = dispatcher.handle(client, rec, read_payload(client.view.arena, rec))
+                    payload = read_payload(client.view.arena, rec) if rec[PAYLOAD_BYTES_AT] else NO_PAYLOAD
+                    is_detached = dispatcher.handle(client, rec, payload)
                 except Exception:  # boundary: one bad command must not take the engine down
                     dispatcher.answer_internal_error(client, rec)
                 # Only now may the client reuse the slot and the payload bytes (copied

@@ -22,6 +22,7 @@ from pegaflow.platform.protocol import (
 from pegaflow.platform.wire import ALL_LAYERS, NO_EVENT, Opcode
 
 _PING = Ping()
+_PING_OP, _LOOKUP_OP = Opcode.PING, Opcode.LOOKUP  # read once: an enum member's lookup is slow
 
 
 def _event(event_index: int) -> int | None:
@@ -31,12 +32,12 @@ def _event(event_index: int) -> int | None:
 class EngineCommands:
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""
-        return checked(Opcode.PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
+        return checked(_PING_OP, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
     def lookup(self, namespace: int, hashes, timeout_s: float | None = None,
                wait_ms: int | None = None) -> LookupResult:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms),
+        done = checked(_LOOKUP_OP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms),
                                                  timeout_s))
         return done.result
 

@@ -29,7 +29,7 @@ from pegaflow.platform.errors import (
     EngineTimeoutError,
     PegaflowError,
 )
-from pegaflow.platform.protocol import Attach, Detach, Voters, encode, raw_submission, record_fields
+from pegaflow.platform.protocol import ENCODERS, Attach, Detach, Voters, raw_submission, record_fields
 from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.platform.shm import is_pid_alive
 from pegaflow.platform.waits import Doorbell, poll_until
@@ -172,7 +172,8 @@ class EngineClient(EngineCommands):
         if self.is_closed:
             raise EngineGoneError("client is closed")
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
-        encoded = raw_submission(command, payload, **fields) if isinstance(command, int) else encode(command)
+        encoded = (raw_submission(command, payload, **fields) if isinstance(command, int)
+                   else ENCODERS[command.OPCODE](command))  # ``protocol.encode``, less a call
         parts = encoded.payload
         num_bytes = sum(p.nbytes for p in parts) if parts else 0
         offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
@@ -180,8 +181,7 @@ class EngineClient(EngineCommands):
             self._arena.write(offset, list(parts))
         command_id = self._new_command_id()
         producer = self._producer
-        position = producer.position
-        record = record_fields(command_id, encoded, offset, num_bytes)
+        position, record = producer.position, record_fields(command_id, encoded, offset, num_bytes)
         if not producer.try_put_fields(record):
             producer.put_fields(record, timeout_s)
         if num_bytes:  # a command without payload holds no arena bytes back

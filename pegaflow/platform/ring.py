@@ -175,12 +175,17 @@ class RingConsumer(_RingView):
         """The next record (a private copy, as a named tuple) if one is published, without
         handing its slot back: the producer may reuse the record's payload only after
         ``release``.  Never blocks."""
+        values = self.try_peek_values()
+        return None if values is None else self.make(values)
+
+    def try_peek_values(self) -> tuple | None:
+        """``try_peek`` as a plain tuple in field order (no named tuple built per record)."""
         at = self._at
         if self.words[at] != self._ready:
             return None
         if WEAK_MEMORY_ORDER:
             fence()  # the seq word before the record it publishes
-        return self.make(self.packer.unpack_from(self.buf, at * 8))
+        return self.packer.unpack_from(self.buf, at * 8)
 
     def release(self) -> None:
         """Hand the peeked slot (and with it the record's payload) back to the producer."""

@@ -5,8 +5,6 @@ test_foreign.py) is not checked here."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -14,8 +12,9 @@ from engine.clients import ClientState
 from engine.pool import PagePool
 from engine.registration import MAX_LAYERS, MIN_PAGE_BYTES, register_events, register_region
 from pegaflow.platform.errors import CommandError, ShmError
-from pegaflow.platform.protocol import DECODERS
-from pegaflow.platform.wire import EVENT_HANDLE, LAYER, REGION, Opcode, RegionKind, Status
+from pegaflow.platform.protocol import DECODERS, raw_submission, record_fields
+from pegaflow.platform.ring import record_type
+from pegaflow.platform.wire import EVENT_HANDLE, LAYER, REGION, SUBMISSION, Opcode, RegionKind, Status
 
 PAGE = 4096
 SLAB = 1 << 20
@@ -54,8 +53,13 @@ def _payload(num_blocks: int, alloc_bytes: int, layers: list[tuple[int, int, int
     return np.concatenate([region.view(np.uint8), records.view(np.uint8)])
 
 
+def _record(opcode: Opcode, **fields):
+    """A SUBMISSION of ``opcode`` with these wire fields (as the engine reads one, by place)."""
+    return record_type(SUBMISSION)(0, *record_fields(1, raw_submission(opcode, **fields), 0, 0))
+
+
 def _register(client, payload, num_items: int, region_id: int = 0, backend=None, slab: int = SLAB):
-    rec = SimpleNamespace(num_items=num_items, region_id=region_id)
+    rec = _record(Opcode.REGISTER, num_items=num_items, region_id=region_id)
     backend = backend or RecordingBackend()
     register_region(client, DECODERS[Opcode.REGISTER](rec, payload), backend, PagePool(4 * slab, slab))
     return backend
@@ -157,7 +161,7 @@ def test_registration_backend_refusal_records_nothing():
 def test_registration_events_once_and_whole_handles_only():
     client, backend = _client(), RecordingBackend()
     handles = np.zeros(3, EVENT_HANDLE).view(np.uint8)
-    rec = SimpleNamespace(num_items=3)
+    rec = _record(Opcode.REGISTER_EVENTS, num_items=3)
 
     def events(payload):
         return DECODERS[Opcode.REGISTER_EVENTS](rec, payload)

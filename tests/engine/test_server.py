@@ -25,7 +25,16 @@ from engine.server import EngineServer
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform import shm
 from pegaflow.platform.errors import EngineGoneError, EngineNotRunningError, NoFreeSlotError, WireVersionError
-from pegaflow.platform.wire import CONTROL_HEADER, RING_HEADER, SLOT, Opcode, SlotState, Status, encode_hashes
+from pegaflow.platform.wire import (
+    CONTROL_HEADER,
+    RING_HEADER,
+    SLOT,
+    SUBMISSION,
+    Opcode,
+    SlotState,
+    Status,
+    encode_hashes,
+)
 from tests.conftest import readline_within
 
 NAMESPACE = 0x5E7
@@ -455,9 +464,10 @@ def test_server_payload_is_copied_before_it_is_handled(inprocess_engine, kv_clie
     overwritten = []
 
     def handle_after_client_reuse(client, rec, *rest):
-        if rec["opcode"] == Opcode.LOOKUP and rec["namespace"] == NAMESPACE and not overwritten:
-            start = rec["payload_offset"]
-            kv.client._view.arena[start:start + rec["payload_bytes"]] = \
+        fields = dict(zip(SUBMISSION.names, rec))  # the engine reads a record as a plain tuple
+        if fields["opcode"] == Opcode.LOOKUP and fields["namespace"] == NAMESPACE and not overwritten:
+            start = fields["payload_offset"]
+            kv.client._view.arena[start:start + fields["payload_bytes"]] = \
                 encode_hashes(make_hashes(80)).view(np.uint8)
             overwritten.append(start)
         return original_handle(client, rec, *rest)

@@ -3,7 +3,7 @@
 goes onto the fixed wire record and back (``codec.py``), and what every record says
 whatever its opcode (``envelope.py``)."""
 
-from .codec import DECODERS, ENCODERS, Encoded, decode, encode, raw_submission, record_fields
+from .codec import DECODERS, ENCODERS, Encoded, decode, encode, payload_past_arena, raw_submission, record_fields
 from .commands import (
     ANSWERS,
     COMMANDS,
@@ -33,12 +33,12 @@ from .commands import (
     last_pool_event,
     layer_event,
 )
-from .envelope import check_envelope, envelope, read_payload
+from .envelope import PAYLOAD_BYTES_AT, check_envelope, envelope, read_payload
 
 __all__ = [
-    "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "Attach", "Command", "Detach", "Done",
-    "Drop", "DropAnswer", "Encoded", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
+    "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "PAYLOAD_BYTES_AT", "Attach", "Command",
+    "Detach", "Done", "Drop", "DropAnswer", "Encoded", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
     "Ping", "PingAnswer", "Register", "RegisterEvents", "Release", "Save", "SaveAnswer", "Unregister",
     "Voters", "check_envelope", "decode", "encode", "envelope", "hash_records", "keys_of",
-    "last_pool_event", "layer_event", "raw_submission", "read_payload", "record_fields",
+    "last_pool_event", "layer_event", "payload_past_arena", "raw_submission", "read_payload", "record_fields",
 ]

@@ -45,13 +45,26 @@ from .commands import (
     Voters,
     hash_records,
 )
+from .envelope import (
+    ARG_AT,
+    EVENT_INDEX_AT,
+    FLAGS_AT,
+    LAYER_AT,
+    NAMESPACE_AT,
+    NUM_ITEMS_AT,
+    PAYLOAD_BYTES_AT,
+    PAYLOAD_OFFSET_AT,
+    REGION_ID_AT,
+)
 
 _DETACH, _UNREGISTER, _PING = Detach(), Unregister(), Ping()  # no fields: one value each
+_LOOKUP, _RELEASE, _SAVE, _LOAD, _DROP = Opcode.LOOKUP, Opcode.RELEASE, Opcode.SAVE, Opcode.LOAD, Opcode.DROP
 
 
 class Encoded(NamedTuple):
     """A command as the SUBMISSION's fields (less seq, its id and the payload's place) and
-    the arrays its payload is made of."""
+    the arrays its payload is made of.  (The encoders of commands sent per request build
+    it by position, their opcodes read once: keywords and enum lookups cost a microsecond.)"""
 
     opcode: int
     flags: int = 0
@@ -65,17 +78,24 @@ class Encoded(NamedTuple):
 
 
 def record_fields(command_id: int, encoded: Encoded, payload_offset: int, payload_bytes: int) -> tuple:
-    """The SUBMISSION's fields after ``seq``, in record order (``Encoded`` holds them in that
-    order, from ``opcode`` to ``namespace``; a tuple slice: this runs once per command)."""
-    return (command_id, *encoded[:7], payload_offset, payload_bytes, WIRE_VERSION, encoded[7])
+    """The SUBMISSION's fields after ``seq``, in record order (one unpacking and one tuple:
+    this runs once per command, a slice and a splat cost twice as much)."""
+    opcode, flags, layer, region_id, num_items, event_index, namespace, arg, _ = encoded
+    return (command_id, opcode, flags, layer, region_id, num_items, event_index, namespace,
+            payload_offset, payload_bytes, WIRE_VERSION, arg)
 
 
 def decode(opcode: Opcode, rec, payload: np.ndarray | None):
     """The typed command of a record ``check_envelope`` passed, and its payload."""
     if payload is None:
-        raise CommandError(Status.BAD_PAYLOAD, f"payload [{rec.payload_offset}, "
-                                               f"+{rec.payload_bytes}) past the arena")
+        raise payload_past_arena(rec)
     return DECODERS[opcode](rec, payload)
+
+
+def payload_past_arena(rec) -> CommandError:
+    """What ``decode`` raises for a payload ``read_payload`` found past the arena (None)."""
+    return CommandError(Status.BAD_PAYLOAD, f"payload [{rec[PAYLOAD_OFFSET_AT]}, "
+                                           f"+{rec[PAYLOAD_BYTES_AT]}) past the arena")
 
 
 def encode(command) -> Encoded:
@@ -88,7 +108,7 @@ def raw_submission(opcode: int, payload=(), **fields) -> Encoded:
 
 
 def _hashes(rec, payload: np.ndarray, what: str) -> np.ndarray:
-    if len(payload) != rec.num_items * HASH.itemsize:
+    if len(payload) != rec[NUM_ITEMS_AT] * HASH.itemsize:
         raise CommandError(Status.BAD_PAYLOAD, f"{what} wants num_items hash records")
     return _checked_hashes(payload.view(HASH))
 
@@ -102,7 +122,7 @@ def _checked_hashes(records: np.ndarray) -> np.ndarray:
 
 def _blocks(rec, payload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A SAVE's or LOAD's block ids and hash records."""
-    num_items = rec.num_items
+    num_items = rec[NUM_ITEMS_AT]
     if len(payload) != num_items * (BLOCK_ID.itemsize + HASH.itemsize):
         raise CommandError(Status.BAD_PAYLOAD, "SAVE/LOAD want num_items block ids and hashes")
     split = num_items * BLOCK_ID.itemsize
@@ -132,9 +152,9 @@ def _encode_attach(c: Attach) -> Encoded:
 
 def _decode_attach(rec, payload: np.ndarray) -> Attach:
     words = payload.view("<u8").tolist() if len(payload) in (8, 24) else [0]
-    role, kv_role = split_attach_role(int(rec.flags))
+    role, kv_role = split_attach_role(int(rec[FLAGS_AT]))
     voters = Voters(words[1], words[2]) if len(words) == 3 else None
-    return Attach(rec.arg, role, kv_role, rec.layer, rec.namespace, words[0], voters)
+    return Attach(rec[ARG_AT], role, kv_role, rec[LAYER_AT], rec[NAMESPACE_AT], words[0], voters)
 
 
 def _encode_register(c: Register) -> Encoded:
@@ -143,9 +163,9 @@ def _encode_register(c: Register) -> Encoded:
 
 
 def _decode_register(rec, payload: np.ndarray) -> Register:
-    if len(payload) != REGION.itemsize + rec.num_items * LAYER.itemsize:
+    if len(payload) != REGION.itemsize + rec[NUM_ITEMS_AT] * LAYER.itemsize:
         raise CommandError(Status.BAD_PAYLOAD, "REGISTER wants one REGION and num_items LAYERs")
-    return Register(rec.region_id, payload[:REGION.itemsize].view(REGION)[0],
+    return Register(rec[REGION_ID_AT], payload[:REGION.itemsize].view(REGION)[0],
                     payload[REGION.itemsize:].view(LAYER))
 
 
@@ -154,7 +174,7 @@ def _encode_events(c: RegisterEvents) -> Encoded:
 
 
 def _decode_events(rec, payload: np.ndarray) -> RegisterEvents:
-    if len(payload) != rec.num_items * EVENT_HANDLE.itemsize:
+    if len(payload) != rec[NUM_ITEMS_AT] * EVENT_HANDLE.itemsize:
         raise CommandError(Status.BAD_PAYLOAD, "REGISTER_EVENTS wants num_items handles")
     return RegisterEvents(payload.view(EVENT_HANDLE))
 
@@ -162,13 +182,12 @@ def _decode_events(rec, payload: np.ndarray) -> RegisterEvents:
 def _encode_lookup(c: Lookup) -> Encoded:
     records = hash_records(c.hashes)
     wait = 0 if c.wait_ms is None else 1 + max(0, int(c.wait_ms))  # 0 on the wire: the engine's
-    return Encoded(Opcode.LOOKUP, num_items=len(records), namespace=c.namespace, arg=wait,
-                   payload=(records,))
+    return Encoded(_LOOKUP, 0, ALL_LAYERS, 0, len(records), NO_EVENT, c.namespace, wait, (records,))
 
 
 def _decode_lookup(rec, payload: np.ndarray) -> Lookup:
-    wait = rec.arg
-    return Lookup(rec.namespace, _hashes(rec, payload, "LOOKUP"), None if wait == 0 else wait - 1)
+    wait = rec[ARG_AT]
+    return Lookup(rec[NAMESPACE_AT], _hashes(rec, payload, "LOOKUP"), None if wait == 0 else wait - 1)
 
 
 def _encode_save(c: Save) -> Encoded:
@@ -178,21 +197,20 @@ def _encode_save(c: Save) -> Encoded:
     if c.tags is not None:
         flags |= CommandFlag.VOTE_TAGS
         payload += (np.asarray(c.tags, dtype=TAG),)
-    return Encoded(Opcode.SAVE, int(flags), layer, num_items=len(ids),
-                   event_index=NO_EVENT if c.first_event is None else c.first_event,
-                   namespace=c.namespace, payload=payload)
+    return Encoded(_SAVE, int(flags), layer, 0, len(ids), NO_EVENT if c.first_event is None else c.first_event,
+                   c.namespace, 0, payload)
 
 
 def _decode_save(rec, payload: np.ndarray) -> Save:
-    flags, tags = rec.flags, None
+    flags, tags = rec[FLAGS_AT], None
     if flags & CommandFlag.VOTE_TAGS:
-        split = len(payload) - rec.num_items * TAG.itemsize
+        split = len(payload) - rec[NUM_ITEMS_AT] * TAG.itemsize
         if split < 0:
             raise CommandError(Status.BAD_PAYLOAD, "VOTE_TAGS wants a tag per block")
         payload, tags = payload[:split], payload[split:].view(TAG)
     block_ids, hashes = _blocks(rec, payload)
-    layer, group = _layers(flags, rec.layer)
-    return Save(rec.namespace, block_ids, hashes, layer, group, _event(rec.event_index),
+    layer, group = _layers(flags, rec[LAYER_AT])
+    return Save(rec[NAMESPACE_AT], block_ids, hashes, layer, group, _event(rec[EVENT_INDEX_AT]),
                 bool(flags & CommandFlag.ONE_EVENT), tags)
 
 
@@ -204,29 +222,27 @@ def _encode_load(c: Load) -> Encoded:
         flags |= CommandFlag.AFTER_CLIENT
     flags, layer = _encode_layers(c, flags)
     ids = np.asarray(c.block_ids, dtype=BLOCK_ID)
-    return Encoded(Opcode.LOAD, int(flags), layer, num_items=len(ids),
-                   event_index=NO_EVENT if c.first_event is None else c.first_event,
-                   namespace=c.namespace, arg=c.lease_id, payload=(ids, hash_records(c.hashes)))
+    return Encoded(_LOAD, int(flags), layer, 0, len(ids), NO_EVENT if c.first_event is None else c.first_event,
+                   c.namespace, c.lease_id, (ids, hash_records(c.hashes)))
 
 
 def _decode_load(rec, payload: np.ndarray) -> Load:
-    flags = rec.flags
+    flags = rec[FLAGS_AT]
     block_ids, hashes = _blocks(rec, payload)
-    layer, group = _layers(flags, rec.layer)
+    layer, group = _layers(flags, rec[LAYER_AT])
     names_lease = flags & (CommandFlag.RELEASE_LEASE | CommandFlag.LEASE_HELD)
-    return Load(rec.namespace, block_ids, hashes, rec.arg if names_lease else 0,
+    return Load(rec[NAMESPACE_AT], block_ids, hashes, rec[ARG_AT] if names_lease else 0,
                 bool(flags & CommandFlag.RELEASE_LEASE) or not names_lease, layer, group,
-                _event(rec.event_index), bool(flags & CommandFlag.AFTER_CLIENT))
+                _event(rec[EVENT_INDEX_AT]), bool(flags & CommandFlag.AFTER_CLIENT))
 
 
 def _encode_drop(c: Drop) -> Encoded:
     records = hash_records(c.hashes)
-    return Encoded(Opcode.DROP, num_items=len(records), namespace=c.namespace, arg=c.since_command,
-                   payload=(records,))
+    return Encoded(_DROP, 0, ALL_LAYERS, 0, len(records), NO_EVENT, c.namespace, c.since_command, (records,))
 
 
 def _decode_drop(rec, payload: np.ndarray) -> Drop:
-    return Drop(rec.namespace, _hashes(rec, payload, "DROP"), rec.arg)
+    return Drop(rec[NAMESPACE_AT], _hashes(rec, payload, "DROP"), rec[ARG_AT])
 
 
 _ENCODED_DETACH, _ENCODED_UNREGISTER, _ENCODED_PING = (
@@ -239,7 +255,7 @@ ENCODERS: dict[Opcode, Callable[..., Encoded]] = {
     Opcode.UNREGISTER: lambda c: _ENCODED_UNREGISTER,
     Opcode.REGISTER_EVENTS: _encode_events,
     Opcode.LOOKUP: _encode_lookup,
-    Opcode.RELEASE: lambda c: Encoded(Opcode.RELEASE, arg=c.lease_id),
+    Opcode.RELEASE: lambda c: Encoded(_RELEASE, 0, ALL_LAYERS, 0, 0, NO_EVENT, 0, c.lease_id),
     Opcode.SAVE: _encode_save,
     Opcode.LOAD: _encode_load,
     Opcode.PING: lambda c: _ENCODED_PING,
@@ -253,7 +269,7 @@ DECODERS: dict[Opcode, Callable[..., object]] = {
     Opcode.UNREGISTER: lambda rec, payload: _UNREGISTER,
     Opcode.REGISTER_EVENTS: _decode_events,
     Opcode.LOOKUP: _decode_lookup,
-    Opcode.RELEASE: lambda rec, payload: Release(rec.arg),
+    Opcode.RELEASE: lambda rec, payload: Release(rec[ARG_AT]),
     Opcode.SAVE: _decode_save,
     Opcode.LOAD: _decode_load,
     Opcode.PING: lambda rec, payload: _PING,

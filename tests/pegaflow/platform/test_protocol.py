@@ -4,7 +4,6 @@ each command comes back from its wire record exactly as it was sent."""
 from __future__ import annotations
 
 from dataclasses import fields
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -83,6 +82,11 @@ def _round_trip(command):
     return protocol.decode(protocol.check_envelope(rec), rec, payload)
 
 
+def _record(opcode: Opcode, **fields):
+    """A SUBMISSION of ``opcode`` with these wire fields (as the engine reads one, by place)."""
+    return _make(0, *protocol.record_fields(1, protocol.raw_submission(opcode, **fields), 0, 0))
+
+
 def _same(a, b) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) or isinstance(a, np.void):
         return np.asarray(a).tobytes() == np.asarray(b).tobytes()
@@ -126,8 +130,7 @@ def test_protocol_load_flags_say_what_the_load_means():
     (Opcode.REGISTER_EVENTS, np.zeros(EVENT_HANDLE.itemsize - 1, np.uint8), 1),
 ])
 def test_protocol_payload_of_the_wrong_size_is_refused(opcode, payload, num_items):
-    rec = SimpleNamespace(num_items=num_items, namespace=0, arg=0, flags=0, layer=0, region_id=0,
-                          event_index=0)
+    rec = _record(opcode, num_items=num_items, layer=0, event_index=0)
     with pytest.raises(CommandError) as info:
         protocol.DECODERS[opcode](rec, payload)
     assert info.value.status == Status.BAD_PAYLOAD
@@ -136,7 +139,7 @@ def test_protocol_payload_of_the_wrong_size_is_refused(opcode, payload, num_item
 def test_protocol_hash_record_of_no_length_is_refused():
     records = _hashes(2)
     records[1]["length"] = 0
-    rec = SimpleNamespace(num_items=2, namespace=0, arg=0)
+    rec = _record(Opcode.LOOKUP, num_items=2)
     with pytest.raises(CommandError) as info:
         protocol.DECODERS[Opcode.LOOKUP](rec, records.view(np.uint8))
     assert info.value.status == Status.BAD_PAYLOAD
