@@ -49,7 +49,7 @@ from tools.serving_workload import (
     shared_prefix_prompts,
     summarize,
 )
-from tools.warm_pass import empty_gpu_cache
+from tools.warm_pass import BY_SOURCE, SOURCES, empty_gpu_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED_NAME = "bench"
@@ -144,6 +144,19 @@ def _get(port: int, path: str, method: str = "GET") -> str:
 
 
 HIT_COUNTERS = ("vllm:external_prefix_cache_hits_total", "vllm:prefix_cache_hits_total")  # host, own GPU
+
+
+def tokens_by_source_at(port: int) -> dict[str, int] | None:
+    """The server's ``vllm:prompt_tokens_by_source`` per source (summed over engines); None
+    when this vLLM has no such counter."""
+    from prometheus_client.parser import text_string_to_metric_families
+    counts: dict[str, int] | None = None
+    for family in text_string_to_metric_families(_get(port, "/metrics")):
+        for sample in family.samples:
+            if sample.name in (BY_SOURCE, BY_SOURCE + "_total") and sample.labels.get("source") in SOURCES:
+                counts = counts if counts is not None else dict.fromkeys(SOURCES, 0)
+                counts[sample.labels["source"]] += int(sample.value)
+    return counts
 
 
 def counters(port: int) -> dict[str, float]:

@@ -179,3 +179,34 @@ def test_fleet_step_timelines_per_replica_within_the_later_rounds(tmp_path):
     # 2. Without --trace, or for another configuration, nothing is traced.
     fleet.config = "native"
     assert fleet.trace_path(0) is None and fleet.step_timelines((0.0, 1.0)) is None
+
+
+class _BySourceReplica(_Replica):
+    """A vLLM with ``vllm:prompt_tokens_by_source``: its hit counters count a request that
+    loaded asynchronously twice (300 host, 10 GPU tokens), the by-source counter once."""
+
+    def do_GET(self):
+        self._send(("# TYPE vllm:external_prefix_cache_hits counter\n"
+                    'vllm:external_prefix_cache_hits_total{engine="0"} 300.0\n'
+                    "# TYPE vllm:prefix_cache_hits counter\n"
+                    'vllm:prefix_cache_hits_total{engine="0"} 10.0\n'
+                    "# TYPE vllm:prompt_tokens_by_source counter\n"
+                    'vllm:prompt_tokens_by_source_total{engine="0",source="local_compute"} 40.0\n'
+                    'vllm:prompt_tokens_by_source_total{engine="0",source="local_cache_hit"} 5.0\n'
+                    'vllm:prompt_tokens_by_source_total{engine="0",source="external_kv_transfer"} 150.0\n'
+                    'vllm:prompt_tokens_by_source_total{engine="1",source="external_kv_transfer"} 2.0\n').encode())
+
+
+@pytest.mark.parametrize("handler,expected", [(_BySourceReplica, {"gpu_hit_tokens": 5.0, "host_hit_tokens": 152.0}),
+                                              (_Replica, {"gpu_hit_tokens": 5.0, "host_hit_tokens": 0.0})])
+def test_bench_replicas_hit_counters_by_source_where_vllm_has_it(handler, expected):
+    # 1. A vLLM with prompt_tokens_by_source: its split, summed over engines, not the hit
+    #    counters (which count an asynchronously loaded request twice); 2. one without: those.
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.requests = server.resets = 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert bench_replicas.hit_counters(server.server_address[1]) == expected
+    finally:
+        server.shutdown()
+        server.server_close()
