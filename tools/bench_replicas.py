@@ -59,7 +59,7 @@ from tools.bench_serving import (
     print_failures,
     reset_gpu_cache,
     server_command,
-    tokens_by_source_at,
+    tokens_by_source,
 )
 from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
 from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes, vllm_settings
@@ -76,11 +76,10 @@ def hit_counters(port: int) -> dict[str, float]:
     From ``vllm:prompt_tokens_by_source`` where this vLLM has it (added once per request, at
     its first output); else from the hit counters, which count a request again each time it is
     scheduled (an asynchronous load schedules it twice)."""
-    by_source = tokens_by_source_at(port)
-    if by_source is not None:
+    found = counters(port)
+    if (by_source := tokens_by_source(found)) is not None:
         return {"gpu_hit_tokens": float(by_source["local_cache_hit"]),
                 "host_hit_tokens": float(by_source["external_kv_transfer"])}
-    found = counters(port)
     return {"gpu_hit_tokens": found.get("vllm:prefix_cache_hits_total", 0.0),
             "host_hit_tokens": found.get("vllm:external_prefix_cache_hits_total", 0.0)}
 

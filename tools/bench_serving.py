@@ -146,30 +146,30 @@ def _get(port: int, path: str, method: str = "GET") -> str:
 HIT_COUNTERS = ("vllm:external_prefix_cache_hits_total", "vllm:prefix_cache_hits_total")  # host, own GPU
 
 
-def tokens_by_source_at(port: int) -> dict[str, int] | None:
-    """The server's ``vllm:prompt_tokens_by_source`` per source (summed over engines); None
-    when this vLLM has no such counter."""
-    from prometheus_client.parser import text_string_to_metric_families
-    counts: dict[str, int] | None = None
-    for family in text_string_to_metric_families(_get(port, "/metrics")):
-        for sample in family.samples:
-            if sample.name in (BY_SOURCE, BY_SOURCE + "_total") and sample.labels.get("source") in SOURCES:
-                counts = counts if counts is not None else dict.fromkeys(SOURCES, 0)
-                counts[sample.labels["source"]] += int(sample.value)
-    return counts
-
-
 def counters(port: int) -> dict[str, float]:
     """The server's counters a run reports (summed over their labels): vLLM's prefix-cache hits
-    (external and its own GPU's) and every ``vllm:pegaflow_*`` counter (lookup deferrals, blocks loaded...)."""
+    (external and its own GPU's), its prompt tokens by source where it has them (one key per
+    source, ``vllm:prompt_tokens_by_source:SOURCE``) and every ``vllm:pegaflow_*`` counter
+    (lookup deferrals, blocks loaded...)."""
     from prometheus_client.parser import text_string_to_metric_families
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(_get(port, "/metrics")):
         for sample in family.samples:
-            if sample.name in HIT_COUNTERS or (
-                    sample.name.startswith("vllm:pegaflow_") and sample.name.endswith("_total")):
-                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            name = sample.name
+            if name in (BY_SOURCE, BY_SOURCE + "_total") and sample.labels.get("source") in SOURCES:
+                name = f"{BY_SOURCE}:{sample.labels['source']}"
+            elif not (name in HIT_COUNTERS or (name.startswith("vllm:pegaflow_") and name.endswith("_total"))):
+                continue
+            out[name] = out.get(name, 0.0) + sample.value
     return out
+
+
+def tokens_by_source(found: dict[str, float]) -> dict[str, int] | None:
+    """``vllm:prompt_tokens_by_source`` per source, of a server's ``counters()`` (summed over
+    engines); None when this vLLM has no such counter."""
+    if not any(f"{BY_SOURCE}:{source}" in found for source in SOURCES):
+        return None
+    return {source: int(found.get(f"{BY_SOURCE}:{source}", 0.0)) for source in SOURCES}
 
 
 def reset_gpu_cache(port: int) -> float:
