@@ -17,16 +17,13 @@ from pegaflow.platform.protocol import (
     RegisterEvents,
     Release,
     Save,
+    event_or_none,
     hash_records,
 )
 from pegaflow.platform.wire import ALL_LAYERS, NO_EVENT, Opcode
 
 _PING = Ping()
 _PING_OP, _LOOKUP_OP = Opcode.PING, Opcode.LOOKUP  # read once: an enum member's lookup is slow
-
-
-def _event(event_index: int) -> int | None:
-    return None if event_index == NO_EVENT else event_index
 
 
 class EngineCommands:
@@ -63,7 +60,7 @@ class EngineCommands:
         alone).  ``group``: only that KV cache group's layers, instead of ``layer``.
         ``tags``: a voter's (one u64 per block, wire.py: voting)."""
         return self.submit(Save(namespace, block_ids, hash_records(hashes), layer, group,
-                                _event(event_index), one_event, tags))
+                                event_or_none(event_index), one_event, tags))
 
     def submit_drop(self, namespace: int, hashes, since_request: int = 0) -> int:
         """Ask the engine to forget those of these blocks that our SAVEs from command id
@@ -85,7 +82,7 @@ class EngineCommands:
         instead of ``layer``.  ``ends_lease`` False: ``lease_id`` pins these blocks and
         another LOAD (a later group's) ends it."""
         return self.submit(Load(namespace, block_ids, hash_records(hashes), lease_id, ends_lease,
-                                layer, group, _event(event_index), after_client))
+                                layer, group, event_or_none(event_index), after_client))
 
     def register_region(self, region_id: int, region, layers) -> None:
         """REGISTER one region of KV memory (a wire.REGION record and its wire.LAYER records)."""

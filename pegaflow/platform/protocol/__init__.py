@@ -28,6 +28,7 @@ from .commands import (
     SaveAnswer,
     Unregister,
     Voters,
+    event_or_none,
     hash_records,
     keys_of,
     last_pool_event,
@@ -40,5 +41,6 @@ __all__ = [
     "Detach", "Done", "Drop", "DropAnswer", "Encoded", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
     "Ping", "PingAnswer", "Register", "RegisterEvents", "Release", "Save", "SaveAnswer", "Unregister",
     "Voters", "check_envelope", "decode", "encode", "envelope", "hash_records", "keys_of",
-    "last_pool_event", "layer_event", "payload_past_arena", "raw_submission", "read_payload", "record_fields",
+    "event_or_none", "last_pool_event", "layer_event", "payload_past_arena", "raw_submission", "read_payload",
+    "record_fields",
 ]

@@ -43,6 +43,7 @@ from .commands import (
     Save,
     Unregister,
     Voters,
+    event_or_none,
     hash_records,
 )
 from .envelope import (
@@ -134,10 +135,6 @@ def _layers(flags: int, layer: int) -> tuple[int, int | None]:
     return (ALL_LAYERS, layer) if flags & CommandFlag.LAYER_GROUP else (layer, None)
 
 
-def _event(event_index: int) -> int | None:
-    return None if event_index == NO_EVENT else event_index
-
-
 def _encode_layers(command, flags: int) -> tuple[int, int]:
     if command.group is not None:
         return flags | CommandFlag.LAYER_GROUP, command.group
@@ -210,7 +207,7 @@ def _decode_save(rec, payload: np.ndarray) -> Save:
         payload, tags = payload[:split], payload[split:].view(TAG)
     block_ids, hashes = _blocks(rec, payload)
     layer, group = _layers(flags, rec[LAYER_AT])
-    return Save(rec[NAMESPACE_AT], block_ids, hashes, layer, group, _event(rec[EVENT_INDEX_AT]),
+    return Save(rec[NAMESPACE_AT], block_ids, hashes, layer, group, event_or_none(rec[EVENT_INDEX_AT]),
                 bool(flags & CommandFlag.ONE_EVENT), tags)
 
 
@@ -233,7 +230,7 @@ def _decode_load(rec, payload: np.ndarray) -> Load:
     names_lease = flags & (CommandFlag.RELEASE_LEASE | CommandFlag.LEASE_HELD)
     return Load(rec[NAMESPACE_AT], block_ids, hashes, rec[ARG_AT] if names_lease else 0,
                 bool(flags & CommandFlag.RELEASE_LEASE) or not names_lease, layer, group,
-                _event(rec[EVENT_INDEX_AT]), bool(flags & CommandFlag.AFTER_CLIENT))
+                event_or_none(rec[EVENT_INDEX_AT]), bool(flags & CommandFlag.AFTER_CLIENT))
 
 
 def _encode_drop(c: Drop) -> Encoded:

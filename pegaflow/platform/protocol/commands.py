@@ -41,7 +41,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from pegaflow.platform.wire import ALL_LAYERS, ClientRole, KvRole, Opcode, encode_hashes, hash_keys
+from pegaflow.platform.wire import ALL_LAYERS, NO_EVENT, ClientRole, KvRole, Opcode, encode_hashes, hash_keys
 
 Key = tuple[int, bytes]  # an index key: (namespace, hash key of ``hash_keys``)
 NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
@@ -50,6 +50,11 @@ NO_PAYLOAD = np.zeros(0, dtype=np.uint8)
 def layer_event(first_event: int, position: int) -> int:
     """The event of the ``position``-th layer a SAVE or LOAD copies (in its layer order)."""
     return first_event + position
+
+
+def event_or_none(event_index: int) -> int | None:
+    """A record's event index as a command holds it: None for ``NO_EVENT``."""
+    return None if event_index == NO_EVENT else event_index
 
 
 def last_pool_event(num_events: int) -> int:
