@@ -174,12 +174,16 @@ def attach_segment(name: str, readonly: bool = False) -> Segment:
 def unlink_segment(name: str) -> bool:
     """Unlink a segment by name; False if it was already gone.  ForeignSegmentError if it
     is another user's that this one may not remove."""
+    return _unlink(name, posix_ipc.unlink_shared_memory, segment_path(name))
+
+
+def _unlink(name: str, unlink, path: str) -> bool:
     try:
-        posix_ipc.unlink_shared_memory(name)
+        unlink(name)
     except posix_ipc.ExistentialError:
         return False
     except posix_ipc.PermissionsError as exc:
-        raise _not_removable(name, segment_path(name), exc) from None
+        raise _not_removable(name, path, exc) from None
     return True
 
 
@@ -216,13 +220,7 @@ def attach_semaphore(name: str) -> posix_ipc.Semaphore:
 def unlink_semaphore(name: str) -> bool:
     """Unlink a semaphore by name; False if it was already gone.  ForeignSegmentError if it
     is another user's that this one may not remove."""
-    try:
-        posix_ipc.unlink_semaphore(name)
-    except posix_ipc.ExistentialError:
-        return False
-    except posix_ipc.PermissionsError as exc:
-        raise _not_removable(name, segment_path(name, is_semaphore=True), exc) from None
-    return True
+    return _unlink(name, posix_ipc.unlink_semaphore, segment_path(name, is_semaphore=True))
 
 
 def private_buffer_name(what: str) -> str:
