@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import hashlib
 
-from pegaflow.connector.metadata import GroupBlocks, LoadSpec, SaveSpec
+from pegaflow.connector.metadata import NULL_BLOCK, GroupBlocks, LoadSpec, SaveSpec
 
-NULL_BLOCK = 0  # vLLM's placeholder block id
 STATE_SPECS = frozenset({"MambaSpec"})
 STATE_CANDIDATES = 32  # positions from the end of a stored run whose state key is looked up
 _STATE_SALT = b"pegaflow.mamba-state"
@@ -111,13 +110,13 @@ def save_spec(req_id: str, tables, start: int, hashes, states: frozenset[int]) -
     hashes = tuple(hashes)
     end = start + len(hashes)
     with_state = _state_positions(tables, states, start, end)
+    keys = hashes + tuple(state_key(hashes[j - start]) for j in with_state)
     parts = []
     for group, table in enumerate(tables):
         ids = [table[j] if j < len(table) else NULL_BLOCK for j in range(start, end)]
         if group not in states and NULL_BLOCK in ids:
             return None  # an attention group without a block there: not a servable prefix
         ids += [table[j] for j in with_state]
-        keys = hashes + tuple(state_key(hashes[j - start]) for j in with_state)
         parts.append(GroupBlocks(group, tuple(ids), keys))
     real = tuple(dict.fromkeys(b for p in parts for b in p.block_ids if b != NULL_BLOCK))
     return SaveSpec(req_id, real, hashes, tuple(parts)) if parts and hashes else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
+NULL_BLOCK = 0  # vLLM's placeholder block id (never a request's own block)
 
 @dataclass(frozen=True, slots=True)
 class GroupBlocks:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pegaflow.connector import mamba_state
-from pegaflow.connector.mamba_state import NULL_BLOCK
-from pegaflow.connector.metadata import GroupBlocks, LoadSpec, SaveSpec
+from pegaflow.connector.metadata import NULL_BLOCK, GroupBlocks, LoadSpec, SaveSpec
 
 
 def load_spec(req_id: str, tables, first: int, count: int, hashes: tuple[bytes, ...],
