@@ -51,6 +51,7 @@ from tools.bench_serving import (
     Server,
     add_chat_args,
     add_run_args,
+    by_source_of_counters,
     collect_runs,
     complete,
     counters,
@@ -59,7 +60,6 @@ from tools.bench_serving import (
     print_failures,
     reset_gpu_cache,
     server_command,
-    tokens_by_source,
 )
 from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
 from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes, vllm_settings
@@ -77,7 +77,7 @@ def hit_counters(port: int) -> dict[str, float]:
     its first output); else from the hit counters, which count a request again each time it is
     scheduled (an asynchronous load schedules it twice)."""
     found = counters(port)
-    if (by_source := tokens_by_source(found)) is not None:
+    if (by_source := by_source_of_counters(found)) is not None:
         return {"gpu_hit_tokens": float(by_source["local_cache_hit"]),
                 "host_hit_tokens": float(by_source["external_kv_transfer"])}
     return {"gpu_hit_tokens": found.get("vllm:prefix_cache_hits_total", 0.0),
@@ -249,7 +249,7 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     docs: list[Routed] = []
     if args.doc_requests:
         out["docs_reset_wait_s"] = fleet.reset_prefix_caches()
-        before = fleet.counters()
+        before = after  # (a reset changes no counter: the chat's last scrape serves)
         docs = shared_docs(fleet, args, router)
         after = fleet.counters()
         out["docs"] = replica_figures(docs, _delta(after, before, "host_hit_tokens"), args.replicas) | \

@@ -164,7 +164,7 @@ def counters(port: int) -> dict[str, float]:
     return out
 
 
-def tokens_by_source(found: dict[str, float]) -> dict[str, int] | None:
+def by_source_of_counters(found: dict[str, float]) -> dict[str, int] | None:
     """``vllm:prompt_tokens_by_source`` per source, of a server's ``counters()`` (summed over
     engines); None when this vLLM has no such counter."""
     if not any(f"{BY_SOURCE}:{source}" in found for source in SOURCES):

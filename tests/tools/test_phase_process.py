@@ -40,7 +40,7 @@ def phase_dir(tmp_path, monkeypatch):
 def test_spawn_phase_returns_what_the_phase_wrote_and_removes_its_file(phase_dir, capfd):
     # 1. The phase gets its name, the flags and a file to write; it runs where it is told,
     #    with the environment it is given.
-    result = spawn_phase("fake_phase", "pegaflow", ["--seed", "7"], env=dict(os.environ, PHASE_MARK="m1"),
+    result = spawn_phase("fake_phase", "pegaflow", ["--seed", "7"], timeout_s=60, env=dict(os.environ, PHASE_MARK="m1"),
                          cwd=phase_dir)
     assert {k: result[k] for k in ("phase", "seed", "mark")} == {"phase": "pegaflow", "seed": 7, "mark": "m1"}
     assert Path(result["cwd"]) == phase_dir
@@ -48,7 +48,7 @@ def test_spawn_phase_returns_what_the_phase_wrote_and_removes_its_file(phase_dir
     assert not Path(result["out"]).exists()
     # 3. A phase name it does not declare is refused by the phase's own parser.
     with pytest.raises(subprocess.CalledProcessError):
-        spawn_phase("fake_phase", "idle", [], cwd=phase_dir)
+        spawn_phase("fake_phase", "idle", [], timeout_s=60, cwd=phase_dir)
     captured = capfd.readouterr()
     assert "vLLM's chatter" in captured.err and "vLLM's chatter" not in captured.out
 
@@ -62,7 +62,7 @@ def test_spawn_phase_that_fails_raises_and_leaves_no_file(phase_dir, monkeypatch
         return real_run(cmd, **kwargs)
     monkeypatch.setattr(subprocess, "run", run)
     with pytest.raises(subprocess.CalledProcessError) as failed:
-        spawn_phase("fake_phase", "broken", [], cwd=phase_dir)
+        spawn_phase("fake_phase", "broken", [], timeout_s=60, cwd=phase_dir)
     assert failed.value.returncode == 3 and failed.value.cmd[:3] == [sys.executable, "-m", "fake_phase"]
     assert len(made) == 1 and not Path(made[0]).exists()
 
