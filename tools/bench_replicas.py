@@ -42,7 +42,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -71,6 +70,24 @@ CONFIGS = ("none", "native", "pegaflow")
 SPLIT_PEERS = ("lmcache",)  # peers whose cache lives in each vLLM process: the host budget split
 
 
+def compile_cache_warm() -> bool:
+    """Whether vLLM's compile cache on this machine holds anything yet."""
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = os.environ.get("VLLM_CACHE_ROOT") or cache_home / "vllm"
+    cache = Path(root) / "torch_compile_cache"
+    return cache.is_dir() and any(cache.iterdir())
+
+
+def kv_cache_bytes(model: str, blocks: int) -> int:
+    """The GPU memory ``blocks`` KV blocks of ``model`` take (16-token blocks, 2-byte cache),
+    from its ``config.json``."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * 2
+    return blocks * BLOCK_SIZE * per_token
+
+
 def hit_counters(port: int) -> dict[str, float]:
     """A server's prefix-cache counters (tokens): its GPU cache's and the external (host) ones.
     From ``vllm:prompt_tokens_by_source`` where this vLLM has it (added once per request, at
@@ -85,8 +102,13 @@ def hit_counters(port: int) -> dict[str, float]:
 
 
 class Fleet:
-    """N ``vllm serve`` replicas of one configuration on ports ``port``, ``port+1``, ...,
-    started one after another (each measures the GPU's free memory at start)."""
+    """N ``vllm serve`` replicas of one configuration on ports ``port``, ``port+1``, ...
+
+    ``--start together`` (the default) launches them at once, each with its KV cache given
+    (``--kv-cache-memory-bytes`` beside ``--num-gpu-blocks-override``) so that no replica's
+    memory profile counts another's allocations; where vLLM's compile cache is still empty,
+    replica 0 starts alone first (it fills the cache) and the rest together after it.
+    ``one-by-one`` starts each after the previous one is up."""
 
     def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None):
         self.config, self.args, self.engine_name, self.log_dir, self.tag = config, args, engine_name, log_dir, tag
@@ -94,8 +116,7 @@ class Fleet:
         self.servers: list[Server | None] = [None] * args.replicas
         self.ready_s: list[float] = [0.0] * args.replicas
         try:
-            for replica in range(args.replicas):
-                self.start(replica)
+            self._start_all()
         except BaseException:  # one that would not start: the others go too (the GPU memory they hold)
             self.close()
             raise
@@ -103,22 +124,42 @@ class Fleet:
     def port(self, replica: int) -> int:
         return self.args.port + replica
 
-    def start(self, replica: int) -> float:
-        """Starts one replica; its time from launch to /health answering."""
+    def _start_all(self) -> None:
+        a = self.args
+        if a.start == "one-by-one":
+            for replica in range(a.replicas):
+                self.start(replica)
+            return
+        rest = range(a.replicas)
+        if not (a.eager or compile_cache_warm()):  # replica 0 fills vLLM's compile cache alone
+            self.start(0)
+            rest = range(1, a.replicas)
+        for replica in rest:
+            self.launch(replica)
+        for replica in rest:
+            self.ready_s[replica] = round(self.servers[replica].wait_ready(), 2)
+
+    def launch(self, replica: int) -> Server:
+        """Launches one replica (not waiting for it to be up)."""
         a = self.args
         one = SimpleNamespace(**vars(a))
         one.port = self.port(replica)
         one.host_gib = max(1, a.host_gib // a.replicas) if self.config == "native" else a.host_gib
-        started = time.monotonic()
         log_path = self.log_dir / f"{self.tag}.r{replica}.log"
         peer_args, env, cwd = vllm_settings(self.plan)
         if (trace_path := self.trace_path(replica)) is not None:  # the connector's step timeline
             logging_path = self.log_dir / f"{self.tag}.r{replica}.logging.json"
             logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
             env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
-        self.servers[replica] = Server(server_command(self.config, one, self.engine_name, peer_args),
-                                       one.port, log_path, env, cwd)
-        self.ready_s[replica] = round(time.monotonic() - started, 2)
+        cmd = server_command(self.config, one, self.engine_name, peer_args)
+        if a.start == "together":
+            cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(a.model, a.gpu_blocks))]
+        self.servers[replica] = Server(cmd, one.port, log_path, env, cwd, wait=False)
+        return self.servers[replica]
+
+    def start(self, replica: int) -> float:
+        """Starts one replica; its time from launch to /health answering."""
+        self.ready_s[replica] = round(self.launch(replica).wait_ready(), 2)
         return self.ready_s[replica]
 
     def trace_path(self, replica: int) -> Path | None:
@@ -330,18 +371,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="lmcache (a private cache per replica, split like native's), lmcache-mp (LMCache's "
                         "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/peers.py; "
                         "a peer whose packages are missing is skipped with one line")
-    add_chat_args(p, users=9)  # 9 x 8 000 tokens: more than the default GPU caches of two replicas hold
+    # 32 users x 8 000 tokens (about 270 000 tokens by round 4): twice what two replicas' GPU
+    # caches of --gpu-blocks 4 000 (64 000 tokens each) hold
+    add_chat_args(p, users=32)
     p.add_argument("--docs", type=int, default=4, help="shared documents")
     p.add_argument("--doc-tokens", type=int, default=6000)
     p.add_argument("--doc-requests", type=int, default=32, help="0: no shared-documents workload")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--restart", action="store_true", help="then restart replica 0 and run one more round")
-    p.add_argument("--gpu-blocks", type=int, default=1500, help="each replica's GPU KV cache, in blocks")
+    p.add_argument("--gpu-blocks", type=int, default=4000, help="each replica's GPU KV cache, in blocks")
     p.add_argument("--host-gib", type=int, default=64, help="the host cache, in all (native: split evenly)")
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="each replica's share of the GPU (default: 0.85 / replicas)")
     p.add_argument("--port", type=int, default=8011, help="replica i listens on port + i")
+    p.add_argument("--start", choices=("together", "one-by-one"), default="together",
+                   help="launch the replicas at once (each its KV cache given, no memory profile of the "
+                        "others) or each after the previous one is up")
     p.add_argument("--trace", action="store_true",
                    help="pegaflow: each replica's step timeline of the steps that load in the later rounds")
     add_run_args(p, "/tmp/bench_replicas")

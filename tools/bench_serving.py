@@ -211,23 +211,30 @@ class Server:
     the repository (``tools/peers.py`` says why)."""
 
     def __init__(self, cmd: list[str], port: int, log_path: Path, extra_env: dict | None = None,
-                 cwd: Path | None = None):
+                 cwd: Path | None = None, wait: bool = True):
         env = dict(os.environ, PYTHONHASHSEED="0", VLLM_SERVER_DEV_MODE="1",
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         env.update(extra_env or {})
-        self.port, self.log = port, open(log_path, "w")
+        self.port, self.log_path, self.log = port, log_path, open(log_path, "w")
+        self.launched = time.monotonic()
         self.proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> float:
+        """Waits for /health to answer; the seconds from launch (stopped and raised if it exits
+        or is not up within ``START_TIMEOUT_S``)."""
+        deadline = self.launched + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}); see {log_path}")
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}); see {self.log_path}")
             try:
-                _get(port, "/health")
-                return
+                _get(self.port, "/health")
+                return time.monotonic() - self.launched
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"vllm serve not up after {START_TIMEOUT_S:.0f}s; see {log_path}")
+                    raise RuntimeError(f"vllm serve not up after {START_TIMEOUT_S:.0f}s; see {self.log_path}")
                 time.sleep(0.5)
 
     def stop(self) -> None:

@@ -210,3 +210,55 @@ def test_bench_replicas_hit_counters_by_source_where_vllm_has_it(handler, expect
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _LaunchLog:
+    """A stand-in for ``Server``: records each launch (its command) and each wait, in order."""
+
+    events: list = []
+
+    def __init__(self, cmd, port, log_path, env, cwd, wait=True):
+        assert wait is False
+        self.cmd, self.port = cmd, port
+        _LaunchLog.events.append(("launch", port))
+
+    def wait_ready(self):
+        _LaunchLog.events.append(("wait", self.port))
+        return 12.345
+
+    def stop(self):
+        _LaunchLog.events.append(("stop", self.port))
+
+
+@pytest.mark.parametrize("start,warm,expected", [
+    ("together", True, ["launch 0", "launch 1", "launch 2", "wait 0", "wait 1", "wait 2"]),
+    ("together", False, ["launch 0", "wait 0", "launch 1", "launch 2", "wait 1", "wait 2"]),
+    ("one-by-one", True, ["launch 0", "wait 0", "launch 1", "wait 1", "launch 2", "wait 2"])])
+def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypatch, tmp_path, start, warm,
+                                                                          expected):
+    # 1. Together: every replica launched before any is waited for, unless vLLM's compile
+    #    cache is empty (then replica 0 first, alone); one-by-one: each after the previous.
+    # 2. Together, each replica's KV cache is given in bytes (the 8B shape's 2 MiB a block),
+    #    beside the block count; one-by-one leaves vLLM's memory profile as it is.
+    _LaunchLog.events = []
+    monkeypatch.setattr(bench_replicas, "Server", _LaunchLog)
+    monkeypatch.setattr(bench_replicas, "compile_cache_warm", lambda: warm)
+    args = _args("--replicas", "3", "--start", start, "--gpu-blocks", "1000", "--port", "9000")
+    fleet = bench_replicas.Fleet("pegaflow", args, "eng", tmp_path, "t")
+    assert [f"{kind} {port - 9000}" for kind, port in _LaunchLog.events] == expected
+    assert fleet.ready_s == [12.35] * 3
+    cmd = fleet.servers[2].cmd
+    if start == "together":
+        assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(1000 * 2 << 20)
+    else:
+        assert "--kv-cache-memory-bytes" not in cmd
+    assert cmd[cmd.index("--num-gpu-blocks-override") + 1] == "1000"
+
+
+def test_compile_cache_warm_looks_in_vllms_cache_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    assert not bench_replicas.compile_cache_warm()
+    (tmp_path / "torch_compile_cache").mkdir()
+    assert not bench_replicas.compile_cache_warm()
+    (tmp_path / "torch_compile_cache" / "0123abcd").mkdir()
+    assert bench_replicas.compile_cache_warm()
