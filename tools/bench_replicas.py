@@ -187,6 +187,11 @@ class Fleet:
     def counters(self) -> dict[int, dict[str, float]]:
         return {r: hit_counters(self.port(r)) for r in range(self.args.replicas)}
 
+    def connector_counters(self) -> dict[int, dict[str, float]]:
+        """Each replica's ``vllm:pegaflow_*`` series (lookup timeouts, latency sums...)."""
+        return {r: {k: v for k, v in counters(self.port(r)).items() if k.startswith("vllm:pegaflow_")}
+                for r in range(self.args.replicas)}
+
     def reset_prefix_caches(self) -> float:
         """Empty every replica's GPU prefix cache (each reset retried until vLLM accepts it);
         the seconds that took."""
@@ -195,6 +200,16 @@ class Fleet:
     def close(self) -> None:
         for replica in range(self.args.replicas):
             self.stop(replica)
+
+    def warnings(self, most: int = 20) -> dict[int, list[str]]:
+        """Per replica, the first ``most`` WARNING or ERROR lines of its log that name pegaflow."""
+        out = {}
+        for replica in range(self.args.replicas):
+            path = self.log_dir / f"{self.tag}.r{replica}.log"
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out[replica] = [line[-400:] for line in lines
+                            if ("WARNING" in line or "ERROR" in line) and "pegaflow" in line][:most]
+        return out
 
 
 def send_all(fleet: Fleet, jobs: list[tuple[str, list[int], int]], max_tokens: int,
@@ -251,6 +266,20 @@ def shared_docs(fleet: Fleet, args, router: Router) -> list[Routed]:
     return routed
 
 
+def warm_up(port: int, count: int, seed: int) -> list[float]:
+    """``count`` short requests (256 new tokens each, 2 answer tokens) to a replica just
+    started, as a rolling upgrade's readiness check sends before the balancer routes to it:
+    vLLM's first requests pay one-time costs that are no cache's.  Each one's seconds."""
+    prompts = shared_prefix_prompts(count, 256, count, 0, seed=seed + 7000) if count else []
+    seconds = []
+    for i, prompt in enumerate(prompts):
+        result = complete(port, prompt, 2, f"warmup{i}")
+        if result.error:
+            raise RuntimeError(f"the restarted replica's warm-up request failed: {result.error}")
+        seconds.append(round(result.done_s - result.started_s, 3))
+    return seconds
+
+
 def _delta(after: dict[int, dict[str, float]], before: dict[int, dict[str, float]], key: str) -> dict[int, float]:
     return {r: after[r][key] - before[r][key] for r in after}
 
@@ -266,17 +295,18 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
         finally:
             fleet.close()
         # every replica's process is gone: its trace is whole (each process's clock is the host's)
-        return result | {"step_timeline": fleet.step_timelines(tuple(result["later_window"]))}
+        return result | {"step_timeline": fleet.step_timelines(tuple(result["later_window"])),
+                         "warnings": fleet.warnings()}
 
 
 def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     router = Router(args.router, args.replicas, seed=args.seed)
     chat = Chat(args, router)
     rounds: list[list[Routed]] = [chat.round(fleet, 0)]
-    before = fleet.counters()
+    before, connector_before = fleet.counters(), fleet.connector_counters()
     for r in range(1, args.rounds):
         rounds.append(chat.round(fleet, r))
-    after = fleet.counters()
+    after, connector_after = fleet.counters(), fleet.connector_counters()
     later = [x for rnd in rounds[1:] for x in rnd]
     per_round = [summarize([x.result for x in rnd]) for rnd in rounds]
     started = [x.result.started_s for x in later]
@@ -286,7 +316,9 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
            "later_rounds": summarize([x.result for x in later]),
            "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
            "chat": replica_figures(later, _delta(after, before, "host_hit_tokens"), args.replicas),
-           "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values())}
+           "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values()),
+           "chat_connector": {r: {k: round(v - connector_before[r].get(k, 0.0), 6) for k, v in mine.items()}
+                              for r, mine in connector_after.items()}}
     docs: list[Routed] = []
     if args.doc_requests:
         out["docs_reset_wait_s"] = fleet.reset_prefix_caches()
@@ -299,12 +331,13 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     if args.restart:
         fleet.stop(0)
         ready_s = fleet.start(0)
+        warmup = warm_up(fleet.port(0), args.restart_warmup, args.seed)
         before = fleet.counters()
         restart = chat.round(fleet, args.rounds)
         after = fleet.counters()
         mine = [x for x in restart if x.replica == 0]
         warm = [x for x in later if x.replica == 0]
-        out["restart"] = {"time_to_ready_s": ready_s,
+        out["restart"] = {"time_to_ready_s": ready_s, "warmup_s": warmup,
                           "first_round": replica_figures(mine, {0: _delta(after, before, "host_hit_tokens")[0]}, 1),
                           "warm_rounds_ttft_p50_ms": replica_figures(warm, {}, 1)["ttft_p50_ms"]}
     every = [x for rnd in rounds for x in rnd] + docs + restart
@@ -379,6 +412,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--doc-requests", type=int, default=32, help="0: no shared-documents workload")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--restart", action="store_true", help="then restart replica 0 and run one more round")
+    p.add_argument("--restart-warmup", type=int, default=1, metavar="N",
+                   help="short requests sent to the restarted replica before its round (a readiness "
+                        "check's warm-up; 0: none)")
     p.add_argument("--gpu-blocks", type=int, default=4000, help="each replica's GPU KV cache, in blocks")
     p.add_argument("--host-gib", type=int, default=64, help="the host cache, in all (native: split evenly)")
     p.add_argument("--max-model-len", type=int, default=16384)

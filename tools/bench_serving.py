@@ -146,11 +146,14 @@ def _get(port: int, path: str, method: str = "GET") -> str:
 HIT_COUNTERS = ("vllm:external_prefix_cache_hits_total", "vllm:prefix_cache_hits_total")  # host, own GPU
 
 
+PEGAFLOW_SERIES = ("_total", "_seconds_sum", "_seconds_count")
+
+
 def counters(port: int) -> dict[str, float]:
     """The server's counters a run reports (summed over their labels): vLLM's prefix-cache hits
     (external and its own GPU's), its prompt tokens by source where it has them (one key per
     source, ``vllm:prompt_tokens_by_source:SOURCE``) and every ``vllm:pegaflow_*`` counter
-    (lookup deferrals, blocks loaded...)."""
+    (lookup deferrals, blocks loaded...) and latency histogram's sum and count."""
     from prometheus_client.parser import text_string_to_metric_families
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(_get(port, "/metrics")):
@@ -158,7 +161,7 @@ def counters(port: int) -> dict[str, float]:
             name = sample.name
             if name in (BY_SOURCE, BY_SOURCE + "_total") and sample.labels.get("source") in SOURCES:
                 name = f"{BY_SOURCE}:{sample.labels['source']}"
-            elif not (name in HIT_COUNTERS or (name.startswith("vllm:pegaflow_") and name.endswith("_total"))):
+            elif not (name in HIT_COUNTERS or (name.startswith("vllm:pegaflow_") and name.endswith(PEGAFLOW_SERIES))):
                 continue
             out[name] = out.get(name, 0.0) + sample.value
     return out

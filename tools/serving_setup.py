@@ -57,7 +57,8 @@ class Sides:
             return None
         from pegaflow.stats.engine_stats import read_stats
         stats = read_stats(self.engine_name)
-        return {k: stats[k] for k in ENGINE_STATS}
+        # and its LOOKUP / LOAD / SAVE latency histograms (receipt to answer), where it has them
+        return {k: stats[k] for k in ENGINE_STATS} | {k: stats[k] for k in ("latency",) if k in stats}
 
 
 @contextlib.contextmanager

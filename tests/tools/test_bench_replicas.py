@@ -65,6 +65,9 @@ class _FakeFleet:
     def counters(self):
         return {r: bench_replicas.hit_counters(self.port(r)) for r in range(len(self.servers))}
 
+    def connector_counters(self):
+        return {r: {} for r in range(len(self.servers))}
+
     def reset_prefix_caches(self):
         return sum(bench_replicas.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
 
@@ -115,6 +118,8 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet):
     assert run["chat"]["cacheable_tokens"] == 6 * 208
     # 4. The restart: replica 0 started again, then one more round; its figures apart.
     assert fleet.restarts == 1 and run["restart"]["time_to_ready_s"] == 2.5
+    # Before that round, one warm-up request went to the restarted replica (none after it).
+    assert len(run["restart"]["warmup_s"]) == 1 and fleet.servers[0].requests == 1 + 1
     # (round-robin: 15 requests before it, so the round's three go to replicas 1, 0, 1)
     assert run["restart"]["first_round"]["requests"] == 1
     assert len(run["results"]) == 9 + 6 + 3
