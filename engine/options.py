@@ -102,7 +102,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("lookup-wait-ms", "lookup_wait_s", "40", "the most a LOOKUP whose prefix goes on with "
            "blocks another client is still saving waits for them (a decode vLLM right after its "
            "prefill vLLM, a replica right after its twin); past it the READY part is served; 0: "
-           "never wait; keep it below the connector's lookup_timeout_ms (50)",
+           "never wait; keep it below the connector's lookup_timeout_ms (500)",
            lambda text: float(text) / 1e3),
     Option("keep-pool", "keep_pool", "off", "leave the pool and its table in /dev/shm when the "
            "engine stops (or dies), and take in the blocks a kept pool of the same size holds at "
@@ -149,7 +149,7 @@ OPTIONS: tuple[Option, ...] = (
            _choice("remote-publish", REMOTE_PUBLISH)),
     Option("remote-timeout-ms", "remote_timeout_s", "40", "the most a LOOKUP waits for the remote "
            "store's answer on which blocks it holds (past it, or with the store unreachable, the "
-           "rest of the prefix is a miss); keep it below the connector's lookup_timeout_ms (50)",
+           "rest of the prefix is a miss); keep it below the connector's lookup_timeout_ms (500)",
            lambda text: float(text) / 1e3),
     Option("remote-start-timeout", "remote_start_timeout_s", "5", "seconds the engine waits at start "
            "for the remote store's setup (the master and metadata server answering) before it gives "

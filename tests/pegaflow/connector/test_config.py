@@ -28,7 +28,7 @@ def test_connector_config_extra_config_beats_env_beats_default():
     # 2. extra_config wins, then the env, then the default.
     assert config.engine_name == "from_extra"
     assert config.load_mode == "async" and config.is_async_load
-    assert config.lookup_timeout_ms == 50.0
+    assert config.lookup_timeout_ms == 500.0
 
 
 def test_connector_config_every_option_read_from_its_env_var():

@@ -157,4 +157,4 @@ def test_pd_roles_set_what_the_connector_does():
     with pytest.raises(ConfigError, match="kv_role"):
         ConnectorConfig.from_sources({}, environ={}, kv_role="kv_decoder")
     with pytest.raises(ConfigError, match="lookup_wait_ms"):
-        ConnectorConfig.from_sources({"lookup_wait_ms": 60}, environ={})
+        ConnectorConfig.from_sources({"lookup_wait_ms": 600}, environ={})
