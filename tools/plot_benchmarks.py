@@ -37,7 +37,7 @@ CONFIG_LABELS = {
     "pegaflow": "pegaflow (layerwise)",
     "pegaflow-auto": "pegaflow",
 }
-COLORS = {"no offload": "0.55", "no offload (1 replica)": "0.55",
+COLORS = {"no offload": "0.55",
           "vLLM native offload": "tab:orange", "pegaflow (layerwise)": "tab:cyan",
           "pegaflow": "tab:blue"}
 PATH_LABELS = {"kernel": "copy kernel", "copy-engine": "copy engine (page by page)", "staged": "staged (default)"}
@@ -120,7 +120,7 @@ def _draw_rounds(ax, rounds: dict[str, list[float]]) -> None:
     ax.set_ylabel("round wall time, s (lower is better)")
 
 
-REPLICA_LABELS = {"none": "no offload (1 replica)", "native": "vLLM native offload", "pegaflow": "pegaflow"}
+REPLICA_LABELS = {"none": "no offload", "native": "vLLM native offload", "pegaflow": "pegaflow"}
 
 
 def replicas_ttft(result: dict) -> dict[str, float]:
@@ -147,8 +147,10 @@ def draw_replicas(result: dict, axes_of: Callable) -> object:
     axes[1].set_xlim(0, max(ttft.values()) * 1.25)
     axes[1].set_xlabel("TTFT p50 of the later rounds, ms (lower is better)")
     axes[1].set_title("time to first token")
+    args = result.get("args", {})
+    context = f"{args.get('context_tokens', 0):,}".replace(",", " ")
     figure.suptitle(f"{result.get('replicas', 2)} vllm serve replicas on one GPU, {result.get('router', '')} router, "
-                    f"9 users of 8 000 tokens, {result.get('gpu', 'GPU')}, CUDA graphs on")
+                    f"{args.get('users', '?')} users of {context} tokens, {result.get('gpu', 'GPU')}, CUDA graphs on")
     return figure
 
 

@@ -66,7 +66,7 @@ def test_plot_benchmarks_reads_each_figure_from_its_json():
     # 64 KiB pages only, per path, and the engine's point; the limit is the run's own pinned copy
     # the replicas' later-round TTFT per configuration, labelled, in the order they ran
     assert replicas_ttft(_replicas()) == {"pegaflow": 396.0, "vLLM native offload": 579.0,
-                                          "no offload (1 replica)": 1504.0}
+                                          "no offload": 1504.0}
     series, limit = transfer_series(_transfer(), "d2h")
     assert limit == 55.1
     assert [(one.xs, one.ys) for one in series] == [((1024, 10000), (49.0, 49.0)), ((1024, 10000), (52.0, 52.0)),
