@@ -347,3 +347,53 @@ def test_scheduler_hybrid_failed_load_rewinds_its_blocks_and_is_not_retried():
     retry = SimpleNamespace(request_id="c", num_tokens=40, block_hashes=[b"c" * 32])
     scheduler.requests["c"] = RequestState(retry, has_failed_load=True)
     assert scheduler.get_num_new_matched_tokens(retry, 0) == (0, False)
+
+
+class LateClient(SlowClient):
+    """An engine busy with other replicas' loads: each LOOKUP is answered (all 4 blocks hit)
+    ``LATE_S`` after it was submitted."""
+
+    LATE_S = 0.2
+
+    def __init__(self):
+        super().__init__()
+        self.submitted_at, self.abandoned = {}, []
+
+    def abandon(self, command_id):
+        self.abandoned.append(command_id)
+
+    def submit_lookup(self, namespace, records, wait_ms=None):
+        command_id = next(self._ids)
+        self.submitted_at[command_id] = time.monotonic()
+        return command_id
+
+    def wait(self, request_id, timeout_s):
+        ready_at = self.submitted_at[request_id] + self.LATE_S
+        time.sleep(max(0.0, min(timeout_s, ready_at - time.monotonic())))
+        if time.monotonic() < ready_at:
+            raise EngineTimeoutError("no answer yet")
+        self.num_answered += 1
+        return Completion(request_id, Opcode.LOOKUP, Status.OK, 4, 4, 0, 0)
+
+
+def _ask_each_step(scheduler, request, step_s: float = 0.01):
+    """vLLM's scheduler asking every step until the answer is a number."""
+    while (answer := scheduler.get_num_new_matched_tokens(request, 0))[0] is None:
+        time.sleep(step_s)
+    return answer
+
+
+def test_scheduler_lookup_answered_late_by_a_busy_engine_is_served_by_default():
+    # 1. By default, an answer 200 ms late (several replicas' bursts of loads: docs/replicas.md)
+    #    is waited for: vLLM is told to ask again meanwhile, then served the 48 tokens it may load.
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[1], block_size=16)
+    scheduler.link.use(LateClient())
+    request = SimpleNamespace(request_id="r", num_tokens=64, block_hashes=[b"h" * 32] * 4)
+    assert _ask_each_step(scheduler, request)[0] == 48
+    assert scheduler.stats.data["lookup_timeouts"] == 0 and scheduler.stats.data["lookup_deferrals"] > 1
+    # 2. With a 50 ms deadline the same lookup is a miss: the whole prefix is recomputed.
+    scheduler = SchedulerSide(ConnectorConfig(lookup_timeout_ms=50), namespaces=[1], block_size=16)
+    client = LateClient()
+    scheduler.link.use(client)
+    assert _ask_each_step(scheduler, request)[0] == 0
+    assert scheduler.stats.data["lookup_timeouts"] == 1 and client.abandoned == [1]
