@@ -50,11 +50,11 @@ from tools.bench_serving import (
     Server,
     add_chat_args,
     add_run_args,
-    by_source_of_counters,
     collect_runs,
     complete,
     counters,
     headline_rows,
+    hit_counters,
     measured_on,
     print_failures,
     reset_gpu_cache,
@@ -86,19 +86,6 @@ def kv_cache_bytes(model: str, blocks: int) -> int:
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * 2
     return blocks * BLOCK_SIZE * per_token
-
-
-def hit_counters(port: int) -> dict[str, float]:
-    """A server's prefix-cache counters (tokens): its GPU cache's and the external (host) ones.
-    From ``vllm:prompt_tokens_by_source`` where this vLLM has it (added once per request, at
-    its first output); else from the hit counters, which count a request again each time it is
-    scheduled (an asynchronous load schedules it twice)."""
-    found = counters(port)
-    if (by_source := by_source_of_counters(found)) is not None:
-        return {"gpu_hit_tokens": float(by_source["local_cache_hit"]),
-                "host_hit_tokens": float(by_source["external_kv_transfer"])}
-    return {"gpu_hit_tokens": found.get("vllm:prefix_cache_hits_total", 0.0),
-            "host_hit_tokens": found.get("vllm:external_prefix_cache_hits_total", 0.0)}
 
 
 class Fleet:

@@ -186,8 +186,27 @@ def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
+def hits_of(found: dict[str, float]) -> dict[str, float]:
+    """Prefix-cache hits (tokens) in a server's ``counters()``: its GPU cache's and the
+    external (host) ones.  From ``vllm:prompt_tokens_by_source`` where this vLLM has it (added
+    once per request, at its first output; on the GPU it agreed with the connector's own
+    count of tokens found to within one block per replica, docs/replicas.md); else from the
+    hit counters, which count a request again each time it is scheduled (an asynchronous
+    load schedules it twice)."""
+    if (by_source := by_source_of_counters(found)) is not None:
+        return {"gpu_hit_tokens": float(by_source["local_cache_hit"]),
+                "host_hit_tokens": float(by_source["external_kv_transfer"])}
+    return {"gpu_hit_tokens": found.get("vllm:prefix_cache_hits_total", 0.0),
+            "host_hit_tokens": found.get("vllm:external_prefix_cache_hits_total", 0.0)}
+
+
+def hit_counters(port: int) -> dict[str, float]:
+    """``hits_of`` a server's counters now."""
+    return hits_of(counters(port))
+
+
 def external_hit_tokens(port: int) -> float:
-    return counters(port).get("vllm:external_prefix_cache_hits_total", 0.0)
+    return hit_counters(port)["host_hit_tokens"]
 
 
 def server_command(config: str, args, engine_name: str, peer_args: list[str] | None = None) -> list[str]:
@@ -290,8 +309,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             "later_rounds": summarize(later),
             "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
             "shared_prefix": summarize(prefix) if prefix else None,
-            "host_hit_tokens": {phase: d.get("vllm:external_prefix_cache_hits_total", 0.0)
-                                for phase, d in phases.items()},
+            "host_hit_tokens": {phase: hits_of(d)["host_hit_tokens"] for phase, d in phases.items()},
             "reset_wait_s": reset_wait_s,
             "counters": phases,
             "engine": engine_stats,

@@ -280,3 +280,15 @@ def test_main_a_peer_failing_at_run_time_is_a_row_and_the_bench_goes_on(tmp_path
     captured = capsys.readouterr()
     assert "bench_serving: pegaflow-rs failed: vLLM refused" in captured.err
     assert "pegaflow-rs    failed: vLLM refused" in captured.out
+
+
+def test_hits_of_prefers_tokens_by_source_over_the_hit_counters():
+    # An asynchronously loaded request is counted twice by vLLM's hit counters, once by source.
+    from tools.bench_serving import hits_of
+    found = {"vllm:external_prefix_cache_hits_total": 320.0, "vllm:prefix_cache_hits_total": 16.0,
+             "vllm:prompt_tokens_by_source:external_kv_transfer": 160.0,
+             "vllm:prompt_tokens_by_source:local_cache_hit": 16.0,
+             "vllm:prompt_tokens_by_source:local_compute": 40.0}
+    assert hits_of(found) == {"gpu_hit_tokens": 16.0, "host_hit_tokens": 160.0}
+    older = {k: v for k, v in found.items() if "by_source" not in k}  # a vLLM without it
+    assert hits_of(older) == {"gpu_hit_tokens": 16.0, "host_hit_tokens": 320.0}
