@@ -35,7 +35,13 @@ from tools.gpu import gpu_name
 from tools.phase_process import add_phase_args, spawn_phase, write_phase
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
 from tools.ttft_configs import stats as _stats
-from tools.warm_pass import GpuCacheNotEmptyError, by_source_delta, empty_gpu_cache, tokens_by_source
+from tools.warm_pass import (
+    GpuCacheNotEmptyError,
+    by_source_delta,
+    empty_gpu_cache,
+    invalid_reason,
+    tokens_by_source,
+)
 
 # Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
 # PegaFlow's package of the same name first on its path (tools/peers.py).
@@ -356,6 +362,24 @@ def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) 
     return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, gpu_name())
 
 
+def backend_figures(by_backend: dict[str, dict], none: dict) -> dict:
+    """``--copy-backends``: each copy path's own warm figures, under keys named for it; a path
+    whose warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures."""
+    out = {}
+    for name, phase in by_backend.items():
+        if "failed" in phase:
+            continue
+        if reason := invalid_reason(phase.get("warm_by_source")):
+            out[f"invalid_{name}"] = reason
+            print(f"bench_ttft: no warm figures for copy path {name}: {reason}", file=sys.stderr)
+            continue
+        warm, warm_p90 = _stats(phase["warm_ms"])
+        out[f"warm_pegaflow_ms_median_{name}"], out[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
+        out[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]
+        out[f"outputs_identical_{name}"] = phase["cold_tokens"] == phase["warm_tokens"] == none["cold_tokens"]
+    return out
+
+
 def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
     """Medians of --tpot-only's three phases and their ratios."""
     med = {phase: statistics.median(values) for phase, values in tpot.items()}
@@ -475,13 +499,7 @@ def main() -> int:
                       "recompute, not a read from disk", file=sys.stderr)
     result["configs"] = rows
     result["copy_backend"] = backends[0] or "engine default"
-    for name, phase in by_backend.items():  # --copy-backends: each path's own warm figures
-        if "failed" in phase:
-            continue
-        warm, warm_p90 = _stats(phase["warm_ms"])
-        result[f"warm_pegaflow_ms_median_{name}"], result[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
-        result[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]
-        result[f"outputs_identical_{name}"] = phase["cold_tokens"] == phase["warm_tokens"] == none["cold_tokens"]
+    result.update(backend_figures(by_backend, none))
     result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
     result["compilation"] = "eager" if args.eager else "vLLM default (CUDA graphs)"
     if args.json:

@@ -214,6 +214,21 @@ def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
                                              "hits, not loads from the host cache"}
 
 
+def test_bench_ttft_backend_figures_leave_out_a_copy_path_whose_warm_pass_hit_the_gpu(capsys):
+    # 1. --copy-backends kernel staged: the kernel's warm pass loaded 96 tokens from the host,
+    #    the staged one's was served from vLLM's GPU cache (16 tokens): invalid, no figures.
+    from tools.bench_ttft import backend_figures
+    def phase(gpu_hits):
+        return {"warm_ms": [40.0, 42.0], "cold_ms": [270.0], "cold_tokens": [[1]], "warm_tokens": [[1]],
+                "warm_by_source": {"local_compute": 4, "local_cache_hit": gpu_hits,
+                                   "external_kv_transfer": 96 - gpu_hits}}
+    out = backend_figures({"kernel": phase(0), "staged": phase(16)}, {"cold_tokens": [[1]]})
+    assert out["warm_pegaflow_ms_median_kernel"] == 41.0 and out["outputs_identical_kernel"] is True
+    assert [key for key in out if key.endswith("_staged")] == ["invalid_staged"]
+    assert out["invalid_staged"].startswith("16 prompt tokens of the warm pass were vLLM GPU")
+    assert "no warm figures for copy path staged" in capsys.readouterr().err
+
+
 def test_bench_ttft_phase_whose_reset_never_succeeds_writes_a_failed_row(tmp_path, monkeypatch):
     # The phase process ends normally with the reason in its output: the bench's row for that
     # configuration says why, and the other configurations still run.
