@@ -3,11 +3,10 @@ kernel drops the lock when the process dies), so two engines never both own one 
 
 from __future__ import annotations
 
-import fcntl
 import os
 
 from pegaflow.platform.errors import EngineAlreadyRunningError
-from pegaflow.platform.locks import lock_path, open_lock_file
+from pegaflow.platform.locks import lock_path, open_lock_file, try_hold
 
 
 def name_lock_path(name: str) -> str:
@@ -22,21 +21,14 @@ def claim_name(name: str) -> int:
     path = name_lock_path(name)
     while True:
         fd = open_lock_file(path, create=True)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+        if (owner := try_hold(fd)) is not None:
             raise EngineAlreadyRunningError(
                 f"an engine named {name!r} is already running (pid {owner}); stop it or start "
-                f"this one with another --name") from None
+                f"this one with another --name")
         try:
             is_current = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             is_current = False
         if is_current:
-            break
+            return fd
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd

@@ -3,7 +3,6 @@ policy wired to the index (or None without ``--disk-path``)."""
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from pegaflow.platform.errors import ConfigError
+from pegaflow.platform.locks import try_hold
 from pegaflow.platform.values import format_size
 
 from .ownership import DIR_MODE, check_disk_path, secure_tree
@@ -63,15 +63,9 @@ def lock_path(path: Path) -> int:
         os.close(fd)
         raise ConfigError(f"--disk-path {path}: {LOCK_NAME} is owned by uid {owner}, not this user: "
                           f"remove it")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise ConfigError(f"--disk-path {path} is in use by another engine (pid {owner}): give each "
-                          f"engine paths of its own") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    if (holder := try_hold(fd)) is not None:
+        raise ConfigError(f"--disk-path {path} is in use by another engine (pid {holder}): give each "
+                          f"engine paths of its own")
     return fd
 
 

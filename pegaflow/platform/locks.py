@@ -80,6 +80,21 @@ def _chosen(path: str, paths: list[str]) -> str:
     return path
 
 
+def try_hold(fd: int) -> str | None:
+    """Take the exclusive flock on ``fd`` for this process and write its pid in the file;
+    if another process holds it, close ``fd`` and return that holder's pid as written (or
+    "unknown")."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        return owner
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return None
+
+
 def lock_path(engine_name: str, what: str) -> str:
     return os.path.join(lock_dir(), f"{check_engine_name(engine_name)}.{what}")
 
