@@ -190,7 +190,7 @@ def hits_of(found: dict[str, float]) -> dict[str, float]:
     """Prefix-cache hits (tokens) in a server's ``counters()``: its GPU cache's and the
     external (host) ones.  From ``vllm:prompt_tokens_by_source`` where this vLLM has it (added
     once per request, at its first output; on the GPU it agreed with the connector's own
-    count of tokens found to within one block per replica, docs/replicas.md); else from the
+    count of tokens found to 0.2 %, docs/replicas.md's runs); else from the
     hit counters, which count a request again each time it is scheduled (an asynchronous
     load schedules it twice)."""
     if (by_source := by_source_of_counters(found)) is not None:
