@@ -25,7 +25,7 @@ import logging
 import time
 
 from pegaflow.platform.errors import PegaflowError
-from pegaflow.platform.protocol import NO_PAYLOAD, PAYLOAD_BYTES_AT, read_payload
+from pegaflow.platform.protocol import NO_PAYLOAD, PAYLOAD_BYTES_AT, envelope, read_payload
 from pegaflow.platform.values import format_size
 from pegaflow.platform.waits import Doorbell, sleep_until
 from pegaflow.platform.wire import CLIENT_STATS, STATS
@@ -37,6 +37,7 @@ from .dispatcher import Dispatcher
 from .pinning import PinProgress
 from .segments import EngineSegments
 from .shutdown import shut_down
+from .slow_commands import SLOW_COMMAND_S, SlowCommands
 from .startup import log_ready, open_pool, open_tiers
 from .stats import StatsWriter
 
@@ -77,6 +78,7 @@ class EngineServer:
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
         open_tiers(self)
         self.is_stopping = False
+        self.slow = SlowCommands()  # handlings that held up every other client (slow_commands.py)
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
         self.pinner.start(wake=self.doorbell.ring)
@@ -179,11 +181,15 @@ class EngineServer:
                     break
                 did_work = True
                 is_detached = False
+                started = time.perf_counter()
                 try:
                     payload = read_payload(client.view.arena, rec) if rec[PAYLOAD_BYTES_AT] else NO_PAYLOAD
                     is_detached = dispatcher.handle(client, rec, payload)
                 except Exception:  # boundary: one bad command must not take the engine down
                     dispatcher.answer_internal_error(client, rec)
+                if (seconds := time.perf_counter() - started) > SLOW_COMMAND_S:
+                    _, opcode, num_items = envelope(rec)
+                    self.slow.note(opcode, seconds, client.slot, num_items)
                 # Only now may the client reuse the slot and the payload bytes (copied
                 # above): handing them back after the answer keeps it off the answer's path.
                 submissions.release()
@@ -230,6 +236,7 @@ class EngineServer:
         if self.dispatcher.transfers.parked:  # LOADs waiting for disk reads past their deadline
             self.dispatcher.resume_parked_loads(now)
         self.index.expire_leases(now)
+        self.slow.report(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
         self.table.check_alive()
         self.stats.set("heartbeat_ns", time.time_ns())

@@ -1,0 +1,56 @@
+"""Commands whose handling held the engine's one thread long enough to delay the others.
+
+Every client's commands are handled by one loop (``server.py``), so a command that takes
+tens of milliseconds to handle (issuing a large LOAD, a LOOKUP walking a long prefix) holds
+up every other client's lookups and loads meanwhile: a lookup answered late makes vLLM
+recompute (past the connector's ``lookup_timeout_ms``), a load accepted late stalls a
+step.  Each handling longer than ``SLOW_COMMAND_S`` is noted here, and at most every
+``REPORT_EVERY_S`` one WARNING says how many there were, of which commands, and the
+slowest, so a stall under load shows in the engine's log instead of only in vLLM's
+latencies.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from pegaflow.platform.wire import Opcode
+
+logger = logging.getLogger(__name__)
+
+SLOW_COMMAND_S = 20e-3  # a LOOKUP queued behind this much is already a step late
+REPORT_EVERY_S = 10.0
+
+
+@dataclass(slots=True)
+class SlowCommands:
+    """Slow handlings since the last report: how many per opcode, and the slowest."""
+    by_opcode: dict[str, int] = field(default_factory=dict)
+    slowest_s: float = 0.0
+    slowest: str = ""
+    next_report_at: float = 0.0
+    num_reported: int = 0
+
+    def note(self, opcode: int, seconds: float, slot: int, num_items: int) -> None:
+        """One command's handling took ``seconds`` (called only past ``SLOW_COMMAND_S``)."""
+        name = Opcode(opcode).name if opcode in Opcode._value2member_map_ else str(opcode)
+        self.by_opcode[name] = self.by_opcode.get(name, 0) + 1
+        if seconds > self.slowest_s:
+            self.slowest_s, self.slowest = seconds, f"{name} of {num_items} items from slot {slot}"
+
+    def report(self, now: float) -> bool:
+        """Log what was noted, if anything and if ``REPORT_EVERY_S`` passed since the last
+        report; True when a line was written."""
+        if not self.by_opcode or now < self.next_report_at:
+            return False
+        counts = ", ".join(f"{count} {name}" for name, count in sorted(self.by_opcode.items()))
+        logger.warning("engine loop held up: %d command(s) took over %.0f ms to handle (%s); the slowest, "
+                       "%s, %.1f ms; every other client's commands waited meanwhile",
+                       sum(self.by_opcode.values()), SLOW_COMMAND_S * 1e3, counts, self.slowest,
+                       self.slowest_s * 1e3)
+        self.num_reported += sum(self.by_opcode.values())
+        self.by_opcode.clear()
+        self.slowest_s, self.slowest = 0.0, ""
+        self.next_report_at = now + REPORT_EVERY_S
+        return True
