@@ -9,7 +9,7 @@ Each configuration runs in its own processes, one after another (``--repeat`` in
 attached to it), and the peers of ``tools/peers.py`` (``lmcache``: a private cache per replica,
 split like native's; ``lmcache-mp`` and ``pegaflow-rs``: one server with the whole budget).
 The replicas share one GPU (each ``--gpu-memory-utilization``, its GPU KV cache capped by
-``--gpu-blocks`` so the working set does not fit) and start one after another.  A router
+``--gpu-blocks`` so the working set does not fit) and start together (``--start``: ``Fleet``).  A router
 inside the bench (``tools/replica_router.py``) spreads requests with no session affinity
 (``--router round-robin|random``; ``affinity`` keeps each user on one replica).  vLLM's default
 compilation (CUDA graphs on) unless ``--eager``.
@@ -22,14 +22,17 @@ Workloads, in this order:
    at most ``--concurrency`` in flight, each request routed (after every replica's GPU prefix
    cache is reset);
 3. rolling restart (``--restart``): replica 0 is stopped and started again, as an upgrade does,
-   and one more chat round follows.  Its time to ready and its requests' TTFT in that round are
-   measured beside its warm rounds' (the chat's later rounds).
+   sent ``--restart-warmup`` short requests as a readiness check does, and one more chat round
+   follows.  Its time to ready and its requests' TTFT in that round are measured beside its
+   warm rounds' (the chat's later rounds).
 
 Per configuration: the wall time of the later rounds (the rounds after the first), their TTFT
 p50/p99, the share of their cacheable prompt tokens served from host memory (vLLM's external
 hits over the full blocks of what some replica computed before), per replica too, the share of
 turns that moved to another replica, each replica's time to ready, the restart figures, and
-whether every answer equals the first ``none`` run's.  Dummy weights, token-id prompts.
+whether every answer equals the first ``none`` run's; for pegaflow also each replica's
+connector counters over the chat (lookup timeouts and deferrals, latency sums), the engine's
+command latencies and any pegaflow WARNING of the replicas' logs.  Dummy weights, token-id prompts.
 ``--trace`` adds, for pegaflow, each replica's step timeline of the steps that load during the
 later rounds (``tools/step_timeline.py``): where a loaded request's time goes, per replica.
 """
