@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 SLOW_COMMAND_S = 20e-3  # a LOOKUP queued behind this much is already a step late
 REPORT_EVERY_S = 10.0
+_NAMES = {int(op): op.name for op in Opcode}  # (a refused command's opcode may be none of them)
 
 
 @dataclass(slots=True)
@@ -34,7 +35,7 @@ class SlowCommands:
 
     def note(self, opcode: int, seconds: float, slot: int, num_items: int) -> None:
         """One command's handling took ``seconds`` (called only past ``SLOW_COMMAND_S``)."""
-        name = Opcode(opcode).name if opcode in Opcode._value2member_map_ else str(opcode)
+        name = _NAMES.get(opcode, str(opcode))
         self.by_opcode[name] = self.by_opcode.get(name, 0) + 1
         if seconds > self.slowest_s:
             self.slowest_s, self.slowest = seconds, f"{name} of {num_items} items from slot {slot}"

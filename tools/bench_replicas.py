@@ -57,7 +57,7 @@ from tools.bench_serving import (
     complete,
     counters,
     headline_rows,
-    hit_counters,
+    hits_of,
     measured_on,
     print_failures,
     reset_gpu_cache,
@@ -175,12 +175,8 @@ class Fleet:
             self.servers[replica] = None
 
     def counters(self) -> dict[int, dict[str, float]]:
-        return {r: hit_counters(self.port(r)) for r in range(self.args.replicas)}
-
-    def connector_counters(self) -> dict[int, dict[str, float]]:
-        """Each replica's ``vllm:pegaflow_*`` series (lookup timeouts, latency sums...)."""
-        return {r: {k: v for k, v in counters(self.port(r)).items() if k.startswith("vllm:pegaflow_")}
-                for r in range(self.args.replicas)}
+        """Each replica's counters now (``bench_serving.counters``: one scrape of its /metrics)."""
+        return {r: counters(self.port(r)) for r in range(self.args.replicas)}
 
     def reset_prefix_caches(self) -> float:
         """Empty every replica's GPU prefix cache (each reset retried until vLLM accepts it);
@@ -271,7 +267,14 @@ def warm_up(port: int, count: int, seed: int) -> list[float]:
 
 
 def _delta(after: dict[int, dict[str, float]], before: dict[int, dict[str, float]], key: str) -> dict[int, float]:
-    return {r: after[r][key] - before[r][key] for r in after}
+    """Per replica, how much ``hits_of``'s ``key`` grew between two ``Fleet.counters``."""
+    return {r: hits_of(after[r])[key] - hits_of(before[r])[key] for r in after}
+
+
+def _connector_delta(after: dict[int, dict[str, float]], before: dict[int, dict[str, float]]) -> dict:
+    """Per replica, how much each ``vllm:pegaflow_*`` series grew (lookup timeouts, latency sums...)."""
+    return {r: {k: round(v - before[r].get(k, 0.0), 6) for k, v in mine.items() if k.startswith("vllm:pegaflow_")}
+            for r, mine in after.items()}
 
 
 def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
@@ -293,10 +296,10 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     router = Router(args.router, args.replicas, seed=args.seed)
     chat = Chat(args, router)
     rounds: list[list[Routed]] = [chat.round(fleet, 0)]
-    before, connector_before = fleet.counters(), fleet.connector_counters()
+    before = fleet.counters()
     for r in range(1, args.rounds):
         rounds.append(chat.round(fleet, r))
-    after, connector_after = fleet.counters(), fleet.connector_counters()
+    after = fleet.counters()
     later = [x for rnd in rounds[1:] for x in rnd]
     per_round = [summarize([x.result for x in rnd]) for rnd in rounds]
     started = [x.result.started_s for x in later]
@@ -307,8 +310,7 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
            "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
            "chat": replica_figures(later, _delta(after, before, "host_hit_tokens"), args.replicas),
            "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values()),
-           "chat_connector": {r: {k: round(v - connector_before[r].get(k, 0.0), 6) for k, v in mine.items()}
-                              for r, mine in connector_after.items()}}
+           "chat_connector": _connector_delta(after, before)}
     docs: list[Routed] = []
     if args.doc_requests:
         out["docs_reset_wait_s"] = fleet.reset_prefix_caches()

@@ -10,6 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 NULL_BLOCK = 0  # vLLM's placeholder block id (never a request's own block)
 
+
 @dataclass(frozen=True, slots=True)
 class GroupBlocks:
     """One KV cache group's part of a load or save (a hybrid model): the group's own block

@@ -63,10 +63,7 @@ class _FakeFleet:
         return self.servers[replica].server_address[1]
 
     def counters(self):
-        return {r: bench_replicas.hit_counters(self.port(r)) for r in range(len(self.servers))}
-
-    def connector_counters(self):
-        return {r: {} for r in range(len(self.servers))}
+        return {r: bench_serving.counters(self.port(r)) for r in range(len(self.servers))}
 
     def reset_prefix_caches(self):
         return sum(bench_replicas.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
@@ -211,7 +208,7 @@ def test_bench_replicas_hit_counters_by_source_where_vllm_has_it(handler, expect
     server.requests = server.resets = 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        assert bench_replicas.hit_counters(server.server_address[1]) == expected
+        assert bench_serving.hit_counters(server.server_address[1]) == expected
     finally:
         server.shutdown()
         server.server_close()

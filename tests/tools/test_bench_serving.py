@@ -220,7 +220,7 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
         yield
     monkeypatch.setattr(tools.engine_process, "EngineProcess", FakeEngine)
     monkeypatch.setattr(pegaflow.stats.engine_stats, "read_stats", lambda name: {
-        "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 2, "evictions": 0})
+        "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 2, "evictions": 0, "latency": {}})
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
     monkeypatch.setattr(peers, "side_process", side_process)
     monkeypatch.setattr(bench_serving, "Server", _FakeVllmServe)

@@ -39,7 +39,8 @@ def fakes(monkeypatch):
         sides[-1][2] = "stopped"
     monkeypatch.setattr(tools.engine_process, "EngineProcess", _FakeEngine)
     monkeypatch.setattr(pegaflow.stats.engine_stats, "read_stats", lambda name: {
-        "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 3, "evictions": 1, "pool_bytes_ready": 9})
+        "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 3, "evictions": 1, "pool_bytes_ready": 9,
+        "latency": {"load": {"counts": [1]}}})
     monkeypatch.setattr(peers, "side_process", side_process)
     return sides
 
@@ -68,9 +69,9 @@ def test_side_processes_pegaflow_starts_an_engine_reads_its_stats_and_stops_it_l
         assert engine.kwargs == {"backend": "cuda", "pool_size": "32GiB", "start_timeout_s": 600,
                                  "log_level": "INFO", "stderr_path": tmp_path / "t0.engine.log"}
         assert sides.plan is None and engine.stopped_with is None
-        # 2. Its block counters, only those the benches record.
+        # 2. Its block counters and command latencies, only those the benches record.
         assert sides.engine_stats() == {"blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 3,
-                                        "evictions": 1}
+                                        "evictions": 1, "latency": {"load": {"counts": [1]}}}
     # 3. Stopped on the way out, given a large pool's time.
     assert engine.stopped_with == tools.engine_process.LARGE_POOL_STOP_S and fakes == []
 
