@@ -36,11 +36,14 @@ from tools.phase_process import add_phase_args, spawn_phase, write_phase
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import (
+    SCRUB_ENV,
     GpuCacheNotEmptyError,
     by_source_delta,
     empty_gpu_cache,
     invalid_reason,
+    scrub_gpu_kv,
     tokens_by_source,
+    top_logprobs,
 )
 
 # Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
@@ -85,17 +88,21 @@ LAST_ENGINE_TTFT_MS: list[float] = []  # vLLM's own first-token latency of the l
 LAST_STEP_MS: list[float] = []         # vLLM's scheduled -> first token of the last _time_each
 LAST_QUEUE_MS: list[float] = []        # vLLM's queued -> scheduled of the last _time_each
 LAST_CACHED_TOKENS: list[int] = []     # vLLM's num_cached_tokens of each request of the last _time_each
+LAST_TOP5: list[list[list]] = []       # each request's first token: its top-5 [token id, logprob], by rank
+TOP_LOGPROBS = 5
 
 
 def _time_each(llm, prompts, max_tokens: int) -> tuple[list[float], list[list[int]]]:
     """Wall time of one generate() per prompt (ms), and the tokens.  vLLM's own timings of
     each request go to LAST_ENGINE_TTFT_MS (arrival to first token, excluding generate()'s
     input processing), LAST_QUEUE_MS and LAST_STEP_MS (engine-core timestamps), its prompt
-    tokens vLLM did not compute to LAST_CACHED_TOKENS."""
+    tokens vLLM did not compute to LAST_CACHED_TOKENS, the first token's top-5 logprobs to
+    LAST_TOP5."""
     from vllm import SamplingParams, TokensPrompt
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
+                            logprobs=TOP_LOGPROBS)
     times, tokens = [], []
-    for timings in (LAST_ENGINE_TTFT_MS, LAST_STEP_MS, LAST_QUEUE_MS, LAST_CACHED_TOKENS):
+    for timings in (LAST_ENGINE_TTFT_MS, LAST_STEP_MS, LAST_QUEUE_MS, LAST_CACHED_TOKENS, LAST_TOP5):
         timings.clear()
     for prompt in prompts:
         t0 = time.perf_counter()
@@ -103,6 +110,7 @@ def _time_each(llm, prompts, max_tokens: int) -> tuple[list[float], list[list[in
         times.append((time.perf_counter() - t0) * 1e3)
         tokens.append(list(out[0].outputs[0].token_ids))
         LAST_CACHED_TOKENS.append(out[0].num_cached_tokens)
+        LAST_TOP5.append(top_logprobs(out[0].outputs[0].logprobs))
         metrics = out[0].metrics
         latency = getattr(metrics, "first_token_latency", None)
         if latency:
@@ -170,12 +178,15 @@ def _timed(result: dict, name: str, timings: tuple[list[float], list[list[int]]]
     result[f"{name}_engine_ms"] = list(LAST_ENGINE_TTFT_MS)
     result[f"{name}_queue_ms"] = list(LAST_QUEUE_MS)
     result[f"{name}_step_ms"] = list(LAST_STEP_MS)
+    result[f"{name}_top5"] = list(LAST_TOP5)
+    result[f"{name}_cached"] = list(LAST_CACHED_TOKENS)
 
 
 def _timed_warm(result: dict, llm, prompts: list[list[int]]) -> None:
     """The warm pass, on a GPU prefix cache emptied first (tools/warm_pass.py): per request the
     prompt tokens vLLM did not compute, and vLLM's split of the pass's prompt tokens by source."""
     result["reset_wait_s"] = empty_gpu_cache(llm.reset_prefix_cache)
+    result["scrubbed_kv_bytes"] = scrub_gpu_kv(llm)
     before = tokens_by_source(llm.get_metrics())
     _timed(result, "warm", _time_each(llm, prompts, 1))
     result["warm_cached_tokens"] = list(LAST_CACHED_TOKENS)
@@ -232,7 +243,8 @@ def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
         flags += ["--kv-transfer-config", json.dumps(run.kv_transfer_config)]
     # vLLM 0.26 seeds its block hashes per process unless PYTHONHASHSEED is set: the disk
     # phase's vLLM must hash the prompts as the first one did
-    env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **(run.env if run else {}))
+    env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **SCRUB_ENV,
+               **(run.env if run else {}))
     return spawn_phase("tools.bench_ttft", phase, flags, env=env, cwd=run.cwd if run else None)
 
 

@@ -52,14 +52,22 @@ def _cell(row: dict, figure: str) -> dict | None:
     cell = {figure: row[figure], "outputs_identical": row.get("outputs_identical")}
     if "served_share" in row:
         cell["served_share"] = row["served_share"]
+    if row.get("logprobs_identical") is not None:  # bench_ttft: against the GPU hit's, on a scrubbed cache
+        cell["logprobs_identical"] = row["logprobs_identical"]
     return cell
+
+
+def _wrong(cell: dict) -> bool:
+    """Tokens that differ from no offload's, or (bench_ttft) top-5 logprobs that differ from a
+    GPU prefix-cache hit's of the same step: some KV byte it served was not the computed one."""
+    return cell.get("outputs_identical") is False or cell.get("logprobs_identical") is False
 
 
 def _versus(cells: dict[str, dict], figure: str, higher_better: bool) -> dict | None:
     """pegaflow's figure over the best other system's that ran with outputs not known wrong
     (``none`` aside): a fast peer with wrong outputs is no mark to beat; its cell says wrong."""
     others = {n: c[figure] for n, c in cells.items()
-              if n not in ("pegaflow", "none") and figure in c and c["outputs_identical"] is not False}
+              if n not in ("pegaflow", "none") and figure in c and not _wrong(c)}
     if "pegaflow" not in cells or figure not in cells["pegaflow"] or not others:
         return None
     best = (max if higher_better else min)(others, key=others.get)
@@ -91,7 +99,9 @@ def _format(cell: dict | None, figure: str, unit: str) -> str:
     text = f"{cell[figure]:.3g} {unit}" if cell[figure] < 100 else f"{cell[figure]:.0f} {unit}"
     if "served_share" in cell:
         text += f" ({cell['served_share']:.0%} served)"
-    return text + (" **wrong outputs**" if cell["outputs_identical"] is False else "")
+    if cell["outputs_identical"] is False:
+        return text + " **wrong outputs**"
+    return text + (" **logprobs differ**" if cell.get("logprobs_identical") is False else "")
 
 
 def markdown(table: dict) -> str:

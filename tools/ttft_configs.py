@@ -10,7 +10,12 @@ counted any GPU prefix-cache hit in (or whose hits it could not split by source)
 the blocks it loaded in the pass gives ``engine_served_share`` beside it, a cross-check.
 ``none`` has no host cache: its warm TTFT is its cold one (a recompute) and it serves nothing.
 A configuration that ran is ``outputs_identical`` only when its cold and its warm tokens both
-equal ``none``'s.
+equal ``none``'s.  ``logprobs_identical`` is stricter: each warm request's first-token top-5
+logprobs equal those of ``none``'s GPU prefix-cache hit of the same prompt, the same step
+(vLLM computed the same number of tokens over the same cached KV bytes, so the figures agree
+bit for bit).  A request whose cached-token count differs from the hit's is not compared;
+``logprobs_compared`` says how many were, None where nothing could be.  The warm pass ran on a
+scrubbed GPU cache (``tools/warm_pass.py``): a page a connector left out changes the logprobs.
 """
 
 from __future__ import annotations
@@ -37,7 +42,20 @@ def stats(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
 
 
-def row(phase: dict, reference: list[list[int]]) -> dict:
+def logprobs_match(phase: dict, none: dict) -> tuple[bool | None, int]:
+    """Whether the warm pass's top-5 logprobs equal ``none``'s GPU hit's, over the requests
+    whose cached-token counts agree, and how many those were (None, 0: nothing to compare)."""
+    warm, hit = phase.get("warm_top5"), none.get("gpu_hit_top5")
+    warm_cached, hit_cached = phase.get("warm_cached_tokens"), none.get("gpu_hit_cached")
+    if not warm or not hit or warm_cached is None or hit_cached is None:
+        return None, 0
+    pairs = [(w, h) for w, h, wc, hc in zip(warm, hit, warm_cached, hit_cached) if wc == hc and w and h]
+    if not pairs:
+        return None, 0
+    return all(w == h for w, h in pairs), len(pairs)
+
+
+def row(phase: dict, reference: list[list[int]], none: dict | None = None) -> dict:
     """One configuration's figures from its phase's measurements; ``skipped``, ``failed`` (kept
     from the phase) or ``invalid`` (its warm pass hit vLLM's GPU prefix cache) instead."""
     if any(key in phase for key in NO_FIGURES):
@@ -49,10 +67,15 @@ def row(phase: dict, reference: list[list[int]]) -> dict:
     if reason is not None:
         return {"invalid": reason}
     median, p90 = stats(phase["warm_ms"])
-    return {"ttft_warm_ms": median, "ttft_warm_ms_p90": p90,
-            "served_share": served_share(sum(cached), phase["cacheable_tokens"]),
-            "outputs_identical": phase["cold_tokens"] == reference and phase["warm_tokens"] == reference,
-            "reset_wait_s": phase["reset_wait_s"]}
+    out = {"ttft_warm_ms": median, "ttft_warm_ms_p90": p90,
+           "served_share": served_share(sum(cached), phase["cacheable_tokens"]),
+           "outputs_identical": phase["cold_tokens"] == reference and phase["warm_tokens"] == reference,
+           "reset_wait_s": phase["reset_wait_s"]}
+    if "scrubbed_kv_bytes" in phase:
+        out["scrubbed_kv_bytes"] = phase["scrubbed_kv_bytes"]
+    if none is not None:
+        out["logprobs_identical"], out["logprobs_compared"] = logprobs_match(phase, none)
+    return out
 
 
 def config_rows(peg: dict, native: dict | None, none: dict, peer_runs: dict[str, dict]) -> dict[str, dict]:
@@ -63,12 +86,12 @@ def config_rows(peg: dict, native: dict | None, none: dict, peer_runs: dict[str,
     cold, cold_p90 = stats(none["cold_ms"])
     rows = {"none": {"ttft_warm_ms": cold, "ttft_warm_ms_p90": cold_p90, "served_share": 0.0,
                      "outputs_identical": none["gpu_hit_tokens"] == reference}}
-    rows["pegaflow"] = row(peg, reference)
+    rows["pegaflow"] = row(peg, reference, none)
     if "warm_engine_loaded_tokens" in peg and "served_share" in rows["pegaflow"]:
         rows["pegaflow"]["engine_served_share"] = served_share(peg["warm_engine_loaded_tokens"],
                                                                peg["cacheable_tokens"])
     if native is not None:
-        rows["native"] = row(native, reference)
+        rows["native"] = row(native, reference, none)
     for config, run in peer_runs.items():
-        rows[config] = row(run, reference)
+        rows[config] = row(run, reference, none)
     return rows

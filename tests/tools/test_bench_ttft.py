@@ -169,6 +169,12 @@ class _FakeLLM:
         self.held, self.cached, self.gpu_hits, self.calls = held, cached, gpu_hits, []
         self.by_source = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
         self._ns = SimpleNamespace
+        import torch
+        self.worker = SimpleNamespace(model_runner=SimpleNamespace(kv_caches=[torch.ones(4, 8)]))
+
+    def collective_rpc(self, method, args=()):
+        self.calls.append("scrub")
+        return [method(self.worker, *args)]
 
     def reset_prefix_cache(self):
         self.calls.append("reset")
@@ -185,7 +191,7 @@ class _FakeLLM:
         self.by_source["local_cache_hit" if self.gpu_hits else "external_kv_transfer"] += self.cached
         self.by_source["local_compute"] += len(prompt) - self.cached
         metrics = self._ns(first_token_latency=0.01, queued_ts=1.0, scheduled_ts=1.0, first_token_ts=1.01)
-        return [self._ns(outputs=[self._ns(token_ids=[prompt[-1]])], num_cached_tokens=self.cached,
+        return [self._ns(outputs=[self._ns(token_ids=[prompt[-1]], logprobs=None)], num_cached_tokens=self.cached,
                          metrics=metrics)]
 
 
@@ -197,7 +203,9 @@ def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_s
     llm, prompts = _FakeLLM(held=2, cached=48), [[1] * 50, [2] * 50]
     result = {"cold_tokens": [[1], [2]], "cacheable_tokens": 96}
     _timed_warm(result, llm, prompts)
-    assert llm.calls == ["reset", "reset", "reset", "generate", "generate"] and result["reset_wait_s"] > 0
+    assert llm.calls == ["reset", "reset", "reset", "scrub", "generate", "generate"] and result["reset_wait_s"] > 0
+    # ... and vLLM's whole GPU KV cache was overwritten before it (4 x 8 floats).
+    assert result["scrubbed_kv_bytes"] == 128 and (llm.worker.model_runner.kv_caches[0] == 0.5).all()
     # 2. Served: each request's num_cached_tokens; vLLM's split says none came from the GPU.
     assert result["warm_cached_tokens"] == [48, 48] and result["warm_tokens"] == [[1], [2]]
     assert result["warm_by_source"] == {"local_compute": 4, "local_cache_hit": 0, "external_kv_transfer": 96}

@@ -73,3 +73,19 @@ def test_peers_table_an_invalid_configuration_is_never_the_mark_to_beat():
         "invalid": "79872 prompt tokens of the warm pass were GPU hits"}
     assert table["versus"]["warm_ttft_10k"]["best_other"] == "native"
     assert "| invalid |" in markdown(table)
+
+
+def test_peers_table_logprobs_that_differ_from_the_gpu_hit_make_a_peer_wrong():
+    # bench_ttft on a scrubbed GPU cache: native's tokens equal none's, but its first token's
+    # top-5 logprobs differ from the GPU hit's: a KV byte it served was not the computed one.
+    inputs = _inputs()
+    inputs["ttft"]["configs"]["native"]["logprobs_identical"] = False
+    inputs["ttft"]["configs"]["pegaflow"]["logprobs_identical"] = True
+    table = build(inputs, "2026-12-06")
+    assert table["configs"]["native"]["warm_ttft_10k"]["logprobs_identical"] is False
+    assert table["versus"]["warm_ttft_10k"] is None  # lmcache and native both wrong: no mark left
+    row = next(line for line in markdown(table).splitlines() if line.startswith("| warm 10k-token TTFT"))
+    assert "90 ms (100% served) **logprobs differ**" in row
+    # The same row with native's logprobs equal: native is the mark again.
+    inputs["ttft"]["configs"]["native"]["logprobs_identical"] = True
+    assert build(inputs, "2026-12-06")["versus"]["warm_ttft_10k"]["best_other"] == "native"

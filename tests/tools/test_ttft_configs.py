@@ -80,3 +80,18 @@ def test_ttft_configs_a_warm_pass_that_hit_the_gpu_is_invalid_with_no_figures():
     # 3. A phase that failed (its reset never succeeded) keeps its error.
     failed = {"failed": "vLLM refused to reset its GPU prefix cache 1500 times in 300 s"}
     assert config_rows(peg, failed, none, {})["native"] == failed
+
+
+def test_ttft_configs_logprobs_compared_with_the_gpu_hit_where_the_same_tokens_were_cached():
+    from tools.ttft_configs import logprobs_match
+    none = {"gpu_hit_top5": [[[5, -0.25], [6, -1.5]], [[8, -0.5]]], "gpu_hit_cached": [48, 48]}
+    same = {"warm_top5": [[[5, -0.25], [6, -1.5]], [[8, -0.5]]], "warm_cached_tokens": [48, 48]}
+    assert logprobs_match(same, none) == (True, 2)
+    # One logprob off in the last place: not identical.
+    off = {**same, "warm_top5": [[[5, -0.25], [6, -1.5000001]], [[8, -0.5]]]}
+    assert logprobs_match(off, none) == (False, 2)
+    # A request that had a different number of tokens cached computed a different step: left out.
+    other = {**off, "warm_cached_tokens": [32, 48]}
+    assert logprobs_match(other, none) == (True, 1)
+    # Nothing comparable (an older run without logprobs): None.
+    assert logprobs_match({"warm_cached_tokens": [48]}, none) == (None, 0)

@@ -6,11 +6,15 @@ from types import SimpleNamespace
 import pytest
 
 from tools.warm_pass import (
+    SCRUB_VALUE,
     GpuCacheNotEmptyError,
     by_source_delta,
     empty_gpu_cache,
+    fill_kv,
     invalid_reason,
+    scrub_gpu_kv,
     tokens_by_source,
+    top_logprobs,
 )
 
 
@@ -84,3 +88,59 @@ def test_invalid_reason_any_gpu_hit_or_no_split_makes_the_pass_invalid():
     assert "cannot be ruled out" in invalid_reason(by_source_delta(None, before))
     # 4. All from the host cache: valid.
     assert invalid_reason({"local_compute": 16, "local_cache_hit": 0, "external_kv_transfer": 9984}) is None
+
+
+def _worker(caches):
+    return SimpleNamespace(model_runner=SimpleNamespace(kv_caches=caches))
+
+
+def test_fill_kv_overwrites_every_kv_tensor_and_counts_its_bytes():
+    import torch
+    caches = {"layer.0": torch.zeros(2, 3, dtype=torch.bfloat16), "layer.1": [torch.zeros(5), torch.zeros(1)]}
+    assert fill_kv(_worker(caches)) == 2 * 3 * 2 + 5 * 4 + 1 * 4
+    assert all((t == SCRUB_VALUE).all() for t in (caches["layer.0"], *caches["layer.1"]))
+    with pytest.raises(RuntimeError, match="no kv_caches"):
+        fill_kv(_worker([]))
+
+
+class _KVLLM:
+    """A GPU KV cache of 4 blocks of 2 values and a connector that loads them: the answer is
+    the blocks the request reads, as they are when it runs."""
+
+    def __init__(self):
+        import torch
+        self.kv = torch.zeros(4, 2)
+        self.worker = _worker([self.kv])
+
+    def collective_rpc(self, method, args=()):
+        return [method(self.worker, *args)]
+
+    def run(self, saved, load_blocks):
+        for block in load_blocks:  # the connector's load, into the blocks vLLM gave again
+            self.kv[block] = saved[block]
+        return self.kv.clone()
+
+
+def test_scrub_makes_a_load_that_left_a_block_out_change_the_answer():
+    # The cold pass left the prompt's KV in blocks 0-3; emptying the prefix cache keeps those
+    # bytes, and vLLM hands the same blocks to the warm request.
+    import torch
+    llm = _KVLLM()
+    saved = torch.arange(8, dtype=torch.float32).reshape(4, 2)
+    llm.kv.copy_(saved)
+    right = saved.clone()
+    # 1. Unscrubbed: a connector that loads only blocks 0-2 still gives the right answer.
+    assert torch.equal(llm.run(saved, [0, 1, 2]), right)
+    # 2. Scrubbed first: the block it left out reads as the scrub value, the answer changes...
+    assert scrub_gpu_kv(llm) == 32
+    assert not torch.equal(llm.run(saved, [0, 1, 2]), right)
+    # 3. ... and a load of every block is right again.
+    scrub_gpu_kv(llm)
+    assert torch.equal(llm.run(saved, [0, 1, 2, 3]), right)
+
+
+def test_top_logprobs_are_the_first_tokens_candidates_by_rank():
+    lp = SimpleNamespace
+    first = {7: lp(logprob=-0.1, rank=1), 3: lp(logprob=-2.5, rank=3), 9: lp(logprob=-1.0, rank=2)}
+    assert top_logprobs([first, {1: lp(logprob=0.0, rank=1)}]) == [[7, -0.1], [9, -1.0], [3, -2.5]]
+    assert top_logprobs(None) == [] and top_logprobs([]) == []
