@@ -181,7 +181,7 @@ class EngineServer:
                     break
                 did_work = True
                 is_detached = False
-                started = time.perf_counter()
+                started, issued = time.perf_counter(), dispatcher.transfers.issue_s
                 try:
                     payload = read_payload(client.view.arena, rec) if rec[PAYLOAD_BYTES_AT] else NO_PAYLOAD
                     is_detached = dispatcher.handle(client, rec, payload)
@@ -189,7 +189,8 @@ class EngineServer:
                     dispatcher.answer_internal_error(client, rec)
                 if (seconds := time.perf_counter() - started) > SLOW_COMMAND_S:
                     _, opcode, num_items = envelope(rec)
-                    self.slow.note(opcode, seconds, client.slot, num_items)
+                    self.slow.note(opcode, seconds, client.slot, num_items,
+                                   dispatcher.transfers.issue_s - issued)
                 # Only now may the client reuse the slot and the payload bytes (copied
                 # above): handing them back after the answer keeps it off the answer's path.
                 submissions.release()

@@ -7,7 +7,9 @@ recompute (past the connector's ``lookup_timeout_ms``), a load accepted late sta
 step.  Each handling longer than ``SLOW_COMMAND_S`` is noted here, and at most every
 ``REPORT_EVERY_S`` one WARNING says how many there were, of which commands, and the
 slowest, so a stall under load shows in the engine's log instead of only in vLLM's
-latencies.
+latencies.  The line also says how much of the slowest handling went to issuing its copies
+(the copy backend's ``submit``: for CUDA, the driver calls that enqueue them), against the
+engine's own bookkeeping: the two call for different remedies.
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ class SlowCommands:
     by_opcode: dict[str, int] = field(default_factory=dict)
     slowest_s: float = 0.0
     slowest: str = ""
+    slowest_issue_s: float = 0.0  # of slowest_s, in the copy backend's submit
     next_report_at: float = 0.0
     num_reported: int = 0
 
-    def note(self, opcode: int, seconds: float, slot: int, num_items: int) -> None:
-        """One command's handling took ``seconds`` (called only past ``SLOW_COMMAND_S``)."""
+    def note(self, opcode: int, seconds: float, slot: int, num_items: int, issue_s: float = 0.0) -> None:
+        """One command's handling took ``seconds``, ``issue_s`` of them issuing copies (called
+        only past ``SLOW_COMMAND_S``)."""
         name = _NAMES.get(opcode, str(opcode))
         self.by_opcode[name] = self.by_opcode.get(name, 0) + 1
         if seconds > self.slowest_s:
             self.slowest_s, self.slowest = seconds, f"{name} of {num_items} items from slot {slot}"
+            self.slowest_issue_s = issue_s
 
     def report(self, now: float) -> bool:
         """Log what was noted, if anything and if ``REPORT_EVERY_S`` passed since the last
@@ -47,11 +52,11 @@ class SlowCommands:
             return False
         counts = ", ".join(f"{count} {name}" for name, count in sorted(self.by_opcode.items()))
         logger.warning("engine loop held up: %d command(s) took over %.0f ms to handle (%s); the slowest, "
-                       "%s, %.1f ms; every other client's commands waited meanwhile",
-                       sum(self.by_opcode.values()), SLOW_COMMAND_S * 1e3, counts, self.slowest,
-                       self.slowest_s * 1e3)
+                       "%s, %.1f ms (%.1f ms of it issuing copies); every other client's commands "
+                       "waited meanwhile", sum(self.by_opcode.values()), SLOW_COMMAND_S * 1e3, counts,
+                       self.slowest, self.slowest_s * 1e3, self.slowest_issue_s * 1e3)
         self.num_reported += sum(self.by_opcode.values())
         self.by_opcode.clear()
-        self.slowest_s, self.slowest = 0.0, ""
+        self.slowest_s, self.slowest, self.slowest_issue_s = 0.0, "", 0.0
         self.next_report_at = now + REPORT_EVERY_S
         return True

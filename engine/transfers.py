@@ -48,6 +48,7 @@ class Transfers:
         self.pending: dict[int, tuple[PendingCopy, list[Key]]] = {}
         self.parked = ParkedLoads()  # LOADs waiting for the disk tier's reads
         self._tokens = itertools.count(1)
+        self.issue_s = 0.0  # seconds spent in the backend's submit, all told (slow_commands.py)
 
     def save(self, received: Received, save: Save):
         client = received.client
@@ -184,6 +185,7 @@ class Transfers:
         """Hand one chunk to the backend; ``on_copy_done`` finishes it."""
         op.token = next(self._tokens)
         if pending.error is None:
+            started = time.perf_counter()
             try:
                 self.backend.submit(op)
             except PegaflowError as exc:  # refused: a bad op (the client's) or a CUDA error
@@ -194,6 +196,8 @@ class Transfers:
             except BaseException:
                 self._finish_chunk(pending, keys, "internal error")  # unpin / unmark, then raise
                 raise
+            finally:
+                self.issue_s += time.perf_counter() - started
         if pending.error is not None:
             self._finish_chunk(pending, keys, pending.error)
             return
