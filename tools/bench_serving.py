@@ -45,6 +45,7 @@ from tools.serving_workload import (
     RequestResult,
     conversations,
     identical_share,
+    later_rounds_cacheable,
     poisson_offsets,
     shared_prefix_prompts,
     summarize,
@@ -310,6 +311,9 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
             "shared_prefix": summarize(prefix) if prefix else None,
             "host_hit_tokens": {phase: hits_of(d)["host_hit_tokens"] for phase, d in phases.items()},
+            "cacheable_tokens": {"multi_round": later_rounds_cacheable(
+                args.users, args.context_tokens, args.question_tokens, args.seed,
+                [[r.tokens for r in rnd] for rnd in rounds])},
             "reset_wait_s": reset_wait_s,
             "counters": phases,
             "engine": engine_stats,
@@ -357,6 +361,15 @@ def _as_results(run: dict) -> list[RequestResult]:
     return [RequestResult(key, 0, tokens, 0.0, 0.0, 0.0, error) for key, tokens, error in run["results"]]
 
 
+def served_share(run: dict) -> float | None:
+    """The later rounds' prompt tokens served from host memory over those a complete cache
+    would serve (round 1 has nothing to serve); None for a run without the counts."""
+    cacheable = (run.get("cacheable_tokens") or {}).get("multi_round")
+    if not cacheable:
+        return None
+    return run["host_hit_tokens"]["multi_round"] / cacheable
+
+
 def headline(runs: list[dict]) -> dict:
     """Per configuration, the median over repeats (and the spread) of its figures; outputs
     identical: every answer equals the first ``none`` run's."""
@@ -364,7 +377,8 @@ def headline(runs: list[dict]) -> dict:
         return {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
                 "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
                 "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
-                "throughput_rps": [r["shared_prefix"]["throughput_rps"] for r in mine if r["shared_prefix"]]}
+                "throughput_rps": [r["shared_prefix"]["throughput_rps"] for r in mine if r["shared_prefix"]],
+                "served_share": [served_share(r) for r in mine if served_share(r) is not None]}
 
     def errors(mine: list[dict]) -> int:
         return sum(r["later_rounds"]["errors"] + (r["shared_prefix"] or {}).get("errors", 0) for r in mine)

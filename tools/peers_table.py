@@ -30,6 +30,7 @@ WORKLOADS = {
     "shared_prefix": ("serving", "throughput_rps", "req/s", True, "shared prefix throughput"),
     "replicas": ("replicas", "later_rounds_wall_s", "s", False, "replicas, later rounds"),
 }
+SHARED_WITH = {"shared_prefix"}  # workloads whose bench row's served_share is another workload's
 SYSTEMS = ("none", "native", "lmcache", "lmcache-mp", "pegaflow-rs", "pegaflow")
 NOT_RUN = ("skipped", "failed", "invalid")  # no figures: why, instead
 
@@ -85,6 +86,9 @@ def build(inputs: dict[str, dict], date: str) -> dict:
             continue
         cells = {name: cell for name, row in _rows(bench, inputs[bench]).items()
                  if (cell := _cell(row, figure)) is not None}
+        if workload in SHARED_WITH:  # bench_serving's share is of its multi-round chat
+            for cell in cells.values():
+                cell.pop("served_share", None)
         for name, cell in cells.items():
             out["configs"].setdefault(name, {})[workload] = cell
         out["versus"][workload] = _versus(cells, figure, higher_better)

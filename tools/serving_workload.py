@@ -52,6 +52,26 @@ def conversations(users: int, context_tokens: int, question_tokens: int, seed: i
     return [Conversation(u, context_tokens, question_tokens, seed) for u in range(users)]
 
 
+def later_rounds_cacheable(users: int, context_tokens: int, question_tokens: int, seed: int,
+                           answers: list[list[list[int]]], block_size: int = 16) -> int:
+    """The prompt tokens of rounds 2 on that a complete cache serves: per request, the full
+    blocks of what the server computed of that conversation before (the previous prompt and
+    its answer but the answer's last token, whose KV is never computed), never the block holding
+    the prompt's last token.  ``answers[r][u]``: user u's answer in round r, as the server gave
+    it (the conversations are rebuilt from the seed, so a run's JSON is enough)."""
+    talks = conversations(users, context_tokens, question_tokens, seed)
+    computed = [0] * users
+    total = 0
+    for r, round_answers in enumerate(answers):
+        for u, (talk, answer) in enumerate(zip(talks, round_answers)):
+            prompt = talk.next_prompt()
+            if r:
+                total += min(computed[u], len(prompt) - 1) // block_size * block_size
+            talk.record(prompt, answer)
+            computed[u] = len(prompt) + max(0, len(answer) - 1)
+    return total
+
+
 def shared_prefix_prompts(num_prefixes: int, prefix_tokens: int, num_requests: int, suffix_tokens: int,
                           seed: int = 0) -> list[list[int]]:
     """``num_requests`` prompts, request i over system prompt i % num_prefixes."""

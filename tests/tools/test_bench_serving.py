@@ -254,6 +254,14 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
     assert all(data[c]["outputs_identical"] and data[c]["errors"] == 0 for c in configs)
     table = peers_table.build({"serving": data}, "2026-12-06")
     assert set(table["configs"]) == set(configs) and table["versus"]["multi_round"] is not None
+    # 4. The later round's cacheable tokens, rebuilt from the workload and the answers given,
+    #    and each row's share of them served from host memory.
+    from tools.serving_workload import later_rounds_cacheable
+    answers = {key: tokens for key, tokens, _ in data["runs"][0]["results"]}
+    cacheable = later_rounds_cacheable(2, 40, 64, 0, [[answers[f"r{r}u{u}"] for u in range(2)] for r in range(2)])
+    assert cacheable > 0 and all(r["cacheable_tokens"] == {"multi_round": cacheable} for r in data["runs"])
+    assert all(data[c]["served_share"] == r["host_hit_tokens"]["multi_round"] / cacheable
+               for c, r in zip(configs, data["runs"]))
     printed = capsys.readouterr().out
     assert all(f"\n{config} " in printed for config in configs)
 

@@ -89,3 +89,11 @@ def test_peers_table_logprobs_that_differ_from_the_gpu_hit_make_a_peer_wrong():
     # The same row with native's logprobs equal: native is the mark again.
     inputs["ttft"]["configs"]["native"]["logprobs_identical"] = True
     assert build(inputs, "2026-12-06")["versus"]["warm_ttft_10k"]["best_other"] == "native"
+
+
+def test_peers_table_serving_share_is_the_multi_round_chats_only():
+    inputs = _inputs()
+    inputs["serving"]["pegaflow"]["served_share"] = 1.0
+    table = build(inputs, "2026-12-06")
+    assert table["configs"]["pegaflow"]["multi_round"]["served_share"] == 1.0
+    assert "served_share" not in table["configs"]["pegaflow"]["shared_prefix"]

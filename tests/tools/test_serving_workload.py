@@ -77,3 +77,16 @@ def test_identical_share_matches_answers_by_key():
     ref = [_result("a", 0, 0, 0, [1, 2]), _result("b", 0, 0, 0, [3])]
     assert identical_share([_result("b", 0, 0, 0, [3]), _result("a", 0, 0, 0, [1, 2])], ref) == 1.0
     assert identical_share([_result("a", 0, 0, 0, [1, 9]), _result("b", 0, 0, 0, [3])], ref) == 0.5
+
+
+def test_later_rounds_cacheable_counts_the_full_blocks_the_server_computed_before():
+    from tools.serving_workload import later_rounds_cacheable
+    # One user, a 40-token context and 4-token questions: round 1's prompt is 44 tokens and its
+    # 3-token answer leaves 44 + 2 computed (the last answer token is never fed back); round 2's
+    # prompt is 51 tokens: min(46, 50) // 16 * 16 = 32 cacheable. Round 1 counts nothing.
+    assert later_rounds_cacheable(1, 40, 4, 0, [[[7, 8, 9]], [[1, 2, 3]]]) == 32
+    # A third round: 51 + 2 = 53 computed, a 58-token prompt: 48 more.
+    assert later_rounds_cacheable(1, 40, 4, 0, [[[7, 8, 9]], [[1, 2, 3]], [[4, 5, 6]]]) == 32 + 48
+    # Two users count apiece; one round alone has nothing cacheable.
+    assert later_rounds_cacheable(2, 40, 4, 0, [[[7, 8, 9]] * 2, [[1, 2, 3]] * 2]) == 64
+    assert later_rounds_cacheable(2, 40, 4, 0, [[[7, 8, 9]] * 2]) == 0
