@@ -45,6 +45,7 @@ class EngineConfig:
     backend: str = "auto"
     copy_backend: str = "auto"
     device_staging_bytes: int = DEVICE_STAGING_BYTES
+    hold_saves: bool = False  # cuda: a SAVE waits in the engine, not a copy stream (held_saves.py)
     log_level: str = "INFO"
     num_slots: int = 64
     ring_slots: int = 1024

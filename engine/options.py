@@ -89,6 +89,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("device-staging", "device_staging_bytes", f"{DEVICE_STAGING_BYTES >> 20}MiB",
            "GPU memory the staged path takes on each GPU the engine serves (two staging buffers each way); "
            "0 turns it off", parse_size),
+    Option("hold-saves", "hold_saves", "false", "cuda: hold a SAVE in the engine until the client's "
+           "GPU has written its data, instead of queueing its copies behind that wait in a stream "
+           "every client's saves share (under evaluation: docs/replicas.md)",
+           lambda text: as_bool("--hold-saves", text), is_switch=True),
     Option("max-clients", "num_slots", "64", "client slots (one per vLLM scheduler or worker); "
            "each takes ring and arena memory in /dev/shm at start", int),
     Option("ring-slots", "ring_slots", "1024", "commands in flight per client ring", int),

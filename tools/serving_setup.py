@@ -23,7 +23,8 @@ from tools import peers
 
 # pegaflow's configurations: the connector's options beyond the engine's name
 PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},
-                    "pegaflow-layerwise": {"load_mode": "layerwise"}}
+                    "pegaflow-layerwise": {"load_mode": "layerwise"}, "pegaflow-hold": {}}
+ENGINE_FLAGS = {"pegaflow-hold": ["--hold-saves"]}  # configurations that are the engine's flags
 ENGINE_STATS = ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions",
                 "latency")  # its LOOKUP / LOAD / SAVE latency histograms, receipt to answer
 
@@ -70,7 +71,7 @@ def side_processes(config: str, engine_name: str, engine_args: list[str], host_g
     engine = None
     if config in PEGAFLOW_CONFIGS:
         engine = engine_process.EngineProcess(
-            engine_name, *engine_args, backend="cuda", pool_size=f"{host_gib}GiB",
+            engine_name, *engine_args, *ENGINE_FLAGS.get(config, []), backend="cuda", pool_size=f"{host_gib}GiB",
             start_timeout_s=engine_start_timeout_s, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
     try:
         plan = peers.plan(config, peer_pool_bytes) if config in peers.PEERS else None

@@ -25,13 +25,15 @@ def detect_cuda() -> bool:
 
 
 def make_backend(kind: str, copy_backend: str = "auto",
-                 device_staging_bytes: int = DEVICE_STAGING_BYTES) -> CopyBackend:
+                 device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False) -> CopyBackend:
     """``kind``: auto | cuda | host; auto means cuda when a GPU is present.
-    ``device_staging_bytes``: GPU memory of the cuda backend's staged path."""
+    ``device_staging_bytes``: GPU memory of the cuda backend's staged path; ``hold_saves``:
+    its SAVEs held until their data is written (``held_saves.py``)."""
     if kind == "auto":
         kind = "cuda" if detect_cuda() else "host"
     if kind == "cuda":
         from .cuda import CudaBackend
-        return CudaBackend(copy_backend=copy_backend, device_staging_bytes=device_staging_bytes)
+        return CudaBackend(copy_backend=copy_backend, device_staging_bytes=device_staging_bytes,
+                           hold_saves=hold_saves)
     from .host import HostBackend
     return HostBackend()

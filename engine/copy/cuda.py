@@ -12,7 +12,9 @@ never wait for a copy; ``unregister_client`` waits for the slot's copies, and
                                ``pool_base`` + offset on every device, then open to copies
     register_region(...)       open the client's IPC memory handle (once per allocation)
     register_events(...)       open the client's pool of IPC events
-    submit(op)                 staged: per sub-chunk a gather launch and a copy per run, on
+    submit(op)                 with ``hold_saves``, a SAVE whose client's GPU is still writing
+                               its data is held until it is written (``held_saves.py``);
+                               staged: per sub-chunk a gather launch and a copy per run, on
                                the device's staging streams; otherwise one copy per layer
                                on that layer's low-priority stream
     poll()                     the ops whose completion event has fired (cuEventQuery)
@@ -66,6 +68,7 @@ from .checks import Region, check_op
 from .cuda_clients import ClientMappings, check_region
 from .cuda_device import Device, PinnedPool
 from .cuda_layers import Inflight, copy_layer, issue_layers, stage_ids
+from .held_saves import HeldSaves, last_wait_event
 from .kernels import StagingRing
 from .paths import op_path
 from .probe import choose_path
@@ -80,7 +83,7 @@ class CudaBackend(CopyBackend):
 
     def __init__(self, copy_backend: str = AUTO, num_ctas: int = 16, layers_in_flight: int = 2,
                  dma_layers_in_flight: int = 4, staging_words: int = 1 << 20, device: int = 0,
-                 device_staging_bytes: int = DEVICE_STAGING_BYTES) -> None:
+                 device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False) -> None:
         if copy_backend not in PATHS:
             raise ConfigError(f"copy backend {copy_backend!r}: use one of {', '.join(PATHS)}")
         if num_ctas < 1 or layers_in_flight < 1 or dma_layers_in_flight < 1:
@@ -106,6 +109,8 @@ class CudaBackend(CopyBackend):
         self._clients = ClientMappings()
         self._inflight: list[Inflight] = []
         self._ready: list[CopyDone] = []
+        self.hold_saves = hold_saves
+        self._held = HeldSaves()  # with hold_saves: SAVEs waiting for their client's data (held_saves.py)
         self.probes: list[dict] = []  # what ``auto`` measured and chose, for tools and logs
 
     def _device(self, device: int) -> Device:
@@ -164,6 +169,8 @@ class CudaBackend(CopyBackend):
         self._clients.set_events(slot, handles)
 
     def unregister_client(self, slot: int) -> None:
+        for held in self._held.take_slot(slot):  # never issued: nothing of its memory in use
+            self._ready.append(CopyDone(held.op.token, "the client left before its data to save was written"))
         pending = [f for f in self._inflight if f.slot == slot]
         if pending:
             logger.warning("slot %d unregistered with %d copies in flight: draining", slot,
@@ -174,6 +181,11 @@ class CudaBackend(CopyBackend):
         self._clients.close_slot(slot)
 
     def poll(self) -> list[CopyDone]:
+        for held in self._held.take_ready():
+            try:
+                self._start(self._device(held.regions[0].device), held.op, held.regions)
+            except CudaError as exc:
+                self._ready.append(CopyDone(held.op.token, f"CudaError: {exc}"))
         ready, self._ready = self._ready, []
         pending, current = [], None
         for f in self._inflight:
@@ -192,13 +204,15 @@ class CudaBackend(CopyBackend):
         return ready
 
     def num_inflight(self) -> int:
-        return len(self._inflight) + len(self._ready)
+        return len(self._inflight) + len(self._ready) + len(self._held)
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Release every mapping once no copy runs.  Copies still running after ``wait_s``
         (they wait on client GPU work that never ends) keep everything mapped: unmapping
         memory under a running copy could fault the device, and the process exit tears
         the contexts down anyway."""
+        for held in self._held.close():  # never issued: nothing to wait for
+            self._ready.append(CopyDone(held.op.token, "engine closing"))
         deadline = time.monotonic() + wait_s
         while self._inflight:
             for done in self.poll():
@@ -230,6 +244,15 @@ class CudaBackend(CopyBackend):
             self._ready.append(CopyDone(op.token))
             return
         dev = self._device(regions[0].device)
+        if self.hold_saves and (event := last_wait_event(op)) is not None:
+            handle = self._clients.events(op.slot, dev.device)[event]
+            if not driver.event_done(handle):  # its client's GPU is still writing: held_saves.py
+                self._held.hold(dev, op, regions, handle)
+                return
+        self._start(dev, op, regions)
+
+    def _start(self, dev: Device, op: CopyOp, regions: list[Region]) -> None:
+        """Issue ``op`` now (a CudaError: its copies issued so far drained, then raised)."""
         op = op.in_pool_order()
         path = op_path(self.copy_backend, dev, op, regions)
         staging = None

@@ -76,6 +76,15 @@ def test_side_processes_pegaflow_starts_an_engine_reads_its_stats_and_stops_it_l
     assert engine.stopped_with == tools.engine_process.LARGE_POOL_STOP_S and fakes == []
 
 
+def test_side_processes_pegaflow_hold_is_the_engine_with_hold_saves(fakes, tmp_path):
+    # pegaflow-hold: the same connector as pegaflow, its engine started with --hold-saves after the
+    # bench's own engine flags (an A/B of the flag in one run of a bench).
+    with _sides("pegaflow-hold", tmp_path):
+        (engine,) = _FakeEngine.made
+        assert engine.flags == ("--copy-backend=staged", "--hold-saves")
+    assert serving_setup.PEGAFLOW_CONFIGS["pegaflow-hold"] == serving_setup.PEGAFLOW_CONFIGS["pegaflow"]
+
+
 def test_side_processes_stops_the_engine_when_the_run_fails(fakes, tmp_path):
     with pytest.raises(RuntimeError, match="vllm serve exited"), _sides("pegaflow", tmp_path):
         raise RuntimeError("vllm serve exited (1)")

@@ -17,6 +17,7 @@ def test_cuda_backend_close_gives_up_on_copies_that_never_end(monkeypatch, caplo
     backend = object.__new__(cuda.CudaBackend)
     stuck = SimpleNamespace(device=0, done="event", token=1)
     backend._inflight, backend._ready = [stuck], []
+    backend._held = cuda.HeldSaves()
     monkeypatch.setattr(cuda.driver, "use_device", lambda device: None)
     monkeypatch.setattr(cuda.driver, "event_done", lambda event: False)
     monkeypatch.setattr(cuda.driver, "synchronize_event",

@@ -1,0 +1,107 @@
+"""SAVEs held in the engine until the client's GPU has written what they copy (``--hold-saves``).
+
+A SAVE's copies wait for the client's events (the forward pass that writes the KV).  Issued at
+once, they sit in a device-wide stream behind that wait: every later copy on that stream (every
+client's) queues behind one client's forward pass, and once the driver's queue is full each
+further launch blocks the engine's one thread, so every client's lookups and loads wait too (a
+SAVE of 512 blocks held the loop 484 ms while two replicas saved their first round; whether the
+driver's queue is what held it is what ``slow_commands.py``'s copy-issue figure tells).
+
+With ``--hold-saves`` a SAVE whose client is still writing is held here instead.  The client
+records its events again at every step, and a wait binds to the record already issued when it
+is made, so the engine snapshots that record at once: on a stream of the client's own (one per
+client and device, so no client waits behind another) it issues a wait on the client's event
+and records an engine event after it.  ``CudaBackend.poll`` issues the SAVE once that engine
+event has fired (``cuEventQuery``, which never waits).  Nothing is lost: the staged path starts a
+SAVE's copies after its last layer's event anyway (its first sub-chunk packs every layer), and
+the GPU-side waits stay in the issued copies.  Held SAVEs are issued in the order they came;
+one still waiting does not hold back a later one whose data is written (two SAVEs never copy
+the same layer of a block at once: ``engine/transfers.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import CudaError
+from pegaflow.platform.protocol import layer_event
+
+from .base import CopyOp, Direction
+
+
+def last_wait_event(op: CopyOp) -> int | None:
+    """The client event after which every byte ``op`` reads is written: its last layer's (or
+    its one event); None for an op that waits on nothing (a LOAD, or a SAVE without events)."""
+    if op.direction != Direction.SAVE or op.wait_event is None:
+        return None
+    return layer_event(op.wait_event, len(op.layers) - 1) if op.wait_per_layer else op.wait_event
+
+
+@dataclass(slots=True)
+class Held:
+    op: CopyOp
+    regions: list
+    dev: object     # the engine's Device the op copies on
+    marker: object  # an engine event recorded after a wait on the client's event
+
+
+def written(held: Held) -> bool:
+    """Whether a held SAVE's data is written (a marker in error counts: issued, the copy's own
+    wait on the client's event reports the error through ``poll``)."""
+    driver.use_device(held.dev.device)
+    try:
+        return driver.event_done(held.marker)
+    except CudaError:
+        return True
+
+
+class HeldSaves:
+    def __init__(self) -> None:
+        self._held: list[Held] = []
+        self._gates: dict[tuple[int, int], object] = {}  # (device, slot) -> its stream
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, dev, op: CopyOp, regions: list, client_event) -> None:
+        """Hold ``op`` until ``client_event``'s record issued so far has fired (current device: ``dev``)."""
+        gate = self._gates.get((dev.device, op.slot))
+        if gate is None:
+            gate = self._gates[dev.device, op.slot] = driver.create_stream(low_priority=True)
+        marker = dev.event()
+        driver.wait(gate, client_event)
+        driver.record(marker, gate)
+        self._held.append(Held(op, regions, dev, marker))
+
+    def take_ready(self, fired: Callable[[Held], bool] = written) -> list[Held]:
+        """The held SAVEs whose data is written, in the order they came; the rest stay.  Their
+        markers have fired: back to their device's idle events."""
+        ready, waiting = [], []
+        for held in self._held:
+            (ready if fired(held) else waiting).append(held)
+        self._held = waiting
+        for held in ready:
+            held.dev.idle_events.append(held.marker)
+        return ready
+
+    def take_slot(self, slot: int) -> list[Held]:
+        """Every held SAVE of ``slot`` (its client is leaving), taken out; its streams and
+        markers are let go without waiting (a gone client's work may never end)."""
+        mine = [held for held in self._held if held.op.slot == slot]
+        self._held = [held for held in self._held if held.op.slot != slot]
+        for key in [key for key in self._gates if key[1] == slot]:
+            driver.use_device(key[0])
+            driver.destroy_stream(self._gates.pop(key))
+        for held in mine:
+            driver.use_device(held.dev.device)
+            driver.destroy_event(held.marker)
+        return mine
+
+    def close(self) -> list[Held]:
+        """Every held SAVE, taken out, and every stream let go (the engine is closing)."""
+        everything = list(self._held)
+        for slot in {key[1] for key in self._gates} | {held.op.slot for held in self._held}:
+            self.take_slot(slot)
+        return everything

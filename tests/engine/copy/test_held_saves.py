@@ -1,0 +1,132 @@
+"""engine/copy/held_saves.py: with --hold-saves a SAVE whose client's GPU is still writing waits
+in the engine, not in a stream every client's saves share; CudaBackend on a stand-in driver
+(no GPU needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from engine.copy.base import CopyDone, CopyOp, Direction
+
+cuda = pytest.importorskip("engine.copy.cuda")  # (held_saves, like it, needs cuda-python)
+held_saves = pytest.importorskip("engine.copy.held_saves")
+
+
+def _op(token, direction=Direction.SAVE, slot=1, wait_event=4, per_layer=True, layers=3):
+    return CopyOp(token, direction, slot, [object()] * layers, 64, np.arange(2), np.arange(2) * 64,
+                  wait_event=wait_event, wait_per_layer=per_layer)
+
+
+class _Driver:
+    """The driver calls held_saves makes, on plain objects: a wait binds to the client event's
+    record issued so far (its ``generation``), a marker fires once that record has."""
+
+    def __init__(self, monkeypatch):
+        self.done_generation: dict[str, int] = {}  # client event -> the last record that ran
+        self.generation: dict[str, int] = {}       # client event -> records issued
+        self.streams, self.destroyed = [], []
+        self._pending = {}  # marker -> (client event, generation it waits for)
+        for module in (cuda, held_saves):
+            monkeypatch.setattr(module.driver, "use_device", lambda device: None)
+            monkeypatch.setattr(module.driver, "event_done", self.event_done)
+        monkeypatch.setattr(held_saves.driver, "create_stream", self.create_stream)
+        monkeypatch.setattr(held_saves.driver, "wait", self.wait)
+        monkeypatch.setattr(held_saves.driver, "record", self.record)
+        monkeypatch.setattr(held_saves.driver, "destroy_stream", lambda s: self.destroyed.append(s))
+        monkeypatch.setattr(held_saves.driver, "destroy_event", lambda e: self.destroyed.append(e))
+
+    def create_stream(self, low_priority=True):
+        self.streams.append(f"stream{len(self.streams)}")
+        return self.streams[-1]
+
+    def client_records(self, event):
+        self.generation[event] = self.generation.get(event, 0) + 1
+
+    def client_work_done(self, event):
+        self.done_generation[event] = self.generation[event]
+
+    def wait(self, stream, event):
+        self._last_wait = (event, self.generation.get(event, 0))
+
+    def record(self, marker, stream):
+        self._pending[marker] = self._last_wait
+
+    def event_done(self, event):
+        if event in self._pending:  # an engine marker
+            client, generation = self._pending[event]
+            return self.done_generation.get(client, 0) >= generation
+        return self.done_generation.get(event, 0) >= self.generation.get(event, 0)
+
+
+def _device():
+    markers = iter(range(100))
+    dev = SimpleNamespace(device=0, idle_events=[])
+    dev.event = lambda: dev.idle_events.pop() if dev.idle_events else f"marker{next(markers)}"
+    return dev
+
+
+def _backend(monkeypatch, hold_saves=True):
+    backend = object.__new__(cuda.CudaBackend)
+    backend._inflight, backend._ready, backend._held = [], [], held_saves.HeldSaves()
+    backend.hold_saves, backend.started = hold_saves, []
+    dev = _device()
+    events = [f"event{i}" for i in range(8)]
+    backend._clients = SimpleNamespace(events=lambda slot, device: events, close_slot=lambda slot: None)
+    monkeypatch.setattr(backend, "_validate", lambda op: [SimpleNamespace(device=0)], raising=False)
+    monkeypatch.setattr(backend, "_device", lambda device: dev, raising=False)
+    monkeypatch.setattr(backend, "_start", lambda dev, op, regions: backend.started.append(op.token),
+                        raising=False)
+    return backend, dev
+
+
+def test_last_wait_event_is_the_last_layers_or_the_one_event():
+    assert held_saves.last_wait_event(_op(1)) == 4 + 2  # events 4, 5, 6 for layers 0, 1, 2
+    assert held_saves.last_wait_event(_op(1, per_layer=False)) == 4
+    assert held_saves.last_wait_event(_op(1, wait_event=None)) is None
+    assert held_saves.last_wait_event(_op(1, direction=Direction.LOAD)) is None
+
+
+def test_cuda_backend_holds_a_save_until_its_clients_data_is_written(monkeypatch):
+    gpu = _Driver(monkeypatch)
+    backend, dev = _backend(monkeypatch)
+    gpu.client_records("event3")
+    gpu.client_work_done("event3")
+    gpu.client_records("event6")  # the step that writes the SAVE's layers, still running
+    # 1. A SAVE whose last layer's event (6) has not fired is held: nothing issued, yet in flight.
+    backend.submit(_op(1))
+    assert backend.started == [] and backend.num_inflight() == 1
+    # 2. A LOAD, and a SAVE whose one event (3) has fired, are issued at once, not behind it.
+    backend.submit(_op(2, direction=Direction.LOAD, wait_event=None))
+    backend.submit(_op(3, wait_event=3, per_layer=False))
+    assert backend.started == [2, 3]
+    # 3. The client records event 6 again for its next step before the first one ends: the held
+    #    SAVE waits for the record it came after, not for the newer one.
+    assert backend.poll() == [] and backend.started == [2, 3]
+    gpu.client_records("event6")
+    gpu.done_generation["event6"] = 1  # the first step's record has run, the second's not yet
+    backend.poll()
+    assert backend.started == [2, 3, 1] and backend.num_inflight() == 0
+    # 4. Its marker went back to the device's idle events; one stream per client and device.
+    assert dev.idle_events == ["marker0"] and gpu.streams == ["stream0"]
+
+
+def test_cuda_backend_without_hold_saves_issues_a_save_at_once(monkeypatch):
+    gpu = _Driver(monkeypatch)
+    backend, _ = _backend(monkeypatch, hold_saves=False)
+    gpu.client_records("event6")
+    backend.submit(_op(1))
+    assert backend.started == [1] and gpu.streams == []
+
+
+def test_cuda_backend_a_held_save_of_a_client_that_leaves_ends_with_an_error(monkeypatch):
+    gpu = _Driver(monkeypatch)
+    backend, _ = _backend(monkeypatch)
+    gpu.client_records("event6")
+    backend.submit(_op(7, slot=2))
+    backend.unregister_client(2)
+    done = backend.poll()
+    assert backend.started == [] and done == [CopyDone(7, "the client left before its data to save was written")]
+    assert gpu.destroyed == ["stream0", "marker0"]  # let go without waiting on the gone client
