@@ -329,12 +329,21 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
         after = fleet.counters()
         mine = [x for x in restart if x.replica == 0]
         warm = [x for x in later if x.replica == 0]
+        # The replicas that kept running, in the same round and in their warm rounds: whether
+        # the round was slower for everyone (the load on the host) or for the restarted one.
+        others = [x for x in restart if x.replica != 0]
+        others_warm = [x for x in later if x.replica != 0]
         out["restart"] = {"time_to_ready_s": ready_s, "warmup_s": warmup,
                           "first_round": replica_figures(mine, {0: _delta(after, before, "host_hit_tokens")[0]}, 1),
-                          "warm_rounds_ttft_p50_ms": replica_figures(warm, {}, 1)["ttft_p50_ms"]}
+                          "warm_rounds_ttft_p50_ms": replica_figures(warm, {}, 1)["ttft_p50_ms"],
+                          "others_ttft_p50_ms": _ttft_p50(others), "others_warm_ttft_p50_ms": _ttft_p50(others_warm)}
     every = [x for rnd in rounds for x in rnd] + docs + restart
     out["results"] = [[x.result.key, x.result.tokens, x.result.error] for x in every]
     return out
+
+
+def _ttft_p50(routed: list[Routed]) -> float | None:
+    return summarize([x.result for x in routed])["ttft_p50_ms"] if routed else None
 
 
 def headline(runs: list[dict]) -> dict:

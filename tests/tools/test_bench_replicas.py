@@ -119,6 +119,8 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet):
     assert len(run["restart"]["warmup_s"]) == 1 and fleet.servers[0].requests == 1 + 1
     # (round-robin: 15 requests before it, so the round's three go to replicas 1, 0, 1)
     assert run["restart"]["first_round"]["requests"] == 1
+    # The replica that kept running (two of the round's requests): its TTFT then and warm.
+    assert run["restart"]["others_ttft_p50_ms"] is not None and run["restart"]["others_warm_ttft_p50_ms"] is not None
     assert len(run["results"]) == 9 + 6 + 3
 
 
