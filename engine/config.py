@@ -46,6 +46,7 @@ class EngineConfig:
     copy_backend: str = "auto"
     device_staging_bytes: int = DEVICE_STAGING_BYTES
     hold_saves: bool = False  # cuda: a SAVE waits in the engine, not a copy stream (held_saves.py)
+    load_layer_groups: int = 1  # cuda: a fenced staged LOAD's events a layer group at a time (staged.py)
     log_level: str = "INFO"
     num_slots: int = 64
     ring_slots: int = 1024
@@ -92,6 +93,8 @@ class EngineConfig:
                               f"{format_size(self.pool_bytes)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend {self.backend!r}: choose auto, cuda or host")
+        if self.load_layer_groups < 1:
+            raise ConfigError(f"--load-layer-groups {self.load_layer_groups}: must be at least 1")
         if self.device_staging_bytes < 0:
             raise ConfigError(f"--device-staging {self.device_staging_bytes}: must not be negative")
         if self.copy_backend == "staged" and not self.device_staging_bytes:

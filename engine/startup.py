@@ -35,7 +35,8 @@ def open_pool(server, backend: CopyBackend | None, marks: list[float]) -> PagePo
     pool = PagePool(config.usable_pool_bytes, config.slab_bytes,
                     table.records_per_slab if table else None, ready_bytes=0)
     server.backend = backend or make_backend(config.backend, config.copy_backend,
-                                           config.device_staging_bytes, config.hold_saves)
+                                           config.device_staging_bytes, config.hold_saves,
+                                           config.load_layer_groups)
     server.backend.open_pool(server.segments.pool)
     marks.append(time.perf_counter())
     server.pinner = PoolPinner(server.segments.pool, server.backend, config.pin_chunk,

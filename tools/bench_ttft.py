@@ -236,6 +236,21 @@ def run_phase(args) -> dict:
     return result
 
 
+def engine_flags(variant: str | None, is_flags: bool) -> list[str]:
+    """The engine's flags for one pegaflow phase: a copy path's (``--copy-backends``), or a
+    variant's own flags (``--engine-variants``: ``load-layer-groups=4+hold-saves``;
+    ``default`` or None: none)."""
+    if not variant or variant == "default":
+        return []
+    return [f"--{flag}" for flag in variant.split("+")] if is_flags else ["--copy-backend", variant]
+
+
+def variant_name(variant: str | None) -> str:
+    """A phase's name in the figures' keys: ``default``, a copy path, or a variant without its
+    '=' (``load-layer-groups=4`` -> ``load-layer-groups4``)."""
+    return (variant or "default").replace("=", "")
+
+
 def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
     """One phase in its own process; ``run``: a peer's, with its environment and directory."""
     flags = _passthrough(args)
@@ -422,6 +437,11 @@ def main() -> int:
     p.add_argument("--copy-backends", nargs="+", choices=["auto", "kernel", "copy-engine", "staged"],
                    help="run the pegaflow phase once per engine copy path, each with a fresh engine "
                         "(the first one's figures are the table's; default: the engine's default)")
+    p.add_argument("--engine-variants", nargs="+", metavar="FLAGS",
+                   help="run the pegaflow phase once per variant, each a fresh engine started with its "
+                        "flags, written without dashes and joined by '+' ('default': none), e.g. default "
+                        "load-layer-groups=4 load-layer-groups=4+hold-saves: each variant's figures under "
+                        "keys named for it, as --copy-backends gives them")
     p.add_argument("--json", action="store_true")
     p.add_argument("--disk-path", default="",
                    help="also measure warm TTFT from the engine's disk tier, in a new folder under this "
@@ -450,17 +470,20 @@ def main() -> int:
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
         p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(_load_modes())}")
-    backends = args.copy_backends or [None]
+    if args.copy_backends and args.engine_variants:
+        p.error("--copy-backends or --engine-variants, not both")
+    backends = args.copy_backends or args.engine_variants or [None]
     engine, given_engine = None, args.engine_name
 
     if args.disk_path and args.num_prompts < 2:
         p.error("--disk-path needs --num-prompts 2 or more (the last one is sent beside a new request)")
-    if given_engine and (args.copy_backends or args.disk_path):
-        p.error("--copy-backends and --disk-path start engines of their own: leave out --engine-name")
+    if given_engine and (args.copy_backends or args.engine_variants or args.disk_path):
+        p.error("--copy-backends, --engine-variants and --disk-path start engines of their own: leave out "
+                "--engine-name")
     disk_dir = tempfile.mkdtemp(prefix="pegaflow-ttft-", dir=args.disk_path) if args.disk_path else ""
 
     def start(backend: str | None, keep_disk: bool = False):
-        extra = ("--copy-backend", backend) if backend else ()
+        extra = tuple(engine_flags(backend, bool(args.engine_variants)))
         if disk_dir:  # every block written to disk as it is stored, in a folder of our own
             if not keep_disk:
                 shutil.rmtree(Path(disk_dir) / "pegaflow-blocks", ignore_errors=True)
@@ -487,7 +510,7 @@ def main() -> int:
             if i and not given_engine:  # each copy path its own fresh engine
                 engine.stop(timeout_s=LARGE_POOL_STOP_S)
                 engine = start(backend)
-            by_backend[backend or "default"] = peg = _spawn(args, "pegaflow")
+            by_backend[variant_name(backend)] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
         disks = _disk_phases(engine, start, args) if disk_dir else None
     finally:
@@ -498,7 +521,7 @@ def main() -> int:
     native = None if args.skip_native else _spawn(args, "native")
     peer_runs = _peer_phases(args)
     none = _spawn(args, "none")
-    peg = by_backend[backends[0] or "default"]
+    peg = by_backend[variant_name(backends[0])]
     rows = config_rows(peg, native, none, peer_runs)
     if (result := _figures(rows, peg, native, none)) is None:
         print(json.dumps({"gpu": gpu_name(), "configs": rows}))  # pegaflow's own figures invalid

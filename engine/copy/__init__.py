@@ -25,15 +25,17 @@ def detect_cuda() -> bool:
 
 
 def make_backend(kind: str, copy_backend: str = "auto",
-                 device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False) -> CopyBackend:
+                 device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False,
+                 load_layer_groups: int = 1) -> CopyBackend:
     """``kind``: auto | cuda | host; auto means cuda when a GPU is present.
     ``device_staging_bytes``: GPU memory of the cuda backend's staged path; ``hold_saves``:
-    its SAVEs held until their data is written (``held_saves.py``)."""
+    its SAVEs held until their data is written (``held_saves.py``); ``load_layer_groups``: a
+    fenced staged LOAD signalled a layer group at a time (``staged.py``)."""
     if kind == "auto":
         kind = "cuda" if detect_cuda() else "host"
     if kind == "cuda":
         from .cuda import CudaBackend
         return CudaBackend(copy_backend=copy_backend, device_staging_bytes=device_staging_bytes,
-                           hold_saves=hold_saves)
+                           hold_saves=hold_saves, load_layer_groups=load_layer_groups)
     from .host import HostBackend
     return HostBackend()

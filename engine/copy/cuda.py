@@ -83,12 +83,15 @@ class CudaBackend(CopyBackend):
 
     def __init__(self, copy_backend: str = AUTO, num_ctas: int = 16, layers_in_flight: int = 2,
                  dma_layers_in_flight: int = 4, staging_words: int = 1 << 20, device: int = 0,
-                 device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False) -> None:
+                 device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False,
+                 load_layer_groups: int = 1) -> None:
         if copy_backend not in PATHS:
             raise ConfigError(f"copy backend {copy_backend!r}: use one of {', '.join(PATHS)}")
         if num_ctas < 1 or layers_in_flight < 1 or dma_layers_in_flight < 1:
             raise ConfigError("num_ctas, layers_in_flight and dma_layers_in_flight must be at "
                               "least 1")
+        if load_layer_groups < 1:
+            raise ConfigError(f"load_layer_groups {load_layer_groups}: must be at least 1")
         if device_staging_bytes < 0:
             raise ConfigError(f"device staging of {device_staging_bytes} bytes: must be >= 0")
         if copy_backend == STAGED and not device_staging_bytes:
@@ -99,6 +102,7 @@ class CudaBackend(CopyBackend):
         self.layers_in_flight = layers_in_flight
         self.dma_layers_in_flight = dma_layers_in_flight
         self.device_staging_bytes = device_staging_bytes
+        self.load_layer_groups = load_layer_groups
         self._devices: dict[int, Device] = {}
         self._default_device = device
         self._pool: tuple[int, int] | None = None  # (host address, size)
@@ -119,7 +123,7 @@ class CudaBackend(CopyBackend):
             dev = Device(device, self.num_ctas)
             if self.device_staging_bytes and self.copy_backend in (AUTO, STAGED):
                 try:
-                    dev.staging = staged.DeviceStaging(self.device_staging_bytes)
+                    dev.staging = staged.DeviceStaging(self.device_staging_bytes, self.load_layer_groups)
                 except CudaError as exc:
                     logger.warning("device %d: no device staging (%s); copies take the other "
                                    "paths", device, exc)
@@ -259,7 +263,8 @@ class CudaBackend(CopyBackend):
         if path == KERNEL:
             staging = stage_ids(self._staging, op)
         elif path == STAGED:
-            staging = stage_ids(self._staging, op, staged.local_offsets(op, dev.staging.buffer_bytes))
+            staging = stage_ids(self._staging, op, staged.local_offsets(op, dev.staging.buffer_bytes,
+                                                                        dev.staging.groups_of(op)))
         if path in (KERNEL, STAGED) and staging is None:
             path = COPY_ENGINE  # staging ring full: DMA needs none
         inflight = Inflight(op.token, op.slot, dev.device, staging)

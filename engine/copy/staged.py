@@ -20,7 +20,12 @@ behind saves, and the stream order of a direction keeps its ops in turn.  The fi
 sub-chunk of a SAVE waits for the client's events (per layer before that layer's
 gather); a LOAD's scatter waits for its client event.  A LOAD whose client waits layer
 by layer on our events is staged too (``paths.py``): every layer's event is recorded
-after the last sub-chunk's scatter, so no layer is ready before the whole load.  Such
+after the last sub-chunk's scatter, so no layer is ready before the whole load.  With
+``load_groups`` > 1 (``--load-layer-groups``) such a fenced LOAD goes a group of consecutive
+layers at a time instead: each group's slice of every entry crosses PCIe (one copy per
+entry), is scattered, and its layers' events are recorded before the next group starts, so
+the client's forward runs its first layers while the later ones are still on their way.  In
+a staging buffer a group's entry takes the room of the largest group.  Such
 loads share the direction's one stream pair with the unfenced (asynchronous) ones.  What
 is not staged: an op over one
 layer or over layers that are not consecutive in the pool entry, and an entry larger
@@ -72,7 +77,10 @@ class _Side:
 class DeviceStaging:
     """``total_bytes`` of device memory on the current device, half per direction."""
 
-    def __init__(self, total_bytes: int) -> None:
+    def __init__(self, total_bytes: int, load_groups: int = 1) -> None:
+        if load_groups < 1:
+            raise CudaError(f"load_groups {load_groups}: must be at least 1")
+        self.load_groups = load_groups
         buffer_bytes = total_bytes // (2 * BUFFERS_PER_DIRECTION) // 256 * 256
         if buffer_bytes <= 0:
             raise CudaError(f"device staging of {total_bytes} bytes leaves no buffer")
@@ -87,6 +95,15 @@ class DeviceStaging:
         except CudaError:
             self.close()
             raise
+
+    def groups_of(self, op: CopyOp) -> list[range]:
+        """The layer groups ``op`` goes in, as positions in ``op.layers``: one group but for a
+        fenced LOAD under ``load_groups`` > 1 (at most one layer a group)."""
+        count = len(op.layers)
+        if op.direction != Direction.LOAD or op.record_events is None or self.load_groups < 2:
+            return [range(count)]
+        bounds = np.linspace(0, count, min(self.load_groups, count) + 1).round().astype(int)
+        return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def forget(self, recycled: set[int]) -> None:
         """Events of a finished op go back to the pool: a buffer whose last use was one of
@@ -128,10 +145,15 @@ def entry_runs(offsets: np.ndarray, step: int, split_bytes: int = 0) -> tuple[np
     return starts, np.diff(np.concatenate((starts, [len(offsets)])))
 
 
-def local_offsets(op: CopyOp, buffer_bytes: int) -> np.ndarray:
+def slot_bytes(op: CopyOp, groups: list[range]) -> int:
+    """The room one entry of ``op`` takes in a staging buffer: its largest group's pages."""
+    return max(len(group) for group in groups) * op.page_bytes
+
+
+def local_offsets(op: CopyOp, buffer_bytes: int, groups: list[range] | None = None) -> np.ndarray:
     """Where entry k of a sub-chunk lies in its buffer, for the kernel (k below the entries a
-    buffer holds, or the op's own count if smaller)."""
-    step = run_bytes(op)
+    buffer holds, or the op's own count if smaller); ``groups``: ``DeviceStaging.groups_of``."""
+    step = slot_bytes(op, groups) if groups else run_bytes(op)
     return np.arange(min(buffer_bytes // step, len(op.block_ids)), dtype=np.int64) * step
 
 
@@ -167,6 +189,7 @@ class _StagedOp:
         self.ids_address, self.client_events = ids_address, client_events
         self.new_event, self.inflight = new_event, inflight
         self.local_offsets_address = ids_address + 8 * len(op.block_ids)
+        self.staging, self.pool_base = staging, pool_base
         self.side = staging.sides[op.direction]
         self.save = op.direction == Direction.SAVE
         self.step = run_bytes(op)
@@ -179,6 +202,10 @@ class _StagedOp:
         self.pool_runs = op.entry_offsets[self.starts] + pool_base + op.layers[0].layer * op.page_bytes
 
     def issue(self) -> None:
+        groups = self.staging.groups_of(self.op)
+        if len(groups) > 1:
+            self.issue_grouped(groups)
+            return
         op, side, save, gather, copy = self.op, self.side, self.save, self.gather, self.copy
         for j, start in enumerate(range(0, len(op.block_ids), self.per_buffer)):
             count = min(self.per_buffer, len(op.block_ids) - start)
@@ -202,6 +229,51 @@ class _StagedOp:
         for k in range(len(op.layers)):  # a fenced LOAD: every layer is in with the last scatter
             driver.record(self.client_events[layer_event(op.record_events, k)], gather)
         self.inflight.done = self.recorded(gather)  # done once the client's events are recorded too
+
+    def issue_grouped(self, groups: list[range]) -> None:
+        """A fenced LOAD a layer group at a time: per group and sub-chunk, one copy per entry
+        of the group's slice into the buffer, the scatter, and the group's events once its
+        last sub-chunk is in (``record_events`` set; the staging's ``load_groups`` > 1)."""
+        op, side, gather, copy = self.op, self.side, self.gather, self.copy
+        slot = slot_bytes(op, groups)
+        per_buffer = self.staging.buffer_bytes // slot
+        first = True
+        for group in groups:
+            for start in range(0, len(op.block_ids), per_buffer):
+                count = min(per_buffer, len(op.block_ids) - start)
+                index = side.next_buffer()
+                buffer = side.buffers[index]
+                if side.free_events[index] is not None:
+                    driver.wait(copy, side.free_events[index])
+                entries = op.entry_offsets[start:start + count]
+                src = self.pool_base + entries + (op.layers[0].layer + group.start) * op.page_bytes
+                dst = buffer + np.arange(count, dtype=np.int64) * slot
+                driver.memcpy_batch_async(dst, src, len(group) * op.page_bytes, copy)
+                driver.wait(gather, self.recorded(copy))
+                self.scatter_group(group, start, count, buffer, first)
+                first = False
+                side.free_events[index] = self.recorded(gather)
+            for k in group:  # the group is in: its layers may run
+                driver.record(self.client_events[layer_event(op.record_events, k)], gather)
+        self.inflight.done = self.recorded(gather)
+
+    def scatter_group(self, group: range, start: int, count: int, buffer: int, first: bool) -> None:
+        """The kernel's part for one group: its pages from the buffer to the client's layers
+        (the LOAD's first scatter waits for the client's event first, with AFTER_CLIENT)."""
+        op, regions, gather = self.op, self.regions, self.gather
+        if first and op.wait_event is not None:
+            driver.wait(gather, self.client_events[op.wait_event])
+        ids = self.ids_address + 8 * start
+        if self.layer_step is not None:
+            a = group.start
+            self.kernel.launch(gather, ids, self.local_offsets_address, count,
+                               regions[a].base + op.layers[a].offset_bytes, op.layers[a].block_stride_bytes,
+                               buffer, op.page_bytes, False, len(group), self.layer_step, op.page_bytes)
+            return
+        for k in group:
+            self.kernel.launch(gather, ids, self.local_offsets_address, count,
+                               regions[k].base + op.layers[k].offset_bytes, op.layers[k].block_stride_bytes,
+                               buffer + (k - group.start) * op.page_bytes, op.page_bytes, False)
 
     def recorded(self, stream):
         event = self.new_event()

@@ -229,7 +229,8 @@ def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
 
 _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "cuda",
             "copy-backend": "kernel", "device-staging": "8MiB", "max-clients": "7", "ring-slots": "64",
-            "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on", "hold-saves": "on",
+            "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on",
+            "hold-saves": "on", "load-layer-groups": "4",
             "pin-chunk": "64MiB", "pin-threads": "3", "pin-rate": "1GiB", "log-level": "debug",
             "disk-path": "/tmp/pfd0,/tmp/pfd1", "disk-size": "2GiB", "disk-admission": "all",
             "disk-threads": "3", "remote": "mooncake", "remote-master": "10.0.0.1:50051",

@@ -272,3 +272,14 @@ def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatc
     # 2. pegaflow's own warm pass invalid: no figures at all.
     peg["warm_by_source"] = native["warm_by_source"]
     assert bench._figures(config_rows(peg, native, none, {}), peg, native, none) is None
+
+
+def test_bench_ttft_engine_variants_are_flags_and_name_their_figures():
+    from tools.bench_ttft import engine_flags, variant_name
+    # --copy-backends staged: a copy path; --engine-variants: flags without dashes, '+' between.
+    assert engine_flags("staged", is_flags=False) == ["--copy-backend", "staged"]
+    assert engine_flags("load-layer-groups=4+hold-saves", is_flags=True) == ["--load-layer-groups=4",
+                                                                         "--hold-saves"]
+    assert engine_flags("default", is_flags=True) == [] and engine_flags(None, is_flags=False) == []
+    assert variant_name(None) == variant_name("default") == "default" and variant_name("staged") == "staged"
+    assert variant_name("load-layer-groups=4+hold-saves") == "load-layer-groups4+hold-saves"

@@ -137,7 +137,7 @@ def _issue(gpu: FakeGpu, staging, op: CopyOp, regions=None, events=(), seed: int
     """``staged.issue`` as the backend calls it (ids and local offsets in memory first),
     then ``then()`` (the client's own work queued after it), then the GPU runs it all
     under ``seed``'s order."""
-    words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.buffer_bytes)])
+    words = np.concatenate([op.block_ids, staged.local_offsets(op, staging.buffer_bytes, staging.groups_of(op))])
     gpu.mem[WORDS:WORDS + 8 * len(words)] = words.astype(np.int64).view(np.uint8)
     regions = regions or [Region(0, b"", CLIENT, NUM_LAYERS * LAYER_BYTES)] * len(op.layers)
     counter = iter(range(1 << 20))
@@ -348,6 +348,59 @@ def test_fenced_load_records_each_layer_event_after_every_sub_chunk_landed(gpu, 
     # 2. Whatever order the GPU ran things in, each layer's event meant all of it was in.
     for layer in range(NUM_LAYERS):
         assert np.array_equal(seen[layer], _pool(gpu)[entries, layer]), layer
+
+
+def test_groups_of_splits_only_a_fenced_load_and_evenly():
+    staging = object.__new__(staged.DeviceStaging)
+    staging.load_groups = 3
+    fenced = _op(Direction.LOAD, [1], [1], record_events=2)
+    assert staging.groups_of(fenced) == [range(0, 1), range(1, 3), range(3, 4)]  # 4 layers, 3 groups
+    assert staging.groups_of(_op(Direction.LOAD, [1], [1])) == [range(NUM_LAYERS)]  # not fenced
+    assert staging.groups_of(_op(Direction.SAVE, [1], [1], wait_event=0)) == [range(NUM_LAYERS)]
+    staging.load_groups = 9  # at most one layer a group
+    assert staging.groups_of(fenced) == [range(k, k + 1) for k in range(NUM_LAYERS)]
+    assert staged.slot_bytes(fenced, [range(0, 1), range(1, 4)]) == 3 * PAGE
+    with pytest.raises(Exception, match="at least 1"):
+        staged.DeviceStaging(1 << 20, load_groups=0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("groups", [2, 3, NUM_LAYERS])
+@pytest.mark.parametrize("uniform", [True, False], ids=["one-launch", "per-layer"])
+def test_fenced_load_in_layer_groups_each_layer_ready_once_its_group_landed(gpu, seed, groups, uniform):
+    # 1. A fenced LOAD of every layer, in layer groups, over three sub-chunks a group (two
+    #    entries a slot of a whole entry's size); the client's stream waits on layer k's event,
+    #    then reads layer k of every block (layer 2 elsewhere unless uniform).
+    gpu.mem[POOL:POOL + NUM_ENTRIES * ENTRY] = np.arange(NUM_ENTRIES * ENTRY) % 251
+    dst, entries = np.array([2, 3, 8, 10, 11]), np.array([4, 5, 6, 9, 20])
+    _client(gpu)[:, dst] = POISON
+    regions, other = None, 3 * LAYER_BYTES + 2 * LAYER_BYTES + 512
+    if not uniform:
+        regions = [Region(0, b"", CLIENT + (other - 2 * LAYER_BYTES if i == 2 else 0), 1 << 16)
+                   for i in range(NUM_LAYERS)]
+
+    def layer_now(k):
+        if k == 2 and not uniform:
+            return gpu.mem[other:other + LAYER_BYTES].reshape(NUM_BLOCKS, PAGE)[dst].copy()
+        return _client(gpu)[k, dst].copy()
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * 2 * ENTRY, load_groups=groups)
+    events, seen = [f"client{i}" for i in range(2 + NUM_LAYERS)], {}
+
+    def client_reads_each_layer_after_its_event():
+        for layer in range(NUM_LAYERS):
+            gpu.wait("client stream", events[2 + layer])
+            gpu.enqueue("client stream", lambda k=layer: seen.__setitem__(k, layer_now(k)))
+    _issue(gpu, staging, _op(Direction.LOAD, dst, entries, record_events=2), regions, events=events, seed=seed,
+           then=client_reads_each_layer_after_its_event)
+    # 2. Whatever order the GPU ran things in, each layer's event meant all of it was in.
+    for layer in range(NUM_LAYERS):
+        assert np.array_equal(seen[layer], _pool(gpu)[entries, layer]), layer
+    # 3. The first group's events were recorded before the last group's copies were issued:
+    #    the forward's first layers may run while the rest is on its way.
+    calls = gpu.calls
+    first_ready = calls.index(("record", events[2], "stream3"))
+    last_copy = max(i for i, c in enumerate(calls) if c[0] == "copy")
+    assert first_ready < last_copy
 
 
 def test_device_staging_failing_half_way_gives_everything_back(gpu, monkeypatch):
