@@ -201,7 +201,9 @@ def run_phase(args) -> dict:
     decode_prompts = _prompts(2, args.decode_prompts, args.prompt_tokens // 10, vocab)
     llm = _llm(args, args.phase)
     _time_each(llm, _prompts(3, 1, 512, vocab), 1)  # warm-up: kernels, allocator
-    result = {}
+    # (a connector may make vLLM run piecewise CUDA graphs only: attention then splits its work
+    # otherwise, and logprobs are compared only between phases of the same mode)
+    result = {"cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)}
     if args.tpot_only:
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
         return result

@@ -14,7 +14,9 @@ equal ``none``'s.  ``logprobs_identical`` is stricter: each warm request's first
 logprobs equal those of ``none``'s GPU prefix-cache hit of the same prompt, the same step
 (vLLM computed the same number of tokens over the same cached KV bytes, so the figures agree
 bit for bit).  A request whose cached-token count differs from the hit's is not compared;
-``logprobs_compared`` says how many were, None where nothing could be.  The warm pass ran on a
+``logprobs_compared`` says how many were, None where nothing could be (also where vLLM ran the
+two phases under different CUDA graph modes: a connector can make it piecewise only, and
+attention then splits its work otherwise).  The warm pass ran on a
 scrubbed GPU cache (``tools/warm_pass.py``): a page a connector left out changes the logprobs.
 """
 
@@ -48,6 +50,8 @@ def logprobs_match(phase: dict, none: dict) -> tuple[bool | None, int]:
     warm, hit = phase.get("warm_top5"), none.get("gpu_hit_top5")
     warm_cached, hit_cached = phase.get("warm_cached_tokens"), none.get("gpu_hit_cached")
     if not warm or not hit or warm_cached is None or hit_cached is None:
+        return None, 0
+    if phase.get("cudagraph_mode") != none.get("cudagraph_mode"):  # attention splits its work otherwise
         return None, 0
     pairs = [(w, h) for w, h, wc, hc in zip(warm, hit, warm_cached, hit_cached) if wc == hc and w and h]
     if not pairs:

@@ -188,8 +188,9 @@ class CudaBackend(CopyBackend):
         for held in self._held.take_ready():
             try:
                 self._start(self._device(held.regions[0].device), held.op, held.regions)
-            except CudaError as exc:
-                self._ready.append(CopyDone(held.op.token, f"CudaError: {exc}"))
+            except Exception as exc:  # boundary: its command must end, whatever failed
+                logger.exception("issuing held save %d failed", held.op.token)
+                self._ready.append(CopyDone(held.op.token, f"{type(exc).__name__}: {exc}"))
         ready, self._ready = self._ready, []
         pending, current = [], None
         for f in self._inflight:
@@ -249,9 +250,9 @@ class CudaBackend(CopyBackend):
             return
         dev = self._device(regions[0].device)
         if self.hold_saves and (event := last_wait_event(op)) is not None:
-            handle = self._clients.events(op.slot, dev.device)[event]
-            if not driver.event_done(handle):  # its client's GPU is still writing: held_saves.py
-                self._held.hold(dev, op, regions, handle)
+            events = self._clients.events(op.slot, dev.device)
+            if not driver.event_done(events[event]):  # its client's GPU is still writing: held_saves.py
+                self._held.hold(dev, op, regions, events)
                 return
         self._start(dev, op, regions)
 

@@ -9,12 +9,13 @@ driver's queue is what held it is what ``slow_commands.py``'s copy-issue figure 
 
 With ``--hold-saves`` a SAVE whose client is still writing is held here instead.  The client
 records its events again at every step, and a wait binds to the record already issued when it
-is made, so the engine snapshots that record at once: on a stream of the client's own (one per
-client and device, so no client waits behind another) it issues a wait on the client's event
-and records an engine event after it.  ``CudaBackend.poll`` issues the SAVE once that engine
-event has fired (``cuEventQuery``, which never waits).  Nothing is lost: the staged path starts a
-SAVE's copies after its last layer's event anyway (its first sub-chunk packs every layer), and
-the GPU-side waits stay in the issued copies.  Held SAVEs are issued in the order they came;
+is made, so the engine snapshots those records at once: on a stream of the client's own (one
+per client and device, so no client waits behind another) it issues a wait on every event the
+SAVE waits on and records an engine event after them.  ``CudaBackend.poll`` issues the SAVE once
+that engine event has fired (``cuEventQuery``, which never waits), without its waits on the
+client's events: by then they would bind to a later step's records and hold the copy behind
+that step's forward pass.  Nothing is lost: the staged path starts a SAVE's copies after its
+last layer's event anyway (its first sub-chunk packs every layer).  Held SAVEs are issued in the order they came;
 one still waiting does not hold back a later one whose data is written (two SAVEs never copy
 the same layer of a block at once: ``engine/transfers.py``).
 """
@@ -22,7 +23,7 @@ the same layer of a block at once: ``engine/transfers.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pegaflow.platform.cuda import driver
 from pegaflow.platform.errors import CudaError
@@ -37,6 +38,13 @@ def last_wait_event(op: CopyOp) -> int | None:
     if op.direction != Direction.SAVE or op.wait_event is None:
         return None
     return layer_event(op.wait_event, len(op.layers) - 1) if op.wait_per_layer else op.wait_event
+
+
+def wait_events(op: CopyOp) -> list[int]:
+    """Every client event a SAVE's copies wait on (one per layer, or its one event)."""
+    if op.wait_event is None:
+        return []
+    return [layer_event(op.wait_event, k) for k in range(len(op.layers))] if op.wait_per_layer else [op.wait_event]
 
 
 @dataclass(slots=True)
@@ -65,15 +73,22 @@ class HeldSaves:
     def __len__(self) -> int:
         return len(self._held)
 
-    def hold(self, dev, op: CopyOp, regions: list, client_event) -> None:
-        """Hold ``op`` until ``client_event``'s record issued so far has fired (current device: ``dev``)."""
+    def hold(self, dev, op: CopyOp, regions: list, client_events: list) -> None:
+        """Hold ``op`` until the records issued so far of every client event it waits on
+        (``client_events``: the client's pool) have fired; current device: ``dev``.  It comes
+        out without those waits (``take_ready``)."""
         gate = self._gates.get((dev.device, op.slot))
         if gate is None:
             gate = self._gates[dev.device, op.slot] = driver.create_stream(low_priority=True)
         marker = dev.event()
-        driver.wait(gate, client_event)
-        driver.record(marker, gate)
-        self._held.append(Held(op, regions, dev, marker))
+        try:
+            for event in wait_events(op):
+                driver.wait(gate, client_events[event])
+            driver.record(marker, gate)
+        except CudaError:
+            driver.destroy_event(marker)  # its state unknown: not back to the idle ones
+            raise
+        self._held.append(Held(replace(op, wait_event=None, wait_per_layer=False), regions, dev, marker))
 
     def take_ready(self, fired: Callable[[Held], bool] = written) -> list[Held]:
         """The held SAVEs whose data is written, in the order they came; the rest stay.  Their

@@ -95,3 +95,7 @@ def test_ttft_configs_logprobs_compared_with_the_gpu_hit_where_the_same_tokens_w
     assert logprobs_match(other, none) == (True, 1)
     # Nothing comparable (an older run without logprobs): None.
     assert logprobs_match({"warm_cached_tokens": [48]}, none) == (None, 0)
+    # Nor a phase vLLM ran under another CUDA graph mode than none's.
+    none_full = {**none, "cudagraph_mode": "FULL_AND_PIECEWISE"}
+    assert logprobs_match({**same, "cudagraph_mode": "PIECEWISE"}, none_full) == (None, 0)
+    assert logprobs_match({**same, "cudagraph_mode": "FULL_AND_PIECEWISE"}, none_full) == (True, 2)

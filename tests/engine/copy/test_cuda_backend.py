@@ -138,12 +138,12 @@ def owners():
 
 @pytest.fixture
 def setup(pool, owners):
-    """``setup(path, pad_bytes=0)`` -> (client process, backend, pool entries view)."""
+    """``setup(path, pad_bytes=0, **backend options)`` -> (client process, backend, pool entries view)."""
     made = []
 
-    def make(path: str, pad_bytes: int = 0):
+    def make(path: str, pad_bytes: int = 0, **options):
         owner = owners(pad_bytes)
-        backend = CudaBackend(copy_backend=path)
+        backend = CudaBackend(copy_backend=path, **options)
         made.append(backend)
         backend.attach_pool(pool)
         backend.register_region(0, 0, region_record(owner.exported, NUM_LAYERS, NUM_BLOCKS,
@@ -223,9 +223,10 @@ def test_cuda_backend_saves_queued_together_each_land_byte_exact(setup, rng, pat
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("hold", [False, True], ids=["issued", "held"])
 @pytest.mark.parametrize("path", ["kernel", "copy-engine"])
-def test_cuda_backend_save_waits_for_client_event_saves_new_bytes(setup, rng, path):
-    owner, backend, entries = setup(path)
+def test_cuda_backend_save_waits_for_client_event_saves_new_bytes(setup, rng, path, hold):
+    owner, backend, entries = setup(path, hold_saves=hold)
     block_ids = rng.choice(NUM_BLOCKS, NUM_COPIED, replace=False)
     entry_ids = rng.choice(NUM_ENTRIES, NUM_COPIED, replace=False)
     # 1. The client writes layer 2 late (behind ~0.2 s of GPU work) and records event 5.
@@ -238,9 +239,10 @@ def test_cuda_backend_save_waits_for_client_event_saves_new_bytes(setup, rng, pa
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("hold", [False, True], ids=["issued", "held"])
 @pytest.mark.parametrize("per_layer", [False, True], ids=["one-event", "event-per-layer"])
-def test_cuda_backend_staged_save_waits_for_client_event_saves_new_bytes(setup, rng, per_layer):
-    owner, backend, entries = setup("staged")
+def test_cuda_backend_staged_save_waits_for_client_event_saves_new_bytes(setup, rng, per_layer, hold):
+    owner, backend, entries = setup("staged", hold_saves=hold)
     before = owner.call("read")
     block_ids = rng.choice(NUM_BLOCKS, NUM_COPIED, replace=False)
     entry_ids = rng.choice(NUM_ENTRIES, NUM_COPIED, replace=False)
@@ -288,9 +290,10 @@ def test_cuda_backend_load_records_event_compute_reads_after_it(setup, rng, path
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["kernel", "copy-engine", "staged"])
+@pytest.mark.parametrize("path", ["kernel", "copy-engine", "staged", "staged-groups"])
 def test_cuda_backend_all_layers_load_events_each_layer_in_order(setup, rng, path):
-    owner, backend, entries = setup(path)
+    # staged-groups: staged, the LOAD a layer group at a time (--load-layer-groups 2)
+    owner, backend, entries = setup("staged", load_layer_groups=2) if path == "staged-groups" else setup(path)
     dst, entry_ids = _stored_entries_and_poisoned_blocks(owner, entries, rng)
     # One LOAD of every layer records events 2..5, one per layer; each layer reads right.
     load = _op(Direction.LOAD, dst, entry_ids, record_events=2)

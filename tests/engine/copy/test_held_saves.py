@@ -28,7 +28,8 @@ class _Driver:
         self.done_generation: dict[str, int] = {}  # client event -> the last record that ran
         self.generation: dict[str, int] = {}       # client event -> records issued
         self.streams, self.destroyed = [], []
-        self._pending = {}  # marker -> (client event, generation it waits for)
+        self._pending = {}  # marker -> [(client event, generation it waits for)]
+        self._waits = []
         for module in (cuda, held_saves):
             monkeypatch.setattr(module.driver, "use_device", lambda device: None)
             monkeypatch.setattr(module.driver, "event_done", self.event_done)
@@ -49,15 +50,15 @@ class _Driver:
         self.done_generation[event] = self.generation[event]
 
     def wait(self, stream, event):
-        self._last_wait = (event, self.generation.get(event, 0))
+        self._waits.append((event, self.generation.get(event, 0)))
 
     def record(self, marker, stream):
-        self._pending[marker] = self._last_wait
+        self._pending[marker], self._waits = self._waits, []
 
     def event_done(self, event):
-        if event in self._pending:  # an engine marker
-            client, generation = self._pending[event]
-            return self.done_generation.get(client, 0) >= generation
+        if event in self._pending:  # an engine marker: every wait before it done
+            return all(self.done_generation.get(client, 0) >= generation
+                       for client, generation in self._pending[event])
         return self.done_generation.get(event, 0) >= self.generation.get(event, 0)
 
 
@@ -77,8 +78,9 @@ def _backend(monkeypatch, hold_saves=True):
     backend._clients = SimpleNamespace(events=lambda slot, device: events, close_slot=lambda slot: None)
     monkeypatch.setattr(backend, "_validate", lambda op: [SimpleNamespace(device=0)], raising=False)
     monkeypatch.setattr(backend, "_device", lambda device: dev, raising=False)
-    monkeypatch.setattr(backend, "_start", lambda dev, op, regions: backend.started.append(op.token),
-                        raising=False)
+    backend.issued = []
+    monkeypatch.setattr(backend, "_start", lambda dev, op, regions: (backend.started.append(op.token),
+                                                                    backend.issued.append(op)), raising=False)
     return backend, dev
 
 
@@ -94,7 +96,9 @@ def test_cuda_backend_holds_a_save_until_its_clients_data_is_written(monkeypatch
     backend, dev = _backend(monkeypatch)
     gpu.client_records("event3")
     gpu.client_work_done("event3")
-    gpu.client_records("event6")  # the step that writes the SAVE's layers, still running
+    for layer_event in ("event4", "event5", "event6"):  # the step that writes the SAVE's layers
+        gpu.client_records(layer_event)
+    gpu.client_work_done("event4")  # layer 0 written, layers 1 and 2 not yet
     # 1. A SAVE whose last layer's event (6) has not fired is held: nothing issued, yet in flight.
     backend.submit(_op(1))
     assert backend.started == [] and backend.num_inflight() == 1
@@ -105,10 +109,13 @@ def test_cuda_backend_holds_a_save_until_its_clients_data_is_written(monkeypatch
     # 3. The client records event 6 again for its next step before the first one ends: the held
     #    SAVE waits for the record it came after, not for the newer one.
     assert backend.poll() == [] and backend.started == [2, 3]
-    gpu.client_records("event6")
-    gpu.done_generation["event6"] = 1  # the first step's record has run, the second's not yet
+    for layer_event in ("event4", "event5", "event6"):
+        gpu.client_records(layer_event)
+    gpu.done_generation["event5"] = gpu.done_generation["event6"] = 1  # step 1 done, step 2 not
     backend.poll()
     assert backend.started == [2, 3, 1] and backend.num_inflight() == 0
+    # ... and it went without its waits on the client's events (they would bind to step 2's).
+    assert backend.issued[-1].wait_event is None and backend.issued[-1].token == 1
     # 4. Its marker went back to the device's idle events; one stream per client and device.
     assert dev.idle_events == ["marker0"] and gpu.streams == ["stream0"]
 
@@ -118,7 +125,7 @@ def test_cuda_backend_without_hold_saves_issues_a_save_at_once(monkeypatch):
     backend, _ = _backend(monkeypatch, hold_saves=False)
     gpu.client_records("event6")
     backend.submit(_op(1))
-    assert backend.started == [1] and gpu.streams == []
+    assert backend.started == [1] and gpu.streams == [] and backend.issued[0].wait_event == 4
 
 
 def test_cuda_backend_a_held_save_of_a_client_that_leaves_ends_with_an_error(monkeypatch):
