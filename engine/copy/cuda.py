@@ -26,14 +26,10 @@ the client's compute stream waits on it.  Loads and saves have their own stream 
 so a load never queues behind a save; how deep each path runs: ``cuda_layers.py``.  Staged
 ops keep the same rules on their own streams (``staged.py``).
 
-Paths (which one an op takes: ``paths.py``).  ``kernel``: one NVRTC gather/scatter launch
-per layer over the mapped pool (``kernels.py``).  ``copy-engine``: one
-``cuMemcpyBatchAsync`` per layer (DMA, no SMs), pages in pool address order (the copy
-engine writes host memory faster in address order: docs/benchmarks.md).  ``staged``: the
-kernel packs the pages into pool layout in a device slot, then one DMA per run of
-consecutive pool entries.  ``auto`` measures kernel against copy engine at the first
-registration of a page size (``probe.py``): up to 64 MiB of pool pages each way, read into
-device scratch and the same bytes written back.
+Paths (which one an op takes: ``paths.py``): ``kernel``, an NVRTC launch per layer over the
+mapped pool (``kernels.py``); ``copy-engine``, a ``cuMemcpyBatchAsync`` per layer, pages in
+pool address order; ``staged`` (``staged.py``); ``auto`` measures the first two per page size
+(``probe.py``).
 
 Errors.  ``submit`` refuses an op by raising: a CommandError for one that fails its checks
 (nothing issued), a CudaError for one whose issue failed (its copies issued so far drained
@@ -67,7 +63,7 @@ from .base import (
 from .checks import Region, check_op
 from .cuda_clients import ClientMappings, check_region
 from .cuda_device import Device, PinnedPool
-from .cuda_layers import Inflight, copy_layer, issue_layers, stage_ids
+from .cuda_layers import Inflight, copy_layer, drain, issue_layers, release, stage_ids
 from .held_saves import HeldSaves, last_wait_event
 from .kernels import StagingRing
 from .paths import op_path
@@ -173,8 +169,7 @@ class CudaBackend(CopyBackend):
         self._clients.set_events(slot, handles)
 
     def unregister_client(self, slot: int) -> None:
-        for held in self._held.take_slot(slot):  # never issued: nothing of its memory in use
-            self._ready.append(CopyDone(held.op.token, "the client left before its data to save was written"))
+        self._ready += self._held.drop_slot(slot, "the client left before its data to save was written")
         pending = [f for f in self._inflight if f.slot == slot]
         if pending:
             logger.warning("slot %d unregistered with %d copies in flight: draining", slot,
@@ -185,12 +180,8 @@ class CudaBackend(CopyBackend):
         self._clients.close_slot(slot)
 
     def poll(self) -> list[CopyDone]:
-        for held in self._held.take_ready():
-            try:
-                self._start(self._device(held.regions[0].device), held.op, held.regions)
-            except Exception as exc:  # boundary: its command must end, whatever failed
-                logger.exception("issuing held save %d failed", held.op.token)
-                self._ready.append(CopyDone(held.op.token, f"{type(exc).__name__}: {exc}"))
+        self._held.issue_ready(lambda held: self._start(self._device(held.regions[0].device), held.op,
+                                                        held.regions), self._ready)
         ready, self._ready = self._ready, []
         pending, current = [], None
         for f in self._inflight:
@@ -290,26 +281,11 @@ class CudaBackend(CopyBackend):
 
     def _drain(self, f: Inflight) -> None:
         """After a failed enqueue: let what was issued finish, then recycle."""
-        for stream in f.streams:
-            try:
-                driver.synchronize_stream(stream)
-            except CudaError:
-                logger.exception("draining copy %d", f.token)
+        drain(f)
         self._release(f)
 
     def _release(self, f: Inflight) -> None:
-        dev = self._devices[f.device]
-        recycled = {id(event) for event in f.events}  # they may be reused: leave the chains
-        for path, chain in dev.save_chains.items():
-            if chain:
-                dev.save_chains[path] = [e for e in chain if id(e) not in recycled]
-        if dev.staging is not None:
-            dev.staging.forget(recycled)
-        dev.idle_events.extend(f.events)
-        f.events = []
-        if f.staging is not None:
-            self._staging.free(f.staging)
-            f.staging = None
+        release(self._devices[f.device], f, self._staging)
 
     def _validate(self, op: CopyOp) -> list[Region]:
         """Every region known, every page inside its allocation and the pool's open part."""

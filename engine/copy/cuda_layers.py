@@ -12,15 +12,19 @@ op's block ids and pool offsets from a slice of the pinned staging ring (``stage
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pegaflow.platform.cuda import driver
+from pegaflow.platform.errors import CudaError
 
 from .base import COPY_ENGINE, KERNEL, CopyOp, Direction
 from .checks import Region
 from .kernels import StagingRing
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -96,3 +100,28 @@ def issue_layers(dev, op: CopyOp, regions: list[Region], path: str, f: Inflight,
     f.done = dev.event()
     f.events.append(f.done)
     driver.record(f.done, last)
+
+
+def drain(f: Inflight) -> None:
+    """Wait for what ``f`` issued on each of its streams (after a failed enqueue)."""
+    for stream in f.streams:
+        try:
+            driver.synchronize_stream(stream)
+        except CudaError:
+            logger.exception("draining copy %d", f.token)
+
+
+def release(dev, f: Inflight, ring: StagingRing) -> None:
+    """A finished op's events back to ``dev``'s idle ones (out of its save chains and staging
+    buffers' last uses first: they may be reused) and its block ids out of ``ring``."""
+    recycled = {id(event) for event in f.events}
+    for path, chain in dev.save_chains.items():
+        if chain:
+            dev.save_chains[path] = [e for e in chain if id(e) not in recycled]
+    if dev.staging is not None:
+        dev.staging.forget(recycled)
+    dev.idle_events.extend(f.events)
+    f.events = []
+    if f.staging is not None:
+        ring.free(f.staging)
+        f.staging = None

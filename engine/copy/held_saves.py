@@ -22,6 +22,7 @@ the same layer of a block at once: ``engine/transfers.py``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -29,7 +30,9 @@ from pegaflow.platform.cuda import driver
 from pegaflow.platform.errors import CudaError
 from pegaflow.platform.protocol import layer_event
 
-from .base import CopyOp, Direction
+from .base import CopyDone, CopyOp, Direction
+
+logger = logging.getLogger(__name__)
 
 
 def last_wait_event(op: CopyOp) -> int | None:
@@ -100,6 +103,20 @@ class HeldSaves:
         for held in ready:
             held.dev.idle_events.append(held.marker)
         return ready
+
+    def issue_ready(self, start: Callable[[Held], None], done: list[CopyDone]) -> None:
+        """``start`` each held SAVE whose data is written; one that fails to issue ends its
+        command with the error in ``done``."""
+        for held in self.take_ready():
+            try:
+                start(held)
+            except Exception as exc:  # boundary: its command must end, whatever failed
+                logger.exception("issuing held save %d failed", held.op.token)
+                done.append(CopyDone(held.op.token, f"{type(exc).__name__}: {exc}"))
+
+    def drop_slot(self, slot: int, why: str) -> list[CopyDone]:
+        """End every held SAVE of ``slot`` (never issued) with ``why``."""
+        return [CopyDone(held.op.token, why) for held in self.take_slot(slot)]
 
     def take_slot(self, slot: int) -> list[Held]:
         """Every held SAVE of ``slot`` (its client is leaving), taken out; its streams and

@@ -22,10 +22,7 @@ gather); a LOAD's scatter waits for its client event.  A LOAD whose client waits
 by layer on our events is staged too (``paths.py``): every layer's event is recorded
 after the last sub-chunk's scatter, so no layer is ready before the whole load.  With
 ``load_groups`` > 1 (``--load-layer-groups``) such a fenced LOAD goes a group of consecutive
-layers at a time instead: each group's slice of every entry crosses PCIe (one copy per
-entry), is scattered, and its layers' events are recorded before the next group starts, so
-the client's forward runs its first layers while the later ones are still on their way.  In
-a staging buffer a group's entry takes the room of the largest group.  Such
+layers at a time instead, each group's events recorded as it lands (``staged_groups.py``).  Such
 loads share the direction's one stream pair with the unfenced (asynchronous) ones.  What
 is not staged: an op over one
 layer or over layers that are not consecutive in the pool entry, and an entry larger
@@ -43,6 +40,7 @@ from pegaflow.platform.protocol import layer_event
 from .base import CopyOp, Direction
 from .checks import Region
 from .cuda_device import release_all
+from .staged_groups import issue_grouped, slot_bytes
 
 BUFFERS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
 # ``auto`` stages pages up to this size: staged is ahead of (or level with) the copy engine
@@ -145,11 +143,6 @@ def entry_runs(offsets: np.ndarray, step: int, split_bytes: int = 0) -> tuple[np
     return starts, np.diff(np.concatenate((starts, [len(offsets)])))
 
 
-def slot_bytes(op: CopyOp, groups: list[range]) -> int:
-    """The room one entry of ``op`` takes in a staging buffer: its largest group's pages."""
-    return max(len(group) for group in groups) * op.page_bytes
-
-
 def local_offsets(op: CopyOp, buffer_bytes: int, groups: list[range] | None = None) -> np.ndarray:
     """Where entry k of a sub-chunk lies in its buffer, for the kernel (k below the entries a
     buffer holds, or the op's own count if smaller); ``groups``: ``DeviceStaging.groups_of``."""
@@ -204,7 +197,7 @@ class _StagedOp:
     def issue(self) -> None:
         groups = self.staging.groups_of(self.op)
         if len(groups) > 1:
-            self.issue_grouped(groups)
+            issue_grouped(self, groups)
             return
         op, side, save, gather, copy = self.op, self.side, self.save, self.gather, self.copy
         for j, start in enumerate(range(0, len(op.block_ids), self.per_buffer)):
@@ -229,51 +222,6 @@ class _StagedOp:
         for k in range(len(op.layers)):  # a fenced LOAD: every layer is in with the last scatter
             driver.record(self.client_events[layer_event(op.record_events, k)], gather)
         self.inflight.done = self.recorded(gather)  # done once the client's events are recorded too
-
-    def issue_grouped(self, groups: list[range]) -> None:
-        """A fenced LOAD a layer group at a time: per group and sub-chunk, one copy per entry
-        of the group's slice into the buffer, the scatter, and the group's events once its
-        last sub-chunk is in (``record_events`` set; the staging's ``load_groups`` > 1)."""
-        op, side, gather, copy = self.op, self.side, self.gather, self.copy
-        slot = slot_bytes(op, groups)
-        per_buffer = self.staging.buffer_bytes // slot
-        first = True
-        for group in groups:
-            for start in range(0, len(op.block_ids), per_buffer):
-                count = min(per_buffer, len(op.block_ids) - start)
-                index = side.next_buffer()
-                buffer = side.buffers[index]
-                if side.free_events[index] is not None:
-                    driver.wait(copy, side.free_events[index])
-                entries = op.entry_offsets[start:start + count]
-                src = self.pool_base + entries + (op.layers[0].layer + group.start) * op.page_bytes
-                dst = buffer + np.arange(count, dtype=np.int64) * slot
-                driver.memcpy_batch_async(dst, src, len(group) * op.page_bytes, copy)
-                driver.wait(gather, self.recorded(copy))
-                self.scatter_group(group, start, count, buffer, first)
-                first = False
-                side.free_events[index] = self.recorded(gather)
-            for k in group:  # the group is in: its layers may run
-                driver.record(self.client_events[layer_event(op.record_events, k)], gather)
-        self.inflight.done = self.recorded(gather)
-
-    def scatter_group(self, group: range, start: int, count: int, buffer: int, first: bool) -> None:
-        """The kernel's part for one group: its pages from the buffer to the client's layers
-        (the LOAD's first scatter waits for the client's event first, with AFTER_CLIENT)."""
-        op, regions, gather = self.op, self.regions, self.gather
-        if first and op.wait_event is not None:
-            driver.wait(gather, self.client_events[op.wait_event])
-        ids = self.ids_address + 8 * start
-        if self.layer_step is not None:
-            a = group.start
-            self.kernel.launch(gather, ids, self.local_offsets_address, count,
-                               regions[a].base + op.layers[a].offset_bytes, op.layers[a].block_stride_bytes,
-                               buffer, op.page_bytes, False, len(group), self.layer_step, op.page_bytes)
-            return
-        for k in group:
-            self.kernel.launch(gather, ids, self.local_offsets_address, count,
-                               regions[k].base + op.layers[k].offset_bytes, op.layers[k].block_stride_bytes,
-                               buffer + (k - group.start) * op.page_bytes, op.page_bytes, False)
 
     def recorded(self, stream):
         event = self.new_event()
