@@ -59,13 +59,10 @@ class Held:
 
 
 def written(held: Held) -> bool:
-    """Whether a held SAVE's data is written (a marker in error counts: issued, the copy's own
-    wait on the client's event reports the error through ``poll``)."""
+    """Whether a held SAVE's data is written; a CudaError when its marker failed (the client's
+    work it waited on failed: the SAVE must not be issued, its copies no longer wait)."""
     driver.use_device(held.dev.device)
-    try:
-        return driver.event_done(held.marker)
-    except CudaError:
-        return True
+    return driver.event_done(held.marker)
 
 
 class HeldSaves:
@@ -79,7 +76,7 @@ class HeldSaves:
     def hold(self, dev, op: CopyOp, regions: list, client_events: list) -> None:
         """Hold ``op`` until the records issued so far of every client event it waits on
         (``client_events``: the client's pool) have fired; current device: ``dev``.  It comes
-        out without those waits (``take_ready``)."""
+        out without those waits (``issue_ready``)."""
         gate = self._gates.get((dev.device, op.slot))
         if gate is None:
             gate = self._gates[dev.device, op.slot] = driver.create_stream(low_priority=True)
@@ -93,26 +90,29 @@ class HeldSaves:
             raise
         self._held.append(Held(replace(op, wait_event=None, wait_per_layer=False), regions, dev, marker))
 
-    def take_ready(self, fired: Callable[[Held], bool] = written) -> list[Held]:
-        """The held SAVEs whose data is written, in the order they came; the rest stay.  Their
-        markers have fired: back to their device's idle events."""
-        ready, waiting = [], []
+    def issue_ready(self, start: Callable[[Held], None], done: list[CopyDone],
+                    fired: Callable[[Held], bool] = written) -> None:
+        """``start`` each held SAVE whose data is written, in the order they came (their
+        markers back to their device's idle events); the rest stay.  One whose marker failed,
+        or that fails to issue, ends its command with the error in ``done``."""
+        waiting = []
         for held in self._held:
-            (ready if fired(held) else waiting).append(held)
-        self._held = waiting
-        for held in ready:
+            try:
+                if not fired(held):
+                    waiting.append(held)
+                    continue
+            except CudaError as exc:
+                logger.error("held save %d: its client's data was never written: %s", held.op.token, exc)
+                driver.destroy_event(held.marker)  # its state unknown: not back to the idle ones
+                done.append(CopyDone(held.op.token, f"CudaError: {exc}"))
+                continue
             held.dev.idle_events.append(held.marker)
-        return ready
-
-    def issue_ready(self, start: Callable[[Held], None], done: list[CopyDone]) -> None:
-        """``start`` each held SAVE whose data is written; one that fails to issue ends its
-        command with the error in ``done``."""
-        for held in self.take_ready():
             try:
                 start(held)
             except Exception as exc:  # boundary: its command must end, whatever failed
                 logger.exception("issuing held save %d failed", held.op.token)
                 done.append(CopyDone(held.op.token, f"{type(exc).__name__}: {exc}"))
+        self._held = waiting
 
     def drop_slot(self, slot: int, why: str) -> list[CopyDone]:
         """End every held SAVE of ``slot`` (never issued) with ``why``."""

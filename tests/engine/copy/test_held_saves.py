@@ -137,3 +137,25 @@ def test_cuda_backend_a_held_save_of_a_client_that_leaves_ends_with_an_error(mon
     done = backend.poll()
     assert backend.started == [] and done == [CopyDone(7, "the client left before its data to save was written")]
     assert gpu.destroyed == ["stream0", "marker0"]  # let go without waiting on the gone client
+
+
+def test_cuda_backend_a_held_save_whose_clients_work_failed_ends_with_an_error(monkeypatch):
+    # Its marker reports an error (the client's GPU work failed): issued now, without its waits,
+    # it would copy bytes never written; it ends its command with the error instead.
+    from pegaflow.platform.errors import CudaError
+    gpu = _Driver(monkeypatch)
+    backend, dev = _backend(monkeypatch)
+    gpu.client_records("event6")
+    backend.submit(_op(8))
+    marker = gpu.streams and next(iter(gpu._pending))
+    event_done = gpu.event_done
+
+    def failing(event):
+        if event == marker:
+            raise CudaError("cuEventQuery: an illegal memory access was encountered")
+        return event_done(event)
+    monkeypatch.setattr(held_saves.driver, "event_done", failing)
+    done = backend.poll()
+    assert backend.started == [] and done == [CopyDone(8, "CudaError: cuEventQuery: an illegal memory access "
+                                                          "was encountered")]
+    assert backend.num_inflight() == 0 and marker in gpu.destroyed and marker not in dev.idle_events
