@@ -34,9 +34,8 @@ from types import SimpleNamespace
 from tools.bench_serving import Server, complete, external_hit_tokens, server_command
 from tools.engine_process import EngineProcess
 from tools.gpu import gpu_name
-from tools.replica_router import cacheable_tokens
 from tools.serving_setup import pegaflow_transfer_args
-from tools.serving_workload import RequestResult, percentile, poisson_offsets
+from tools.serving_workload import RequestResult, cacheable_tokens, percentile, poisson_offsets
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 16  # vLLM's default block size: the full blocks a complete cache serves

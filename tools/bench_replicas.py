@@ -63,9 +63,9 @@ from tools.bench_serving import (
     reset_gpu_cache,
     server_command,
 )
-from tools.replica_router import ROUTERS, Routed, Router, cacheable_tokens, replica_figures
+from tools.replica_router import ROUTERS, Routed, Router, replica_figures
 from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes, vllm_settings
-from tools.serving_workload import RequestResult, conversations, shared_prefix_prompts, summarize
+from tools.serving_workload import RequestResult, cacheable_tokens, conversations, shared_prefix_prompts, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK_SIZE = 16
@@ -135,7 +135,7 @@ class Fleet:
         one = SimpleNamespace(**vars(a))
         one.port = self.port(replica)
         one.host_gib = max(1, a.host_gib // a.replicas) if self.config == "native" else a.host_gib
-        log_path = self.log_dir / f"{self.tag}.r{replica}.log"
+        log_path = self.log_path(replica)
         peer_args, env, cwd = vllm_settings(self.plan)
         if (trace_path := self.trace_path(replica)) is not None:  # the connector's step timeline
             logging_path = self.log_dir / f"{self.tag}.r{replica}.logging.json"
@@ -151,6 +151,10 @@ class Fleet:
         """Starts one replica; its time from launch to /health answering."""
         self.ready_s[replica] = round(self.launch(replica).wait_ready(), 2)
         return self.ready_s[replica]
+
+    def log_path(self, replica: int) -> Path:
+        """Replica ``replica``'s vllm serve log."""
+        return self.log_dir / f"{self.tag}.r{replica}.log"
 
     def trace_path(self, replica: int) -> Path | None:
         """Where replica ``replica``'s step timeline goes (``--trace``, pegaflow only)."""
@@ -191,7 +195,7 @@ class Fleet:
         """Per replica, the first ``most`` WARNING or ERROR lines of its log that name pegaflow."""
         out = {}
         for replica in range(self.args.replicas):
-            path = self.log_dir / f"{self.tag}.r{replica}.log"
+            path = self.log_path(replica)
             lines = path.read_text(errors="replace").splitlines() if path.exists() else []
             out[replica] = [line[-400:] for line in lines
                             if ("WARNING" in line or "ERROR" in line) and "pegaflow" in line][:most]
@@ -335,7 +339,7 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
         others_warm = [x for x in later if x.replica != 0]
         out["restart"] = {"time_to_ready_s": ready_s, "warmup_s": warmup,
                           "first_round": replica_figures(mine, {0: _delta(after, before, "host_hit_tokens")[0]}, 1),
-                          "warm_rounds_ttft_p50_ms": replica_figures(warm, {}, 1)["ttft_p50_ms"],
+                          "warm_rounds_ttft_p50_ms": _ttft_p50(warm),
                           "others_ttft_p50_ms": _ttft_p50(others), "others_warm_ttft_p50_ms": _ttft_p50(others_warm)}
     every = [x for rnd in rounds for x in rnd] + docs + restart
     out["results"] = [[x.result.key, x.result.tokens, x.result.error] for x in every]

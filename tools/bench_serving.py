@@ -378,7 +378,7 @@ def headline(runs: list[dict]) -> dict:
                 "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
                 "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
                 "throughput_rps": [r["shared_prefix"]["throughput_rps"] for r in mine if r["shared_prefix"]],
-                "served_share": [served_share(r) for r in mine if served_share(r) is not None]}
+                "served_share": [share for r in mine if (share := served_share(r)) is not None]}
 
     def errors(mine: list[dict]) -> int:
         return sum(r["later_rounds"]["errors"] + (r["shared_prefix"] or {}).get("errors", 0) for r in mine)

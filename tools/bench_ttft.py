@@ -179,7 +179,7 @@ def _timed(result: dict, name: str, timings: tuple[list[float], list[list[int]]]
     result[f"{name}_queue_ms"] = list(LAST_QUEUE_MS)
     result[f"{name}_step_ms"] = list(LAST_STEP_MS)
     result[f"{name}_top5"] = list(LAST_TOP5)
-    result[f"{name}_cached"] = list(LAST_CACHED_TOKENS)
+    result[f"{name}_cached_tokens"] = list(LAST_CACHED_TOKENS)
 
 
 def _timed_warm(result: dict, llm, prompts: list[list[int]]) -> None:
@@ -189,7 +189,6 @@ def _timed_warm(result: dict, llm, prompts: list[list[int]]) -> None:
     result["scrubbed_kv_bytes"] = scrub_gpu_kv(llm)
     before = tokens_by_source(llm.get_metrics())
     _timed(result, "warm", _time_each(llm, prompts, 1))
-    result["warm_cached_tokens"] = list(LAST_CACHED_TOKENS)
     result["warm_by_source"] = by_source_delta(tokens_by_source(llm.get_metrics()), before)
 
 
@@ -535,7 +534,10 @@ def main() -> int:
                 print(f"bench_ttft: the disk phase ({mode}) found nothing on disk: its figure is a "
                       "recompute, not a read from disk", file=sys.stderr)
     result["configs"] = rows
-    result["copy_backend"] = backends[0] or "engine default"
+    if args.engine_variants:  # the first variant's figures are the table's
+        result["engine_variant"] = variant_name(backends[0])
+    else:
+        result["copy_backend"] = backends[0] or "engine default"
     result.update(backend_figures(by_backend, none))
     result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
     result["compilation"] = "eager" if args.eager else "vLLM default (CUDA graphs)"

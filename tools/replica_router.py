@@ -5,8 +5,6 @@ unit-tested in CI).
   processes does.  ``round-robin`` takes requests in the order they arrive (a round's requests
   arrive in a shuffled order, as concurrent clients' do), ``random`` draws, and ``affinity``
   keeps each user on one replica (the friendly case a session-sticky balancer gives).
-- ``cacheable_tokens``: what a complete cache could serve of a prompt, given the conversation's
-  history that some replica has already computed.
 - ``replica_figures``: per replica and in all, the served share (from host memory), the cached
   share (not computed: host or the replica's own GPU cache) and the TTFT of a set of routed
   results.
@@ -57,13 +55,6 @@ class Router:
         for i in self.arrival_order(len(users)):
             replicas[i] = self.pick(users[i])
         return replicas
-
-
-def cacheable_tokens(prompt_len: int, computed_len: int, block_size: int) -> int:
-    """Tokens of a prompt a complete cache serves: the full blocks of the part some replica
-    has computed (``computed_len`` tokens of history), never the block holding the prompt's
-    last token (vLLM computes at least one token)."""
-    return min(computed_len, prompt_len - 1) // block_size * block_size
 
 
 @dataclass(frozen=True)

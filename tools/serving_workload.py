@@ -52,6 +52,13 @@ def conversations(users: int, context_tokens: int, question_tokens: int, seed: i
     return [Conversation(u, context_tokens, question_tokens, seed) for u in range(users)]
 
 
+def cacheable_tokens(prompt_len: int, computed_len: int, block_size: int) -> int:
+    """Tokens of a prompt a complete cache serves: the full blocks of the part some replica
+    has computed (``computed_len`` tokens of history), never the block holding the prompt's
+    last token (vLLM computes at least one token)."""
+    return min(computed_len, prompt_len - 1) // block_size * block_size
+
+
 def later_rounds_cacheable(users: int, context_tokens: int, question_tokens: int, seed: int,
                            answers: list[list[list[int]]], block_size: int = 16) -> int:
     """The prompt tokens of rounds 2 on that a complete cache serves: per request, the full
@@ -66,7 +73,7 @@ def later_rounds_cacheable(users: int, context_tokens: int, question_tokens: int
         for u, (talk, answer) in enumerate(zip(talks, round_answers)):
             prompt = talk.next_prompt()
             if r:
-                total += min(computed[u], len(prompt) - 1) // block_size * block_size
+                total += cacheable_tokens(len(prompt), computed[u], block_size)
             talk.record(prompt, answer)
             computed[u] = len(prompt) + max(0, len(answer) - 1)
     return total

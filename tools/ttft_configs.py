@@ -48,7 +48,7 @@ def logprobs_match(phase: dict, none: dict) -> tuple[bool | None, int]:
     """Whether the warm pass's top-5 logprobs equal ``none``'s GPU hit's, over the requests
     whose cached-token counts agree, and how many those were (None, 0: nothing to compare)."""
     warm, hit = phase.get("warm_top5"), none.get("gpu_hit_top5")
-    warm_cached, hit_cached = phase.get("warm_cached_tokens"), none.get("gpu_hit_cached")
+    warm_cached, hit_cached = phase.get("warm_cached_tokens"), none.get("gpu_hit_cached_tokens")
     if not warm or not hit or warm_cached is None or hit_cached is None:
         return None, 0
     if phase.get("cudagraph_mode") != none.get("cudagraph_mode"):  # attention splits its work otherwise
@@ -59,7 +59,7 @@ def logprobs_match(phase: dict, none: dict) -> tuple[bool | None, int]:
     return all(w == h for w, h in pairs), len(pairs)
 
 
-def row(phase: dict, reference: list[list[int]], none: dict | None = None) -> dict:
+def row(phase: dict, reference: list[list[int]], none: dict) -> dict:
     """One configuration's figures from its phase's measurements; ``skipped``, ``failed`` (kept
     from the phase) or ``invalid`` (its warm pass hit vLLM's GPU prefix cache) instead."""
     if any(key in phase for key in NO_FIGURES):
@@ -77,8 +77,7 @@ def row(phase: dict, reference: list[list[int]], none: dict | None = None) -> di
            "reset_wait_s": phase["reset_wait_s"]}
     if "scrubbed_kv_bytes" in phase:
         out["scrubbed_kv_bytes"] = phase["scrubbed_kv_bytes"]
-    if none is not None:
-        out["logprobs_identical"], out["logprobs_compared"] = logprobs_match(phase, none)
+    out["logprobs_identical"], out["logprobs_compared"] = logprobs_match(phase, none)
     return out
 
 

@@ -96,7 +96,10 @@ def _args(*extra: str):
                        "--replicas", "2", *extra])
 
 
-def test_workloads_route_every_turn_and_count_each_replica(fleet):
+def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
+    p50_of = []  # the routed results each restart TTFT p50 is taken over
+    ttft_p50 = bench_replicas._ttft_p50
+    monkeypatch.setattr(bench_replicas, "_ttft_p50", lambda routed: p50_of.append(routed) or ttft_p50(routed))
     run = bench_replicas._workloads("none", _args("--restart"), fleet, "t")
     # 1. Three rounds of three users, the two later rounds timed; six shared-document requests.
     assert [r["requests"] for r in run["rounds"]] == [3, 3, 3]
@@ -120,7 +123,14 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet):
     # (round-robin: 15 requests before it, so the round's three go to replicas 1, 0, 1)
     assert run["restart"]["first_round"]["requests"] == 1
     # The replica that kept running (two of the round's requests): its TTFT then and warm.
-    assert run["restart"]["others_ttft_p50_ms"] is not None and run["restart"]["others_warm_ttft_p50_ms"] is not None
+    # Replica 0's warm rounds, then the replica that kept running: its two turns of the restart
+    # round and its turns of the later rounds; each figure is the TTFT p50 of those.
+    warm0, others, others_warm = p50_of[-3:]
+    assert {x.replica for x in warm0} == {0} and len(warm0) == sum(p["requests"] for p in per if p["replica"] == 0)
+    assert {x.replica for x in others} == {1} and len(others) == 2
+    assert {x.replica for x in others_warm} == {1} and len(others_warm) == 6 - len(warm0)
+    assert run["restart"]["others_ttft_p50_ms"] == ttft_p50(others) is not None
+    assert run["restart"]["others_warm_ttft_p50_ms"] == ttft_p50(others_warm) is not None
     assert len(run["results"]) == 9 + 6 + 3
 
 

@@ -209,7 +209,7 @@ def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_s
     # 2. Served: each request's num_cached_tokens; vLLM's split says none came from the GPU.
     assert result["warm_cached_tokens"] == [48, 48] and result["warm_tokens"] == [[1], [2]]
     assert result["warm_by_source"] == {"local_compute": 4, "local_cache_hit": 0, "external_kv_transfer": 96}
-    assert row(result, [[1], [2]])["served_share"] == 1.0
+    assert row(result, [[1], [2]], {})["served_share"] == 1.0
 
 
 def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
@@ -218,7 +218,7 @@ def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
     llm = _FakeLLM(held=0, cached=48, gpu_hits=True)
     result = {"cold_tokens": [[1]], "cacheable_tokens": 48}
     _timed_warm(result, llm, [[1] * 50])
-    assert row(result, [[1]]) == {"invalid": "48 prompt tokens of the warm pass were vLLM GPU prefix-cache "
+    assert row(result, [[1]], {}) == {"invalid": "48 prompt tokens of the warm pass were vLLM GPU prefix-cache "
                                              "hits, not loads from the host cache"}
 
 

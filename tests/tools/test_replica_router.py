@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tools.replica_router import Routed, Router, cacheable_tokens, replica_figures
-from tools.serving_workload import RequestResult
+from tools.replica_router import Routed, Router, replica_figures
+from tools.serving_workload import RequestResult, cacheable_tokens
 
 
 def _result(key: str, ttft_s: float, error: str = "", cached: int | None = None) -> RequestResult:
