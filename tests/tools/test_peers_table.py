@@ -97,3 +97,31 @@ def test_peers_table_serving_share_is_the_multi_round_chats_only():
     table = build(inputs, "2026-12-06")
     assert table["configs"]["pegaflow"]["multi_round"]["served_share"] == 1.0
     assert "served_share" not in table["configs"]["pegaflow"]["shared_prefix"]
+
+
+def test_peers_table_a_peer_wrong_on_one_workload_is_never_the_mark_on_another():
+    # lmcache's warm pass (scrubbed GPU cache) gave wrong outputs; its serving run's outputs
+    # matched (stale GPU pages can hide a wrong byte) and it was the fastest there: it is
+    # marked wrong on serving too, and pegaflow is compared with pegaflow-rs.
+    inputs = _inputs()
+    inputs["serving"]["lmcache"] = {"later_rounds_wall_s": 5.0, "throughput_rps": 6.0, "outputs_identical": True}
+    table = build(inputs, "2026-12-06")
+    assert table["wrong"] == {"lmcache": ["warm_ttft_10k"]}
+    assert table["versus"]["multi_round"]["best_other"] == "pegaflow-rs"
+    assert table["versus"]["shared_prefix"]["best_other"] == "pegaflow-rs"
+    row = next(line for line in markdown(table).splitlines() if line.startswith("| multi-round"))
+    assert "| 5 s (**wrong** on warm 10k-token TTFT) |" in row
+    # Without its wrong TTFT, lmcache is the mark (5.0 s against pegaflow's 6.0: behind).
+    inputs["ttft"]["configs"]["lmcache"]["outputs_identical"] = True
+    assert build(inputs, "2026-12-06")["versus"]["multi_round"] == {
+        "best_other": "lmcache", "pegaflow_over_best": 1.2, "pegaflow_ahead": False}
+
+
+def test_peers_table_pegaflows_own_variants_are_columns_not_marks():
+    # pegaflow-hold is pegaflow with an engine flag: its own column, never the system to beat.
+    inputs = _inputs()
+    inputs["serving"]["pegaflow-hold"] = {"later_rounds_wall_s": 5.5, "throughput_rps": 5.5, "outputs_identical": True}
+    table = build(inputs, "2026-12-06")
+    assert table["configs"]["pegaflow-hold"]["multi_round"]["later_rounds_wall_s"] == 5.5
+    assert table["versus"]["multi_round"]["best_other"] == "pegaflow-rs"
+    assert markdown(table).splitlines()[2].endswith("| pegaflow | pegaflow-hold | pegaflow vs fastest correct other |")
