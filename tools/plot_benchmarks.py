@@ -39,7 +39,7 @@ CONFIG_LABELS = {
 }
 COLORS = {"no offload": "0.55",
           "vLLM native offload": "tab:orange", "pegaflow (layerwise)": "tab:cyan",
-          "pegaflow": "tab:blue"}
+          "pegaflow": "tab:blue", "pegaflow --hold-saves": "navy"}
 PATH_LABELS = {"kernel": "copy kernel", "copy-engine": "copy engine (page by page)", "staged": "staged (default)"}
 
 
@@ -120,7 +120,8 @@ def _draw_rounds(ax, rounds: dict[str, list[float]]) -> None:
     ax.set_ylabel("round wall time, s (lower is better)")
 
 
-REPLICA_LABELS = {"none": "no offload", "native": "vLLM native offload", "pegaflow": "pegaflow"}
+REPLICA_LABELS = {"none": "no offload", "native": "vLLM native offload", "pegaflow": "pegaflow",
+                  "pegaflow-hold": "pegaflow --hold-saves"}
 
 
 def replicas_ttft(result: dict) -> dict[str, float]:
