@@ -85,6 +85,18 @@ def test_side_processes_pegaflow_hold_is_the_engine_with_hold_saves(fakes, tmp_p
     assert serving_setup.PEGAFLOW_CONFIGS["pegaflow-hold"] == serving_setup.PEGAFLOW_CONFIGS["pegaflow"]
 
 
+def test_side_processes_pegaflow_groups_configurations_add_their_engine_flags(fakes, tmp_path):
+    with _sides("pegaflow-hold-groups4", tmp_path):
+        (engine,) = _FakeEngine.made
+        assert engine.flags == ("--copy-backend=staged", "--hold-saves", "--load-layer-groups=4")
+    # Every flag a configuration names is one the engine takes, with the value meant.
+    from engine.options import config_from_args
+    config = config_from_args(serving_setup.ENGINE_FLAGS["pegaflow-hold-groups4"], environ={})
+    assert config.hold_saves is True and config.load_layer_groups == 4
+    for flags in serving_setup.ENGINE_FLAGS.values():
+        config_from_args(flags, environ={})
+
+
 def test_side_processes_stops_the_engine_when_the_run_fails(fakes, tmp_path):
     with pytest.raises(RuntimeError, match="vllm serve exited"), _sides("pegaflow", tmp_path):
         raise RuntimeError("vllm serve exited (1)")
