@@ -33,7 +33,7 @@ from pathlib import Path
 from tools import peers
 from tools.gpu import gpu_name
 from tools.phase_process import add_phase_args, spawn_phase, write_phase
-from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows
+from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows, logprobs_match
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import (
     SCRUB_ENV,
@@ -391,8 +391,9 @@ def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) 
 
 
 def backend_figures(by_backend: dict[str, dict], none: dict) -> dict:
-    """``--copy-backends``: each copy path's own warm figures, under keys named for it; a path
-    whose warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures."""
+    """``--copy-backends`` (or ``--engine-variants``): each one's own warm figures, under keys
+    named for it, its first tokens' top-5 logprobs against the GPU hit's among them; one whose
+    warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures."""
     out = {}
     for name, phase in by_backend.items():
         if "failed" in phase:
@@ -405,6 +406,7 @@ def backend_figures(by_backend: dict[str, dict], none: dict) -> dict:
         out[f"warm_pegaflow_ms_median_{name}"], out[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
         out[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]
         out[f"outputs_identical_{name}"] = phase["cold_tokens"] == phase["warm_tokens"] == none["cold_tokens"]
+        out[f"logprobs_identical_{name}"], out[f"logprobs_compared_{name}"] = logprobs_match(phase, none)
     return out
 
 

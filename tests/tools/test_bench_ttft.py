@@ -235,6 +235,15 @@ def test_bench_ttft_backend_figures_leave_out_a_copy_path_whose_warm_pass_hit_th
     assert [key for key in out if key.endswith("_staged")] == ["invalid_staged"]
     assert out["invalid_staged"].startswith("16 prompt tokens of the warm pass were vLLM GPU")
     assert "no warm figures for copy path staged" in capsys.readouterr().err
+    # 2. Each one's first tokens' top-5 logprobs against no offload's GPU hit of the same step.
+    top5 = [[[7, -0.5], [9, -1.25]]]
+    none = {"cold_tokens": [[1]], "gpu_hit_top5": top5, "gpu_hit_cached_tokens": [96], "cudagraph_mode": "FULL"}
+    exact, off = phase(0), phase(0)
+    for one, first in ((exact, top5[0]), (off, [[7, -0.5], [9, -1.5]])):
+        one.update(warm_top5=[first], warm_cached_tokens=[96], cudagraph_mode="FULL")
+    out = backend_figures({"default": exact, "load-layer-groups4": off}, none)
+    assert (out["logprobs_identical_default"], out["logprobs_compared_default"]) == (True, 1)
+    assert (out["logprobs_identical_load-layer-groups4"], out["logprobs_compared_load-layer-groups4"]) == (False, 1)
 
 
 def test_bench_ttft_phase_whose_reset_never_succeeds_writes_a_failed_row(tmp_path, monkeypatch):
