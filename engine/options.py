@@ -91,12 +91,12 @@ OPTIONS: tuple[Option, ...] = (
            "0 turns it off", parse_size),
     Option("hold-saves", "hold_saves", "false", "cuda: hold a SAVE in the engine until the client's "
            "GPU has written its data, instead of queueing its copies behind that wait in a stream "
-           "every client's saves share (under evaluation: docs/replicas.md)",
+           "every client's saves share; turn it on for several vLLMs on one engine (docs/replicas.md)",
            lambda text: as_bool("--hold-saves", text), is_switch=True),
     Option("load-layer-groups", "load_layer_groups", "1", "cuda: a staged LOAD that vLLM's forward "
            "waits on layer by layer goes in this many groups of layers, each group's layers ready "
            "as it lands, so the forward's first layers run while the rest is on its way (1: every "
-           "layer ready with the last byte; under evaluation: docs/peers.md)", int),
+           "layer ready with the last byte; 4 measured faster one prompt at a time: docs/peers.md)", int),
     Option("max-clients", "num_slots", "64", "client slots (one per vLLM scheduler or worker); "
            "each takes ring and arena memory in /dev/shm at start", int),
     Option("ring-slots", "ring_slots", "1024", "commands in flight per client ring", int),
