@@ -190,14 +190,16 @@ class _StagedOp:
         self.layer_step = uniform_layers(op, regions)
         self.gather, self.copy = self.side.gather_stream, self.side.copy_stream
         inflight.streams += [self.gather, self.copy]
+        self.groups = staging.groups_of(op)
+        if len(self.groups) > 1:  # staged_groups.py moves each entry's group slice: no runs
+            return
         self.starts, self.counts = entry_runs(op.entry_offsets, self.step, split_bytes)
         self.run_of = np.repeat(np.arange(len(self.starts)), self.counts)
         self.pool_runs = op.entry_offsets[self.starts] + pool_base + op.layers[0].layer * op.page_bytes
 
     def issue(self) -> None:
-        groups = self.staging.groups_of(self.op)
-        if len(groups) > 1:
-            issue_grouped(self, groups)
+        if len(self.groups) > 1:
+            issue_grouped(self, self.groups)
             return
         op, side, save, gather, copy = self.op, self.side, self.save, self.gather, self.copy
         for j, start in enumerate(range(0, len(op.block_ids), self.per_buffer)):
