@@ -43,10 +43,10 @@ def backend_kind(config: EngineConfig) -> str:
         raise CudaError(f"--backend cuda, but no GPU is usable here: {why}; give the engine the "
                         f"GPUs (in a container: --gpus all, or the NVIDIA runtime), or start it with "
                         f"--backend host (no vLLM on a GPU can use that one)")
-    logger.warning("--backend auto: no GPU is usable here (%s), so the engine copies with the CPU "
-                   "(the host backend): a vLLM on a GPU cannot register its KV cache with it and "
-                   "serves without the cache; give the engine the GPUs (in a container: --gpus "
-                   "all, or the NVIDIA runtime), or say --backend host to mean it", why)
+    logger.warning("--backend auto: no usable GPU here, so the engine copies with the CPU (the host "
+                   "backend): a vLLM on a GPU cannot register its KV cache with it and serves "
+                   "without the cache; give the engine the GPUs (in a container: --gpus all, or the "
+                   "NVIDIA runtime), or say --backend host to mean it. Why: %s", why)
     return "host"
 
 
@@ -123,10 +123,10 @@ def log_shm_use(server) -> None:
     rest = segments.control.size + segments.stats.size + (
         segments.pool_table.size if segments.pool_table is not None else 0)
     logger.info("/dev/shm: %s for engine %r: pool %s, %d client rings of %s (%s; --max-clients, "
-                "--arena-size), control, stats%s %s", format_size(segments.pool.size + rings + rest),
+                "--arena-size), %s %s", format_size(segments.pool.size + rings + rest),
                 config.name, format_size(segments.pool.size), config.num_slots,
-                format_size(ring_bytes), format_size(rings),
-                " and pool table" if segments.pool_table is not None else "", format_size(rest))
+                format_size(ring_bytes), format_size(rings), "control, stats and pool table"
+                if segments.pool_table is not None else "control and stats", format_size(rest))
 
 
 def log_ready(server, pool: PagePool, marks: list[float]) -> None:

@@ -107,5 +107,5 @@ def test_backend_kind_with_a_gpu_is_cuda_and_host_is_host(monkeypatch, caplog):
 def test_startup_auto_backend_on_a_host_without_a_gpu_warns(caplog):
     # 1. This host has no usable GPU: the engine starts with the host backend, with a WARNING.
     records = _started(caplog, "--backend", "auto", "--pool-size", "4MiB", "--slab-size", "1MiB")
-    said = [r for r in records if "--backend auto: no GPU is usable here" in r.getMessage()]
+    said = [r for r in records if "--backend auto: no usable GPU here" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
