@@ -135,15 +135,14 @@ def _ms(seconds: float) -> str:
 def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> None:
     """One line every ``interval_s`` with rates, a header every 20; while the engine is not
     running or not responding, one line saying so, and the view goes on when it is back."""
-    prev, prev_t, num_rows, waiting = None, 0.0, 0, ""
+    prev, prev_t, num_rows, waiting = None, 0.0, 0, None
     while True:
         try:
             cur, now = _read_live(name, stale_after_s), time.monotonic()
         except (EngineNotRunningError, EngineNotRespondingError) as exc:
-            prev, said = None, _waiting_line(name, exc)
-            if said != waiting:
-                print(f"{time.strftime('%H:%M:%S')}  {said}", flush=True)
-            waiting = said
+            if type(exc) is not waiting:  # said once per state (a stuck one's age grows)
+                print(f"{time.strftime('%H:%M:%S')}  {_waiting_line(name, exc)}", flush=True)
+            prev, waiting = None, type(exc)
             time.sleep(interval_s)
             continue
         if prev is None or cur["start_ns"] != prev["start_ns"]:  # first, back, or another engine
@@ -154,7 +153,7 @@ def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> 
                 print(_live_header(), flush=True)
             print(_live_row(prev, cur, max(now - prev_t, 1e-9)), flush=True)
             num_rows += 1
-        prev, prev_t, waiting = cur, now, ""
+        prev, prev_t, waiting = cur, now, None
         time.sleep(interval_s)
 
 

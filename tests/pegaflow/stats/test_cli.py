@@ -339,3 +339,24 @@ def test_stat_cli_live_view_of_no_engine_waits_for_one():
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     assert proc.returncode == 0
+
+
+def test_stat_cli_live_view_says_once_that_a_stopped_engine_does_not_respond_then_goes_on(engine):
+    proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stats.cli", "--name", engine.name,
+                             "--interval", "0.05", "--stale-after", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        _line_with(proc, "saved blk/s")
+        # 1. SIGSTOPped: once its heartbeat is a second old, the view says so, and waits.
+        os.kill(engine.pid, signal.SIGSTOP)
+        try:
+            assert "is not responding" in _line_with(proc, "not responding")
+            _wait_heartbeat_older_than(engine.name, 4.0)  # its age grows meanwhile
+        finally:
+            os.kill(engine.pid, signal.SIGCONT)
+        # 2. Resumed: the next line is the header again (the wait was said once, not each second).
+        assert "saved blk/s" in readline_within(proc, 60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
