@@ -15,7 +15,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from pegaflow.platform.errors import ConfigError
-from pegaflow.proxy.app import Proxy, ProxyConfig
+from pegaflow.proxy.app import Proxy
+from pegaflow.proxy.config import ProxyConfig
 from pegaflow.proxy.routing import RoundRobin, prefill_body
 
 STREAM_CHUNKS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n',
@@ -66,10 +67,12 @@ def _url(server: TestServer) -> str:
     return f"http://127.0.0.1:{server.port}"
 
 
-async def _with_proxy(prefill: list[str], decode: list[str], body):
-    """Run ``body(client)`` against a proxy in front of those servers."""
-    proxy = Proxy(ProxyConfig(tuple(prefill), tuple(decode), prefill_timeout_s=30, decode_timeout_s=30))
-    async with TestClient(TestServer(proxy.app())) as client:
+async def _with_proxy(prefill: list[str], decode: list[str], body, **limits):
+    """Run ``body(client)`` against a proxy in front of those servers, served with the
+    settings the proxy asks of aiohttp."""
+    config = {"prefill_timeout_s": 30, "decode_timeout_s": 30, **limits}
+    proxy = Proxy(ProxyConfig(tuple(prefill), tuple(decode), **config))
+    async with TestClient(TestServer(proxy.app(), **proxy.server_options())) as client:
         return await body(client)
 
 
@@ -195,7 +198,7 @@ def test_proxy_answers_bad_body_400_and_dead_decode_502():
     bad, not_object, no_decode, error, metrics = asyncio.run(scenario())
     assert (bad, not_object, no_decode) == (400, 400, 502)
     assert "decode server" in error["error"]["message"]
-    assert "pegaflow_proxy_bad_requests_total 2.0" in metrics
+    assert 'pegaflow_proxy_refused_total{status="400"} 2.0' in metrics
     assert "pegaflow_proxy_decode_failures_total 1.0" in metrics
 
 
