@@ -1,9 +1,5 @@
-"""The proxy against fake prefill and decode servers: routing, streaming, a failing prefill.
-
-Each fake server is a real aiohttp server on a free local port that records what it was
-sent (in one log shared by all, so the order of prefill and decode shows) and answers
-like vLLM's OpenAI server: JSON, or server-sent events when asked to stream.
-"""
+"""The proxy against fake prefill and decode servers (fakes.py): routing, streaming, a
+failing prefill."""
 
 from __future__ import annotations
 
@@ -11,78 +7,19 @@ import asyncio
 import copy
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from pegaflow.platform.errors import ConfigError
-from pegaflow.proxy.app import Proxy
-from pegaflow.proxy.config import ProxyConfig
 from pegaflow.proxy.routing import RoundRobin, prefill_body
-
-STREAM_CHUNKS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n',
-                 b"data: [DONE]\n\n"]
-
-
-class FakeServer:
-    def __init__(self, name: str, log: list, status: int = 200, hold_last: asyncio.Event | None = None):
-        self.name, self.log, self.status = name, log, status
-        self.hold_last = hold_last  # set: the last chunk waits for it (what came before must be through)
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._generate)
-        app.router.add_post("/v1/chat/completions", self._generate)
-        app.router.add_get("/health", self._health)
-        return app
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=self.status)
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.log.append((self.name, request.path, body, request.headers.get("X-Request-Id")))
-        if self.status != 200:
-            return web.json_response({"error": "down"}, status=self.status)
-        if not body.get("stream"):
-            return web.json_response({"server": self.name, "max_tokens": body.get("max_tokens")})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for i, chunk in enumerate(STREAM_CHUNKS):
-            if i == len(STREAM_CHUNKS) - 1 and self.hold_last is not None:
-                await self.hold_last.wait()
-            await response.write(chunk)
-            await asyncio.sleep(0.01)  # (separate writes: the proxy must pass each through)
-        await response.write_eof()
-        return response
-
-
-async def _serve(*fakes: FakeServer) -> list[TestServer]:
-    servers = [TestServer(f.app()) for f in fakes]
-    for server in servers:
-        await server.start_server()
-    return servers
-
-
-def _url(server: TestServer) -> str:
-    return f"http://127.0.0.1:{server.port}"
-
-
-async def _with_proxy(prefill: list[str], decode: list[str], body, **limits):
-    """Run ``body(client)`` against a proxy in front of those servers, served with the
-    settings the proxy asks of aiohttp."""
-    config = {"prefill_timeout_s": 30, "decode_timeout_s": 30, **limits}
-    proxy = Proxy(ProxyConfig(tuple(prefill), tuple(decode), **config))
-    async with TestClient(TestServer(proxy.app(), **proxy.server_options())) as client:
-        return await body(client)
+from tests.pegaflow.proxy.fakes import STREAM_CHUNKS, FakeServer, serve, url, with_proxy
 
 
 def test_proxy_sends_prefill_then_decode_round_robin():
     async def scenario():
         log = []
         fakes = [FakeServer("p0", log), FakeServer("p1", log), FakeServer("d0", log), FakeServer("d1", log)]
-        servers = await _serve(*fakes)
+        servers = await serve(*fakes)
 
-        async def body(client):
+        async def body(client, proxy):
             answers = []
             for i in range(4):
                 answer = await client.post("/v1/completions", json={"prompt": [1, 2, i], "max_tokens": 9},
@@ -92,7 +29,7 @@ def test_proxy_sends_prefill_then_decode_round_robin():
             return answers
 
         try:
-            answers = await _with_proxy([_url(s) for s in servers[:2]], [_url(s) for s in servers[2:]], body)
+            answers = await with_proxy([url(s) for s in servers[:2]], [url(s) for s in servers[2:]], body)
         finally:
             for server in servers:
                 await server.close()
@@ -114,9 +51,9 @@ def test_proxy_sends_prefill_then_decode_round_robin():
 def test_proxy_streams_decode_answer_through_byte_for_byte():
     async def scenario():
         log, last = [], asyncio.Event()
-        servers = await _serve(FakeServer("p", log), FakeServer("d", log, hold_last=last))
+        servers = await serve(FakeServer("p", log), FakeServer("d", log, hold_last=last))
 
-        async def body(client):
+        async def body(client, proxy):
             answer = await client.post("/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
                 "stream": True, "stream_options": {"include_usage": True}})
@@ -129,7 +66,7 @@ def test_proxy_streams_decode_answer_through_byte_for_byte():
             return b"".join(first) + await answer.read()
 
         try:
-            data = await _with_proxy([_url(servers[0])], [_url(servers[1])], body)
+            data = await with_proxy([url(servers[0])], [url(servers[1])], body)
         finally:
             for server in servers:
                 await server.close()
@@ -147,19 +84,19 @@ def test_proxy_streams_decode_answer_through_byte_for_byte():
 def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
     async def scenario():
         log = []
-        servers = await _serve(FakeServer("p", log, status=500), FakeServer("d", log))
-        prefill_url = _url(servers[0])
+        servers = await serve(FakeServer("p", log, status=500), FakeServer("d", log))
+        prefill_url = url(servers[0])
         if failure == "refused":
             await servers[0].close()  # nothing listens there any more
 
-        async def body(client):
+        async def body(client, proxy):
             answer = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
             metrics = await (await client.get("/metrics")).text()
             health = await client.get("/health")
             return answer.status, await answer.json(), metrics, health.status, await health.json()
 
         try:
-            result = await _with_proxy([prefill_url], [_url(servers[1])], body)
+            result = await with_proxy([prefill_url], [url(servers[1])], body)
         finally:
             for server in servers:
                 await server.close()
@@ -178,11 +115,11 @@ def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
 def test_proxy_answers_bad_body_400_and_dead_decode_502():
     async def scenario():
         log = []
-        servers = await _serve(FakeServer("p", log), FakeServer("d", log))
-        decode_url = _url(servers[1])
+        servers = await serve(FakeServer("p", log), FakeServer("d", log))
+        decode_url = url(servers[1])
         await servers[1].close()
 
-        async def body(client):
+        async def body(client, proxy):
             not_json = await client.post("/v1/completions", data=b"{not json",
                                          headers={"Content-Type": "application/json"})
             not_object = await client.post("/v1/completions", json=[1, 2])
@@ -191,7 +128,7 @@ def test_proxy_answers_bad_body_400_and_dead_decode_502():
                     await (await client.get("/metrics")).text())
 
         try:
-            return await _with_proxy([_url(servers[0])], [decode_url], body)
+            return await with_proxy([url(servers[0])], [decode_url], body)
         finally:
             await servers[0].close()
 
