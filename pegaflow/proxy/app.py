@@ -14,7 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from pegaflow.proxy.config import ProxyConfig
 from pegaflow.proxy.metrics import ProxyMetrics
-from pegaflow.proxy.request_body import RequestBody, RequestRefused, read_json_body
+from pegaflow.proxy.request_body import BodyBudget, RequestRefused, parse_json_object, read_body
 from pegaflow.proxy.routing import RoundRobin, prefill_body
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ class Proxy:
         self.prefill = RoundRobin(tuple(config.prefill_urls), retry_s=config.prefill_retry_s)
         self.decode = RoundRobin(tuple(config.decode_urls))
         self.metrics = ProxyMetrics()
+        self.bodies = BodyBudget(config.max_body_bytes_in_flight)
         self._num_in_flight = 0
 
     def app(self) -> web.Application:
@@ -61,29 +62,39 @@ class Proxy:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.metrics.requests.labels(request.path).inc()
-        if self._num_in_flight >= self.config.max_in_flight:
-            return self._refuse(RequestRefused(503, f"the proxy is serving {self._num_in_flight} requests, "
-                                                    "its most (pegaflow-proxy --max-in-flight): retry later"))
-        self._num_in_flight += 1
         try:
-            with self.metrics.in_flight.track_inprogress():
-                return await self._serve(request)
+            try:
+                raw = await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s,
+                                      self.bodies)
+            except RequestRefused as exc:
+                return self._refuse(exc)
+            try:
+                return await self._serve(request, raw)
+            finally:
+                self.bodies.give_back(len(raw))
         except asyncio.CancelledError:  # (handler_cancellation: the caller hung up)
             self._caller_left(request, "before its answer")
             raise
-        finally:
-            self._num_in_flight -= 1
 
-    async def _serve(self, request: web.Request) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        """A whole body: prefill, then decode, while fewer than max_in_flight are served."""
+        if self._num_in_flight >= self.config.max_in_flight:
+            return self._refuse(RequestRefused(503, f"the proxy is serving {self._num_in_flight} requests, "
+                                                    "its most (pegaflow-proxy --max-in-flight): retry later"))
         try:
-            body = await read_json_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
-            prefill = _encode(prefill_body(body.fields))
+            prefill = _encode(prefill_body(parse_json_object(raw, request.charset)))
         except RequestRefused as exc:
             return self._refuse(exc)
         headers = {k: request.headers[k] for k in FORWARDED_HEADERS if k in request.headers}
-        await self._prefill(request.app[_SESSION], request.path, prefill, headers)
-        del prefill
-        return await self._decode(request, body, headers)
+        self._num_in_flight += 1
+        try:
+            with self.metrics.in_flight.track_inprogress():
+                await self._prefill(request.app[_SESSION], request.path, prefill, headers)
+                del prefill
+                headers["Content-Type"] = request.headers.get("Content-Type", "application/json")
+                return await self._decode(request, raw, headers)
+        finally:
+            self._num_in_flight -= 1
 
     def _caller_left(self, request: web.Request, when: str) -> None:
         self.metrics.caller_hangups.inc()
@@ -118,13 +129,13 @@ class Proxy:
         logger.warning("prefill server %s failed (%s): the decode server computes the prompt", url, failure)
         return False
 
-    async def _decode(self, request: web.Request, body: RequestBody, headers: dict) -> web.StreamResponse:
+    async def _decode(self, request: web.Request, raw: bytes, headers: dict) -> web.StreamResponse:
         """The request as it came, to a decode server; its answer passed through as it arrives."""
         url = self.decode.pick()
         timeout = aiohttp.ClientTimeout(total=self.config.decode_timeout_s)
         try:
-            answer = await request.app[_SESSION].post(url + request.path, data=body.raw, timeout=timeout,
-                                                      headers={**headers, "Content-Type": body.content_type})
+            answer = await request.app[_SESSION].post(url + request.path, data=raw, timeout=timeout,
+                                                      headers=headers)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             return self._decode_failed(url, exc)
         async with answer:

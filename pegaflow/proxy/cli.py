@@ -50,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {d.body_timeout_s:g})")
     p.add_argument("--max-body-size", default=f"{DEFAULT_MAX_BODY_BYTES >> 20}MiB",
                    help="a longer request body is answered 413 (default 128MiB)")
+    p.add_argument("--max-body-bytes-in-flight", default=f"{d.max_body_bytes_in_flight >> 20}MiB",
+                   help="request bodies held at once, being read or served; a body that would go past it "
+                        f"is answered 503 (default {d.max_body_bytes_in_flight >> 30}GiB)")
     p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
-                   help=f"requests served at once; past it a request is answered 503 (default {d.max_in_flight})")
+                   help="requests served at once (their body read, upstream requests open); past it a "
+                        f"request is answered 503 (default {d.max_in_flight})")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p
 
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             tuple(args.prefill), tuple(args.decode), prefill_timeout_s=args.prefill_timeout_s,
             decode_timeout_s=args.decode_timeout_s, prefill_retry_s=args.prefill_retry_s,
             idle_timeout_s=args.idle_timeout_s, body_timeout_s=args.body_timeout_s,
-            max_body_bytes=parse_size(args.max_body_size), max_in_flight=args.max_in_flight))
+            max_body_bytes=parse_size(args.max_body_size),
+            max_body_bytes_in_flight=parse_size(args.max_body_bytes_in_flight), max_in_flight=args.max_in_flight))
     except ConfigError as exc:
         print(f"pegaflow-proxy: {exc}", file=sys.stderr)
         return 2

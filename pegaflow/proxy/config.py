@@ -28,13 +28,17 @@ class ProxyConfig:
     #                               or after its last answer is closed (the header and the idle timeout)
     body_timeout_s: float = 60.0  # a request body not whole this long after its head: 408
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a longer body: 413
-    max_in_flight: int = 512  # requests served at once; the next one: 503
+    max_body_bytes_in_flight: int = 1 << 30  # bodies held at once (being read or served); past it: 503
+    max_in_flight: int = 512  # requests served at once (body read, upstream requests open); past it: 503
 
     def __post_init__(self) -> None:
         for key in ("prefill_timeout_s", "decode_timeout_s", "prefill_retry_s", "idle_timeout_s",
                     "body_timeout_s"):
             if not 0 < getattr(self, key) < math.inf:  # nan fails too
                 raise ConfigError(f"timeouts must be positive finite seconds: {key}={getattr(self, key)}")
-        for key in ("max_body_bytes", "max_in_flight"):
+        for key in ("max_body_bytes", "max_body_bytes_in_flight", "max_in_flight"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be a positive whole number: {getattr(self, key)!r}")
+        if self.max_body_bytes > self.max_body_bytes_in_flight:
+            raise ConfigError(f"max_body_bytes ({self.max_body_bytes}) must not exceed "
+                              f"max_body_bytes_in_flight ({self.max_body_bytes_in_flight})")

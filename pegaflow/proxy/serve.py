@@ -1,4 +1,5 @@
-"""Serving the proxy: its open-file limit, failed accepts logged as one line, aiohttp's settings."""
+"""Serving the proxy: its open-file limit, failed accepts and malformed requests logged as one
+line each (not a traceback), aiohttp's settings."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import resource
 import time
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from pegaflow.proxy.app import Proxy
 
@@ -57,6 +59,20 @@ class AcceptFailureLog:
             self.num_failures, self._last_logged = 0, now
 
 
+class BadRequestLogFilter(logging.Filter):
+    """On aiohttp's server logger: a request that is not valid HTTP (answered 400 by aiohttp)
+    is logged as one INFO line, not an ERROR with a traceback each."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            why = str(exc.message).splitlines()[0] if exc.message else type(exc).__name__
+            record.msg, record.args = "%s: %d %s", (record.getMessage(), exc.code, why)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 def serve(proxy: Proxy, host: str, port: int, access_log: logging.Logger | None) -> None:
     """Serve ``proxy`` on ``host:port`` until SIGINT or SIGTERM."""
     limit = raise_open_files_limit()
@@ -67,4 +83,5 @@ def serve(proxy: Proxy, host: str, port: int, access_log: logging.Logger | None)
         asyncio.get_running_loop().set_exception_handler(AcceptFailureLog(limit))
 
     app.on_startup.append(install_accept_failure_log)
+    logging.getLogger("aiohttp.server").addFilter(BadRequestLogFilter())
     web.run_app(app, host=host, port=port, print=None, access_log=access_log, **proxy.server_options())
