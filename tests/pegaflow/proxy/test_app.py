@@ -80,11 +80,12 @@ def test_proxy_streams_decode_answer_through_byte_for_byte():
     assert decode["stream"] is True and decode["max_completion_tokens"] == 5
 
 
-@pytest.mark.parametrize("failure", ["error_status", "refused"])
+@pytest.mark.parametrize("failure", ["error_status", "refused", "timeout"])
 def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
     async def scenario():
         log = []
-        servers = await serve(FakeServer("p", log, status=500), FakeServer("d", log))
+        servers = await serve(FakeServer("p", log, status=500, mode="hang" if failure == "timeout" else None),
+                              FakeServer("d", log))
         prefill_url = url(servers[0])
         if failure == "refused":
             await servers[0].close()  # nothing listens there any more
@@ -96,7 +97,7 @@ def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
             return answer.status, await answer.json(), metrics, health.status, await health.json()
 
         try:
-            result = await with_proxy([prefill_url], [url(servers[1])], body)
+            result = await with_proxy([prefill_url], [url(servers[1])], body, prefill_timeout_s=0.3)
         finally:
             for server in servers:
                 await server.close()
@@ -106,7 +107,8 @@ def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
     # The decode server answered (it computed the prompt itself); the failure is counted and
     # the proxy is not healthy without a prefill server.
     assert status == 200 and answer["server"] == "d"
-    assert log[-1][0] == "d" and log[-1][2]["max_tokens"] == 3
+    requests = [entry for entry in log if len(entry) == 4]  # (not a hung prefill's "caller left")
+    assert requests[-1][0] == "d" and requests[-1][2]["max_tokens"] == 3
     assert "pegaflow_proxy_prefill_failures_total 1.0" in metrics
     assert health_status == 503 and not health["healthy"]
     assert [s["healthy"] for s in health["servers"]] == [False, True]
@@ -152,3 +154,18 @@ def test_round_robin_checks_urls_and_prefill_body_keeps_the_prompt():
     assert prefill_body(body) == {"prompt": [5, 6], "max_tokens": 1, "temperature": 0.0, "n": 1,
                                   "stream": False}
     assert body == original  # the request itself, which goes on to the decode server, is left alone
+
+
+def test_round_robin_passes_over_a_failing_server_and_retries_it_once_per_retry():
+    servers = RoundRobin(("http://a:1", "http://b:2"), retry_s=10)
+    for _ in range(3):
+        servers.record("http://a:1", "TimeoutError")  # 3 in a row: failing
+    assert [servers.pick(now=100.0) for _ in range(3)] == ["http://a:1", "http://b:2", "http://b:2"]
+    assert servers.pick(now=109.9) == "http://b:2"  # a's retry (sent at 100) is not due yet
+    assert servers.pick(now=110.0) == "http://a:1"  # ...now it is, once
+    servers.record("http://b:2", "HTTP 500")
+    servers.record("http://b:2", "HTTP 500")
+    servers.record("http://b:2", "HTTP 500")
+    assert servers.pick(now=111.0) is None  # every server failing, none due
+    servers.record("http://a:1", None)  # a's retry succeeded
+    assert servers.pick(now=111.0) == "http://a:1" and not servers.states()[0].is_failing

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from pegaflow.proxy.request_body import RequestRefused, parse_json_object
-from tests.pegaflow.proxy.fakes import FakeServer, serve, url, with_proxy
+from tests.pegaflow.proxy.fakes import FakeServer, serve, url, wait_until, with_proxy
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 LONG_NUMBER = b'{"prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}"
@@ -112,3 +112,31 @@ def test_parse_json_object_takes_any_charset_python_knows():
     with pytest.raises(RequestRefused) as refused:
         parse_json_object(b"{}", "no-such-charset")
     assert refused.value.status == 400
+
+
+def test_proxy_bodies_past_budget_in_flight_are_answered_503_json_and_given_back():
+    async def scenario(client, proxy):
+        # 1. A body of 600 KiB is held (its prefill hangs) against a budget of 1 MiB.
+        held = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x" * (600 << 10)}))
+        await wait_until(lambda: proxy.bodies.num_bytes > 600 << 10)
+        # 2. A second one of 600 KiB would pass the budget: 503, and nothing of it is kept.
+        refused = await client.post("/v1/completions", json={"prompt": "y" * (600 << 10)})
+        refused = (refused.status, (await refused.json())["error"]["message"])
+        num_held = proxy.bodies.num_bytes
+        # 3. Once the first is done (its prefill timed out: decode answered), all is given back.
+        done = (await held).status
+        return refused, num_held, done, proxy.bodies.num_bytes
+
+    async def run():
+        log = []
+        servers = await serve(FakeServer("p", log, mode="hang"), FakeServer("d", log))
+        try:
+            return await with_proxy([url(servers[0])], [url(servers[1])], scenario, prefill_timeout_s=1,
+                                    max_body_bytes=1 << 20, max_body_bytes_in_flight=1 << 20)
+        finally:
+            for server in servers:
+                await server.close()
+
+    (status, message), num_held, done, num_left = asyncio.run(run())
+    assert status == 503 and "--max-body-bytes-in-flight" in message
+    assert (600 << 10) < num_held < (601 << 10) and done == 200 and num_left == 0
