@@ -98,12 +98,14 @@ class ProxyClient:
         return self.session.get(path, **kwargs)
 
 
-async def with_proxy(prefill: list[str], decode: list[str], body, **limits):
+async def with_proxy(prefill: list[str], decode: list[str], body, server_overrides: dict | None = None,
+                     **limits):
     """Run ``body(client, proxy)`` against a proxy in front of those servers, served as
-    pegaflow-proxy serves it: with the settings the proxy asks of aiohttp's server."""
+    pegaflow-proxy serves it: with the settings the proxy asks of aiohttp's server (but
+    ``server_overrides``)."""
     config = {"prefill_timeout_s": 30, "decode_timeout_s": 30, **limits}
     proxy = Proxy(ProxyConfig(tuple(prefill), tuple(decode), **config))
-    runner = web.AppRunner(proxy.app(), **proxy.server_options())
+    runner = web.AppRunner(proxy.app(), **{**proxy.server_options(), **(server_overrides or {})})
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -43,7 +43,11 @@ def test_proxy_caller_hangup_closes_the_upstream_request(hanging):
     assert "pegaflow_proxy_caller_hangups_total 1.0" in metrics
 
 
-def test_proxy_caller_hangup_mid_stream_logs_one_line_and_no_traceback(caplog):
+@pytest.mark.parametrize("noticed_by", ["cancellation", "failed_write"])
+def test_proxy_caller_hangup_mid_stream_logs_one_line_and_no_traceback(caplog, noticed_by):
+    # The proxy notices a caller gone by its handler's cancellation, or, where a write to
+    # the closing connection comes first, by that write's failure (served here without
+    # handler cancellation, so it always comes first).
     async def scenario():
         log = []
         servers = await serve(FakeServer("p", log), FakeServer("d", log, mode="trickle"))
@@ -57,7 +61,8 @@ def test_proxy_caller_hangup_mid_stream_logs_one_line_and_no_traceback(caplog):
             await asyncio.sleep(0.2)  # (anything the proxy would still log about it)
 
         try:
-            await with_proxy([url(servers[0])], [url(servers[1])], body)
+            await with_proxy([url(servers[0])], [url(servers[1])], body, server_overrides={
+                "handler_cancellation": noticed_by == "cancellation"})
         finally:
             for server in servers:
                 await server.close()
