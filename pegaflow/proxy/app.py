@@ -38,7 +38,7 @@ class Proxy:
         self._num_in_flight = 0
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application()  # (bodies are read by read_body, within their own bounds)
         app.cleanup_ctx.append(self._session)
         for path in GENERATE_PATHS:
             app.router.add_post(path, self._generate)
