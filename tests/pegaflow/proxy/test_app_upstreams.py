@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from tests.pegaflow.proxy.fakes import FakeServer, serve, url, wait_until, with_proxy
 
@@ -26,11 +25,9 @@ def test_proxy_hung_prefill_times_out_to_decode_then_is_passed_over_and_unhealth
             health = await client.get("/health")
             health = (health.status, await health.json())
             # 3. The next request goes straight to decode: the failing prefill server is not
-            #    due a retry yet, so it waits for no timeout.
-            started = time.monotonic()
+            #    due a retry yet, so it waits for no prefill timeout.
             fourth = await client.post("/v1/completions", json={"prompt": "y", "max_tokens": 3})
-            fourth = (fourth.status, time.monotonic() - started)
-            return answers, health, fourth, await (await client.get("/metrics")).text()
+            return answers, health, fourth.status, await (await client.get("/metrics")).text()
 
         try:
             return log, await with_proxy([url(servers[0])], [url(servers[1])], body,
@@ -39,13 +36,13 @@ def test_proxy_hung_prefill_times_out_to_decode_then_is_passed_over_and_unhealth
             for server in servers:
                 await server.close()
 
-    log, (answers, (health_status, health), (fourth_status, fourth_s), metrics) = asyncio.run(scenario())
+    log, (answers, (health_status, health), fourth_status, metrics) = asyncio.run(scenario())
     assert [(status, answer["server"]) for status, answer in answers] == [(200, "d")] * 3
     assert health_status == 503 and not health["healthy"]
     prefill, decode = health["servers"]
     assert prefill["answers_health"] and not prefill["healthy"] and prefill["failures_in_row"] == 3
     assert "TimeoutError" in prefill["last_failure"] and decode["healthy"]
-    assert fourth_status == 200 and fourth_s < 0.3 * 10  # (it did not wait for a prefill timeout)
+    assert fourth_status == 200
     assert [entry[0] for entry in log if len(entry) == 4].count("p") == 3  # the 4th never reached it
     assert "pegaflow_proxy_prefill_failures_total 3.0" in metrics
     assert "pegaflow_proxy_prefill_skipped_total 1.0" in metrics
@@ -65,7 +62,7 @@ def test_proxy_failing_prefill_is_retried_once_per_retry_and_recovers():
             for _ in range(5):  # 3 failures mark it failing; the next 2 pass it over
                 await post()
             num_sent_failing = sum(1 for entry in log if entry[0] == "p")
-            await asyncio.sleep(0.5)  # its retry is due
+            proxy.prefill.states()[0].last_sent -= 600  # time passes: its retry is due
             fakes[0].status = 200  # ...and it is well again
             await post()
             await post()
@@ -73,7 +70,7 @@ def test_proxy_failing_prefill_is_retried_once_per_retry_and_recovers():
             return num_sent_failing, sum(1 for entry in log if entry[0] == "p"), health
 
         try:
-            return await with_proxy([url(servers[0])], [url(servers[1])], body, prefill_retry_s=0.5)
+            return await with_proxy([url(servers[0])], [url(servers[1])], body, prefill_retry_s=600)
         finally:
             for server in servers:
                 await server.close()

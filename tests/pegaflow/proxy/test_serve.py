@@ -146,8 +146,8 @@ def test_serve_slow_connections_at_hard_open_file_limit_are_cut_by_timeouts(tmp_
     # it, and only the idle and body timeouts free descriptors for the normal requests.
     # Failed accepts meanwhile log a line per 10 s, no traceback.
     open_files_for(1024)
-    num_slow, answers = _slow_connection_scenario(tmp_path, 300, (256, 256), "--idle-timeout-s", "1",
-                                                  "--body-timeout-s", "1")
+    num_slow, answers = _slow_connection_scenario(tmp_path, 300, (256, 256), "--idle-timeout-s", "2",
+                                                  "--body-timeout-s", "2")
     log = (tmp_path / "proxy.log").read_text()
     assert num_slow > 256
     assert [status for status, _ in answers] == [200] * 5, log[-2000:]
