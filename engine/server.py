@@ -31,6 +31,7 @@ from pegaflow.platform.waits import Doorbell, sleep_until
 from pegaflow.platform.wire import CLIENT_STATS, STATS
 
 from .client_table import ClientTable
+from .clients import MAX_UNREAD_ANSWERS
 from .config import EngineConfig
 from .copy.base import CopyBackend
 from .dispatcher import Dispatcher
@@ -45,8 +46,6 @@ logger = logging.getLogger(__name__)
 
 MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
 HELD_BACK_POLL_S = 5e-3  # while answers wait behind a full completion ring: how often to look
-MAX_UNREAD_ANSWERS = 1024  # answers queued behind a client's full completion ring; past
-#                            this its commands wait unread (its submit then times out)
 CLAIM_CHECK_S = 1e-3
 LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detaching: only
 #                        their liveness is checked, and a dead one's slot can wait this long
@@ -240,6 +239,8 @@ class EngineServer:
         self.slow.report(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
         self.table.check_alive()
+        if self.dispatcher.waiting.items:  # a dead saver's half-written blocks just dropped
+            self.dispatcher.waiting.resume(now)
         self.stats.set("heartbeat_ns", time.time_ns())
 
     def shutdown(self) -> None:

@@ -162,6 +162,10 @@ class Transfers:
             self._answer(pending, Status.OK, LoadAnswer(len(keys)), len(keys))
         return self._seal(pending)
 
+    def is_issuing_save(self, client: ClientState, namespace: int) -> bool:
+        """Whether a SAVE of ``client`` under ``namespace`` is still being issued (in slices)."""
+        return False
+
     def take_parked(self, now: float) -> list[tuple[Received, Load, bool]]:
         """Parked LOADs to go on, or late (``ParkedLoads.take``)."""
         return self.parked.take(now, self.index.is_promoting)
