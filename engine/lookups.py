@@ -33,7 +33,7 @@ class Lookups:
         # never), and ``clients`` says whose rings may hold a SAVE not read yet (the
         # server's attached clients)
         self.waiting = WaitingLookups(self.index, self._answer_waiting, self.stats,
-                                      dispatcher.transfers.is_issuing_save)
+                                      dispatcher.transfers.issuing.is_issuing_save)
         self.lookup_wait_s = lookup_wait_s
         self.clients: Callable[[], tuple] = tuple
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one

@@ -121,6 +121,10 @@ class EngineServer:
         if self.remote is not None and self.remote.has_work() and self.remote.poll(now):
             self.dispatcher.resume_parked_loads(now)  # (a fetch may have ended)
             did_work = True
+        if self.dispatcher.transfers.issuing:  # long SAVEs or LOADs, a slice a turn (issuing.py)
+            self.dispatcher.gauges_stale = True
+            self.dispatcher.transfers.issuing.more()
+            did_work = True
         if self.dispatcher.pending:  # only copies in flight can finish
             for done in self.backend.poll():
                 self.dispatcher.on_copy_done(done)
@@ -166,6 +170,7 @@ class EngineServer:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
         did_work = False
         dispatcher = self.dispatcher
+        issuing = dispatcher.transfers.issuing.items  # a client's next command waits for its SAVE or LOAD
         for client in self.table.attached:  # a snapshot: a DETACH may retire a client meanwhile
             if client.backlog:
                 queued = len(client.backlog)
@@ -175,6 +180,8 @@ class EngineServer:
                     continue  # it reads none of its answers: the engine's memory must not grow
             submissions = client.submissions
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
+                if client.slot in issuing:
+                    break
                 rec = submissions.try_peek_values()  # the protocol reads its fields by place
                 if rec is None:
                     break
@@ -245,4 +252,5 @@ class EngineServer:
 
     def shutdown(self) -> None:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
+        self.dispatcher.transfers.issuing.finish()  # (each then ends as its copies do)
         shut_down(self)

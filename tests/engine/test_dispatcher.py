@@ -383,6 +383,7 @@ def _held_dispatcher(refuse: bool = False):
     backend = HeldBackend()
     dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), backend,
                             StatsWriter(np.zeros(1, STATS)))
+    dispatcher.transfers.issuing.slice_s = float("inf")  # no loop here to issue the rest later
     make = record_type(SUBMISSION)
 
     def add_client(slot: int) -> SimpleNamespace:
