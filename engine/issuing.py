@@ -12,7 +12,9 @@ each finds its SAVE or LOAD whole, as when it was issued at once; other clients'
 are answered in between.  A LOOKUP that may wait for a SAVE being issued follows it
 (``is_issuing_save``, ``waiting_lookups.py``).  A command being issued counts in its
 client's ``num_inflight`` (its memory stays registered); one whose client left is not
-issued further.  At a stop, every one is issued to its end (``finish``).
+issued further.  A stored chain's eviction order is given the same way, TOUCH_STEP keys a
+step after its SAVE's answer (``touch_chain``).  At a stop, every one is issued to its end
+(``finish``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .received import untimed
 logger = logging.getLogger(__name__)
 
 ISSUE_SLICE_S = 10e-3  # one command's steps a loop turn (then one step more at most)
+TOUCH_STEP = 4096  # keys of a stored chain given their eviction order a step
 _END = object()
 
 
@@ -40,16 +43,34 @@ def step_before(start: int):
 
 
 class Issuing:
-    def __init__(self, seal: Callable, on_fault: Callable, answer: Callable, release_lease: Callable) -> None:
+    def __init__(self, seal: Callable, on_fault: Callable, answer: Callable, index) -> None:
         self.slice_s = ISSUE_SLICE_S
         self.seal = seal          # Transfers': every step issued, the command is answered now or later
         self.on_fault = on_fault  # Transfers': a context in which a fault (a bug) ends the command
         self.answer = answer      # the dispatcher's
-        self.release_lease = release_lease
+        self.index = index        # its leases released, its chains touched
         self.items: dict[int, tuple[object, Iterator, int]] = {}  # slot -> (pending, steps, namespace)
+        self.touching: list[tuple[list, int]] = []  # (stored chains, how much of each is left to touch)
 
     def __bool__(self) -> bool:
-        return bool(self.items)
+        return bool(self.items or self.touching)
+
+    def touch_chain(self, chain: list) -> None:
+        """``chain`` was stored: its eviction order (``BlockIndex.touch_chain``: the head kept
+        longest), given TOUCH_STEP keys a step from the tail, a long one over several turns."""
+        self.touching.append((chain, len(chain)))
+        self._touch(time.perf_counter() + self.slice_s)
+
+    def _touch(self, deadline: float) -> None:
+        while self.touching:
+            chain, end = self.touching[0]
+            self.index.touch_chain(chain[max(0, end - TOUCH_STEP):end])
+            if end <= TOUCH_STEP:
+                self.touching.pop(0)
+            else:
+                self.touching[0] = (chain, end - TOUCH_STEP)
+            if time.perf_counter() >= deadline:
+                return
 
     def start(self, pending, steps: Iterator, namespace: int) -> None:
         """Issue ``pending``'s ``steps`` for ISSUE_SLICE_S now, the rest on the next turns.  A
@@ -69,15 +90,16 @@ class Issuing:
                 self._go_on(slot, deadline)
             except CommandError as exc:  # nothing of it was copied
                 if pending.lease_id:
-                    self.release_lease(pending.lease_id)
+                    self.index.release(pending.lease_id)
                 self.answer(received, Status(exc.status))
             except Exception:  # boundary, as in the server's loop: answered, the engine goes on
                 logger.exception("slot %d: internal error issuing a %s", slot, pending.opcode.name)
                 self.answer(untimed(received), Status.INTERNAL)
+        self._touch(deadline)
 
     def finish(self) -> None:
         """Every command being issued, to its end (the engine stops)."""
-        while self.items:
+        while self:
             self.more()
 
     def is_issuing(self, client) -> bool:

@@ -56,7 +56,7 @@ class Transfers:
         self.parked = ParkedLoads()  # LOADs waiting for the disk tier's reads
         self._tokens = itertools.count(1)
         self.issue_s = 0.0  # seconds spent in the backend's submit, all told (slow_commands.py)
-        self.issuing = Issuing(self._seal, self._answered_on_fault, answer, index.release)
+        self.issuing = Issuing(self._seal, self._answered_on_fault, answer, index)
 
     def save(self, received: Received, save: Save):
         client = received.client
@@ -268,7 +268,7 @@ class Transfers:
                          pending.opcode.name, pending.error)
         # After the answer (nothing else runs before it is done): the eviction order only.
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
-            self.index.touch_chain(pending.chain)
+            self.issuing.touch_chain(pending.chain)
         if pending.is_timed:
             log_timing(pending, logger)
 

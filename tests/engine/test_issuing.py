@@ -131,3 +131,23 @@ def test_issuing_holds_back_the_clients_next_command_until_its_save_is_issued(en
     #    block, none missing because the SAVE had not reached it yet.
     assert kv.client.wait(save, 60).value == num_blocks
     assert kv.client.wait(lookup, 60).result.num_hit_blocks == num_blocks
+
+
+def test_issuing_a_long_chains_eviction_order_is_given_over_turns_tail_first(sliced, monkeypatch):
+    # 1. A SAVE of six blocks lands; its chain's eviction order is given two keys a turn.
+    import engine.issuing
+    monkeypatch.setattr(engine.issuing, "TOUCH_STEP", 2)
+    h = sliced
+    h.issuing.slice_s = float("inf")
+    h.send(1, Opcode.SAVE, _save_payload(range(6), HASHES), 6)
+    h.issuing.slice_s = 0.0
+    _land(h)
+    assert h.completions.try_get().status == Status.OK
+    order = h.dispatcher.index.policy._order
+    # 2. At its answer, its tail's two keys; a turn later the next two; then the head, which
+    #    ends the most recently used (a chain is evicted from its tail).
+    assert list(order)[-2:] == [KEYS[5], KEYS[4]] and h.issuing
+    h.issuing.more()
+    assert list(order)[-4:] == [KEYS[5], KEYS[4], KEYS[3], KEYS[2]]
+    h.issuing.more()
+    assert list(order) == KEYS[::-1] and not h.issuing
