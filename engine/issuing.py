@@ -49,7 +49,10 @@ class Issuing:
         self.on_fault = on_fault  # Transfers': a context in which a fault (a bug) ends the command
         self.answer = answer      # the dispatcher's
         self.index = index        # its leases released, its chains touched
-        self.items: dict[int, tuple[object, Iterator, int]] = {}  # slot -> (pending, steps, namespace)
+        # each command being issued (by its PendingCopy's id) -> (pending, steps, namespace), and
+        # how many of each client slot's (a LOAD parked on disk reads may join a SAVE of its client's)
+        self.items: dict[int, tuple[object, Iterator, int]] = {}
+        self.slots: dict[int, int] = {}
         self.touching: list[tuple[list, int]] = []  # (stored chains, how much of each is left to touch)
 
     def __bool__(self) -> bool:
@@ -76,24 +79,25 @@ class Issuing:
         """Issue ``pending``'s ``steps`` for ISSUE_SLICE_S now, the rest on the next turns.  A
         refusal or a fault met now reaches the caller (the command's handler)."""
         pending.client.num_inflight += 1
-        self.items[pending.client.slot] = (pending, steps, namespace)
-        self._go_on(pending.client.slot, time.perf_counter() + self.slice_s)
+        self.items[id(pending)] = (pending, steps, namespace)
+        self.slots[pending.client.slot] = self.slots.get(pending.client.slot, 0) + 1
+        self._go_on(id(pending), time.perf_counter() + self.slice_s)
 
     def more(self) -> None:
         """The next slice of every command being issued (a loop turn's); a refusal (a LOAD's
         block gone meanwhile) or a fault met now is answered here."""
         deadline = time.perf_counter() + self.slice_s
-        for slot in list(self.items):
-            pending = self.items[slot][0]
+        for key in list(self.items):
+            pending = self.items[key][0]
             received = pending.received
             try:
-                self._go_on(slot, deadline)
+                self._go_on(key, deadline)
             except CommandError as exc:  # nothing of it was copied
                 if pending.lease_id:
                     self.index.release(pending.lease_id)
                 self.answer(received, Status(exc.status))
             except Exception:  # boundary, as in the server's loop: answered, the engine goes on
-                logger.exception("slot %d: internal error issuing a %s", slot, pending.opcode.name)
+                logger.exception("slot %d: internal error issuing a %s", pending.client.slot, pending.opcode.name)
                 self.answer(untimed(received), Status.INTERNAL)
         self._touch(deadline)
 
@@ -103,17 +107,17 @@ class Issuing:
             self.more()
 
     def is_issuing(self, client) -> bool:
-        return client.slot in self.items
+        return client.slot in self.slots
 
     def is_issuing_save(self, client, namespace: int) -> bool:
         """Whether a SAVE of ``client`` under ``namespace`` is being issued."""
-        item = self.items.get(client.slot)
-        return item is not None and item[0].opcode == Opcode.SAVE and item[2] == namespace
+        return client.slot in self.slots and any(
+            p.client is client and p.opcode == Opcode.SAVE and n == namespace for p, _, n in self.items.values())
 
-    def _go_on(self, slot: int, deadline: float) -> None:
-        """``slot``'s command issued on until ``deadline``; once every step is (or its client
-        left), it is sealed."""
-        pending, steps, _ = self.items[slot]
+    def _go_on(self, key: int, deadline: float) -> None:
+        """The command ``key`` names issued on until ``deadline``; once every step is (or its
+        client left), it is sealed."""
+        pending, steps, _ = self.items[key]
         try:
             with self.on_fault(pending):
                 while True:
@@ -127,6 +131,10 @@ class Issuing:
                         return  # the rest on the loop's next turn
         finally:
             if not steps.gi_suspended:  # ended, one way or another
-                del self.items[slot]
+                del self.items[key]
+                slot = pending.client.slot
+                self.slots[slot] -= 1
+                if not self.slots[slot]:
+                    del self.slots[slot]
                 pending.client.num_inflight -= 1
         self.seal(pending)

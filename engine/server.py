@@ -170,7 +170,7 @@ class EngineServer:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
         did_work = False
         dispatcher = self.dispatcher
-        issuing = dispatcher.transfers.issuing.items  # a client's next command waits for its SAVE or LOAD
+        issuing = dispatcher.transfers.issuing.slots  # a client's next command waits for its SAVE or LOAD
         for client in self.table.attached:  # a snapshot: a DETACH may retire a client meanwhile
             if client.backlog:
                 queued = len(client.backlog)

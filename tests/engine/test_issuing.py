@@ -151,3 +151,19 @@ def test_issuing_a_long_chains_eviction_order_is_given_over_turns_tail_first(sli
     assert list(order)[-4:] == [KEYS[5], KEYS[4], KEYS[3], KEYS[2]]
     h.issuing.more()
     assert list(order) == KEYS[::-1] and not h.issuing
+
+
+def test_issuing_two_commands_of_one_client_each_go_to_their_end(sliced):
+    # A LOAD parked on the disk tier's reads is resumed while its client's later SAVE is
+    # still being issued (the dispatcher handles it then, whatever the server reads): both
+    # are issued to their end and each is answered once.
+    h = sliced
+    _stored_whole(h)
+    h.send(2, Opcode.SAVE, _save_payload(range(6), [b"s" * 31 + bytes([i]) for i in range(6)]), 6)
+    h.send(3, Opcode.LOAD, _save_payload(range(8, 14), HASHES), 6)
+    assert len(h.issuing.items) == 2 and h.issuing.slots == {0: 2}
+    while h.issuing:
+        h.issuing.more()
+    _land(h)
+    answers = sorted((a.request_id, a.status, a.value) for a in iter(h.completions.try_get, None))
+    assert answers == [(2, Status.OK, 6), (3, Status.OK, 6)] and h.client.num_inflight == 0
