@@ -57,6 +57,7 @@ __all__ = ["NO_PAYLOAD", "Dispatcher"]
 _OK, _ATTACH, _DETACH = Status.OK, Opcode.ATTACH, Opcode.DETACH  # the hot loop compares plain names
 _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
+_OPCODES = frozenset(Opcode)
 _DONE = Done()
 _PING_ANSWERS = tuple(PingAnswer(n) for n in range(256))  # built once: a round trip's hot path
 
@@ -176,7 +177,8 @@ class Dispatcher:
         if opcode in _SETUP:
             self.refusals.note(client, opcode, exc, monotonic())
         else:
-            logger.debug("slot %d (pid %d): opcode %s refused: %s", client.slot, client.pid, opcode, exc)
+            logger.debug("slot %d (pid %d): %s refused: %s", client.slot, client.pid,
+                         Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
         self.answer(received, Status(exc.status))
 
     def answer_internal_error(self, client: ClientState, rec) -> None:
