@@ -170,7 +170,9 @@ def test_client_table_client_killed_while_its_save_is_held_is_reclaimed():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     conn, child = start_child(_save_then_wait, name)
+    kv_name = None
     try:
+        assert conn.poll(30), "the client never saved"
         kv_name = conn.recv()
         deadline = time.monotonic() + 30
         while not backend.held:
@@ -187,7 +189,8 @@ def test_client_table_client_killed_while_its_save_is_held_is_reclaimed():
     finally:
         if child.is_alive():
             child.kill()
-        shm.unlink_segment(kv_name)
+        if kv_name is not None:
+            shm.unlink_segment(kv_name)
         server.request_stop()
         thread.join(30)
     assert not thread.is_alive() and shm_leftovers(name) == []

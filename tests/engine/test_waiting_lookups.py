@@ -154,7 +154,9 @@ def test_waiting_lookup_of_a_saver_killed_mid_save_is_answered_at_its_reclaim(en
     engine = engine_factory(extra=("--lookup-wait-ms", "10000"))
     consumer, hashes = kv_client(engine), make_hashes(2)
     conn, saver = start_child(_save_layer_zero_then_wait, engine.name, hashes)
+    kv_name = None
     try:
+        assert conn.poll(WAIT_DEADLINE_S), "the saver never saved"
         kv_name = conn.recv()
         saved_at = time.monotonic()
         # 2. A LOOKUP of the two waits for them (up to 10 s) ...
@@ -164,7 +166,8 @@ def test_waiting_lookup_of_a_saver_killed_mid_save_is_answered_at_its_reclaim(en
     finally:
         if saver.is_alive():
             saver.kill()
-        shm.unlink_segment(kv_name)
+        if kv_name is not None:
+            shm.unlink_segment(kv_name)
     # 3. ... and is answered once the engine reclaims the dead saver (its housekeeping, every
     #    second while blocks are half written), while idle: before the half-written blocks
     #    would count as abandoned, and long before its 10 s deadline.
