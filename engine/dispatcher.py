@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from time import perf_counter
+from time import monotonic, perf_counter
 
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
@@ -45,6 +45,7 @@ from .index import BlockIndex
 from .lookups import Lookups
 from .received import LATER, Received, new_received, untimed
 from .registration import register_events, register_region
+from .slow_commands import RefusedCommands
 from .stats import StatsWriter
 from .transfers import Transfers
 from .votes import VoterTable
@@ -72,6 +73,7 @@ class Dispatcher:
         self.transfers = Transfers(index, backend, stats, self.answer)
         self.lookups = Lookups(self, lookup_wait_s)
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
+        self.refusals = RefusedCommands()  # refused setup commands, logged at a bounded rate
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self.handlers: dict[Opcode, Callable] = {
@@ -172,9 +174,11 @@ class Dispatcher:
 
     def _refused(self, received: Received, exc: CommandError) -> None:
         opcode, client = received.opcode, received.client  # setup refusals stop a client caching: say why
-        logger.log(logging.WARNING if opcode in _SETUP else logging.DEBUG,
-                   "slot %d (pid %d): %s refused: %s", client.slot, client.pid,
-                   Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
+        if opcode in _SETUP:
+            self.refusals.note(client, opcode, exc, monotonic())
+        else:
+            logger.debug("slot %d (pid %d): %s refused: %s", client.slot, client.pid,
+                         Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
         self.answer(received, Status(exc.status))
 
     def answer_internal_error(self, client: ClientState, rec) -> None:
@@ -225,9 +229,7 @@ class Dispatcher:
             if client.ring_name else None
         if why is not None:
             raise CommandError(Status.BAD_ARGUMENT, why)
-        if attach.voters is not None:  # a voter (wire.py: voting)
-            self.voters.join(attach.namespace, client.slot, attach.voters.num_voters, attach.voters.voter)
-            client.num_voters, client.voter = attach.voters.num_voters, attach.voters.voter
+        self.voters.attach(client, attach.namespace, attach.voters)  # (wire.py: voting)
         client.pid, client.is_attached = attach.pid, True
         client.instance, client.namespace = attach.instance, attach.namespace
         self.stats.client_attached(client.slot, attach.pid & 0xFFFFFFFF, attach_role(attach.role, attach.kv_role),

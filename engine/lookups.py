@@ -32,7 +32,8 @@ class Lookups:
         # LOOKUPs waiting for saves in flight: by default for at most ``lookup_wait_s`` (0:
         # never), and ``clients`` says whose rings may hold a SAVE not read yet (the
         # server's attached clients)
-        self.waiting = WaitingLookups(self.index, self._answer_waiting)
+        self.waiting = WaitingLookups(self.index, self._answer_waiting, self.stats,
+                                      dispatcher.transfers.issuing.is_issuing_save)
         self.lookup_wait_s = lookup_wait_s
         self.clients: Callable[[], tuple] = tuple
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
@@ -66,8 +67,7 @@ class Lookups:
         dispatcher.gauges_stale = True
         received = waiting.received
         client = received.client
-        if waiting.is_waiting_saves:
-            self._count_wait(waiting)
+        self._count_wait(waiting)
         status, answer = Status.OK, ()
         if client.is_attached:
             try:
@@ -81,11 +81,11 @@ class Lookups:
         dispatcher.after_answer(client)
 
     def _count_wait(self, waiting: WaitingLookup) -> None:
-        num_more, why = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
+        num_more, _ = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
         self.stats.add("lookup_waits")
         self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
         self.stats.add("lookup_wait_blocks", waiting.num_usable + num_more - waiting.num_ready)
-        self.stats.add("lookup_wait_timeouts", int(why == "writing"))
+        self.stats.add("lookup_wait_timeouts", int(waiting.is_late))
 
     def _counted(self, received: Received, num_hits: int, lease_id: int) -> LookupAnswer:
         """A LOOKUP's answer (counted in the stats): hits, lease, blocks still on their way."""
