@@ -63,8 +63,9 @@ from tools.bench_serving import (
     reset_gpu_cache,
     server_command,
 )
+from tools.lib import processes
 from tools.replica_router import ROUTERS, Routed, Router, replica_figures
-from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes, vllm_settings
+from tools.serving_setup import PEGAFLOW_CONFIGS, peer_leftovers, side_processes, vllm_settings
 from tools.serving_workload import RequestResult, cacheable_tokens, conversations, shared_prefix_prompts, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,10 +125,11 @@ class Fleet:
         if not (a.eager or compile_cache_warm()):  # replica 0 fills vLLM's compile cache alone
             self.start(0)
             rest = range(1, a.replicas)
-        for replica in rest:
-            self.launch(replica)
-        for replica in rest:
-            self.ready_s[replica] = round(self.servers[replica].wait_ready(), 2)
+        with processes.phase(None, f"{self.tag} replicas {list(rest)} start"):
+            for replica in rest:
+                self.launch(replica)
+            for replica in rest:
+                self.ready_s[replica] = round(self.servers[replica].wait_ready(), 2)
 
     def launch(self, replica: int) -> Server:
         """Launches one replica (not waiting for it to be up)."""
@@ -144,12 +146,14 @@ class Fleet:
         cmd = server_command(self.config, one, self.engine_name, peer_args)
         if a.start == "together":
             cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(a.model, a.gpu_blocks))]
-        self.servers[replica] = Server(cmd, one.port, log_path, env, cwd, wait=False)
+        self.servers[replica] = Server(cmd, one.port, log_path, env, cwd, wait=False,
+                                       leftovers=peer_leftovers(self.plan))
         return self.servers[replica]
 
     def start(self, replica: int) -> float:
         """Starts one replica; its time from launch to /health answering."""
-        self.ready_s[replica] = round(self.launch(replica).wait_ready(), 2)
+        with processes.phase(None, f"{self.tag} replica {replica} start"):
+            self.ready_s[replica] = round(self.launch(replica).wait_ready(), 2)
         return self.ready_s[replica]
 
     def log_path(self, replica: int) -> Path:
@@ -285,7 +289,8 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     name = f"replicas{os.getpid()}"
     split = args.replicas if config in SPLIT_PEERS else 1  # LMCache in vLLM's process: a private cache each
     with side_processes(config, name, args.engine_arg, args.host_gib, log_dir, tag,
-                        peer_pool_bytes=(args.host_gib << 30) // split, engine_start_timeout_s=600) as sides:
+                        peer_pool_bytes=(args.host_gib << 30) // split, engine_start_timeout_s=600,
+                        num_vllms=1 if split > 1 else args.replicas) as sides:
         fleet = Fleet(config, args, name, log_dir, tag, sides.plan)
         try:
             result = _workloads(config, args, fleet, tag) | {"engine": sides.engine_stats()}
@@ -299,10 +304,12 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
 def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     router = Router(args.router, args.replicas, seed=args.seed)
     chat = Chat(args, router)
-    rounds: list[list[Routed]] = [chat.round(fleet, 0)]
+    with processes.phase(None, f"{tag} chat round 0"):
+        rounds: list[list[Routed]] = [chat.round(fleet, 0)]
     before = fleet.counters()
     for r in range(1, args.rounds):
-        rounds.append(chat.round(fleet, r))
+        with processes.phase(None, f"{tag} chat round {r}"):
+            rounds.append(chat.round(fleet, r))
     after = fleet.counters()
     later = [x for rnd in rounds[1:] for x in rnd]
     per_round = [summarize([x.result for x in rnd]) for rnd in rounds]
@@ -319,7 +326,8 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     if args.doc_requests:
         out["docs_reset_wait_s"] = fleet.reset_prefix_caches()
         before = after  # (a reset changes no counter: the chat's last scrape serves)
-        docs = shared_docs(fleet, args, router)
+        with processes.phase(None, f"{tag} shared documents"):
+            docs = shared_docs(fleet, args, router)
         after = fleet.counters()
         out["docs"] = replica_figures(docs, _delta(after, before, "host_hit_tokens"), args.replicas) | \
             {"wall_s": summarize([x.result for x in docs])["wall_s"]}
@@ -329,7 +337,8 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
         ready_s = fleet.start(0)
         warmup = warm_up(fleet.port(0), args.restart_warmup, args.seed)
         before = fleet.counters()
-        restart = chat.round(fleet, args.rounds)
+        with processes.phase(None, f"{tag} restart round"):
+            restart = chat.round(fleet, args.rounds)
         after = fleet.counters()
         mine = [x for x in restart if x.replica == 0]
         warm = [x for x in later if x.replica == 0]
@@ -442,6 +451,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    processes.handle_signals()  # SIGTERM / timeout: every engine, server and vLLM stopped
     runs = collect_runs(args, run_config, write_json,
                         lambda run: {k: run[k] for k in ("tag", "later_rounds_wall_s", "time_to_ready_s")} |
                         {"ttft_p50_ms": run["later_rounds"]["ttft_p50_ms"],

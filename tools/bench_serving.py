@@ -40,7 +40,14 @@ from pathlib import Path
 
 from tools import peers, step_timeline
 from tools.gpu import gpu_name
-from tools.serving_setup import PEGAFLOW_CONFIGS, pegaflow_transfer_args, side_processes, vllm_settings
+from tools.lib import processes
+from tools.serving_setup import (
+    PEGAFLOW_CONFIGS,
+    peer_leftovers,
+    pegaflow_transfer_args,
+    side_processes,
+    vllm_settings,
+)
 from tools.serving_workload import (
     RequestResult,
     conversations,
@@ -234,13 +241,16 @@ class Server:
     the repository (``tools/peers.py`` says why)."""
 
     def __init__(self, cmd: list[str], port: int, log_path: Path, extra_env: dict | None = None,
-                 cwd: Path | None = None, wait: bool = True):
-        env = dict(os.environ, PYTHONHASHSEED="0", VLLM_SERVER_DEV_MODE="1",
+                 cwd: Path | None = None, wait: bool = True, leftovers=None):
+        env = dict(os.environ, PYTHONHASHSEED="0", VLLM_SERVER_DEV_MODE="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         env.update(extra_env or {})
         self.port, self.log_path, self.log = port, log_path, open(log_path, "w")
         self.launched = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # its own process group, stopped whole (its engine core too) however the bench ends
+        self.proc = processes.start(cmd, label=f"vllm serve :{port}", stop_signal=signal.SIGINT,
+                                    stop_timeout_s=60.0, leftovers=leftovers, cwd=cwd or ROOT, env=env,
+                                    stdout=self.log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready()
 
@@ -261,20 +271,15 @@ class Server:
                 time.sleep(0.5)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc)
         self.log.close()
 
 
 def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     name = f"bench{os.getpid()}"
     trace_path, extra_env = log_dir / f"{tag}.trace.log", {}
-    if config in PEGAFLOW_CONFIGS and args.trace:  # the connector's step timeline, into its own file
+    tracing = config in PEGAFLOW_CONFIGS and args.trace
+    if tracing:  # the connector's step timeline, into its own file
         logging_path = log_dir / f"{tag}.logging.json"
         logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
         extra_env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
@@ -282,14 +287,17 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                         peer_pool_bytes=args.host_gib << 30, engine_start_timeout_s=300) as sides:
         peer_args, peer_env, cwd = vllm_settings(sides.plan)  # a peer's server (if it has one) is up
         extra_env.update(peer_env)
-        server = Server(server_command(config, args, name, peer_args), args.port, log_dir / f"{tag}.log",
-                        extra_env, cwd)
+        with processes.phase("bench_serving", f"{tag} vllm serve start"):
+            server = Server(server_command(config, args, name, peer_args), args.port, log_dir / f"{tag}.log",
+                            extra_env, cwd, leftovers=peer_leftovers(sides.plan))
         try:
             counts0 = counters(args.port)
-            rounds = multi_round(args.port, args)
+            with processes.phase("bench_serving", f"{tag} multi_round"):
+                rounds = multi_round(args.port, args)
             counts1 = counters(args.port)
             reset_wait_s = reset_gpu_cache(args.port)
-            prefix = shared_prefix(args.port, args) if args.prefix_requests else []
+            with processes.phase("bench_serving", f"{tag} shared_prefix"):
+                prefix = shared_prefix(args.port, args) if args.prefix_requests else []
             counts2 = counters(args.port)
         finally:
             server.stop()
@@ -297,7 +305,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     later = [r for rnd in rounds[1:] for r in rnd]
     phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
     timeline = None
-    if extra_env:  # the steps that loaded, by phase (every process's monotonic clock is the host's)
+    if tracing:  # the steps that loaded, by phase (every process's monotonic clock is the host's)
         lines = trace_path.read_text().splitlines() if trace_path.exists() else []
         steps = step_timeline.parse(lines)
         schedule = step_timeline.parse_schedule(lines)
@@ -460,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="pegaflow's step timeline of the steps that load, per phase (adds CUDA events)")
     add_run_args(p, "/tmp/bench_serving")
     args = p.parse_args(argv)
+    processes.handle_signals()  # SIGTERM / timeout: every engine, server and vLLM stopped
     runs = collect_runs(args, run_or_fail, write_json,
                         lambda run: {k: run[k] for k in ("tag", "failed", "later_rounds_wall_s", "later_rounds",
                                                          "host_hit_tokens") if k in run})

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from tools import peers
 from tools.gpu import gpu_name
-from tools.phase_process import add_phase_args, spawn_phase, write_phase
+from tools.lib import processes
+from tools.phase_process import PHASE_TIMEOUT_S, add_phase_args, spawn_phase, write_phase
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows, logprobs_match
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import (
@@ -261,7 +262,11 @@ def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
     # phase's vLLM must hash the prompts as the first one did
     env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **SCRUB_ENV,
                **(run.env if run else {}))
-    return spawn_phase("tools.bench_ttft", phase, flags, env=env, cwd=run.cwd if run else None)
+    # a peer's connector may make segments in vLLM's process that a killed vLLM cannot remove
+    leftovers = processes.new_segments_since(processes.shm_snapshot()) if run else None
+    with processes.phase("bench_ttft", phase):
+        return spawn_phase("tools.bench_ttft", phase, flags, timeout_s=args.phase_timeout, env=env,
+                           cwd=run.cwd if run else None, leftovers=leftovers)
 
 
 def _peer_phases(args) -> dict[str, dict]:
@@ -460,6 +465,8 @@ def main() -> int:
     p.add_argument("--peers", nargs="*", choices=peers.PEERS, default=["lmcache", "pegaflow-rs"],
                    help="peers measured beside pegaflow, each with a host cache of --pool-size "
                         "(tools/peers.py; one that cannot run here is skipped with one line)")
+    p.add_argument("--phase-timeout", type=float, default=PHASE_TIMEOUT_S, metavar="S",
+                   help="stop a phase (one vLLM process) that runs longer than this, with a clear error")
     p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
     add_phase_args(p, ["pegaflow", "idle", "native", "none", "disk", *peers.PEERS])
     args = p.parse_args()
@@ -470,6 +477,7 @@ def main() -> int:
             result = {"failed": str(exc)}
         write_phase(args, result)
         return 0
+    processes.handle_signals()  # SIGTERM / timeout: every engine, server and vLLM stopped
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
         p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(_load_modes())}")

@@ -7,8 +7,9 @@ Configurations (``PEERS``):
   CPU backend holds as much as pegaflow's pool (``LMCACHE_MAX_LOCAL_CPU_SIZE``, GiB), chunks of
   256 tokens (its default).  vLLM's prefix caching stays on, as its docs run it.
 - ``lmcache-mp``: LMCache's multi-process mode, the one its docs recommend for several vLLMs
-  sharing one cache: one ``lmcache server`` whose L1 is the pool's size, reached over ZMQ by
-  every vLLM through vLLM's ``LMCacheMPConnector``.  For the replicas bench.
+  sharing one cache: one ``lmcache server`` whose L1 is the pool's size (LRU eviction, 256-token
+  chunks, a worker thread per vLLM it serves), reached over ZMQ by every vLLM through vLLM's
+  ``LMCacheMPConnector``.
 - ``pegaflow-rs``: PegaFlow (the Rust engine): its ``PegaKVConnector`` and one
   ``pegaflow-server`` with a pinned pool of the same size, reached over gRPC.
 
@@ -22,7 +23,7 @@ Interface, for ``bench_ttft``, ``bench_serving`` and ``bench_replicas``:
 
 - ``unavailable(config) -> str | None``: why ``config`` cannot run here, in one line (the
   exact import or loader error), or None; print ``skip_line(config, reason)`` and go on.
-- ``plan(config, pool_bytes) -> Plan``: what a vLLM of that configuration needs:
+- ``plan(config, pool_bytes, num_vllms) -> Plan``: what a vLLM of that configuration needs:
   ``plan.serve_args()`` (extra ``vllm serve`` arguments), ``plan.kv_transfer_config`` (for
   ``LLM(kv_transfer_config=KVTransferConfig(**...))``), ``plan.env`` (added to the vLLM
   process's environment; it sets PYTHONPATH, so merge, don't prepend this repo) and
@@ -30,7 +31,9 @@ Interface, for ``bench_ttft``, ``bench_serving`` and ``bench_replicas``:
   Ports are free ones picked here; one plan serves every replica of a run.
 - ``side_process(plan, log_path)``: a context manager that starts the server the plan needs
   (``pegaflow-server``, ``lmcache server``; nothing for ``lmcache``), returns once its health
-  check answers, and stops it (SIGINT to its process group, then SIGKILL) on exit.
+  check answers (a server that exits first, or does not answer within ``START_TIMEOUT_S``:
+  ``PeerError`` naming its log, whose last lines it carries), and stops it (SIGINT to its
+  process group, then SIGKILL; ``tools/lib/processes.py``) on exit, however the bench ends.
 """
 
 from __future__ import annotations
@@ -49,10 +52,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.lib import processes
+
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ("lmcache", "lmcache-mp", "pegaflow-rs")
 PEER_PACKAGE = {"lmcache": "lmcache", "lmcache-mp": "lmcache", "pegaflow-rs": "pegaflow-rs"}
 LMCACHE_CHUNK_TOKENS = 256
+LMCACHE_EVICTION = "LRU"  # `lmcache server` requires a policy; its quick start names LRU
 CHECK_TIMEOUT_S = 600.0   # one import check: torch and vLLM imported cold
 START_TIMEOUT_S = 300.0   # a server pins its whole pool before it answers
 STOP_TIMEOUT_S = 120.0
@@ -159,8 +165,9 @@ def unavailable(config: str) -> str | None:
     return reason if site.is_dir() else f"{reason} (no {site}: tools/peers_bundle.sh carries it)"
 
 
-def plan(config: str, pool_bytes: int) -> Plan:
-    """The settings of one run of ``config`` whose host cache holds ``pool_bytes``."""
+def plan(config: str, pool_bytes: int, num_vllms: int = 1) -> Plan:
+    """The settings of one run of ``config`` whose host cache holds ``pool_bytes``, shared by
+    ``num_vllms`` vLLM processes (a server's peers only; ``lmcache``'s cache is per process)."""
     if config not in PEERS:
         raise _unknown(config)
     env, cwd, gib = process_env(config), process_cwd(config), pool_bytes / (1 << 30)
@@ -169,11 +176,12 @@ def plan(config: str, pool_bytes: int) -> Plan:
                 "LMCACHE_CHUNK_SIZE": str(LMCACHE_CHUNK_TOKENS)}
         return Plan(config, {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, env, cwd)
     port, http_port = free_port(), free_port()
-    if config == "lmcache-mp":
+    if config == "lmcache-mp":  # docs/peers.md says why each setting is what it is
         server = (sys.executable, "-m", "lmcache.cli.main", "server", "--l1-size-gb", f"{gib:g}",
-                  "--host", "localhost", "--port", str(port), "--chunk-size", str(LMCACHE_CHUNK_TOKENS),
+                  "--eviction-policy", LMCACHE_EVICTION, "--chunk-size", str(LMCACHE_CHUNK_TOKENS),
+                  "--max-workers", str(num_vllms), "--host", "127.0.0.1", "--port", str(port),
                   "--http-host", "127.0.0.1", "--http-port", str(http_port))
-        extra = {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": port}
+        extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port}
         return Plan(config, {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
                              "kv_connector_extra_config": extra}, env, cwd, server,
                     f"http://127.0.0.1:{http_port}/healthcheck", process_env(config))
@@ -201,14 +209,18 @@ def side_process(run: Plan, log_path: Path, start_timeout_s: float = START_TIMEO
         yield
         return
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(run.server_argv, env=dict(os.environ, **run.server_env),
-                                cwd=run.cwd or ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own group: SIGINT reaches the binary too
+        # its own group (SIGINT reaches the binary its wrapper runs too), stopped however the
+        # bench ends; the segments it made, which it cannot remove when killed, removed after it
+        proc = processes.start(run.server_argv, label=f"{run.config} server", stop_signal=signal.SIGINT,
+                               stop_timeout_s=STOP_TIMEOUT_S,
+                               leftovers=processes.new_segments_since(processes.shm_snapshot()),
+                               env=dict(os.environ, PYTHONUNBUFFERED="1", **run.server_env),
+                               cwd=run.cwd or ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_healthy(proc, run, log_path, start_timeout_s)
             yield
         finally:
-            _stop(proc)
+            processes.stop(proc)
 
 
 def _wait_healthy(proc: subprocess.Popen, run: Plan, log_path: Path, timeout_s: float) -> None:
@@ -216,28 +228,21 @@ def _wait_healthy(proc: subprocess.Popen, run: Plan, log_path: Path, timeout_s: 
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
-            raise PeerError(f"{run.config}'s server exited ({proc.returncode}); see {log_path}")
+            raise PeerError(f"{run.config}'s server exited ({proc.returncode}); see {log_path}; "
+                            f"its last lines: {_tail(log_path)}")
         try:
             with urllib.request.urlopen(run.health_url, timeout=5):
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise PeerError(f"{run.config}'s server did not answer {run.health_url} "
-                                f"in {timeout_s:.0f} s; see {log_path}") from None
+                raise PeerError(f"{run.config}'s server did not answer {run.health_url} in "
+                                f"{timeout_s:.0f} s; see {log_path}; its last lines: {_tail(log_path)}") from None
             time.sleep(0.5)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):  # it ended between poll and the signal
-        os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def _tail(log_path: Path, num_lines: int = 3) -> str:
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    return " | ".join(lines[-num_lines:]) or "(empty)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -163,19 +163,20 @@ def test_available_configs_skips_a_missing_peer_with_one_line(monkeypatch, capsy
 
 def test_run_config_gives_an_in_process_peer_its_share_of_the_host_budget(monkeypatch, tmp_path):
     # 1. LMCache in vLLM's process holds a private cache per replica, split like native's;
-    #    PegaFlow's server is one for every replica, with the whole budget.
+    #    LMCache's and PegaFlow's servers are one for every replica, with the whole budget,
+    #    each told how many vLLMs it serves.
     pools = {}
 
-    def plan(config, pool_bytes):
-        pools[config] = pool_bytes
+    def plan(config, pool_bytes, num_vllms):
+        pools[config] = (pool_bytes, num_vllms)
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(bench_replicas.peers, "plan", plan)
     args = _args("--replicas", "4", "--host-gib", "64")
-    for config in ("lmcache", "pegaflow-rs"):
+    for config in ("lmcache", "lmcache-mp", "pegaflow-rs"):
         with pytest.raises(RuntimeError, match="stop here"):
             bench_replicas.run_config(config, args, tmp_path, config)
-    assert pools == {"lmcache": 16 << 30, "pegaflow-rs": 64 << 30}
+    assert pools == {"lmcache": (16 << 30, 1), "lmcache-mp": (64 << 30, 4), "pegaflow-rs": (64 << 30, 4)}
 
 
 def test_fleet_step_timelines_per_replica_within_the_later_rounds(tmp_path):
@@ -231,7 +232,7 @@ class _LaunchLog:
 
     events: list = []
 
-    def __init__(self, cmd, port, log_path, env, cwd, wait=True):
+    def __init__(self, cmd, port, log_path, env, cwd, wait=True, leftovers=None):
         assert wait is False
         self.cmd, self.port = cmd, port
         _LaunchLog.events.append(("launch", port))

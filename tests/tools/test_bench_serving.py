@@ -186,7 +186,7 @@ class _FakeVllmServe:
             self.end_headers()
             self.wfile.write(body)
 
-    def __init__(self, cmd, port, log_path, extra_env=None, cwd=None):
+    def __init__(self, cmd, port, log_path, extra_env=None, cwd=None, leftovers=None):
         handler = type("Handler", (self._Handler,), {"refusals": 0})
         self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

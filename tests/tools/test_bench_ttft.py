@@ -73,24 +73,21 @@ def test_bench_ttft_phases_run_with_one_hash_seed(monkeypatch):
     # vLLM 0.26 hashes blocks with a per-process seed unless PYTHONHASHSEED is set: every phase
     # (and so the disk phase's new vLLM) gets the same one.
     import argparse
-    import json
-    import subprocess
 
     import tools.bench_ttft as bench
     seen = []
 
-    def fake_run(cmd, **kwargs):
-        seen.append(kwargs["env"].get("PYTHONHASHSEED"))
-        out = cmd[cmd.index("--phase-out") + 1]
-        with open(out, "w") as f:
-            json.dump({"ok": True}, f)
+    def fake_spawn(module, phase, flags, timeout_s, env, cwd, leftovers):
+        seen.append(env.get("PYTHONHASHSEED"))
+        assert timeout_s == 77.0 and leftovers is None  # (no peer: nothing of its own to sweep)
+        return {"ok": True}
 
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(bench, "spawn_phase", fake_spawn)
     args = argparse.Namespace(tpot_only=False, eager=True, no_async_scheduling=False, model="m", num_prompts=1,
                               prompt_tokens=10, decode_tokens=1, decode_prompts=1, engine_name="e",
                               gpu_memory_utilization=0.5, native_offload_gib=1.0,
-                              disk_load_mode="layerwise")
+                              disk_load_mode="layerwise", phase_timeout=77.0)
     assert bench._spawn(args, "pegaflow") == {"ok": True} and bench._spawn(args, "disk") == {"ok": True}
     assert seen == ["0", "0"]
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import tools.engine_process
+from tools.lib import processes
 from tools.phase_process import ENGINE_START_TIMEOUT_S, ROOT, engine_unless_named, spawn_phase
 
 PHASE = textwrap.dedent("""
@@ -55,12 +56,12 @@ def test_spawn_phase_returns_what_the_phase_wrote_and_removes_its_file(phase_dir
 
 def test_spawn_phase_that_fails_raises_and_leaves_no_file(phase_dir, monkeypatch):
     made = []
-    real_run = subprocess.run
+    real_start = processes.start
 
-    def run(cmd, **kwargs):
+    def start(cmd, **kwargs):
         made.append(cmd[cmd.index("--phase-out") + 1])
-        return real_run(cmd, **kwargs)
-    monkeypatch.setattr(subprocess, "run", run)
+        return real_start(cmd, **kwargs)
+    monkeypatch.setattr(processes, "start", start)
     with pytest.raises(subprocess.CalledProcessError) as failed:
         spawn_phase("fake_phase", "broken", [], timeout_s=60, cwd=phase_dir)
     assert failed.value.returncode == 3 and failed.value.cmd[:3] == [sys.executable, "-m", "fake_phase"]
