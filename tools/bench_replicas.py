@@ -64,6 +64,7 @@ from tools.bench_serving import (
     server_command,
 )
 from tools.lib import processes
+from tools.lib.evidence import serving_requests
 from tools.replica_router import ROUTERS, Routed, Router, replica_figures
 from tools.serving_setup import PEGAFLOW_CONFIGS, peer_leftovers, side_processes, vllm_settings
 from tools.serving_workload import RequestResult, cacheable_tokens, conversations, shared_prefix_prompts, summarize
@@ -352,6 +353,9 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
                           "others_ttft_p50_ms": _ttft_p50(others), "others_warm_ttft_p50_ms": _ttft_p50(others_warm)}
     every = [x for rnd in rounds for x in rnd] + docs + restart
     out["results"] = [[x.result.key, x.result.tokens, x.result.error] for x in every]
+    # per request: its tokens' hash, the prompt tokens vLLM did not compute, where it was routed
+    out["requests"] = [record | {"replica": x.replica}
+                       for record, x in zip(serving_requests([x.result for x in every]), every)]
     return out
 
 

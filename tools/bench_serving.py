@@ -41,6 +41,7 @@ from pathlib import Path
 from tools import peers, step_timeline
 from tools.gpu import gpu_name
 from tools.lib import processes
+from tools.lib.evidence import serving_requests
 from tools.serving_setup import (
     PEGAFLOW_CONFIGS,
     peer_leftovers,
@@ -328,6 +329,8 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             "step_timeline": timeline,
             "results": [[r.key, r.tokens, r.error] for rnd in rounds for r in rnd] +
                        [[r.key, r.tokens, r.error] for r in prefix],
+            # per request: its tokens' hash and the prompt tokens vLLM did not compute
+            "requests": serving_requests([r for rnd in rounds for r in rnd] + prefix),
             # sent, first token, done (monotonic s, the clock of the step timeline's lines)
             "timings": [[r.key, round(r.started_s, 6), round(r.first_token_s, 6), round(r.done_s, 6)]
                         for rnd in rounds for r in rnd]}

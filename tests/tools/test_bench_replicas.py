@@ -132,6 +132,12 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
     assert run["restart"]["others_ttft_p50_ms"] == ttft_p50(others) is not None
     assert run["restart"]["others_warm_ttft_p50_ms"] == ttft_p50(others_warm) is not None
     assert len(run["results"]) == 9 + 6 + 3
+    # Per request, evidence that outlives the run: its tokens' hash, its replica.
+    from tools.lib.evidence import tokens_sha256
+    assert [r["key"] for r in run["requests"]] == [key for key, _, _ in run["results"]]
+    assert all(r["tokens_sha256"] == tokens_sha256(tokens)
+               for r, (_, tokens, _) in zip(run["requests"], run["results"]))
+    assert {r["replica"] for r in run["requests"]} == {0, 1}
 
 
 def test_headline_compares_every_answer_with_the_none_run(fleet):

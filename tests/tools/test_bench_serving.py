@@ -258,6 +258,10 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
     #    and each row's share of them served from host memory.
     from tools.serving_workload import later_rounds_cacheable
     answers = {key: tokens for key, tokens, _ in data["runs"][0]["results"]}
+    # (per request: the tokens' hash and vLLM's cached tokens, from each answer's usage)
+    from tools.lib.evidence import tokens_sha256
+    assert [(r["key"], r["tokens_sha256"], r["cached_tokens"]) for r in data["runs"][0]["requests"]] == [
+        (key, tokens_sha256(tokens), 16) for key, tokens, _ in data["runs"][0]["results"]]
     cacheable = later_rounds_cacheable(2, 40, 64, 0, [[answers[f"r{r}u{u}"] for u in range(2)] for r in range(2)])
     assert cacheable > 0 and all(r["cacheable_tokens"] == {"multi_round": cacheable} for r in data["runs"])
     assert all(data[c]["served_share"] == r["host_hit_tokens"]["multi_round"] / cacheable

@@ -215,8 +215,10 @@ def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
     llm = _FakeLLM(held=0, cached=48, gpu_hits=True)
     result = {"cold_tokens": [[1]], "cacheable_tokens": 48}
     _timed_warm(result, llm, [[1] * 50])
-    assert row(result, [[1]], {}) == {"invalid": "48 prompt tokens of the warm pass were vLLM GPU prefix-cache "
-                                             "hits, not loads from the host cache"}
+    invalid = row(result, [[1]], {})
+    assert invalid["invalid"] == ("48 prompt tokens of the warm pass were vLLM GPU prefix-cache hits, not loads "
+                                  "from the host cache")
+    assert "ttft_warm_ms" not in invalid and invalid["requests"][0]["warm_served_tokens"] == 48
 
 
 def test_bench_ttft_backend_figures_leave_out_a_copy_path_whose_warm_pass_hit_the_gpu(capsys):
