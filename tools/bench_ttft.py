@@ -6,6 +6,13 @@ warm TTFT, the share of cacheable prompt tokens its host cache served on the war
 whether its outputs equal no connector's (``configs`` in the JSON).
 
     python -m tools.bench_ttft --model tools/models/llama-3.1-8b-shape [--json]
+    python -m tools.bench_ttft --configs none pegaflow --phases-out a.json   # a run split over calls,
+    python -m tools.bench_ttft --configs native lmcache-mp --phases-out b.json
+    python -m tools.bench_ttft --merge a.json b.json --json                  # then one table
+
+``--configs`` picks of none, native, pegaflow and the peers (default: all but lmcache-mp); each
+phase logs a time-stamped line when it starts and ends, and one that runs past
+``--phase-timeout`` is stopped with its whole process group.
 
 Each vLLM runs in its own process, one after another (dummy weights, greedy), in vLLM's
 default compilation (CUDA graphs on) unless ``--eager``.
@@ -33,7 +40,7 @@ from pathlib import Path
 from tools import peers
 from tools.gpu import gpu_name
 from tools.lib import processes
-from tools.phase_process import PHASE_TIMEOUT_S, add_phase_args, spawn_phase, write_phase
+from tools.phase_process import PHASE_TIMEOUT_S, add_phase_args, engine_unless_named, spawn_phase, write_phase
 from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows, logprobs_match
 from tools.ttft_configs import stats as _stats
 from tools.warm_pass import (
@@ -269,12 +276,12 @@ def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
                            cwd=run.cwd if run else None, leftovers=leftovers)
 
 
-def _peer_phases(args) -> dict[str, dict]:
-    """Per peer of ``--peers``: its phase beside the server it needs, or ``skipped``: why."""
+def _peer_phases(args, configs: list[str]) -> dict[str, dict]:
+    """Per peer of ``configs``: its phase beside the server it needs, or ``skipped``: why."""
     from pegaflow.platform.errors import PeerError
     from pegaflow.platform.values import parse_size
     results = {}
-    for config in args.peers:
+    for config in configs:
         reason = peers.unavailable(config)
         if reason is not None:
             print("bench_ttft: " + peers.skip_line(config, reason), file=sys.stderr)
@@ -384,7 +391,7 @@ def summarize(peg: dict, native: dict | None, none: dict, gpu: str) -> dict:
     }
 
 
-def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) -> dict | None:
+def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict, gpu: str) -> dict | None:
     """``summarize``'s figures, from phases whose rows have figures: native's left out when its
     row has none; None when pegaflow's has none.  Each row without figures: one line on stderr."""
     for config, row in rows.items():
@@ -392,7 +399,7 @@ def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) 
             print(f"bench_ttft: no figures for {config}: {reason}", file=sys.stderr)
     if "ttft_warm_ms" not in rows["pegaflow"]:
         return None
-    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, gpu_name())
+    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, gpu)
 
 
 def backend_figures(by_backend: dict[str, dict], none: dict) -> dict:
@@ -425,7 +432,10 @@ def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
             **{f"tpot_{phase}_ms_each": values for phase, values in tpot.items()}}
 
 
-def main() -> int:
+CONFIGS = ("pegaflow", "native", *peers.PEERS, "none")  # the order they run in
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--num-prompts", type=int, default=8)
@@ -460,16 +470,43 @@ def main() -> int:
                    help="with --disk-path: run the disk phase once per connector disk_load_mode, each "
                         "with a new engine on the same disk (the first one's figures are the plain keys)")
     p.add_argument("--disk-load-mode", default="async", help=argparse.SUPPRESS)
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, metavar="CONFIG",
+                   help=f"the configurations to run, of {', '.join(CONFIGS)} (run in that order; default: "
+                        "pegaflow, native unless --skip-native, --peers, none). A run of some of them "
+                        "writes its phases with --phases-out; --merge makes one table of several such files")
     p.add_argument("--skip-native", action="store_true",
                    help="leave out the vLLM native offload phase (and its columns)")
     p.add_argument("--peers", nargs="*", choices=peers.PEERS, default=["lmcache", "pegaflow-rs"],
                    help="peers measured beside pegaflow, each with a host cache of --pool-size "
                         "(tools/peers.py; one that cannot run here is skipped with one line)")
+    p.add_argument("--phases-out", metavar="PATH",
+                   help="write every phase's measurements here, rewritten after each phase (for --merge)")
+    p.add_argument("--merge", nargs="+", default=[], metavar="PATH",
+                   help="run nothing: the table of the phases in these --phases-out files (a run split over "
+                        "calls; a configuration in two files: the later file's)")
     p.add_argument("--phase-timeout", type=float, default=PHASE_TIMEOUT_S, metavar="S",
                    help="stop a phase (one vLLM process) that runs longer than this, with a clear error")
     p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
     add_phase_args(p, ["pegaflow", "idle", "native", "none", "disk", *peers.PEERS])
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.phase:
+        return args
+    if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
+        p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(_load_modes())}")
+    if args.copy_backends and args.engine_variants:
+        p.error("--copy-backends or --engine-variants, not both")
+    if args.disk_path and args.num_prompts < 2:
+        p.error("--disk-path needs --num-prompts 2 or more (the last one is sent beside a new request)")
+    if args.engine_name and (args.copy_backends or args.engine_variants or args.disk_path):
+        p.error("--copy-backends, --engine-variants and --disk-path start engines of their own: leave out "
+                "--engine-name")
+    chosen = args.configs or ["pegaflow", *([] if args.skip_native else ["native"]), *args.peers, "none"]
+    args.configs = [c for c in CONFIGS if c in chosen]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.phase:
         try:
             result = run_phase(args)
@@ -478,19 +515,63 @@ def main() -> int:
         write_phase(args, result)
         return 0
     processes.handle_signals()  # SIGTERM / timeout: every engine, server and vLLM stopped
-    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
-    if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
-        p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(_load_modes())}")
-    if args.copy_backends and args.engine_variants:
-        p.error("--copy-backends or --engine-variants, not both")
-    backends = args.copy_backends or args.engine_variants or [None]
-    engine, given_engine = None, args.engine_name
+    if args.tpot_only:
+        return _tpot_only(args)
+    phases = merged_phases(args.merge) if args.merge else run_configs(args)
+    return report(args, phases)
 
-    if args.disk_path and args.num_prompts < 2:
-        p.error("--disk-path needs --num-prompts 2 or more (the last one is sent beside a new request)")
-    if given_engine and (args.copy_backends or args.engine_variants or args.disk_path):
-        p.error("--copy-backends, --engine-variants and --disk-path start engines of their own: leave out "
-                "--engine-name")
+
+def _tpot_only(args) -> int:
+    with engine_unless_named(args.engine_name, "ttft", args.pool_size) as args.engine_name:
+        tpot = {phase: _spawn(args, phase)["tpot_ms"] for phase in ("pegaflow", "idle", "none")}
+    print(json.dumps(summarize_tpot(tpot, gpu_name())))
+    return 0
+
+
+def run_configs(args) -> dict:
+    """Each configuration of ``args.configs``'s phase, in order; ``pegaflow``'s with its copy
+    paths or variants (``pegaflow_variants``) and disk phases (``disks``).  With
+    ``--phases-out`` the file is rewritten after each, so a run cut short keeps what it measured."""
+    phases: dict = {"gpu": gpu_name(), "model": args.model, "configs_run": list(args.configs)}
+
+    def keep(name: str, value) -> None:
+        phases[name] = value
+        if args.phases_out:
+            Path(args.phases_out).write_text(json.dumps(phases))
+    if "pegaflow" in args.configs:
+        by_backend, disks = _pegaflow_phases(args)
+        keep("pegaflow_variants", by_backend)
+        keep("disks", disks)
+        keep("pegaflow", next(iter(by_backend.values())))
+    if "native" in args.configs:
+        keep("native", _spawn(args, "native"))
+    for config, result in _peer_phases(args, [c for c in args.configs if c in peers.PEERS]).items():
+        keep(config, result)
+    if "none" in args.configs:
+        keep("none", _spawn(args, "none"))
+    return phases
+
+
+def merged_phases(paths: list[str]) -> dict:
+    """The phases of several ``--phases-out`` files as one run's (the first file's GPU and model;
+    another GPU in a later file: a warning, the merge goes on)."""
+    files = [json.loads(Path(path).read_text()) for path in paths]
+    phases = dict(files[0])
+    for path, data in zip(paths[1:], files[1:]):
+        if data["gpu"] != phases["gpu"]:
+            print(f"bench_ttft: {path} ran on {data['gpu']}, not {phases['gpu']}", file=sys.stderr)
+        phases.update({k: v for k, v in data.items() if k not in ("gpu", "model", "configs_run")})
+        phases["configs_run"] = list(dict.fromkeys(phases["configs_run"] + data["configs_run"]))
+    return phases
+
+
+def _pegaflow_phases(args) -> tuple[dict[str, dict], dict[str, dict] | None]:
+    """pegaflow's phase once per copy path or variant, each with a fresh engine (or the one
+    ``--engine-name`` names), then the disk phases; every engine started here stopped after."""
+    from pegaflow.stats.engine_stats import read_stats
+    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
+    backends = args.copy_backends or args.engine_variants or [None]
+    given_engine, engine = args.engine_name, None
     disk_dir = tempfile.mkdtemp(prefix="pegaflow-ttft-", dir=args.disk_path) if args.disk_path else ""
 
     def start(backend: str | None, keep_disk: bool = False):
@@ -499,27 +580,18 @@ def main() -> int:
             if not keep_disk:
                 shutil.rmtree(Path(disk_dir) / "pegaflow-blocks", ignore_errors=True)
             extra += ("--disk-path", disk_dir, "--disk-admission", "all")
-        started = EngineProcess(f"ttft{os.getpid()}", *extra, backend="cuda", pool_size=args.pool_size,
-                                start_timeout_s=300)
+        with processes.phase("bench_ttft", f"engine start ({variant_name(backend)})"):
+            started = EngineProcess(f"ttft{os.getpid()}", *extra, backend="cuda", pool_size=args.pool_size,
+                                    start_timeout_s=300)
         args.engine_name = started.name
         return started
 
-    if not given_engine:
-        engine = start(backends[0])
-    if args.tpot_only:
-        try:
-            tpot = {phase: _spawn(args, phase)["tpot_ms"] for phase in ("pegaflow", "idle", "none")}
-        finally:
-            if engine is not None:
-                engine.stop()
-        print(json.dumps(summarize_tpot(tpot, gpu_name())))
-        return 0
-    from pegaflow.stats.engine_stats import read_stats
     by_backend = {}
     try:
-        for i, backend in enumerate(backends):
-            if i and not given_engine:  # each copy path its own fresh engine
-                engine.stop(timeout_s=LARGE_POOL_STOP_S)
+        for backend in backends:
+            if not given_engine:  # each copy path its own fresh engine
+                if engine is not None:
+                    engine.stop(timeout_s=LARGE_POOL_STOP_S)
                 engine = start(backend)
             by_backend[variant_name(backend)] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
@@ -529,31 +601,48 @@ def main() -> int:
             engine.stop(timeout_s=LARGE_POOL_STOP_S)
         if disk_dir:
             shutil.rmtree(disk_dir, ignore_errors=True)
-    native = None if args.skip_native else _spawn(args, "native")
-    peer_runs = _peer_phases(args)
-    none = _spawn(args, "none")
-    peg = by_backend[variant_name(backends[0])]
+    return by_backend, disks
+
+
+def report(args, phases: dict) -> int:
+    """The table of ``phases`` (JSON with ``--json``); without both ``none`` and ``pegaflow``, only
+    which configurations ran, for a later ``--merge``."""
+    if "none" not in phases or "pegaflow" not in phases:
+        print(json.dumps({"gpu": phases["gpu"], "configs_run": phases["configs_run"],
+                          "phases_out": args.phases_out}))
+        print("bench_ttft: no table without both none and pegaflow: --merge this run's --phases-out file "
+              "with the others'", file=sys.stderr)
+        return 0
+    peg, none, native = phases["pegaflow"], phases["none"], phases.get("native")
+    peer_runs = {c: phases[c] for c in peers.PEERS if c in phases}
     rows = config_rows(peg, native, none, peer_runs)
-    if (result := _figures(rows, peg, native, none)) is None:
-        print(json.dumps({"gpu": gpu_name(), "configs": rows}))  # pegaflow's own figures invalid
+    if (result := _figures(rows, peg, native, none, phases["gpu"])) is None:
+        print(json.dumps({"gpu": phases["gpu"], "configs": rows}))  # pegaflow's own figures invalid
         return 1
-    if disks is not None:
+    disks = phases.get("disks")
+    if disks:
         result.update(summarize_disk(peg, disks, none))
         for mode in disks:
             if not result[f"lookup_disk_blocks_{mode}"]:
                 print(f"bench_ttft: the disk phase ({mode}) found nothing on disk: its figure is a "
                       "recompute, not a read from disk", file=sys.stderr)
     result["configs"] = rows
+    first = next(iter(phases["pegaflow_variants"]))
     if args.engine_variants:  # the first variant's figures are the table's
-        result["engine_variant"] = variant_name(backends[0])
+        result["engine_variant"] = first
     else:
-        result["copy_backend"] = backends[0] or "engine default"
-    result.update(backend_figures(by_backend, none))
+        result["copy_backend"] = args.copy_backends[0] if args.copy_backends else "engine default"
+    result.update(backend_figures(phases["pegaflow_variants"], none))
     result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
     result["compilation"] = "eager" if args.eager else "vLLM default (CUDA graphs)"
     if args.json:
         print(json.dumps(result))
-        return 0
+    else:
+        print_table(result, disks or {}, phases["pegaflow_variants"])
+    return 0
+
+
+def print_table(result: dict, disks: dict, by_backend: dict) -> None:
     print(f"{'case':<34}{'median ms':>10}{'p90 ms':>10}")
     for label, key in [("cold (pegaflow saving)", "cold_ms"), ("warm from pegaflow", "warm_pegaflow_ms"),
                        ("warm from vLLM native offload", "warm_native_ms"), ("GPU prefix-cache hit", "gpu_hit_ms")]:
@@ -569,7 +658,7 @@ def main() -> int:
           f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
           f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "
           f"{result['warm_batch8_pegaflow_ms']:.0f} ms; outputs identical: {result['outputs_identical']}")
-    for mode in disks or ():
+    for mode in disks:
         print(f"warm from disk ({mode} load) {result['warm_from_disk_ms_' + mode]:.1f} ms "
               f"(p90 {result['warm_from_disk_ms_p90_' + mode]:.1f}), from pool {result['warm_from_pool_ms']:.1f} "
               f"ms, cold {result['cold_ms']:.1f} ms; outputs identical: {result['outputs_identical_disk']}; "
@@ -582,7 +671,6 @@ def main() -> int:
     for name in by_backend:
         print(f"copy path {name}: warm {result['warm_pegaflow_ms_median_' + name]:.1f} ms "
               f"(p90 {result['warm_pegaflow_ms_p90_' + name]:.1f}), cold {result['cold_ms_median_' + name]:.1f} ms")
-    return 0
 
 
 if __name__ == "__main__":

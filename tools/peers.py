@@ -57,6 +57,15 @@ from tools.lib import processes
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ("lmcache", "lmcache-mp", "pegaflow-rs")
 PEER_PACKAGE = {"lmcache": "lmcache", "lmcache-mp": "lmcache", "pegaflow-rs": "pegaflow-rs"}
+# Every configuration a bench runs, as a mark about it names it: the release (tools/peers_bundle.sh
+# pins the peers'; the benches run vLLM 0.26.0, ../shared/gpu/README.md) and how it reaches vLLM.
+LABELS = {"none": "vLLM 0.26.0, prefix caching only",
+          "native": "vLLM 0.26.0, native CPU offloading (OffloadingConnector)",
+          "lmcache": "LMCache 0.5.3, in-process LMCacheConnectorV1",
+          "lmcache-mp": "LMCache 0.5.3, multi-process LMCacheMPConnector + lmcache server",
+          "pegaflow-rs": "PegaFlow 0.25.1, PegaKVConnector + pegaflow-server",
+          "pegaflow": "pegaflow (this repository), PegaKVConnector + its engine"}
+KNOWN_ISSUES = {"lmcache": "LMCache#4463"}  # upstream reports of a configuration's wrong outputs
 LMCACHE_CHUNK_TOKENS = 256
 LMCACHE_EVICTION = "LRU"  # `lmcache server` requires a policy; its quick start names LRU
 CHECK_TIMEOUT_S = 600.0   # one import check: torch and vLLM imported cold

@@ -6,16 +6,21 @@ bench_replicas write when run with every configuration side by side: the raw fil
         --out docs/benchmarks/peers.json --date 2026-12-06
 
 Per configuration and workload: the workload's figure (``ttft_warm_ms``, ``later_rounds_wall_s``
-or ``throughput_rps``), ``served_share`` where its bench reports one and ``outputs_identical``; a
-configuration a bench skipped or that failed keeps that reason.  Per workload, pegaflow against
-the fastest other system that ran with outputs not known wrong (``none`` and pegaflow's own
-variants, e.g. ``pegaflow-hold``, aside): the ratio of their figures.  A system whose outputs were
-wrong on any workload is known wrong on every one (``wrong``: where it was seen): its bytes are the
-same on each, and a workload whose outputs hide a wrong byte (dummy weights, stale GPU pages) does
-not make them right.  Every input is
-optional; the workloads of a bench not given are left out.  A configuration whose bench found
-its figures not valid (bench_ttft: its warm pass hit vLLM's GPU prefix cache) is ``invalid``, with
-the reason, like a skipped one: never a figure.
+or ``throughput_rps``), ``served_share`` where its bench reports one, ``outputs_identical`` (and,
+bench_ttft, ``logprobs_identical``); a configuration a bench skipped or that failed keeps that
+reason.  Marks are as narrow as their evidence: ``marks`` names each configuration by its release
+and mode (``tools/peers.py`` ``LABELS``) and gives its mark on each workload, measured there and
+nowhere else: ``wrong`` (tokens or first-token logprobs that differ, with an upstream report where
+one is known), ``right`` (tokens and logprobs equal), ``tokens identical`` (nothing finer was
+compared), or ``not run`` (with the reason where the bench gave one).  Nothing is inferred from
+one mode to another (LMCache in-process and LMCache multi-process are two configurations) or from
+one workload to another.  Per workload, pegaflow against the fastest other system that ran (``none``
+and pegaflow's own variants, e.g. ``pegaflow-hold``, aside), leaving out a configuration measured
+wrong on any workload: a configuration whose copies were seen wrong is no mark to beat, and the
+comparison says which it left out and why.  Every input is optional; the workloads of a bench
+not given are left out.  A configuration whose bench found its figures not valid (bench_ttft: its
+warm pass hit vLLM's GPU prefix cache) is ``invalid``, with the reason, like a skipped one: never a
+figure.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import json
 import sys
 from pathlib import Path
 
+from tools.peers import KNOWN_ISSUES, LABELS
+
 # workload: (bench, figure, unit, higher is better, title)
 WORKLOADS = {
     "warm_ttft_10k": ("ttft", "ttft_warm_ms", "ms", False, "warm 10k-token TTFT"),
@@ -34,7 +41,7 @@ WORKLOADS = {
     "replicas": ("replicas", "later_rounds_wall_s", "s", False, "replicas, later rounds"),
 }
 SHARED_WITH = {"shared_prefix"}  # workloads whose bench row's served_share is another workload's
-SYSTEMS = ("none", "native", "lmcache", "lmcache-mp", "pegaflow-rs", "pegaflow")
+SYSTEMS = ("none", "native", "lmcache", "lmcache-mp", "pegaflow-rs", "pegaflow")  # the columns' order
 NOT_RUN = ("skipped", "failed", "invalid")  # no figures: why, instead
 
 
@@ -63,7 +70,26 @@ def _cell(row: dict, figure: str) -> dict | None:
         cell["served_share"] = row["served_share"]
     if row.get("logprobs_identical") is not None:  # bench_ttft: against the GPU hit's, on a scrubbed cache
         cell["logprobs_identical"] = row["logprobs_identical"]
+        cell["logprobs_compared"] = row.get("logprobs_compared")
     return cell
+
+
+def mark(cell: dict | None) -> str:
+    """A configuration's mark on one workload, from that workload's cell alone."""
+    if cell is None:
+        return "not run"
+    if reason := next((f"{k}: {cell[k]}" for k in NOT_RUN if k in cell), None):
+        return f"not run ({reason})"
+    compared = f", {cell['logprobs_compared']} requests compared" if cell.get("logprobs_compared") else ""
+    logprobs = f"first-token logprobs differ from the GPU prefix-cache hit's{compared}"
+    if cell.get("outputs_identical") is False:
+        both = f"; {logprobs}" if cell.get("logprobs_identical") is False else ""
+        return f"wrong: output tokens differ from no offload's{both}"
+    if cell.get("logprobs_identical") is False:
+        return f"wrong: {logprobs}"
+    if cell.get("logprobs_identical") is True:
+        return f"right: tokens and first-token logprobs equal{compared}"
+    return "tokens identical" if cell.get("outputs_identical") else "not checked"
 
 
 def _wrong(cell: dict) -> bool:
@@ -105,16 +131,23 @@ def build(inputs: dict[str, dict], date: str) -> dict:
     for workload, cells in by_workload.items():
         _, figure, _, higher_better, _ = WORKLOADS[workload]
         out["versus"][workload] = _versus(cells, figure, higher_better, set(out["wrong"]))
+        if out["versus"][workload] is not None:
+            out["versus"][workload]["left_out_wrong"] = sorted(n for n in out["wrong"] if figure in cells.get(n, {}))
+    out["marks"] = {name: {"who": LABELS.get(name, name),
+                           "on": {w: mark(cells.get(name)) for w, cells in by_workload.items()}}
+                    for name in out["configs"]}
+    for name, issue in KNOWN_ISSUES.items():
+        if name in out["wrong"]:
+            out["marks"][name]["known_issue"] = issue
     return out
 
 
-def _format(cell: dict | None, figure: str, unit: str, wrong_in: list[str]) -> str:
-    """A cell's figure and share, marked wrong where its outputs were, or where this system's
-    were on another workload (``wrong_in``)."""
+def _format(cell: dict | None, figure: str, unit: str) -> str:
+    """A cell's figure and share, marked wrong where its outputs were on this workload."""
     if cell is None:
-        return "-"
+        return "not run"
     if figure not in cell:
-        return next(iter(cell))  # skipped / failed
+        return next(iter(cell))  # skipped / failed / invalid
     text = f"{cell[figure]:.3g} {unit}" if cell[figure] < 100 else f"{cell[figure]:.0f} {unit}"
     if "served_share" in cell:
         text += f" ({cell['served_share']:.0%} served)"
@@ -122,25 +155,36 @@ def _format(cell: dict | None, figure: str, unit: str, wrong_in: list[str]) -> s
         return text + " **wrong outputs**"
     if cell.get("logprobs_identical") is False:
         return text + " **logprobs differ**"
-    if wrong_in:
-        return text + " (**wrong** on " + ", ".join(WORKLOADS[w][4] for w in wrong_in) + ")"
     return text
 
 
 def markdown(table: dict) -> str:
-    """The headline table: a row per workload, a column per system, the card and the date."""
+    """The headline table (a row per workload, a column per system, the card and the date), then
+    each configuration's marks, by release and mode, workload by workload."""
     systems = [s for s in SYSTEMS if s in table["configs"]] + sorted(set(table["configs"]) - set(SYSTEMS))
-    wrong = table.get("wrong", {})
     lines = [f"{table['gpu']}, {table['date']}", "",
              "| workload | " + " | ".join(systems) + " | pegaflow vs fastest correct other |",
              "|---" * (len(systems) + 2) + "|"]
     for workload, versus in table["versus"].items():
         _, figure, unit, _, title = WORKLOADS[workload]
-        cells = [_format(table["configs"][s].get(workload), figure, unit, wrong.get(s, [])) for s in systems]
-        vs = "-" if versus is None else (f"{versus['pegaflow_over_best']:.2f}x {versus['best_other']}'s "
-                                         f"({'ahead' if versus['pegaflow_ahead'] else 'behind'})")
-        lines.append(f"| {title} | " + " | ".join(cells) + f" | {vs} |")
+        cells = [_format(table["configs"][s].get(workload), figure, unit) for s in systems]
+        lines.append(f"| {title} | " + " | ".join(cells) + f" | {_versus_text(versus)} |")
+    lines += ["", "Marks (each measured on that workload only):"]
+    for name in systems:
+        marks = table["marks"][name]
+        issue = f" ({marks['known_issue']})" if "known_issue" in marks else ""
+        lines.append(f"- {marks['who']}{issue}: " + "; ".join(f"{WORKLOADS[w][4]}: {m}"
+                                                              for w, m in marks["on"].items()))
     return "\n".join(lines)
+
+
+def _versus_text(versus: dict | None) -> str:
+    if versus is None:
+        return "-"
+    why = "ahead" if versus["pegaflow_ahead"] else "behind"
+    if versus.get("left_out_wrong"):
+        why += f"; left out, measured wrong: {', '.join(versus['left_out_wrong'])}"
+    return f"{versus['pegaflow_over_best']:.2f}x {versus['best_other']}'s ({why})"
 
 
 def main(argv: list[str] | None = None) -> int:

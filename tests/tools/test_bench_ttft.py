@@ -133,7 +133,7 @@ def test_bench_ttft_peer_phases_skip_a_missing_peer_with_one_line(tmp_path, monk
 
     from tools.bench_ttft import _peer_phases
     monkeypatch.setenv("PEGAFLOW_PEERS_DIR", str(tmp_path))  # no peer carried here
-    results = _peer_phases(argparse.Namespace(peers=["pegaflow-rs"], pool_size="1GiB"))
+    results = _peer_phases(argparse.Namespace(pool_size="1GiB"), ["pegaflow-rs"])
     assert set(results) == {"pegaflow-rs"} and "peers_bundle.sh" in results["pegaflow-rs"]["skipped"]
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"bench_ttft: skipping pegaflow-rs: {results['pegaflow-rs']['skipped']}"]
@@ -147,11 +147,11 @@ def test_bench_ttft_peer_phases_a_peer_failing_at_run_time_is_a_row_not_the_end(
     from tools import peers
     from tools.bench_ttft import _peer_phases
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
-    monkeypatch.setattr(peers, "plan", lambda config, pool_bytes: peers.Plan(
+    monkeypatch.setattr(peers, "plan", lambda config, pool_bytes, num_vllms=1: peers.Plan(
         config, {}, {}, None, (sys.executable, "-c", "import sys; sys.exit(4)"),
         f"http://127.0.0.1:{peers.free_port()}/health"))
     # 2. Its row says it failed, and why; the bench goes on.
-    results = _peer_phases(argparse.Namespace(peers=["lmcache-mp"], pool_size="1GiB"))
+    results = _peer_phases(argparse.Namespace(pool_size="1GiB"), ["lmcache-mp"])
     assert "exited (4)" in results["lmcache-mp"]["failed"]
     assert "bench_ttft: lmcache-mp failed:" in capsys.readouterr().err
 
@@ -267,19 +267,19 @@ def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatc
     #    says why, one line on stderr.
     import tools.bench_ttft as bench
     from tools.ttft_configs import config_rows
-    monkeypatch.setattr(bench, "gpu_name", lambda: "test-gpu")
     peg, native, none = _phases()
     for phase, served in ((peg, 20), (native, 20)):
         phase.update(warm_cached_tokens=[served, served], cacheable_tokens=40, reset_wait_s=0.0,
                      warm_by_source={"local_compute": 2, "local_cache_hit": 0, "external_kv_transfer": 40})
     native["warm_by_source"] = dict(native["warm_by_source"], local_cache_hit=40, external_kv_transfer=0)
     rows = config_rows(peg, native, none, {})
-    result = bench._figures(rows, peg, native, none)
-    assert "warm_native_ms_median" not in result and result["warm_pegaflow_ms_median"] == 50.0
+    result = bench._figures(rows, peg, native, none, "test-gpu")
+    assert result["gpu"] == "test-gpu" and "warm_native_ms_median" not in result
+    assert result["warm_pegaflow_ms_median"] == 50.0
     assert "bench_ttft: no figures for native: 40 prompt tokens" in capsys.readouterr().err
     # 2. pegaflow's own warm pass invalid: no figures at all.
     peg["warm_by_source"] = native["warm_by_source"]
-    assert bench._figures(config_rows(peg, native, none, {}), peg, native, none) is None
+    assert bench._figures(config_rows(peg, native, none, {}), peg, native, none, "gpu") is None
 
 
 def test_bench_ttft_engine_variants_are_flags_and_name_their_figures():
@@ -291,3 +291,35 @@ def test_bench_ttft_engine_variants_are_flags_and_name_their_figures():
     assert engine_flags("default", is_flags=True) == [] and engine_flags(None, is_flags=False) == []
     assert variant_name(None) == variant_name("default") == "default" and variant_name("staged") == "staged"
     assert variant_name("load-layer-groups=4+hold-saves") == "load-layer-groups4+hold-saves"
+
+
+def test_bench_ttft_configs_split_over_calls_merge_into_one_table(monkeypatch, tmp_path, capsys):
+    # 1. Three calls as the GPU machine's 10-minute limit needs them, each with its phases file:
+    #    none and pegaflow; native and lmcache-mp; pegaflow-rs.  The phases are faked.
+    import tools.bench_ttft as bench
+    peg, native, none = _phases()
+    for phase in (peg, native):
+        phase.update(warm_cached_tokens=[20, 20], cacheable_tokens=40, reset_wait_s=0.0,
+                     warm_by_source={"local_compute": 2, "local_cache_hit": 0, "external_kv_transfer": 40})
+    spawned = []
+
+    def spawn(args, phase, run=None):
+        spawned.append(phase)
+        return {"none": none, "native": native}.get(phase, native)
+    monkeypatch.setattr(bench, "_spawn", spawn)
+    monkeypatch.setattr(bench, "_pegaflow_phases", lambda args: ({"default": peg}, None))
+    monkeypatch.setattr(bench, "_peer_phases", lambda args, configs: {c: native for c in configs})
+    monkeypatch.setattr(bench, "gpu_name", lambda: "test-gpu")
+    parts = [tmp_path / f"part{i}.json" for i in range(3)]
+    for part, configs in zip(parts, (["none", "pegaflow"], ["native", "lmcache-mp"], ["pegaflow-rs"])):
+        assert bench.main(["--configs", *configs, "--phases-out", str(part), "--json"]) == 0
+    assert spawned == ["none", "native"]  # (pegaflow and the peers through their own paths)
+    # 2. The first call alone has both none and pegaflow: its table; the others only say what ran.
+    outputs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert set(outputs[0]["configs"]) == {"none", "pegaflow"}
+    assert outputs[1] == {"gpu": "test-gpu", "configs_run": ["native", "lmcache-mp"], "phases_out": str(parts[1])}
+    # 3. Merged: one table of every configuration, as one call with all five would give.
+    assert bench.main(["--merge", *map(str, parts), "--json"]) == 0
+    merged = json.loads(capsys.readouterr().out)
+    assert list(merged["configs"]) == ["none", "pegaflow", "native", "lmcache-mp", "pegaflow-rs"]
+    assert merged["gpu"] == "test-gpu" and merged["warm_native_ms_median"] == 90.0
