@@ -49,22 +49,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tools import peers, step_timeline
-from tools.bench_serving import (
-    Server,
-    add_chat_args,
-    add_run_args,
-    collect_runs,
-    complete,
-    counters,
-    headline_rows,
-    hits_of,
-    measured_on,
-    print_failures,
-    reset_gpu_cache,
-    server_command,
-)
 from tools.lib import processes
 from tools.lib.evidence import serving_requests
+from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
+from tools.lib.vllm_serve import Server, complete, counters, hits_of, reset_gpu_cache, server_command
 from tools.replica_router import ROUTERS, Routed, Router, replica_figures
 from tools.serving_setup import PEGAFLOW_CONFIGS, peer_leftovers, side_processes, vllm_settings
 from tools.serving_workload import RequestResult, cacheable_tokens, conversations, shared_prefix_prompts, summarize
@@ -184,7 +172,7 @@ class Fleet:
             self.servers[replica] = None
 
     def counters(self) -> dict[int, dict[str, float]]:
-        """Each replica's counters now (``bench_serving.counters``: one scrape of its /metrics)."""
+        """Each replica's counters now (``tools/lib/vllm_serve.py`` ``counters``: one scrape of its /metrics)."""
         return {r: counters(self.port(r)) for r in range(self.args.replicas)}
 
     def reset_prefix_caches(self) -> float:

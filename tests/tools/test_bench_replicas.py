@@ -9,8 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tools import bench_replicas, bench_serving
+from tools import bench_replicas
 from tools.bench_replicas import headline, parse_args
+from tools.lib import runs, vllm_serve
 
 
 class _Replica(BaseHTTPRequestHandler):
@@ -63,7 +64,7 @@ class _FakeFleet:
         return self.servers[replica].server_address[1]
 
     def counters(self):
-        return {r: bench_serving.counters(self.port(r)) for r in range(len(self.servers))}
+        return {r: vllm_serve.counters(self.port(r)) for r in range(len(self.servers))}
 
     def reset_prefix_caches(self):
         return sum(bench_replicas.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
@@ -162,7 +163,7 @@ def test_parse_args_splits_the_gpu_among_replicas_and_refuses_none():
 def test_available_configs_skips_a_missing_peer_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(bench_replicas.peers, "unavailable",
                         lambda config: "No module named 'lmcache'" if config == "lmcache" else None)
-    assert bench_serving.available_configs(["none", "lmcache", "pegaflow-rs", "pegaflow"]) == \
+    assert runs.available_configs(["none", "lmcache", "pegaflow-rs", "pegaflow"]) == \
         ["none", "pegaflow-rs", "pegaflow"]
     assert capsys.readouterr().err.strip().splitlines() == ["skipping lmcache: No module named 'lmcache'"]
 
@@ -227,7 +228,7 @@ def test_bench_replicas_hit_counters_by_source_where_vllm_has_it(handler, expect
     server.requests = server.resets = 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        assert bench_serving.hit_counters(server.server_address[1]) == expected
+        assert vllm_serve.hit_counters(server.server_address[1]) == expected
     finally:
         server.shutdown()
         server.server_close()

@@ -11,7 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tools import bench_serving
-from tools.bench_serving import complete, headline, main, run_all
+from tools.bench_serving import headline, main
+from tools.lib import vllm_serve
+from tools.lib.vllm_serve import complete, run_all
 
 
 class _Fake(BaseHTTPRequestHandler):
@@ -42,7 +44,7 @@ class _Fake(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert body["stream"] and body["return_token_ids"] and body["model"] == bench_serving.SERVED_NAME
+        assert body["stream"] and body["return_token_ids"] and body["model"] == vllm_serve.SERVED_NAME
         if body["prompt"][0] == 0:
             self.send_response(400)
             self.end_headers()
@@ -124,22 +126,22 @@ def test_headline_counts_failed_requests_left_out_of_the_timings():
 def test_server_command_per_config():
     class Args:
         model, port, max_model_len, gpu_memory_utilization, gpu_blocks, host_gib, eager = "m", 1, 2, 0.5, 9, 4, True
-    none = bench_serving.server_command("none", Args, "e")
+    none = vllm_serve.server_command("none", Args, "e")
     assert "--enforce-eager" in none and "--num-gpu-blocks-override" in none and "--kv-transfer-config" not in none
-    native = bench_serving.server_command("native", Args, "e")
+    native = vllm_serve.server_command("native", Args, "e")
     assert native[native.index("--kv-offloading-size") + 1] == "4"
-    pega = bench_serving.server_command("pegaflow", Args, "eng")
+    pega = vllm_serve.server_command("pegaflow", Args, "eng")
     config = json.loads(pega[pega.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "PegaKVConnector" and config["kv_connector_extra_config"] == {"engine_name": "eng"}
-    auto = bench_serving.server_command("pegaflow-auto", Args, "eng")
+    auto = vllm_serve.server_command("pegaflow-auto", Args, "eng")
     extra = json.loads(auto[auto.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
     assert extra == {"engine_name": "eng", "load_mode": "auto"}
 
 
 def test_counters_sum_labels_of_the_hit_and_pegaflow_counters_only(port):
-    assert bench_serving.counters(port) == {"vllm:external_prefix_cache_hits_total": 32.0,
+    assert vllm_serve.counters(port) == {"vllm:external_prefix_cache_hits_total": 32.0,
                                             "vllm:pegaflow_lookup_deferrals_total": 3.0}
-    assert bench_serving.external_hit_tokens(port) == 32.0
+    assert vllm_serve.external_hit_tokens(port) == 32.0
 
 
 def test_main_merge_tables_runs_of_several_files_without_running_a_server(tmp_path, capsys):
@@ -296,7 +298,7 @@ def test_main_a_peer_failing_at_run_time_is_a_row_and_the_bench_goes_on(tmp_path
 
 def test_hits_of_prefers_tokens_by_source_over_the_hit_counters():
     # An asynchronously loaded request is counted twice by vLLM's hit counters, once by source.
-    from tools.bench_serving import hits_of
+    from tools.lib.vllm_serve import hits_of
     found = {"vllm:external_prefix_cache_hits_total": 320.0, "vllm:prefix_cache_hits_total": 16.0,
              "vllm:prompt_tokens_by_source:external_kv_transfer": 160.0,
              "vllm:prompt_tokens_by_source:local_cache_hit": 16.0,
