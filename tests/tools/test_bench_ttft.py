@@ -2,7 +2,7 @@
 
 import json
 
-from tools.bench_ttft import _stats, summarize
+from tools.lib.ttft_figures import _stats, summarize
 
 
 def _phases():
@@ -49,7 +49,7 @@ def test_bench_ttft_stats_p90_is_the_high_end():
 
 
 def test_bench_ttft_summarize_tpot_separates_saving_from_the_connector_itself():
-    from tools.bench_ttft import summarize_tpot
+    from tools.lib.ttft_figures import summarize_tpot
     # 1. Medians 12 (saving), 11 (connector idle), 10 (none): each ratio from them.
     result = summarize_tpot({"pegaflow": [12.0, 13.0, 11.0], "idle": [11.0, 99.0, 10.0],
                              "none": [10.0, 9.0, 11.0]}, "test-gpu")
@@ -93,7 +93,7 @@ def test_bench_ttft_phases_run_with_one_hash_seed(monkeypatch):
 
 
 def test_bench_ttft_summarize_disk_keeps_each_load_mode_apart():
-    from tools.bench_ttft import summarize_disk
+    from tools.lib.ttft_figures import summarize_disk
     peg, _, none = _phases()
     tokens = none["cold_tokens"]
 
@@ -195,7 +195,7 @@ class _FakeLLM:
 def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_served():
     # 1. Saves still hold blocks: the first two resets are refused; the warm pass starts only
     #    once vLLM has reset its GPU prefix cache.
-    from tools.bench_ttft import _timed_warm
+    from tools.lib.ttft_phase import _timed_warm
     from tools.ttft_configs import row
     llm, prompts = _FakeLLM(held=2, cached=48), [[1] * 50, [2] * 50]
     result = {"cold_tokens": [[1], [2]], "cacheable_tokens": 96}
@@ -210,7 +210,7 @@ def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_s
 
 
 def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
-    from tools.bench_ttft import _timed_warm
+    from tools.lib.ttft_phase import _timed_warm
     from tools.ttft_configs import row
     llm = _FakeLLM(held=0, cached=48, gpu_hits=True)
     result = {"cold_tokens": [[1]], "cacheable_tokens": 48}
@@ -224,7 +224,7 @@ def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
 def test_bench_ttft_backend_figures_leave_out_a_copy_path_whose_warm_pass_hit_the_gpu(capsys):
     # 1. --copy-backends kernel staged: the kernel's warm pass loaded 96 tokens from the host,
     #    the staged one's was served from vLLM's GPU cache (16 tokens): invalid, no figures.
-    from tools.bench_ttft import backend_figures
+    from tools.lib.ttft_figures import backend_figures
     def phase(gpu_hits):
         return {"warm_ms": [40.0, 42.0], "cold_ms": [270.0], "cold_tokens": [[1]], "warm_tokens": [[1]],
                 "warm_by_source": {"local_compute": 4, "local_cache_hit": gpu_hits,
@@ -265,7 +265,7 @@ def test_bench_ttft_phase_whose_reset_never_succeeds_writes_a_failed_row(tmp_pat
 def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatch, capsys):
     # 1. native's warm pass hit the GPU: the top-level native figures are left out, its row
     #    says why, one line on stderr.
-    import tools.bench_ttft as bench
+    from tools.lib.ttft_figures import table_figures
     from tools.ttft_configs import config_rows
     peg, native, none = _phases()
     for phase, served in ((peg, 20), (native, 20)):
@@ -273,13 +273,13 @@ def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatc
                      warm_by_source={"local_compute": 2, "local_cache_hit": 0, "external_kv_transfer": 40})
     native["warm_by_source"] = dict(native["warm_by_source"], local_cache_hit=40, external_kv_transfer=0)
     rows = config_rows(peg, native, none, {})
-    result = bench._figures(rows, peg, native, none, "test-gpu")
+    result = table_figures(rows, peg, native, none, "test-gpu")
     assert result["gpu"] == "test-gpu" and "warm_native_ms_median" not in result
     assert result["warm_pegaflow_ms_median"] == 50.0
     assert "bench_ttft: no figures for native: 40 prompt tokens" in capsys.readouterr().err
     # 2. pegaflow's own warm pass invalid: no figures at all.
     peg["warm_by_source"] = native["warm_by_source"]
-    assert bench._figures(config_rows(peg, native, none, {}), peg, native, none, "gpu") is None
+    assert table_figures(config_rows(peg, native, none, {}), peg, native, none, "gpu") is None
 
 
 def test_bench_ttft_engine_variants_are_flags_and_name_their_figures():
