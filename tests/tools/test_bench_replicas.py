@@ -11,6 +11,7 @@ import pytest
 
 from tools import bench_replicas
 from tools.bench_replicas import headline, parse_args
+from tools.lib import fleet as fleet_module
 from tools.lib import runs, vllm_serve
 
 
@@ -67,7 +68,7 @@ class _FakeFleet:
         return {r: vllm_serve.counters(self.port(r)) for r in range(len(self.servers))}
 
     def reset_prefix_caches(self):
-        return sum(bench_replicas.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
+        return sum(vllm_serve.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
 
     def stop(self, replica: int):
         self.servers[replica].shutdown()
@@ -191,7 +192,7 @@ def test_fleet_step_timelines_per_replica_within_the_later_rounds(tmp_path):
     #    before it; replica 1 wrote no trace (no step loaded).
     from tests.tools.test_step_timeline import GPU_LINE
     args = _args("--trace")
-    fleet = bench_replicas.Fleet.__new__(bench_replicas.Fleet)
+    fleet = fleet_module.Fleet.__new__(fleet_module.Fleet)
     fleet.config, fleet.args, fleet.log_dir, fleet.tag = "pegaflow", args, tmp_path, "t"
     fleet.trace_path(0).write_text("\n".join([GPU_LINE.replace("monotonic 812.5", "monotonic 100.0"), GPU_LINE,
                                               GPU_LINE.replace("monotonic 812.5", "monotonic 900.5")]))
@@ -263,10 +264,10 @@ def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypa
     # 2. Together, each replica's KV cache is given in bytes (the 8B shape's 2 MiB a block),
     #    beside the block count; one-by-one leaves vLLM's memory profile as it is.
     _LaunchLog.events = []
-    monkeypatch.setattr(bench_replicas, "Server", _LaunchLog)
-    monkeypatch.setattr(bench_replicas, "compile_cache_warm", lambda: warm)
+    monkeypatch.setattr(fleet_module, "Server", _LaunchLog)
+    monkeypatch.setattr(fleet_module, "compile_cache_warm", lambda: warm)
     args = _args("--replicas", "3", "--start", start, "--gpu-blocks", "1000", "--port", "9000")
-    fleet = bench_replicas.Fleet("pegaflow", args, "eng", tmp_path, "t")
+    fleet = fleet_module.Fleet("pegaflow", args, "eng", tmp_path, "t")
     assert [f"{kind} {port - 9000}" for kind, port in _LaunchLog.events] == expected
     assert fleet.ready_s == [12.35] * 3
     cmd = fleet.servers[2].cmd
@@ -279,8 +280,8 @@ def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypa
 
 def test_compile_cache_warm_looks_in_vllms_cache_root(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
-    assert not bench_replicas.compile_cache_warm()
+    assert not fleet_module.compile_cache_warm()
     (tmp_path / "torch_compile_cache").mkdir()
-    assert not bench_replicas.compile_cache_warm()
+    assert not fleet_module.compile_cache_warm()
     (tmp_path / "torch_compile_cache" / "0123abcd").mkdir()
-    assert bench_replicas.compile_cache_warm()
+    assert fleet_module.compile_cache_warm()
