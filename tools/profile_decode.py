@@ -24,8 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.bench_decode import KINDS, decode_llm, random_prompts
 from tools.gpu import gpu_name
+from tools.lib.decode import KINDS, decode_llm, random_prompts
 from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent
