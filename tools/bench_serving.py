@@ -35,7 +35,15 @@ from tools import peers, step_timeline
 from tools.lib import processes
 from tools.lib.evidence import serving_requests
 from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
-from tools.lib.vllm_serve import Server, counters, hits_of, reset_gpu_cache, run_all, server_command
+from tools.lib.vllm_serve import (
+    Server,
+    counters,
+    external_hit_tokens,  # noqa: F401  (tests/e2e import it from here)
+    hits_of,
+    reset_gpu_cache,
+    run_all,
+    server_command,
+)
 from tools.serving_setup import (
     PEGAFLOW_CONFIGS,
     peer_leftovers,
