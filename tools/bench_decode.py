@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tools.gpu import gpu_name
 from tools.lib.decode import KINDS, decode_llm, random_prompts
-from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
+from tools.lib.phases import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent
 def _tpots(llm, prompts: list[list[int]], batch: int, decode_tokens: int) -> list[float]:

@@ -6,7 +6,7 @@
 Each configuration runs in its own processes, one after another (``--repeat`` interleaves them):
 ``none`` (vLLM's prefix caching only), ``native`` (each replica its own ``--kv-offloading-size``:
 ``--host-gib`` split evenly), ``pegaflow`` (one engine with a ``--host-gib`` pool, every replica
-attached to it), and the peers of ``tools/peers.py`` (``lmcache``: a private cache per replica,
+attached to it), and the peers of ``tools/lib/peers.py`` (``lmcache``: a private cache per replica,
 split like native's; ``lmcache-mp`` and ``pegaflow-rs``: one server with the whole budget).
 The replicas share one GPU (each ``--gpu-memory-utilization``, its GPU KV cache capped by
 ``--gpu-blocks`` so the working set does not fit) and start together (``--start``: ``Fleet``).  A router
@@ -46,8 +46,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools import peers
-from tools.lib import processes
+from tools.lib import peers, processes
 from tools.lib.evidence import serving_requests
 from tools.lib.fleet import BLOCK_SIZE, Fleet, send_all
 from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
@@ -263,7 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--configs", nargs="+", default=list(CONFIGS),
                    choices=list(dict.fromkeys([*CONFIGS, *PEGAFLOW_CONFIGS, *peers.PEERS])),
                    help="lmcache (a private cache per replica, split like native's), lmcache-mp (LMCache's "
-                        "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/peers.py; "
+                        "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/lib/peers.py; "
                         "a peer whose packages are missing is skipped with one line")
     # 32 users x 8 000 tokens (about 270 000 tokens by round 4): twice what two replicas' GPU
     # caches of --gpu-blocks 4 000 (64 000 tokens each) hold

@@ -31,8 +31,8 @@ import os
 import sys
 from pathlib import Path
 
-from tools import peers, step_timeline
-from tools.lib import processes
+from tools import step_timeline
+from tools.lib import peers, processes
 from tools.lib.evidence import serving_requests
 from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
 from tools.lib.vllm_serve import (
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                    choices=["none", "native", *PEGAFLOW_CONFIGS, *peers.PEERS],
                    help="pegaflow: the connector's defaults (load_mode auto); pegaflow-auto / -async / "
                         "-layerwise: under that load_mode; lmcache, lmcache-mp, pegaflow-rs: the peers "
-                        "(tools/peers.py), skipped with one line where their packages are missing")
+                        "(tools/lib/peers.py), skipped with one line where their packages are missing")
     add_chat_args(p, users=12)
     p.add_argument("--arrival-rate", type=float, default=float("inf"),
                    help="requests per second within a round (default: a round's all at once)")

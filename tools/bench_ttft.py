@@ -1,5 +1,5 @@
 """Time to first token on real vLLM: cold, warm from pegaflow, warm from vLLM's native CPU
-offloading, warm from each peer (LMCache, PegaFlow: ``tools/peers.py``; one that cannot run
+offloading, warm from each peer (LMCache, PegaFlow: ``tools/lib/peers.py``; one that cannot run
 here is skipped with one line), and a GPU prefix-cache hit, all measured in one run; plus TPOT
 with the connector saving against no connector, and 8 prompts at once.  Per configuration:
 warm TTFT, the share of cacheable prompt tokens its host cache served on the warm pass, and
@@ -36,12 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools import peers
 from tools.gpu import gpu_name
-from tools.lib import processes
+from tools.lib import peers, processes
+from tools.lib.phases import PHASE_TIMEOUT_S, add_phase_args, engine_unless_named, spawn_phase, write_phase
 from tools.lib.ttft_figures import backend_figures, summarize_disk, summarize_tpot, table_figures
 from tools.lib.ttft_phase import load_modes, run_phase
-from tools.phase_process import PHASE_TIMEOUT_S, add_phase_args, engine_unless_named, spawn_phase, write_phase
 from tools.ttft_configs import config_rows
 from tools.warm_pass import (
     SCRUB_ENV,
@@ -49,7 +48,7 @@ from tools.warm_pass import (
 )
 
 # Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
-# PegaFlow's package of the same name first on its path (tools/peers.py).
+# PegaFlow's package of the same name first on its path (tools/lib/peers.py).
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -214,7 +213,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="leave out the vLLM native offload phase (and its columns)")
     p.add_argument("--peers", nargs="*", choices=peers.PEERS, default=["lmcache", "pegaflow-rs"],
                    help="peers measured beside pegaflow, each with a host cache of --pool-size "
-                        "(tools/peers.py; one that cannot run here is skipped with one line)")
+                        "(tools/lib/peers.py; one that cannot run here is skipped with one line)")
     p.add_argument("--phases-out", metavar="PATH",
                    help="write every phase's measurements here, rewritten after each phase (for --merge)")
     p.add_argument("--merge", nargs="+", default=[], metavar="PATH",

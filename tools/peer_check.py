@@ -1,5 +1,5 @@
 """One peer, one small vLLM, bounded: the first thing to run on a GPU machine before a bench that
-measures a peer (``tools/peers.py``), so that a peer that cannot start, or a vLLM that waits on
+measures a peer (``tools/lib/peers.py``), so that a peer that cannot start, or a vLLM that waits on
 it, says so within ``--timeout`` seconds instead of holding a whole bench.
 
     python -m tools.peer_check lmcache-mp --model tools/models/llama-1b-shape --timeout 90
@@ -24,9 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools import peers
-from tools.lib import processes
-from tools.phase_process import spawn_phase
+from tools.lib import peers, processes
+from tools.lib.phases import spawn_phase
 from tools.warm_pass import SCRUB_ENV
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ one way for ``bench_serving``, ``bench_replicas`` and ``bench_pd``.
 - ``pegaflow_transfer_args(engine_name, role, **options)``: the ``--kv-transfer-config`` that
   attaches a vLLM to pegaflow's engine ``engine_name`` through ``PegaKVConnector``;
 - ``side_processes(...)``: a context manager that starts what the configuration needs: a fresh
-  pegaflow engine (``PEGAFLOW_CONFIGS``), or a peer's plan and its server (``tools/peers.py``);
+  pegaflow engine (``PEGAFLOW_CONFIGS``), or a peer's plan and its server (``tools/lib/peers.py``);
   it yields a ``Sides`` and stops them on exit, the engine last (a large pool takes its time
   to give its memory back: waited for, not killed);
 - ``vllm_settings(plan)``: a vLLM process's extra arguments, environment and working directory
@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import peers
-from tools.lib import processes
+from tools.lib import peers, processes
 
 # pegaflow's configurations: the connector's options beyond the engine's name
 PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import _remove_leftover, shm_leftovers
-from tools.peers import free_port
+from tools.lib.peers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_SERVE = textwrap.dedent('''

@@ -144,8 +144,8 @@ def test_bench_ttft_peer_phases_a_peer_failing_at_run_time_is_a_row_not_the_end(
     import argparse
     import sys
 
-    from tools import peers
     from tools.bench_ttft import _peer_phases
+    from tools.lib import peers
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
     monkeypatch.setattr(peers, "plan", lambda config, pool_bytes, num_vllms=1: peers.Plan(
         config, {}, {}, None, (sys.executable, "-c", "import sys; sys.exit(4)"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from tools import peer_check, peers
+from tools import peer_check
+from tools.lib import peers
 
 
 def _result(cached, warm, cold, cacheable):

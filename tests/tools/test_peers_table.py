@@ -2,7 +2,8 @@
 
 import json
 
-from tools.peers_table import build, main, markdown
+from tools.lib.tables import build, markdown
+from tools.peers_table import main
 
 
 def _inputs():

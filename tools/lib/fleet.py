@@ -49,7 +49,7 @@ class Fleet:
 
     def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None):
         self.config, self.args, self.engine_name, self.log_dir, self.tag = config, args, engine_name, log_dir, tag
-        self.plan = plan  # a peer's settings (tools/peers.py), shared by every replica
+        self.plan = plan  # a peer's settings (tools/lib/peers.py), shared by every replica
         self.servers: list[Server | None] = [None] * args.replicas
         self.ready_s: list[float] = [0.0] * args.replicas
         try:

@@ -3,7 +3,7 @@ configuration, timed: ``run_phase(args)`` returns its measurements (cold, warm, 
 TPOT, disk reads), which ``tools/bench_ttft.py`` (its parent) turns into rows and figures.
 
 This module imports nothing of this repo's ``pegaflow`` at import time: a pegaflow-rs phase runs
-with PegaFlow's package of the same name first on its path (``tools/peers.py``).
+with PegaFlow's package of the same name first on its path (``tools/lib/peers.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from tools import peers
+from tools.lib import peers
 from tools.ttft_configs import cacheable_tokens
 from tools.warm_pass import by_source_delta, empty_gpu_cache, scrub_gpu_kv, tokens_by_source, top_logprobs
 
@@ -36,7 +36,7 @@ def _llm(args, kind: str):
                   gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
     if args.no_async_scheduling:
         common["async_scheduling"] = False
-    if kind in peers.PEERS:  # as the peer's plan says (tools/peers.py)
+    if kind in peers.PEERS:  # as the peer's plan says (tools/lib/peers.py)
         from vllm.config import KVTransferConfig
         return LLM(**common, kv_transfer_config=KVTransferConfig(**json.loads(args.kv_transfer_config)))
     from pegaflow.connector import kv_transfer_config

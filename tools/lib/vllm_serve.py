@@ -159,7 +159,7 @@ def external_hit_tokens(port: int) -> float:
 
 
 def server_command(config: str, args, engine_name: str, peer_args: list[str] | None = None) -> list[str]:
-    """``peer_args``: a peer's ``--kv-transfer-config`` (``tools/peers.py``'s ``Plan.serve_args``)."""
+    """``peer_args``: a peer's ``--kv-transfer-config`` (``tools/lib/peers.py``'s ``Plan.serve_args``)."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(Path(args.model).resolve()),
            "--load-format", "dummy",
            "--skip-tokenizer-init", "--served-model-name", SERVED_NAME, "--port", str(args.port),
@@ -179,7 +179,7 @@ def server_command(config: str, args, engine_name: str, peer_args: list[str] | N
 class Server:
     """A ``vllm serve`` process, up once /health answers; its log in ``log_path``.  ``extra_env``
     may set PYTHONPATH whole (a peer's package ahead of this repo's) and ``cwd`` move it out of
-    the repository (``tools/peers.py`` says why)."""
+    the repository (``tools/lib/peers.py`` says why)."""
 
     def __init__(self, cmd: list[str], port: int, log_path: Path, extra_env: dict | None = None,
                  cwd: Path | None = None, wait: bool = True, leftovers=None):

@@ -1,4 +1,4 @@
-"""tools/peers.py without a GPU: each peer's vLLM settings and server command, the one-line
+"""tools/lib/peers.py without a GPU: each peer's vLLM settings and server command, the one-line
 reason a peer cannot run, the path that keeps PegaFlow's ``pegaflow`` ahead of this repo's,
 and the side process's start, health wait and stop."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pegaflow.platform.errors import ConfigError, PeerError
-from tools import peers
+from tools.lib import peers
 
 GIB = 1 << 30
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tools.lib import processes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
 PHASE_STOP_TIMEOUT_S = 30.0  # a phase stopped early: vLLM's engine core given this long to go
 ENGINE_START_TIMEOUT_S = 300.0

@@ -1,4 +1,4 @@
-"""tools/phase_process.py: a bench's phase in a process of its own, and the engine its phases
+"""tools/lib/phases.py: a bench's phase in a process of its own, and the engine its phases
 attach to (a real child process; the engine faked)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 
 import tools.engine_process
 from tools.lib import processes
-from tools.phase_process import ENGINE_START_TIMEOUT_S, ROOT, engine_unless_named, spawn_phase
+from tools.lib.phases import ENGINE_START_TIMEOUT_S, ROOT, engine_unless_named, spawn_phase
 
 PHASE = textwrap.dedent("""
     import argparse, os, sys
-    from tools.phase_process import add_phase_args, write_phase
+    from tools.lib.phases import add_phase_args, write_phase
     p = argparse.ArgumentParser()
     p.add_argument("--seed", type=int)
     add_phase_args(p, ["pegaflow", "broken"])
