@@ -27,6 +27,7 @@ hit in is reported invalid, not as a figure (``tools/warm_pass.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -97,7 +98,9 @@ def _peer_phases(args, configs: list[str]) -> dict[str, dict]:
         run = peers.plan(config, parse_size(args.pool_size))
         log = Path(tempfile.gettempdir()) / f"bench_ttft.{config}.server.log"
         try:  # a peer that fails at run time is a row that says so, not the end of the bench
-            with peers.side_process(run, log):
+            with contextlib.ExitStack() as server:
+                with processes.phase("bench_ttft", f"{config} server start"):
+                    server.enter_context(peers.side_process(run, log))
                 results[config] = _spawn(args, config, run)
         except (PeerError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             print(f"bench_ttft: {config} failed: {exc} (its server's log: {log})", file=sys.stderr)
