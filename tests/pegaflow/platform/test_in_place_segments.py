@@ -3,48 +3,22 @@ whether the worker that made each is still there (decided by its mapping, not it
 
 from __future__ import annotations
 
-import mmap
 import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from pegaflow.client.in_place import share_in_place
 from pegaflow.platform import in_place_segments, shm
 from tests.conftest import unique_engine_name
-
-ROOT = Path(__file__).resolve().parents[3]
-CACHE_BYTES = 1 << 20
-
-
-def killed_worker_cache(engine_name: str) -> str:
-    """A CPU worker of engine ``engine_name`` moves a 1 MiB KV cache in place and is killed
-    (SIGKILL) before it can unlink it: the segment's name."""
-    code = ("import mmap, os, signal, numpy as np; from pegaflow.client.in_place import share_in_place; "
-            "m = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE); a = np.frombuffer(m, np.uint8); a[:] = 7; "
-            "b = share_in_place(a.__array_interface__['data'][0], a.nbytes, os.environ['ENGINE']); "
-            "print(b.name, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, ENGINE=engine_name))
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    return done.stdout.strip()
+from tests.cpu_workers import CACHE_BYTES, killed_worker_cache, running_worker_cache
 
 
 @pytest.fixture
 def live_cache():
-    """This process as a running CPU worker: (engine name, its moved KV cache), unlinked after."""
-    name = unique_engine_name("inplace")
-    mapped = mmap.mmap(-1, CACHE_BYTES, flags=mmap.MAP_PRIVATE)
-    view = np.frombuffer(mapped, np.uint8)
-    view[:] = 3
-    buffer = share_in_place(view.__array_interface__["data"][0], view.nbytes, name)
-    yield name, buffer
-    buffer.close()
+    with running_worker_cache() as cache:
+        yield cache
 
 
 def test_in_place_segments_name_the_engine_and_the_worker(live_cache):
