@@ -24,6 +24,7 @@ from pegaflow.platform.errors import (
 from pegaflow.platform.shm import check_engine_name
 from pegaflow.platform.values import format_size, version_line
 from pegaflow.stats.engine_stats import STALE_AFTER_S, kept_pool_blocks, latency_quantile, read_stats
+from pegaflow.stats.in_place_caches import in_place_note
 
 MAX_INTERVAL_S = 3600.0
 MAX_STALE_AFTER_S = 3600.0  # the engine beats every 2.5 s at most: an hour of silence is a dead engine
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pegaflow-stat: {exc}", file=sys.stderr)
         return 3
     except EngineDeadError as exc:
-        print(f"pegaflow-stat: {exc}", file=sys.stderr)
+        print(f"pegaflow-stat: {exc}{in_place_note(args.name)}", file=sys.stderr)
         return 1
     except EngineNotRunningError:  # (a ShmError: caught before the others)
         print(_not_running(args.name), file=sys.stderr)
@@ -212,7 +213,7 @@ def _show(args) -> int:
         print(json.dumps(snapshot))
         return 0 if snapshot["alive"] and snapshot["responding"] else (3 if snapshot["alive"] else 1)
     if args.once:
-        print(format_once(_read_live(args.name, args.stale_after)))
+        print(format_once(_read_live(args.name, args.stale_after)) + in_place_note(args.name))
     else:
         live(args.name, args.interval, args.stale_after)
     return 0
@@ -223,7 +224,8 @@ def _not_running(name: str) -> str:
     return (f"pegaflow-stat: no engine named {name!r} is running on this host "
             f"(start one with `pegaflow-engine --name {name}`)"
             + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
-               f"engine started with --keep-pool and the same pool geometry takes in"))
+               f"engine started with --keep-pool and the same pool geometry takes in")
+            + in_place_note(name))
 
 
 def serve_metrics(name: str, where: str, stale_after_s: float = STALE_AFTER_S) -> int:
