@@ -46,7 +46,8 @@ class Cleaned:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.num_segments or self.num_semaphores or self.not_removed or self.num_in_place)
+        """Nothing of the engine's own names was there to remove."""
+        return not (self.num_segments or self.num_semaphores)
 
 
 def clean(name: str) -> Cleaned:
@@ -113,12 +114,16 @@ def describe(name: str, cleaned: Cleaned) -> str:
         line = (f"removed what the engine named {name!r}{whose} left: {cleaned.num_segments} segments "
                 f"holding {cleaned.num_bytes / 2**20:.1f} MiB and {cleaned.num_semaphores} semaphores")
     if cleaned.num_in_place:
-        line += (f"; {cleaned.num_in_place} KV caches of its CPU workers that are gone, holding "
-                 f"{cleaned.in_place_bytes / 2**20:.1f} MiB")
+        line += (f"; removed {_kv_caches(cleaned.num_in_place)} of its CPU workers that are gone, "
+                 f"holding {cleaned.in_place_bytes / 2**20:.1f} MiB")
     if cleaned.in_use:
-        line += (f"; {len(cleaned.in_use)} KV caches of CPU workers still running kept (pids "
+        line += (f"; kept {_kv_caches(len(cleaned.in_use))} of CPU workers still running (pids "
                  f"{', '.join(str(s.pid) for s in cleaned.in_use)}): each unlinks its own when it stops")
     if cleaned.not_removed:
         line += (f"; {len(cleaned.not_removed)} not removed, not this user's (another user made them "
                  f"under our name): {', '.join(cleaned.not_removed[:3])}")
     return line
+
+
+def _kv_caches(count: int) -> str:
+    return f"{count} KV {'cache' if count == 1 else 'caches'}"
