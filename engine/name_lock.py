@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 
-from pegaflow.platform.errors import EngineAlreadyRunningError
+from pegaflow.platform.errors import EngineAlreadyRunningError, StartInterruptedError
 from pegaflow.platform.locks import lock_path, open_lock_file, try_hold
 
 logger = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 CLEANING = "clean"        # what --clean writes before its pid in the lock file
 CLEAN_WAIT_S = 300.0      # the longest a start waits for a --clean (a 1 TiB pool's memory given back)
 _RETRY_S = 0.01
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # blocked while the engine starts: seen as pending
 
 
 def name_lock_path(name: str) -> str:
@@ -32,7 +34,8 @@ def name_lock_path(name: str) -> str:
 def claim_name(name: str, cleaning: bool = False, wait_s: float = CLEAN_WAIT_S) -> int:
     """Hold an exclusive lock on the engine's name (the fd), for an engine's lifetime or for
     a --clean (``cleaning``).  EngineAlreadyRunningError, naming the pid, while an engine
-    holds it; a --clean holding it is waited for, up to ``wait_s``.  The file is unlinked
+    holds it; a --clean holding it is waited for, up to ``wait_s`` (StartInterruptedError
+    if a stop signal comes meanwhile).  The file is unlinked
     at a clean stop: a lock taken on a file that was unlinked meanwhile is not the name's
     lock, and the claim starts over."""
     path = name_lock_path(name)
@@ -52,6 +55,8 @@ def claim_name(name: str, cleaning: bool = False, wait_s: float = CLEAN_WAIT_S) 
             raise EngineAlreadyRunningError(
                 f"the name {name!r} is still held after {wait_s:.0f}s ({holder}): a "
                 f"`pegaflow-engine --clean {name}` that does not finish; stop it and start again")
+        if STOP_SIGNALS & signal.sigpending():
+            raise StartInterruptedError(f"a stop signal came while waiting for the name {name!r}")
         if not is_waiting and holder.startswith(CLEANING):
             logger.info("the name %r is held by `pegaflow-engine --clean` (pid %s): waiting for it "
                         "to finish", name, holder.split()[-1])

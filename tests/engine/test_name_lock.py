@@ -4,7 +4,9 @@ start waits for it and then takes the name."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 
 import pytest
 
@@ -62,3 +64,20 @@ def _claim_or_error(name: str):
         return name_lock.claim_name(name)
     except EngineAlreadyRunningError as exc:
         return exc
+
+
+def test_name_lock_start_waiting_for_a_clean_stops_on_sigterm(engine_factory):
+    # 1. A --clean holds the name; an engine of that name starts and waits for it.
+    name = unique_engine_name("lock")
+    cleaning = name_lock.claim_name(name, cleaning=True)
+    try:
+        engine = engine_factory(name, wait=False)
+        deadline = time.monotonic() + 60
+        while "held by `pegaflow-engine --clean`" not in engine.stderr_text():
+            assert engine.proc.poll() is None and time.monotonic() < deadline, engine.stderr_text()
+            time.sleep(0.05)
+        # 2. SIGTERM meanwhile: it stops at once, exit 0, having made nothing.
+        assert engine.stop(signal.SIGTERM) == 0
+        assert "stopped before serving" in engine.stderr_text()
+    finally:
+        name_lock.release_name(name, cleaning)
