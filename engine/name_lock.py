@@ -35,9 +35,8 @@ def claim_name(name: str, cleaning: bool = False, wait_s: float = CLEAN_WAIT_S) 
     """Hold an exclusive lock on the engine's name (the fd), for an engine's lifetime or for
     a --clean (``cleaning``).  EngineAlreadyRunningError, naming the pid, while an engine
     holds it; a --clean holding it is waited for, up to ``wait_s`` (StartInterruptedError
-    if a stop signal comes meanwhile).  The file is unlinked
-    at a clean stop: a lock taken on a file that was unlinked meanwhile is not the name's
-    lock, and the claim starts over."""
+    if a stop signal comes meanwhile).  The file is unlinked at a clean stop: a lock taken
+    on a file that was unlinked meanwhile is not the name's lock, and the claim starts over."""
     path = name_lock_path(name)
     deadline = time.monotonic() + wait_s
     is_waiting = False
