@@ -131,9 +131,9 @@ def test_clean_dead_engine_whose_pid_another_process_has_now_is_cleaned(engine_f
         _record_engine_pid(engine.name, other.pid)
         # 2. The name's lock is free, so no engine of that name runs: --clean removes it all.
         done = _clean(engine.name)
-        assert done.returncode == 0, done.stderr
-        assert f"removed what the engine named {engine.name!r} (pid {other.pid}) left" in done.stdout
-        assert shm_leftovers(engine.name) == []
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"removed what the engine named {engine.name!r} (pid {other.pid}) left" in done.stdout, done.stdout
+        assert shm_leftovers(engine.name) == [], done.stdout
     finally:
         other.kill()
         other.wait()
