@@ -25,6 +25,7 @@ from pegaflow.platform.errors import (
 from pegaflow.platform.shm import check_engine_name
 from pegaflow.platform.values import format_size, version_line
 from pegaflow.stats.engine_stats import STALE_AFTER_S, kept_pool_blocks, latency_quantile, read_stats
+from pegaflow.stats.in_place_caches import in_place_note
 
 PROG = "pegaflow-stat"
 MAX_INTERVAL_S = 3600.0
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         say(PROG, str(exc))
         return EXIT_NOT_RESPONDING
     except EngineDeadError as exc:
-        say(PROG, str(exc))
+        say(PROG, f"{exc}{in_place_note(args.name)}")
         return EXIT_FAILED
     except EngineNotRunningError:  # (a ShmError: caught before the others)
         say(PROG, _not_running(args.name))
@@ -246,7 +247,7 @@ def _show(args) -> int:
         return EXIT_OK if snapshot["alive"] and snapshot["responding"] else (
             EXIT_NOT_RESPONDING if snapshot["alive"] else EXIT_FAILED)
     if args.once:
-        print(format_once(_read_live(args.name, args.stale_after)))
+        print(format_once(_read_live(args.name, args.stale_after)) + in_place_note(args.name))
     else:
         live(args.name, args.interval, args.stale_after)
     return EXIT_OK
@@ -257,7 +258,8 @@ def _not_running(name: str) -> str:
     return (f"no engine named {name!r} is running on this host "
             f"(start one with `pegaflow-engine --name {name}`)"
             + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
-               f"engine started with --keep-pool and the same pool geometry takes in"))
+               f"engine started with --keep-pool and the same pool geometry takes in")
+            + in_place_note(name))
 
 
 def serve_metrics(name: str, where: str, stale_after_s: float = STALE_AFTER_S) -> int:
