@@ -39,7 +39,7 @@ $(PY):
 # The test tools, the remote tier's client, vLLM for the CPU tests (unless one is there),
 # the remote tier's Debian libraries (only when missing, and only as root) and promtool.
 $(TEST_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -e '.[test,remote]'
+	$(PY) -m pip install -e '.[test,remote,proxy]'
 	$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)" || \
 	  $(PY) -m pip install 'vllm==$(VLLM_TEST)'
 	$(MAKE) system-libs promtool

@@ -103,7 +103,7 @@ def test_packaging_make_install_builds_no_test_environment(tmp_path):
 
 def test_packaging_make_test_builds_the_test_environments_on_first_use(tmp_path):
     commands = _make_dry_run("test", tmp_path)
-    for needed in ("pip install -e .\n", "'.[test,remote]'", "'vllm==", "promtool", "venv-cpu", "'.[cpu]'",
+    for needed in ("pip install -e .\n", "'.[test,remote,proxy]'", "'vllm==", "promtool", "venv-cpu", "'.[cpu]'",
                    "ruff check", "-m pytest -q\n", "pytest -q tests/e2e_cpu"):
         assert needed in commands, needed
 
