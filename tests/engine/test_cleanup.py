@@ -219,7 +219,7 @@ def test_clean_removes_killed_cpu_workers_kv_caches_and_keeps_running_ones():
         # 2. --clean removes the killed one's, keeps the running one's and says whose.
         done = _clean(name)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(f"pegaflow engine: nothing of an engine named {name!r} was left")
+        assert done.stdout.startswith(f"pegaflow-engine: nothing of an engine named {name!r} was left")
         assert "; removed 1 KV cache of its CPU workers that are gone, holding 1.0 MiB" in done.stdout
         assert f"; kept 1 KV cache of CPU workers still running (pids {os.getpid()})" in done.stdout
         assert shm_leftovers(name) == [running.name.lstrip("/")]
