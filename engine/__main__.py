@@ -16,8 +16,8 @@ import sys  # noqa: E402
 
 from pegaflow.platform.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 
-from .options import build_parser, config_from_args, warn_unknown_env  # noqa: E402
-from .server import EngineServer  # noqa: E402
+from .process.options import build_parser, config_from_args, warn_unknown_env  # noqa: E402
+from .process.server import EngineServer  # noqa: E402
 
 logger = logging.getLogger("engine")
 
@@ -27,7 +27,7 @@ TIMER_SLACK_NS = 1000
 
 def clean_command(name: str) -> int:
     """``--clean NAME``: 0 when nothing of a dead engine is left, 1 when refused (it runs)."""
-    from .cleanup import clean, describe
+    from .process.cleanup import clean, describe
     try:  # (a bad name: clean's ConfigError, exit 2 in main, as for any bad flag)
         cleaned = clean(name)
     except ShmError as exc:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import fault_in
+from ..memory import fault_in
 
 KERNEL = "kernel"            # a gather/scatter kernel per layer (SMs)
 COPY_ENGINE = "copy-engine"  # cuMemcpyBatchAsync per layer (DMA, no SMs)

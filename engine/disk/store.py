@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pegaflow.platform.errors import ConfigError
 
-from ..entries import Key
+from ..blocks.entries import Key
 from . import blockfile, scan
 from .blockfile import BLOCKS_DIR, HEADER_BYTES
 from .workers import DiskDone, DiskJob, IoWorkers

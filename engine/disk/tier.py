@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 
-from ..entries import ORPHAN, Entry, Key
-from ..index import BlockIndex
-from ..stats import StatsWriter
+from ..blocks.entries import ORPHAN, Entry, Key
+from ..blocks.index import BlockIndex
+from ..process.stats import StatsWriter
 from .store import DiskStore
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..entries import Key
-from ..threads import join_within
+from ..blocks.entries import Key
+from ..process.threads import join_within
 from . import blockfile
 
 logger = logging.getLogger(__name__)

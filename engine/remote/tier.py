@@ -21,10 +21,10 @@ import collections
 import itertools
 import logging
 
-from ..entries import Entry, Key
-from ..index import BlockIndex
-from ..stats import StatsWriter
-from .lookups import RemoteLookups
+from ..blocks.entries import Entry, Key
+from ..blocks.index import BlockIndex
+from ..process.stats import StatsWriter
+from .store_lookups import RemoteLookups
 from .workers import Kind, RemoteJob, RemoteWorkers
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""``pegaflow-engine --clean NAME`` (engine.cleanup): a dead engine's shared memory removed, a
+"""``pegaflow-engine --clean NAME`` (engine.process.cleanup): a dead engine's shared memory removed, a
 live engine's refused and left alone."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_clean_an_engine_that_never_ran_finds_nothing():
 
 def test_clean_a_segment_it_may_not_remove_is_listed_and_the_rest_still_go(engine_factory, monkeypatch):
     # 1. A killed engine's leftovers, one of which (its pool) this user may not remove.
-    from engine import cleanup
+    from engine.process import cleanup
     from pegaflow.platform import shm
     from pegaflow.platform.errors import ForeignSegmentError
     engine = engine_factory(extra=("--keep-pool",))

@@ -1,4 +1,4 @@
-"""engine.client_table: claims accepted under the control lock, and checked (a real
+"""engine.clients.client_table: claims accepted under the control lock, and checked (a real
 engine's segments, in this process; a forked child, which maps them too, claims)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.server import EngineServer
+from engine.process.config import EngineConfig
+from engine.process.server import EngineServer
 from pegaflow.platform.locks import ControlLock
 from pegaflow.platform.wire import SlotState
 from tests.conftest import shm_leftovers

@@ -347,12 +347,12 @@ def _held_dispatcher(refuse: bool = False):
     its checks)."""
     from types import SimpleNamespace
 
-    from engine.clients import ClientState
+    from engine.blocks.index import BlockIndex
+    from engine.clients.client import ClientState
+    from engine.commands.dispatcher import Dispatcher
     from engine.copy.base import CopyBackend, LayerPlacement
-    from engine.dispatcher import Dispatcher
-    from engine.index import BlockIndex
-    from engine.pool import PagePool
-    from engine.stats import StatsWriter
+    from engine.memory.pool import PagePool
+    from engine.process.stats import StatsWriter
     from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView, record_type, reset_slots
     from pegaflow.platform.wire import ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION
 
@@ -535,9 +535,9 @@ def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client,
 def test_dispatcher_fault_in_the_middle_of_a_save_leaves_no_marks(monkeypatch):
     # 1. Chunks of 2 blocks; the backend takes the first chunk and fails (a bug, not a
     #    refusal) on the second.
-    import engine.pending
+    import engine.commands.pending_copy
     from engine.copy.base import CopyDone
-    monkeypatch.setattr(engine.pending, "FIRST_CHUNK", 2)
+    monkeypatch.setattr(engine.commands.pending_copy, "FIRST_CHUNK", 2)
     h = _held_dispatcher()
     submit = h.backend.submit
 
@@ -682,7 +682,7 @@ def test_dispatcher_debug_log_says_where_a_saves_time_went(caplog):
     # 1. DEBUG logging on; a SAVE of two blocks whose copy ends when released.
     from engine.copy.base import CopyDone
     h = _held_dispatcher()
-    with caplog.at_level(logging.DEBUG, logger="engine.transfers"):
+    with caplog.at_level(logging.DEBUG, logger="engine.commands.transfers"):
         h.send(1, Opcode.SAVE, _save_payload([1, 2], [b"t" * 32, b"u" * 32]), 2)
         assert "SAVE of" not in caplog.text  # not done yet
         h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from engine import fault_in
+from engine.memory import fault_in
 from pegaflow.platform import shm
 from pegaflow.platform.errors import ShmError
 

@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from engine import name_lock
+from engine.process import name_lock
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform import shm
 from pegaflow.platform.errors import ForeignSegmentError
@@ -177,7 +177,7 @@ def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(e
     # 1. A client submits PINGs and never reads an answer: past its completion ring and
     #    the engine's cap of queued answers, its commands wait unread, so its own submit
     #    times out (it is told) while the engine's memory stays bounded.
-    from engine.server import MAX_UNREAD_ANSWERS
+    from engine.process.server import MAX_UNREAD_ANSWERS
     from pegaflow.platform.errors import RingFullError
     from pegaflow.platform.wire import Opcode
     engine = engine_factory(extra=("--ring-slots", "16"))
@@ -249,8 +249,8 @@ def test_foreign_lock_directory_squatted_engine_and_client_still_meet(tmp_path, 
     # starts, and a client attaches to it through the fallback directory.
     import threading
 
-    from engine.config import EngineConfig
-    from engine.server import EngineServer
+    from engine.process.config import EngineConfig
+    from engine.process.server import EngineServer
     from pegaflow.platform import locks
     monkeypatch.setattr(locks, "SHM_BASE", str(tmp_path))
     planted = tmp_path / f"pegaflow-{os.geteuid()}"

@@ -1,4 +1,4 @@
-"""engine.index.BlockIndex on its own (no engine process): visibility, leases, eviction, dead clients.
+"""engine.blocks.index.BlockIndex on its own (no engine process): visibility, leases, eviction, dead clients.
 
 The pool holds exactly CAPACITY entries of ENTRY_BYTES (one slab), so a reserve past that
 must evict.  ``store`` plays a whole save: reserve, then every layer copied.
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from engine.index import BlockIndex
-from engine.pool import PagePool
+from engine.blocks.index import BlockIndex
+from engine.memory.pool import PagePool
 
 NUM_LAYERS = 4
 ALL_LAYERS = (1 << NUM_LAYERS) - 1

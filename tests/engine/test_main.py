@@ -53,7 +53,7 @@ def test_main_version_names_the_release_and_the_wire_protocol():
 
 
 def test_main_help_names_every_env_var():
-    from engine.options import OPTIONS
+    from engine.process.options import OPTIONS
     done = _engine("--help")
     text = " ".join(done.stdout.split())
     assert done.returncode == 0 and all(o.env in text for o in OPTIONS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.pending import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
+from engine.commands.pending_copy import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
 
 
 @given(st.integers(0, 20000))

@@ -19,11 +19,11 @@ import time
 import numpy as np
 import pytest
 
-from engine import fault_in
-from engine.config import EngineConfig
 from engine.copy.host import HostBackend
-from engine.pinning import PoolPinner
-from engine.server import EngineServer
+from engine.memory import fault_in
+from engine.memory.pinning import PoolPinner
+from engine.process.config import EngineConfig
+from engine.process.server import EngineServer
 from pegaflow.platform import shm
 from pegaflow.stats.cli import format_once
 from pegaflow.stats.engine_stats import read_stats
@@ -134,7 +134,7 @@ def test_pinner_full_dev_shm_stops_it_with_the_pool_at_what_was_pinned(segment, 
 
     monkeypatch.setitem(fault_in._state, "has_populate", True)
     monkeypatch.setattr(fault_in, "_madvise", full_past_5_mib)
-    caplog.set_level(logging.INFO, logger="engine.pinning")
+    caplog.set_level(logging.INFO, logger="engine.memory.pinning")
     backend = GatedBackend()
     pinner = PoolPinner(segment, backend, 2 * MIB, num_threads=1)
     pinner.pin_first()

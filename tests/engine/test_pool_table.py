@@ -7,9 +7,9 @@ import logging
 
 import numpy as np
 
-from engine.index import BlockIndex
-from engine.pool import PagePool
-from engine.pool_table import PoolTable, read_ready, records_per_slab, table_bytes
+from engine.blocks.index import BlockIndex
+from engine.memory.pool import PagePool
+from engine.memory.pool_table import PoolTable, read_ready, records_per_slab, table_bytes
 from pegaflow.platform import shm
 from pegaflow.platform.pool_layout import POOL_RECORD, POOL_TABLE_HEADER, EntryState
 from pegaflow.platform.wire import MAGIC, encode_hashes, hash_keys
@@ -88,7 +88,7 @@ def test_pool_table_caps_a_slab_of_small_entries_at_its_records(caplog):
     table = PoolTable.private(4 * SLAB, SLAB)
     pool = PagePool(4 * SLAB, SLAB, table.records_per_slab)
     # 2. A slab takes 256 of them (and says so once); every offset has its own record.
-    with caplog.at_level(logging.WARNING, logger="engine.pool"):
+    with caplog.at_level(logging.WARNING, logger="engine.memory.pool"):
         offsets = pool.alloc_many(1024, 300)
     assert len(offsets) == 300 and len({o // SLAB for o in offsets}) == 2
     assert sum(o // SLAB == offsets[0] // SLAB for o in offsets) == 256

@@ -1,10 +1,10 @@
-"""engine.pool.PagePool on its own: slabs per entry size, freeing, a full pool, size checks."""
+"""engine.memory.pool.PagePool on its own: slabs per entry size, freeing, a full pool, size checks."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.pool import PagePool
+from engine.memory.pool import PagePool
 from pegaflow.platform.errors import ConfigError
 
 SLAB = 1024

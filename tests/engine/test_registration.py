@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.clients import ClientState
-from engine.pool import PagePool
-from engine.registration import MAX_LAYERS, MIN_PAGE_BYTES, register_events, register_region
+from engine.clients.client import ClientState
+from engine.clients.registration import MAX_LAYERS, MIN_PAGE_BYTES, register_events, register_region
+from engine.memory.pool import PagePool
 from pegaflow.platform.errors import CommandError, ShmError
 from pegaflow.platform.protocol import DECODERS, raw_submission, record_fields
 from pegaflow.platform.ring import record_type

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import room
-from engine.room import check_room
+from engine.memory import host_capacity
+from engine.memory.host_capacity import check_room
 from pegaflow.platform.errors import ShmError
 
 GIB = 1 << 30
@@ -20,7 +20,7 @@ def _meminfo(tmp_path, available_kib: int) -> str:
 
 
 def _free_shm(monkeypatch, free_bytes: int) -> None:
-    monkeypatch.setattr(room.os, "statvfs",
+    monkeypatch.setattr(host_capacity.os, "statvfs",
                         lambda path: SimpleNamespace(f_bavail=free_bytes // 4096, f_frsize=4096))
 
 

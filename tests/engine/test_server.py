@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import pegaflow.client.connection
-from engine.config import EngineConfig
-from engine.server import EngineServer
+from engine.process.config import EngineConfig
+from engine.process.server import EngineServer
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform import shm
 from pegaflow.platform.errors import EngineGoneError, EngineNotRunningError, NoFreeSlotError, WireVersionError

@@ -7,9 +7,9 @@ import os
 import threading
 import time
 
-from engine.config import EngineConfig
-from engine.server import EngineServer
-from engine.slow_commands import REPORT_EVERY_S, SLOW_COMMAND_S, SlowCommands
+from engine.commands.slow_commands import REPORT_EVERY_S, SLOW_COMMAND_S, SlowCommands
+from engine.process.config import EngineConfig
+from engine.process.server import EngineServer
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform.wire import Opcode
 
@@ -20,7 +20,7 @@ def test_slow_commands_report_counts_per_opcode_and_the_slowest_at_most_every_in
     slow.note(int(Opcode.LOAD), 0.120, slot=3, num_items=514)
     slow.note(int(Opcode.LOAD), 0.030, slot=1, num_items=64)
     slow.note(int(Opcode.LOOKUP), 0.025, slot=0, num_items=520)
-    with caplog.at_level(logging.WARNING, logger="engine.slow_commands"):
+    with caplog.at_level(logging.WARNING, logger="engine.commands.slow_commands"):
         assert slow.report(100.0)
     line = caplog.records[-1].getMessage()
     assert "3 command(s) took over 20 ms" in line and "(2 LOAD, 1 LOOKUP)" in line
@@ -90,7 +90,7 @@ def test_engine_says_how_much_of_a_slow_save_went_to_issuing_its_copies(kv_clien
             time.sleep(1e-3)
         assert server.slow.slowest.startswith("SAVE of 2 items")
         assert 1.5 * SLOW_COMMAND_S <= server.slow.slowest_issue_s <= server.slow.slowest_s
-        with caplog.at_level(logging.WARNING, logger="engine.slow_commands"):
+        with caplog.at_level(logging.WARNING, logger="engine.commands.slow_commands"):
             assert server.slow.report(time.monotonic())
         issued = float(caplog.records[-1].getMessage().split("(")[-1].split(" ms of it issuing copies")[0])
         assert issued >= 1.5 * SLOW_COMMAND_S * 1e3

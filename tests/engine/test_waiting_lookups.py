@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from engine.entries import Entry
-from engine.waiting_lookups import ABANDONED_WRITE_S, WaitingLookup, WaitingLookups, unread_marks, writing_stop
+from engine.blocks.entries import Entry
+from engine.commands.lookup_waits import ABANDONED_WRITE_S, WaitingLookup, WaitingLookups, unread_marks, writing_stop
 from pegaflow.platform.ring import RingConsumer, RingProducer, reset_slots
 from pegaflow.platform.wire import SUBMISSION, Opcode
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .entries import ORPHAN, Key
+from ..blocks.entries import ORPHAN, Key
 
 ABANDONED_WRITE_S = 5.0
 

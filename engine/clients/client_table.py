@@ -22,7 +22,7 @@ from pegaflow.platform.waits import Doorbell
 from pegaflow.platform.wire import SlotState
 
 from .claims import claim_problem, state_name
-from .clients import ClientState
+from .client import ClientState
 
 logger = logging.getLogger(__name__)
 

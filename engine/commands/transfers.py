@@ -23,17 +23,17 @@ from pegaflow.platform.errors import CommandError, PegaflowError
 from pegaflow.platform.protocol import Load, LoadAnswer, Save, SaveAnswer, last_pool_event
 from pegaflow.platform.wire import ALL_LAYERS, Opcode, Status
 
-from . import votes
-from .clients import ClientState
-from .copy.base import CopyBackend, CopyDone, CopyOp, Direction
-from .entries import Key
-from .index import BlockIndex
-from .parked_loads import ParkedLoads
-from .pending import PendingCopy, chunk_bounds, log_timing
-from .placements import checked_event, copied_blocks
+from ..blocks import votes
+from ..blocks.entries import Key
+from ..blocks.index import BlockIndex
+from ..blocks.votes import Vote
+from ..clients.client import ClientState
+from ..copy.base import CopyBackend, CopyDone, CopyOp, Direction
+from ..process.stats import StatsWriter
+from .copy_arguments import checked_event, copied_blocks
+from .load_waits import ParkedLoads
+from .pending_copy import PendingCopy, chunk_bounds, log_timing
 from .received import LATER, Received
-from .stats import StatsWriter
-from .votes import Vote
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from pegaflow.platform import shm
 from pegaflow.platform.errors import PegaflowError
 from pegaflow.platform.values import format_size
 
+from ..copy.base import CopyBackend
 from . import fault_in
-from .copy.base import CopyBackend
 
 logger = logging.getLogger(__name__)
 

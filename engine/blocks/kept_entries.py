@@ -12,14 +12,14 @@ import time
 from collections import deque
 from typing import Protocol
 
+from ..memory.pool import PagePool
+from ..memory.pool_table import PoolTable
 from .entries import ORPHAN, Entry, Key
 from .eviction import LruPolicy
-from .pool import PagePool
-from .pool_table import PoolTable
 
 
 class KeptIndex(Protocol):
-    """What of ``engine.index.BlockIndex`` a kept pool's adoption reads and fills."""
+    """What of ``engine.blocks.index.BlockIndex`` a kept pool's adoption reads and fills."""
 
     entries: dict[Key, Entry]
     table: PoolTable

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pegaflow.platform.wire import Opcode
 
-from .clients import ClientState
+from ..clients.client import ClientState
 from .received import Received
 
 FIRST_CHUNK = 64

@@ -10,7 +10,7 @@ from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import layer_event
 from pegaflow.platform.wire import ALL_LAYERS, Status
 
-from .clients import ClientState
+from ..clients.client import ClientState
 
 
 def copied_blocks(client: ClientState, command):

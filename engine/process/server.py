@@ -30,14 +30,14 @@ from pegaflow.platform.values import format_size
 from pegaflow.platform.waits import Doorbell, sleep_until
 from pegaflow.platform.wire import CLIENT_STATS, STATS
 
-from .client_table import ClientTable
+from ..clients.client_table import ClientTable
+from ..commands.dispatcher import Dispatcher
+from ..commands.slow_commands import SLOW_COMMAND_S, SlowCommands
+from ..copy.base import CopyBackend
+from ..memory.pinning import PinProgress
 from .config import EngineConfig
-from .copy.base import CopyBackend
-from .dispatcher import Dispatcher
-from .pinning import PinProgress
 from .segments import EngineSegments
 from .shutdown import shut_down
-from .slow_commands import SLOW_COMMAND_S, SlowCommands
 from .startup import log_ready, open_pool, open_tiers
 from .stats import StatsWriter
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..memory.pool import PagePool
+from ..memory.pool_table import NoTable, PoolTable
 from . import kept_entries, writes
 from .entries import ORPHAN, Entry, Key, Lease, is_unused
 from .eviction import LruPolicy
-from .pool import PagePool
-from .pool_table import NoTable, PoolTable
 
 
 @dataclass(slots=True)

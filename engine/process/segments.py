@@ -31,10 +31,10 @@ from pegaflow.platform.wire import (
     SlotState,
 )
 
+from ..memory.host_capacity import check_room
+from ..memory.pool_table import PoolTable, table_bytes
 from .config import MAX_SLOTS, EngineConfig
 from .name_lock import claim_name, name_lock_path
-from .pool_table import PoolTable, table_bytes
-from .room import check_room
 
 logger = logging.getLogger(__name__)
 

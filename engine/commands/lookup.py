@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pegaflow.platform.protocol import Key, Lookup, LookupAnswer
 from pegaflow.platform.wire import Status
 
-from .config import MAX_LOOKUP_WAIT_S
+from ..process.config import MAX_LOOKUP_WAIT_S
+from .lookup_waits import WaitingLookup, WaitingLookups, writing_stop
 from .received import LATER, Received
-from .waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..entries import ORPHAN, Entry, Key
-from ..index import BlockIndex
-from ..stats import StatsWriter
+from ..blocks.entries import ORPHAN, Entry, Key
+from ..blocks.index import BlockIndex
+from ..process.stats import StatsWriter
 from .workers import MAX_QUERY_BLOCKS, FetchStatus, Kind, RemoteDone, RemoteJob, RemoteWorkers
 
 logger = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from pegaflow.platform.errors import CommandError, ConfigError, PegaflowError
 from pegaflow.platform.protocol import Register, RegisterEvents
 from pegaflow.platform.wire import RegionKind, Status
 
-from .clients import ClientState
-from .copy.base import CopyBackend, LayerPlacement
-from .pool import PagePool
+from ..copy.base import CopyBackend, LayerPlacement
+from ..memory.pool import PagePool
+from .client import ClientState
 
 logger = logging.getLogger(__name__)
 

@@ -11,15 +11,15 @@ import numpy as np
 
 from pegaflow.platform.values import format_size
 
-from .copy import make_backend
-from .copy.base import CopyBackend
-from .disk.open import open_disk_tier
-from .fault_in import default_threads
-from .index import BlockIndex
-from .pinning import PoolPinner
-from .pool import PagePool
-from .pool_table import NoTable, PoolTable
-from .remote.open import open_remote_tier
+from ..blocks.index import BlockIndex
+from ..copy import make_backend
+from ..copy.base import CopyBackend
+from ..disk.open import open_disk_tier
+from ..memory.fault_in import default_threads
+from ..memory.pinning import PoolPinner
+from ..memory.pool import PagePool
+from ..memory.pool_table import NoTable, PoolTable
+from ..remote.open import open_remote_tier
 
 logger = logging.getLogger(__name__)
 

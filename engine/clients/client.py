@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
 
-from .copy.base import LayerPlacement
+from ..copy.base import LayerPlacement
 
 _client_ids = itertools.count(1)
 

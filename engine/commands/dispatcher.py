@@ -38,16 +38,16 @@ from pegaflow.platform.protocol import (
 )
 from pegaflow.platform.wire import ClientRole, Opcode, Status, attach_role
 
-from .claims import attach_problem
-from .clients import ClientState
-from .copy.base import CopyBackend, CopyDone
-from .index import BlockIndex
-from .lookups import Lookups
+from ..blocks.index import BlockIndex
+from ..blocks.votes import VoterTable
+from ..clients.claims import attach_problem
+from ..clients.client import ClientState
+from ..clients.registration import register_events, register_region
+from ..copy.base import CopyBackend, CopyDone
+from ..process.stats import StatsWriter
+from .lookup import Lookups
 from .received import LATER, Received, new_received, untimed
-from .registration import register_events, register_region
-from .stats import StatsWriter
 from .transfers import Transfers
-from .votes import VoterTable
 
 logger = logging.getLogger(__name__)
 
