@@ -40,7 +40,7 @@ from tests.conftest import readline_within
 NAMESPACE = 0x5E7
 SIGTERM_EXIT_S = 60.0  # a wait for the exit, not a bound on it
 WAIT_S = 30.0  # how long a test waits for what should take milliseconds
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 _names = itertools.count()
 
 

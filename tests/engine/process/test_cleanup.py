@@ -12,7 +12,7 @@ from pathlib import Path
 from pegaflow.platform.locks import lock_dir
 from tests.conftest import shm_leftovers
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _clean(name: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.copy.base import CopyDone
 from pegaflow.platform.wire import CommandFlag, Opcode, Status, encode_hashes, hash_keys
-from tests.engine.test_dispatcher import _held_dispatcher, _save_payload
+from tests.engine.commands.test_dispatcher import _held_dispatcher, _save_payload
 
 NAMESPACE = 7  # the in-memory clients' commands' namespace
 HASH_A, HASH_B = b"a" * 32, b"b" * 32
