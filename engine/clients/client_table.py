@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,10 +33,13 @@ ATTACH_TIMEOUT_S = 5.0
 
 
 class ClientTable:
-    def __init__(self, engine_name: str, segments, stats, dispatcher,
-                 attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
+    def __init__(self, engine_name: str, segments, stats, release_client: Callable[[ClientState], None],
+                 own_pid_is_client: bool = False, attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
+        """``release_client``: a closed client's leases and memory given back (the dispatcher's);
+        ``own_pid_is_client``: the engine runs in its clients' process (tests)."""
         self.engine_name = engine_name
-        self.segments, self.stats, self.dispatcher = segments, stats, dispatcher
+        self.segments, self.stats, self.release_client = segments, stats, release_client
+        self.own_pid_is_client = own_pid_is_client
         self.attach_timeout_s = attach_timeout_s
         self.clients: dict[int, ClientState] = {}
         self.attached: tuple[ClientState, ...] = ()  # the clients' values, for the hot loop
@@ -59,7 +63,7 @@ class ClientTable:
             if old is not None and not self.close(old, "its slot was claimed again", free_slot=False):
                 continue  # its copies still run: the claim waits for them
             pid = int(self.segments.slots["pid"][slot])
-            why = claim_problem(pid, self.dispatcher.own_pid_is_client)
+            why = claim_problem(pid, self.own_pid_is_client)
             if why is not None:
                 self._refuse_claim(slot, why)
                 continue
@@ -164,7 +168,7 @@ class ClientTable:
         False while its copies still run (the next housekeeping tries again)."""
         if client.num_inflight:
             return False
-        self.dispatcher.release_client(client)
+        self.release_client(client)
         client.backlog.clear()
         self._drop(client, free_slot)
         return True

@@ -62,18 +62,22 @@ _PING_ANSWERS = tuple(PingAnswer(n) for n in range(256))  # built once: a round 
 
 
 class Dispatcher:
-    def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter, lookup_wait_s: float = 0.0):
+    def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter, lookup_wait_s: float = 0.0,
+                 *, disk=None, remote=None, clients: Callable[[], tuple] = tuple, own_pid_is_client: bool = False):
+        """``disk``, ``remote``: the tiers (``engine/disk/tier.py``, ``engine/remote/tier.py``),
+        where the engine has them; ``clients``: the attached clients now (whose rings a waiting
+        LOOKUP reads past); ``own_pid_is_client``: the engine runs in its clients' process (tests)."""
         self.index = index
         self.backend = backend
         self.stats = stats
         # Whether the index may have changed since the gauges were last written: set by
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
+        self.disk, self.remote = disk, remote
+        self.own_pid_is_client = own_pid_is_client
         self.transfers = Transfers(index, backend, stats, self.answer)
-        self.lookups = Lookups(self, lookup_wait_s)
+        self.lookups = Lookups(index, stats, self.answer_later, lookup_wait_s, clients, remote)
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
-        self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
-        self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self.handlers: dict[Opcode, Callable] = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -94,25 +98,21 @@ class Dispatcher:
         """LOOKUPs waiting for saves in flight (``waiting_lookups.py``)."""
         return self.lookups.waiting
 
-    @property
-    def remote(self):
-        return self.lookups.remote
-
-    @remote.setter
-    def remote(self, tier) -> None:
-        self.lookups.remote = tier
-
-    @property
-    def clients(self) -> Callable[[], tuple]:
-        return self.lookups.clients
-
-    @clients.setter
-    def clients(self, attached: Callable[[], tuple]) -> None:
-        self.lookups.clients = attached
-
     def on_copy_done(self, done: CopyDone) -> None:
         self.gauges_stale = True
         self.after_answer(self.transfers.on_copy_done(done))
+
+    def index_changed(self) -> None:
+        """The index changed outside a command (the pool grew): the gauges are written again."""
+        self.gauges_stale = True
+
+    def answer_later(self, received: Received, status: int, answer=()) -> None:
+        """A command whose handler returned ``LATER``, answered now (``answer`` still ``LATER``:
+        not yet, its work went on); the index may have changed meanwhile."""
+        self.gauges_stale = True
+        if answer is not LATER:
+            self.answer(received, status, answer)
+        self.after_answer(received.client)
 
     def after_answer(self, client: ClientState) -> None:
         """A command of ``client`` that waited was answered: a DETACH waiting for it goes on."""

@@ -18,7 +18,9 @@ from collections.abc import Callable
 from pegaflow.platform.protocol import Key, Lookup, LookupAnswer
 from pegaflow.platform.wire import Status
 
+from ..blocks.index import BlockIndex
 from ..process.config import MAX_LOOKUP_WAIT_S
+from ..process.stats import StatsWriter
 from .lookup_waits import WaitingLookup, WaitingLookups, writing_stop
 from .received import LATER, Received
 
@@ -26,16 +28,18 @@ logger = logging.getLogger(__name__)
 
 
 class Lookups:
-    def __init__(self, dispatcher, lookup_wait_s: float):
-        self.dispatcher = dispatcher  # its index, stats and the one answer path
-        self.index, self.stats = dispatcher.index, dispatcher.stats
+    def __init__(self, index: BlockIndex, stats: StatsWriter, answer_later: Callable, lookup_wait_s: float,
+                 clients: Callable[[], tuple] = tuple, remote=None):
+        """``answer_later``: the dispatcher's answer to a LOOKUP that waited (``Dispatcher.answer_later``);
+        ``remote``: the remote tier (``engine/remote/tier.py``), if the engine has one."""
+        self.index, self.stats, self.answer_later = index, stats, answer_later
         # LOOKUPs waiting for saves in flight: by default for at most ``lookup_wait_s`` (0:
         # never), and ``clients`` says whose rings may hold a SAVE not read yet (the
         # server's attached clients)
         self.waiting = WaitingLookups(self.index, self._answer_waiting)
         self.lookup_wait_s = lookup_wait_s
-        self.clients: Callable[[], tuple] = tuple
-        self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
+        self.clients = clients
+        self.remote = remote
 
     def lookup(self, received: Received, lookup: Lookup):
         client, keys = received.client, lookup.keys()
@@ -62,8 +66,6 @@ class Lookups:
 
     def _answer_waiting(self, waiting: WaitingLookup) -> None:
         """A LOOKUP whose wait for saves in flight is over: the index walked again, answered."""
-        dispatcher = self.dispatcher
-        dispatcher.gauges_stale = True
         received = waiting.received
         client = received.client
         if waiting.is_waiting_saves:
@@ -76,9 +78,7 @@ class Lookups:
             except Exception:  # boundary, as in the server's loop: answered, the engine goes on
                 logger.exception("slot %d: internal error answering a waiting LOOKUP", client.slot)
                 status = Status.INTERNAL
-        if answer is not LATER:
-            dispatcher.answer(received, status, answer)
-        dispatcher.after_answer(client)
+        self.answer_later(received, status, answer)
 
     def _count_wait(self, waiting: WaitingLookup) -> None:
         num_more, why = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
@@ -101,10 +101,7 @@ class Lookups:
     def answer_remote(self, received: Received, num_hits: int, lease_id: int) -> None:
         """A LOOKUP the remote tier continued: answered now (its local prefix and what the
         store held, being fetched)."""
-        dispatcher, client = self.dispatcher, received.client
-        dispatcher.gauges_stale = True
-        if lease_id and not client.is_attached:  # gone meanwhile: its lease ends here
+        if lease_id and not received.client.is_attached:  # gone meanwhile: its lease ends here
             self.index.release(lease_id)
             num_hits = lease_id = 0
-        dispatcher.answer(received, Status.OK, self._counted(received, num_hits, lease_id))
-        dispatcher.after_answer(client)
+        self.answer_later(received, Status.OK, self._counted(received, num_hits, lease_id))

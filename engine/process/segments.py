@@ -91,7 +91,7 @@ class EngineSegments:
         self.pool: shm.Segment | None = None
         self.is_pool_kept = False  # the pool and its table are an earlier engine's, kept
         self.pool_table: shm.Segment | None = None  # with --keep-pool only
-        self.has_started = False   # set by the server once it serves: only then is a new pool kept
+        self.has_started = False   # the pool opened (``mark_started``): only then is a new pool kept
         self._name_lock = claim_name(config.name)
         self.control = self._create_control()
         try:
@@ -228,6 +228,10 @@ class EngineSegments:
         self._ring_generations[slot] = (self._ring_generations[slot] + 1) % 2**64
         view.header[0] = (MAGIC, WIRE_VERSION, len(view.submissions), len(view.arena),
                           self._ring_generations[slot], 0, 0, 0)
+
+    def mark_started(self) -> None:
+        """The pool is open: from here on, --keep-pool keeps even a new pool."""
+        self.has_started = True
 
     def mark_serving(self) -> None:
         """Clients may attach from now on (until now their claims would wait)."""

@@ -55,40 +55,47 @@ UNATTENDED_SLEEP_S = LIVENESS_ONLY_S  # nothing attached: a wake-up only to beat
 
 
 class EngineServer:
-    def __init__(self, config: EngineConfig, backend: CopyBackend | None = None):
+    def __init__(self, config: EngineConfig, backend: CopyBackend | None = None, serve_own_process: bool = False):
+        """Each part built in order and handed what it uses (``startup.py``).  ``serve_own_process``:
+        take clients of this very process (an engine run in a test's process), whose pid is
+        otherwise never a client's."""
         self.config = config
         marks = [time.perf_counter()]  # the start's steps, for its log line
         self.segments = EngineSegments(config)
         marks.append(time.perf_counter())
         try:  # a failed start leaves nothing behind in /dev/shm
-            pool = open_pool(self, backend, marks)
+            opened = open_pool(config, self.segments, backend, marks)
         except BaseException:
             self.segments.unlink_all()
             raise
-        self.segments.has_started = True  # from here on, --keep-pool keeps even a new pool
+        self.backend, self.pinner, self.index = opened.backend, opened.pinner, opened.index
+        self.segments.mark_started()
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1), self.segments.stats.array(
             CLIENT_STATS, config.num_slots, STATS.itemsize))
         self.stats.set("pool_bytes_capacity", self.index.pool.bytes_total)
-        self.dispatcher = Dispatcher(self.index, self.backend, self.stats, config.lookup_wait_s)
         self._pin_seen = PinProgress()  # the pinner's progress the pool has grown by
         self._is_pinning = True
-        self._take_pinned()
-        self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher)
-        self.dispatcher.clients = lambda: self.table.attached  # rings a waiting LOOKUP reads past
+        self._take_pinned()  # (the dispatcher, built below, starts with its gauges stale)
         self.doorbell = Doorbell(self.segments.doorbell, self.segments.engine_sleeping)
-        open_tiers(self)
+        self.disk, self.remote = open_tiers(config, opened, self.segments, self.stats, self.doorbell.ring,
+                                            self._answer_remote)
+        self.dispatcher = Dispatcher(self.index, self.backend, self.stats, config.lookup_wait_s,
+                                     disk=self.disk, remote=self.remote,
+                                     clients=lambda: self.table.attached,  # rings a waiting LOOKUP reads past
+                                     own_pid_is_client=serve_own_process)
+        self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher.release_client,
+                                 own_pid_is_client=serve_own_process)
         self.is_stopping = False
         self.slow = SlowCommands()  # handlings that held up every other client (slow_commands.py)
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
         self.pinner.start(wake=self.doorbell.ring)
-        log_ready(self, pool, marks)
+        log_ready(config, self.backend, opened.pool, marks)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
-    def serve_own_process(self) -> None:
-        """Take clients of this very process (an engine run in a test's process): its pid
-        is otherwise never a client's."""
-        self.dispatcher.own_pid_is_client = True
+    def _answer_remote(self, received, num_hits: int, lease_id: int) -> None:
+        """A LOOKUP the remote store continued, answered (the dispatcher's, built after the tiers)."""
+        self.dispatcher.lookups.answer_remote(received, num_hits, lease_id)
 
     def request_stop(self) -> None:
         self.is_stopping = True
@@ -109,8 +116,8 @@ class EngineServer:
         if now >= self._next_claim_check:
             self._next_claim_check = now + CLAIM_CHECK_S
             self.table.accept_claims()
-            if self._is_pinning:
-                self._take_pinned()
+            if self._is_pinning and self._take_pinned():
+                self.dispatcher.index_changed()
             if self.disk is not None:
                 self.disk.spill()
             if self.remote is not None:
@@ -203,11 +210,12 @@ class EngineServer:
                 client.flush()
         return did_work
 
-    def _take_pinned(self) -> None:
-        """Grow the usable pool by what the pinning thread pinned since the last look."""
-        progress = self.pinner.progress
+    def _take_pinned(self) -> bool:
+        """Grow the usable pool by what the pinning thread pinned since the last look: True
+        where the index grew."""
+        progress, has_grown = self.pinner.progress, False
         if progress is self._pin_seen:
-            return
+            return False
         self._pin_seen = progress
         self._is_pinning = not progress.is_finished
         ready = progress.ready_bytes
@@ -220,14 +228,15 @@ class EngineServer:
                              format_size(self.index.pool.bytes_ready))
                 self.pinner.request_stop()
                 self._is_pinning = False
-                return
+                return False
             num_kept = self.index.grow(ready)
             if num_kept:
                 logger.debug("pool: %d kept blocks served from now on", num_kept)
             self.stats.set("pool_bytes_ready", self.index.pool.bytes_ready)
-            self.dispatcher.gauges_stale = True
+            has_grown = True
         if progress.is_finished and progress.error is None:
             self.stats.set("pool_pin_ns", progress.elapsed_ns)
+        return has_grown
 
     def _housekeeping(self, now: float) -> None:
         is_timed = self.index.leases or self.index.writing or any(

@@ -50,7 +50,7 @@ class PendingLookup:
 
 class RemoteLookups:
     def __init__(self, workers: RemoteWorkers, index: BlockIndex, stats: StatsWriter, timeout_s: float,
-                 answer: Callable | None = None) -> None:
+                 answer: Callable) -> None:
         self.workers, self.index, self.stats, self.timeout_s = workers, index, stats, timeout_s
         self.answer = answer  # (received, num_hits, lease_id): the dispatcher's
         self._tokens = itertools.count(1)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+from collections.abc import Callable
 
 from ..blocks.entries import Entry, Key
 from ..blocks.index import BlockIndex
@@ -35,11 +36,11 @@ MAX_FRESH_BLOCKS = 1 << 16  # READY blocks waiting their turn to be published; p
 
 
 class RemoteTier:
-    def __init__(self, store, workers: RemoteWorkers, index: BlockIndex, stats: StatsWriter,
+    def __init__(self, store, workers: RemoteWorkers, index: BlockIndex, stats: StatsWriter, answer: Callable,
                  publish: str = "all", timeout_s: float = 0.04) -> None:
         self.store, self.workers, self.index, self.stats = store, workers, index, stats
         self.is_reused_only = publish == "reused"
-        self.lookups = RemoteLookups(workers, index, stats, timeout_s)
+        self.lookups = RemoteLookups(workers, index, stats, timeout_s, answer)
         self._fresh: collections.deque[Key] = collections.deque()
         self._puts: dict[int, tuple[Key, Entry]] = {}
         self._put_bytes = 0  # of the blocks in ``_puts``, pinned

@@ -257,8 +257,7 @@ def test_foreign_lock_directory_squatted_engine_and_client_still_meet(tmp_path, 
     planted.mkdir(mode=0o755)
     os.chown(planted, OTHER_UID, OTHER_UID)
     server = EngineServer(EngineConfig(name=unique_engine_name("squat"), backend="host",
-                                       pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
-    server.serve_own_process()
+                                       pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2), serve_own_process=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

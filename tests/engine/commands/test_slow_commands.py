@@ -37,8 +37,7 @@ def test_engine_notes_a_command_that_held_its_loop():
     # with its slot (the quick PINGs before it, in the microseconds, are not: a stall of the
     # test machine's scheduler could note one, so this counts PINGs from the slow one on).
     server = EngineServer(EngineConfig(name=f"t{os.getpid()}_slow", backend="host", pool_bytes=4 << 20,
-                                       slab_bytes=1 << 20, num_slots=2))
-    server.serve_own_process()
+                                       slab_bytes=1 << 20, num_slots=2), serve_own_process=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -70,8 +69,7 @@ def test_engine_says_how_much_of_a_slow_save_went_to_issuing_its_copies(kv_clien
     # An engine whose copy backend takes 1.5x SLOW_COMMAND_S to issue each op: a SAVE is noted,
     # and the report puts that time in the copy issue, not the engine's bookkeeping.
     server = EngineServer(EngineConfig(name=f"t{os.getpid()}_slowsave", backend="host", pool_bytes=4 << 20,
-                                       slab_bytes=1 << 20, num_slots=2))
-    server.serve_own_process()
+                                       slab_bytes=1 << 20, num_slots=2), serve_own_process=True)
     submit = server.dispatcher.transfers.backend.submit
 
     def slow_submit(op):

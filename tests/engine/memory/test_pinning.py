@@ -156,8 +156,7 @@ def start_engine(backend: HostBackend, **fields) -> tuple[EngineServer, threadin
     config = EngineConfig(**{"name": f"t{os.getpid()}_pin{next(_names)}", "backend": "host",
                              "pool_bytes": 8 * MIB, "slab_bytes": MIB, "pin_chunk_bytes": 2 * MIB,
                              "num_slots": 4, "ring_slots": 64, **fields})
-    server = EngineServer(config, backend)
-    server.serve_own_process()
+    server = EngineServer(config, backend, serve_own_process=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return server, thread

@@ -109,7 +109,7 @@ def test_segments_kept_pool_is_not_counted_against_room_again(monkeypatch):
     first = segments.EngineSegments(config)
     PoolTable(first.pool_table.array(np.uint8, first.pool_table.size), config.usable_pool_bytes,
               config.slab_bytes)  # the table's header, as the server writes it
-    first.has_started = True  # as the server marks it once it serves
+    first.mark_started()  # as the server marks it once the pool is open
     first.unlink_all()
     assert len(shm_leftovers(name)) == 2
     # 2. The next engine takes them over; its room check asks only for what it creates.

@@ -438,8 +438,7 @@ def inprocess_engine():
     """An EngineServer in a thread of this process, with a 4 KiB payload arena per client."""
     name = f"t{os.getpid()}_inproc{next(_names)}"
     server = EngineServer(EngineConfig(name=name, backend="host", pool_bytes=4 << 20, slab_bytes=1 << 20,
-                                       num_slots=2, ring_slots=16, arena_bytes=4096))
-    server.serve_own_process()
+                                       num_slots=2, ring_slots=16, arena_bytes=4096), serve_own_process=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server

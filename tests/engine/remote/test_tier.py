@@ -44,9 +44,10 @@ class Host:
         self.stats_row = np.zeros(1, STATS)
         self.stats = StatsWriter(self.stats_row)
         self.workers = RemoteWorkers(store, self.pool)
-        self.tier = RemoteTier(store, self.workers, self.index, self.stats, publish, timeout_s)
         self.answers: list[tuple[int, int]] = []
-        self.tier.lookups.answer = lambda received, num_hits, lease_id: self.answers.append((num_hits, lease_id))
+        self.tier = RemoteTier(store, self.workers, self.index, self.stats,
+                               lambda received, num_hits, lease_id: self.answers.append((num_hits, lease_id)),
+                               publish, timeout_s)
 
     def counter(self, name: str) -> int:
         return int(self.stats_row[0][name])
