@@ -52,6 +52,12 @@ class Lease:
     num_disk: int = 0     # of them being read from the disk tier when it was made
 
 
+@dataclass(slots=True)
+class IndexCounters:
+    evictions: int = 0
+    lease_expiries: int = 0
+
+
 def is_unused(entry: Entry) -> bool:
     """Neither pinned (lease, load) nor being written: it may leave the index."""
     return entry.refs == 0 and entry.pending_mask == 0

@@ -1,23 +1,18 @@
 """The block index: ``(namespace, hash)`` -> pool entry, with refcounts and leases.
 
-An entry is WRITING until every layer of it has been copied into the pool (and, where
-several voters share its namespace, each has voted for it: ``votes.py``), and only
-then READY: lookups and loads see READY entries only; one that never gets there is
-dropped by ``drop_stale_writes``.  ``refs`` counts leases and
-in-flight copies; an entry with refs is never evicted.  Leases are created by LOOKUP,
-pin the contiguous hit prefix, and end on RELEASE, on the LOAD that uses them, when
-their client goes away, or at expiry.
-
-A kept pool's entries that lie beyond the pool's ready (pinned) part wait outside the
-index, never looked up or copied, until ``grow`` reaches them (``kept_entries.py``); the
+An entry is WRITING until every layer of it has been copied into the pool (and, where several
+voters share its namespace, each has voted for it: ``votes.py``), and only then READY: lookups
+and loads see READY entries only; one that never gets there is dropped by ``drop_stale_writes``.
+``refs`` counts leases and in-flight copies; an entry with refs is never evicted.  Leases are
+created by LOOKUP, pin the contiguous hit prefix, and end on RELEASE, on the LOAD that uses them,
+when their client goes away, or at expiry.  A kept pool's entries beyond the pool's ready
+(pinned) part wait outside the index until ``grow`` reaches them (``kept_entries.py``); the
 records themselves are in ``entries.py``.
 """
-
 from __future__ import annotations
 
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,15 +20,10 @@ import numpy as np
 
 from ..memory.pool import PagePool
 from ..memory.pool_table import NoTable, PoolTable
-from . import kept_entries, writes
-from .entries import ORPHAN, Entry, Key, Lease, is_unused
+from . import writes
+from .entries import ORPHAN, Entry, IndexCounters, Key, Lease, is_unused
 from .eviction import LruPolicy
-
-
-@dataclass(slots=True)
-class IndexCounters:
-    evictions: int = 0
-    lease_expiries: int = 0
+from .kept_entries import KeptEntries
 
 
 @dataclass(slots=True)
@@ -46,13 +36,23 @@ class BlockIndex:
     policy: LruPolicy = field(default_factory=LruPolicy)
     counters: IndexCounters = field(default_factory=IndexCounters)
     writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
-    # A kept pool's READY entries beyond the pool's ready part, by offset: (offset, LRU
-    # rank, key, entry); taken in by ``grow``.
-    parked: deque = field(default_factory=deque)
-    # The disk tier's (``engine/disk/tier.py``): reserve and start reading the run of keys
-    # it holds at the head of the given ones; returns their entries, pinned, not READY yet.
+    kept: KeptEntries = field(init=False)  # a kept pool's entries taken in (``kept_entries.py``)
+    # The disk tier's: the run of keys it holds at the head of the given ones, reserved and
+    # being read; their entries, pinned, not READY yet (``connect_tier``).
     promote: Callable[[list[Key], int], list[Entry]] | None = None
     on_ready: Callable[[list[Key]], None] | None = None  # told the keys that became READY
+
+    def __post_init__(self) -> None:
+        self.kept = KeptEntries(self.entries, self.table, self.pool, self.policy)
+
+    def connect_tier(self, promote: Callable[[list[Key], int], list[Entry]] | None = None,
+                     on_ready: Callable[[list[Key]], None] | None = None) -> None:
+        """A tier over this index: ``promote`` (the disk tier's) asked for the keys after a
+        lookup's hits, ``on_ready`` told the keys that became READY (after earlier tiers')."""
+        if promote is not None:
+            self.promote = promote
+        if on_ready is not None:
+            self.on_ready = on_ready if self.on_ready is None else _both(self.on_ready, on_ready)
 
     def get_ready(self, key: Key) -> Entry | None:
         entry = self.entries.get(key)
@@ -240,12 +240,12 @@ class BlockIndex:
         return [e if e is not None and e.entry_bytes == entry_bytes else None for e in found]
 
     def adopt_table(self) -> int:
-        """Take in the entries a kept pool table lists (``kept_entries.adopt_table``)."""
-        return kept_entries.adopt_table(self)
+        """Take in the entries a kept pool table lists (``KeptEntries.adopt_table``)."""
+        return self.kept.adopt_table()
 
     def grow(self, ready_bytes: int) -> int:
-        """The pool's first ``ready_bytes`` are pinned (``kept_entries.grow``)."""
-        return kept_entries.grow(self, ready_bytes)
+        """The pool's first ``ready_bytes`` are pinned (``KeptEntries.grow``)."""
+        return self.kept.grow(ready_bytes)
 
     def _evict_one(self) -> bool:
         victim = self.policy.pick(lambda key: self.entries[key].refs == 0)
@@ -290,3 +290,10 @@ def _position(keys: list[Key], key: Key) -> int:
         return keys.index(key)
     except ValueError:
         return -1
+
+
+def _both(first: Callable, then: Callable) -> Callable[[list[Key]], None]:
+    def both(keys: list[Key]) -> None:
+        first(keys)
+        then(keys)
+    return both

@@ -179,6 +179,9 @@ class DiskStore:
     def scan(self) -> int:
         """Rebuild the index from the files under every path (``scan.py``); the number of
         blocks indexed."""
+        assert self._num_inflight == 0, "scan runs before any I/O"
+        self._blocks.clear()
+        self._used_bytes = [0] * len(self._paths)
         return scan.scan(self)
 
     def take_in(self, block: blockfile.FoundBlock, path_index: int) -> None:

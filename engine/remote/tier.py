@@ -47,7 +47,7 @@ class RemoteTier:
         self._tokens = itertools.count(1)
         self._num_dropped_logged = 0
         if not self.is_reused_only:
-            index.on_ready = _chained(index.on_ready, self.on_ready)  # (the disk tier's first, if any)
+            index.connect_tier(on_ready=self.on_ready)  # (after the disk tier's, if any)
         stats.set("remote_enabled", 1)
 
     @property
@@ -149,13 +149,3 @@ class RemoteTier:
         if is_stopped:
             self.store.close()
         return is_stopped
-
-
-def _chained(first, then):
-    if first is None:
-        return then
-
-    def both(keys: list[Key]) -> None:
-        first(keys)
-        then(keys)
-    return both
