@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-Key = tuple[int, bytes]
+from pegaflow.platform.protocol import Key  # (namespace, hash key): defined with the commands that carry it
+
 ORPHAN = -1
 
 

@@ -8,7 +8,7 @@ import functools
 from typing import NamedTuple
 
 from pegaflow.platform.errors import CommandError
-from pegaflow.platform.protocol import ANSWERS, LookupAnswer, SaveAnswer
+from pegaflow.platform.protocol import ANSWERS, LookupAnswer
 from pegaflow.platform.wire import Opcode, Status
 
 
@@ -37,7 +37,6 @@ class Completion(NamedTuple):
 
 
 LookupResult = LookupAnswer
-SaveResult = SaveAnswer
 
 
 _OK = Status.OK  # read once: the hot loop compares against a plain name
