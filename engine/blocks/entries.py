@@ -25,7 +25,7 @@ class Entry:
     is_promoting: bool = False  # being read from the disk tier: a LOAD of it waits
     num_hits: int = 0  # lookups that found it (the disk tier's ``reused`` admission)
     is_published: bool = False  # put to the remote tier's store (or on its way, or fetched from it)
-    # Voting (``engine/votes.py``): the tag of the SAVE that reserved it, the voters that
+    # Voting (``engine/blocks/votes.py``): the tag of the SAVE that reserved it, the voters that
     # saved it under that tag, and all of theirs (0: no voting, READY once its layers are in).
     tag: int = 0
     votes: int = 0

@@ -3,7 +3,7 @@
 A record is decoded once into a typed command (``pegaflow.platform.protocol``, where each
 command's fields and answer are declared) and handed to its handler, which takes the typed
 command and returns its answer or ``LATER`` (``received.py``: the one rule by which every
-command is answered once).  SAVE and LOAD are ``transfers.py``'s, LOOKUP ``lookups.py``'s.
+command is answered once).  SAVE and LOAD are ``transfers.py``'s, LOOKUP ``lookup.py``'s.
 
 A bad command (unknown opcode, wrong version, payload past the arena, block id out of
 range, ...) is answered with its status and changes nothing.
@@ -95,7 +95,7 @@ class Dispatcher:
 
     @property
     def waiting(self):
-        """LOOKUPs waiting for saves in flight (``waiting_lookups.py``)."""
+        """LOOKUPs waiting for saves in flight (``lookup_waits.py``)."""
         return self.lookups.waiting
 
     def on_copy_done(self, done: CopyDone) -> None:

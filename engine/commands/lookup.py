@@ -1,9 +1,9 @@
 """LOOKUP: the READY prefix of a chain of keys, leased, and where it may go on.
 
-    lookup          the index's prefix, now; or parked (``waiting_lookups.py``) while it
+    lookup          the index's prefix, now; or parked (``lookup_waits.py``) while it
                     stops at a block being saved, answered when the saves land or at its
                     wait's end (the LOOKUP's ``wait_ms``, else the engine's --lookup-wait-ms)
-    continue_on     then through the remote store, if the engine has one (``remote/lookups.py``
+    continue_on     then through the remote store, if the engine has one (``remote/store_lookups.py``
                     answers it through ``answer_remote`` once the store says)
 
 Every answer is counted in the lookup stats; the lease of a client gone meanwhile ends.

@@ -36,7 +36,7 @@ ABANDONED_WRITE_S = 5.0
 @dataclass(slots=True)
 class WaitingLookup:
     client: object
-    received: object    # the LOOKUP as received (``engine/received.py``): answered once, from here
+    received: object    # the LOOKUP as received (``engine/commands/received.py``): answered once, from here
     keys: list[Key]
     deadline: float     # monotonic
     parked_at: float    # monotonic

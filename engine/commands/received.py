@@ -4,8 +4,8 @@ The dispatcher decodes a record into a typed command (``pegaflow.platform.protoc
 a ``Received``: whose it is, its command id, when it came.  A handler returns its answer
 (the command's answer type), which the dispatcher sends; or it returns ``LATER``, having
 handed the ``Received`` to the one place that answers it when its work ends: the copies in
-flight (``transfers.py``), a LOAD parked on disk reads (``parked_loads.py``), a LOOKUP
-waiting for saves (``waiting_lookups.py``) or for the remote store (``remote/lookups.py``),
+flight (``transfers.py``), a LOAD parked on disk reads (``load_waits.py``), a LOOKUP
+waiting for saves (``lookup_waits.py``) or for the remote store (``remote/store_lookups.py``),
 or a DETACH waiting for its client's copies (``ClientState.pending_detach``).  That place
 gives it to ``Dispatcher.answer`` and lets go of it in the same step, so no command is
 answered twice and none is forgotten.

@@ -4,7 +4,7 @@ handed to the copy backend in chunks, and answered exactly once.
 A SAVE reserves pool entries chunk by chunk (64 blocks, then doubling up to 1024, the
 last 64 alone) and marks the layers it copies pending; a finished chunk marks them done, a
 failed or revoked one abandons them.  A LOAD pins its entries for one op of every
-layer; a fenced LOAD (``event_index``) is answered when issued, the client's events
+layer; a fenced LOAD (``first_event``) is answered when issued, the client's events
 telling its GPU when each layer has landed; with AFTER_CLIENT its copies wait for the
 client's last pool event first (``pegaflow.platform.protocol`` says what each means).
 """
@@ -55,7 +55,7 @@ class Transfers:
         tags = votes.check_tags(client, save)
         block_ids, keys, placements, mask = copied_blocks(client, save)
         # All layers (or a group's): one event per layer, in layer order, unless one_event
-        # fences them all (protocol.py).
+        # fences them all (``pegaflow.platform.protocol``).
         is_many = save.layer == ALL_LAYERS or save.group is not None
         per_layer = is_many and not save.one_event
         wait_event = checked_event(client, save.first_event, len(placements) if per_layer else 1)

@@ -18,7 +18,7 @@ client's events: by then they would bind to a later step's records and hold the 
 that step's forward pass.  Nothing is lost: the staged path starts a SAVE's copies after its
 last layer's event anyway (its first sub-chunk packs every layer).  Held SAVEs are issued in the order they came;
 one still waiting does not hold back a later one whose data is written (two SAVEs never copy
-the same layer of a block at once: ``engine/transfers.py``).
+the same layer of a block at once: ``engine/commands/transfers.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ into the pool segment.  Which entry to give up when full is the index's and the
 eviction policy's business, not the pool's.
 
 Only the pool's first ``bytes_ready`` (whole slabs) are handed out: the engine pins the
-pool a chunk at a time while it serves (``engine/pinning.py``), and ``grow`` extends the
+pool a chunk at a time while it serves (``engine/memory/pinning.py``), and ``grow`` extends the
 ready part as chunks are pinned.  A slab beyond it is never given out, nor a free place of
 a kept slab there (``adopt``), until it is ready.
 """

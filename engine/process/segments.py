@@ -275,7 +275,7 @@ class EngineSegments:
             self.lock = None
         if self._name_lock is not None:
             try:
-                os.unlink(name_lock_path(self.config.name))  # while still locked: see _claim_name
+                os.unlink(name_lock_path(self.config.name))  # while still locked: see name_lock.claim_name
             except FileNotFoundError:
                 pass  # removed by hand; nothing to clean up
             os.close(self._name_lock)  # the name is free for the next engine

@@ -14,7 +14,7 @@ clock, nothing else: claims are checked every ``CLAIM_CHECK_S``, copies polled o
 while some are in flight, backlogs flushed only where there is one.
 
 The engine serves once the pool's first chunk is pinned; a thread pins the rest
-(``engine/pinning.py``) and rings the doorbell after each chunk, and the loop, at its
+(``engine/memory/pinning.py``) and rings the doorbell after each chunk, and the loop, at its
 claim checks, grows the usable pool by what was pinned (``_take_pinned``): the backend
 first, then the index and pool, then the stats' ``pool_bytes_ready``.
 """

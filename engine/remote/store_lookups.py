@@ -37,7 +37,7 @@ MAX_QUERIES_IN_FLIGHT = 16
 
 @dataclass(slots=True)
 class PendingLookup:
-    received: object  # the LOOKUP as received (``engine/received.py``): answered once, from here
+    received: object  # the LOOKUP as received (``engine/commands/received.py``): answered once, from here
     keys: list[Key]  # those after the local prefix
     num_hits: int    # the local prefix
     lease_id: int

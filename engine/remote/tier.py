@@ -1,5 +1,5 @@
 """The remote tier's policy, on the engine's one thread (mechanism: ``store.py`` and the
-threads of ``workers.py``; lookups through the store: ``lookups.py``)::
+threads of ``workers.py``; lookups through the store: ``store_lookups.py``)::
 
     on_ready(keys)      (``all``) blocks that just became READY in the pool, every layer in,
                         are queued for publishing; a block fetched from the store is not
@@ -8,7 +8,7 @@ threads of ``workers.py``; lookups through the store: ``lookups.py``)::
                         put ends (the put reads its pool pages in place), while it has room
                         and they pin at most 1/8 of the pool; past a bounded backlog the
                         oldest are dropped, counted
-    try_lookup(...)     a LOOKUP whose local prefix ends short asks the store (``lookups.py``)
+    try_lookup(...)     a LOOKUP whose local prefix ends short asks the store (``store_lookups.py``)
     poll(now)           finished store calls taken in; LOOKUPs past their deadline answered
     forget(keys)        a DROP: the store's copies go too
 

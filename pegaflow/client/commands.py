@@ -55,7 +55,7 @@ class EngineCommands:
     def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
                     one_event: bool = False, group: int | None = None, tags=None) -> int:
-        """``event_index``: the first event (protocol.py: the k-th layer copied waits for
+        """``event_index``: the first event (``pegaflow.platform.protocol``: the k-th layer copied waits for
         ``layer_event(event_index, k)``; with ``one_event``, every layer for ``event_index``
         alone).  ``group``: only that KV cache group's layers, instead of ``layer``.
         ``tags``: a voter's (one u64 per block, wire.py: voting)."""
@@ -78,7 +78,7 @@ class EngineCommands:
                     ends_lease: bool = True) -> int:
         """``after_client``: the copy waits for the last event of our pool, which the caller
         recorded on its stream before this call.  ``event_index``: the first event the
-        layers' copies record (protocol.py).  ``group``: only that KV cache group's layers,
+        layers' copies record (``pegaflow.platform.protocol``).  ``group``: only that KV cache group's layers,
         instead of ``layer``.  ``ends_lease`` False: ``lease_id`` pins these blocks and
         another LOAD (a later group's) ends it."""
         return self.submit(Load(namespace, block_ids, hash_records(hashes), lease_id, ends_lease,

@@ -1,6 +1,6 @@
 """The layout of the stats segment (``stats``): one STATS record of counters, gauges and
 latency histograms, then one CLIENT_STATS record per client slot.  Written by the engine
-only (``engine/stats.py``); ``pegaflow-stat`` reads it without attaching.  Part of the
+only (``engine/process/stats.py``); ``pegaflow-stat`` reads it without attaching.  Part of the
 wire's fingerprint (``wire.py``)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _STATS_COUNTERS = [
     "remote_puts_dropped", "remote_lookups", "remote_lookup_ns", "lookup_remote_blocks",
     "remote_blocks_fetched", "remote_bytes_fetched", "remote_fetch_ns", "remote_fetch_failures",
     "remote_checksum_failures", "remote_lookup_timeouts", "remote_errors",
-    # LOOKUPs that waited for saves in flight (``engine/waiting_lookups.py``), the blocks the
+    # LOOKUPs that waited for saves in flight (``engine/commands/lookup_waits.py``), the blocks the
     # wait gained them, those answered at the deadline with the READY part, the time waited
     "lookup_waits", "lookup_wait_blocks", "lookup_wait_timeouts", "lookup_wait_ns",
 ]

@@ -1,4 +1,4 @@
-"""Voting (``engine/votes.py``): one stored copy that every voter of its namespace vouches
+"""Voting (``engine/blocks/votes.py``): one stored copy that every voter of its namespace vouches
 for, on the in-memory dispatcher whose backend holds each copy until the test ends it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""engine/registration.py: every bound of REGISTER and REGISTER_EVENTS, at its edge (taken)
+"""engine/clients/registration.py: every bound of REGISTER and REGISTER_EVENTS, at its edge (taken)
 and one past it (refused, nothing recorded).  A recording backend stands in for the copy
 backend; the client has no ring name, so ownership (tested through a real engine in
 test_foreign.py) is not checked here."""

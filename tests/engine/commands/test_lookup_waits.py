@@ -1,4 +1,4 @@
-"""LOOKUPs that wait for blocks another client is still saving (``engine/waiting_lookups.py``).
+"""LOOKUPs that wait for blocks another client is still saving (``engine/commands/lookup_waits.py``).
 
 A "producer" client saves blocks layer by layer (its later layers are the saves still in
 flight); a "consumer" client looks the prefix up meanwhile, as a decode vLLM does right

@@ -1,4 +1,4 @@
-"""engine/pending.py: how a SAVE is cut into chunks.  (SAVE and LOAD through
+"""engine/commands/pending_copy.py: how a SAVE is cut into chunks.  (SAVE and LOAD through
 a dispatcher, with a held or a real backend, are in test_dispatcher.py.)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""engine/slow_commands.py: a command whose handling held up the engine's loop is logged."""
+"""engine/commands/slow_commands.py: a command whose handling held up the engine's loop is logged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""engine/fault_in.py: a segment's range faulted in, every page allocated, its bytes kept,
+"""engine/memory/fault_in.py: a segment's range faulted in, every page allocated, its bytes kept,
 by MADV_POPULATE_WRITE or (without it) fallocate and a write per page; a /dev/shm that
 cannot hold it is a ShmError, never a SIGBUS."""
 

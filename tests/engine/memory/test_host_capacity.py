@@ -1,4 +1,4 @@
-"""engine/room.py: an engine that would not fit /dev/shm or the host's memory is refused."""
+"""engine/memory/host_capacity.py: an engine that would not fit /dev/shm or the host's memory is refused."""
 
 from __future__ import annotations
 

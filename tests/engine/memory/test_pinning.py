@@ -1,4 +1,4 @@
-"""engine/pinning.py and the engine around it: the pool pinned a chunk at a time, the engine
+"""engine/memory/pinning.py and the engine around it: the pool pinned a chunk at a time, the engine
 serving from the first chunk on and growing its usable pool as the rest is pinned.
 
 The pinner is slowed by a backend whose ``pin_range`` of a background chunk waits for the

@@ -1,4 +1,4 @@
-"""engine/pool_table.py: the pool's slot table says what every pool entry holds, in step
+"""engine/memory/pool_table.py: the pool's slot table says what every pool entry holds, in step
 with the index, so the pool's contents can be found without the engine's memory."""
 
 from __future__ import annotations

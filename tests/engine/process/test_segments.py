@@ -1,4 +1,4 @@
-"""engine/segments.py: room for the segments, a pool of whole slabs, and what a crash or a
+"""engine/process/segments.py: room for the segments, a pool of whole slabs, and what a crash or a
 clean stop leaves behind."""
 
 from __future__ import annotations
