@@ -21,7 +21,7 @@ class Entry:
     pending_mask: int = 0
     refs: int = 0
     is_doomed: bool = False  # a DROP came while it was in use: never served, dropped when free
-    writer: tuple[int, int] = (0, 0)  # (client uid, SAVE request id) that reserved it
+    writer: tuple[int, int] = (0, 0)  # (client uid, SAVE command id) that reserved it
     is_promoting: bool = False  # being read from the disk tier: a LOAD of it waits
     num_hits: int = 0  # lookups that found it (the disk tier's ``reused`` admission)
     is_published: bool = False  # put to the remote tier's store (or on its way, or fetched from it)

@@ -178,9 +178,9 @@ class BlockIndex:
             if entry.is_doomed and is_unused(entry):
                 self.drop_entry(key)
 
-    def drop(self, keys: list[Key], writer: int, since_request: int) -> int:
+    def drop(self, keys: list[Key], writer: int, since_command: int) -> int:
         """Forget those of ``keys`` that client ``writer`` stored with SAVEs from request
-        ``since_request`` on (it found them computed from bad data; blocks it only
+        ``since_command`` on (it found them computed from bad data; blocks it only
         deduplicated are someone else's and stay): each is dropped now, or, while a lease,
         a load or a copy still uses it, never served again and dropped when that ends.
         Returns how many."""
@@ -188,7 +188,7 @@ class BlockIndex:
         for key in keys:
             entry = entries.get(key)
             if entry is None or entry.is_doomed or entry.writer != (0, 0) and (
-                    entry.writer[0] != writer or entry.writer[1] < since_request):
+                    entry.writer[0] != writer or entry.writer[1] < since_command):
                 continue  # (0, 0): its writer is not known (read back from disk): dropped too
             num_found += 1
             if is_unused(entry):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 class Received(NamedTuple):
     client: object       # engine.clients.ClientState
-    command_id: int      # the client's count (not vLLM's request id)
+    command_id: int      # the client's count of its commands
     opcode: int          # as sent (a number no opcode has is answered BAD_OPCODE)
     num_items: int       # as sent: echoed in the answer
     received_at: float   # time.perf_counter() at receipt (0.0: not timed)

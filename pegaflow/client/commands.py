@@ -62,15 +62,15 @@ class EngineCommands:
         return self.submit(Save(namespace, block_ids, hash_records(hashes), layer, group,
                                 event_or_none(event_index), one_event, tags))
 
-    def submit_drop(self, namespace: int, hashes, since_request: int = 0) -> int:
+    def submit_drop(self, namespace: int, hashes, since_command: int = 0) -> int:
         """Ask the engine to forget those of these blocks that our SAVEs from command id
-        ``since_request`` on stored (their data was found bad since); the answer's
+        ``since_command`` on stored (their data was found bad since); the answer's
         ``value`` is how many it held."""
-        return self.submit(Drop(namespace, hash_records(hashes), since_request))
+        return self.submit(Drop(namespace, hash_records(hashes), since_command))
 
-    def drop_nowait(self, namespace: int, hashes, since_request: int = 0) -> None:
+    def drop_nowait(self, namespace: int, hashes, since_command: int = 0) -> None:
         """``submit_drop``, fire and forget: its answer is dropped on arrival."""
-        self.answers.ignore(self.submit_drop(namespace, hashes, since_request))
+        self.answers.ignore(self.submit_drop(namespace, hashes, since_command))
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,

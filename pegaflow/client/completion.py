@@ -16,7 +16,7 @@ class Completion(NamedTuple):
     """One answer (a named tuple: built on every round trip, and a frozen dataclass costs
     about a microsecond to build)."""
 
-    command_id: int  # the engine's command id (the client's count; not vLLM's request id)
+    command_id: int  # the client's count of its commands, echoed by the engine
     opcode: Opcode | int
     status: Status | int
     num_items: int

@@ -3,7 +3,7 @@
 ``EngineClient.connect(name)`` attaches to the engine's control segment, checks magic,
 wire version and the descriptor fingerprint, claims a free client slot under the
 control lock and says ATTACH on the slot's ring.  Each command (a typed value of
-``pegaflow.platform.protocol``) gets a command id, the engine's (not vLLM's request id);
+``pegaflow.platform.protocol``) gets a command id, the client's count of its commands;
 ``submit`` never waits for the answer, ``wait`` does (with a deadline), and ``call``
 is both.  Completions that arrive for other requests are kept until asked for.
 """

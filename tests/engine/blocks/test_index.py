@@ -315,15 +315,15 @@ def test_index_drop_of_a_block_being_written_goes_when_its_copy_ends(index):
     begin(index, 1, pending=ALL_LAYERS)
     begin(index, 2, pending=ALL_LAYERS)
     index.mark_layers_done([key(2)], ALL_LAYERS)
-    assert index.drop([key(1), key(2)], writer=0, since_request=0) == 2
+    assert index.drop([key(1), key(2)], writer=0, since_command=0) == 2
     # 2. The stored one is gone at once; the other stays until its copy ends, never READY.
     assert key(2) not in index.entries and index.entries[key(1)].is_doomed
-    assert index.drop([key(1)], writer=0, since_request=0) == 0  # doomed already: not again
+    assert index.drop([key(1)], writer=0, since_command=0) == 0  # doomed already: not again
     assert index.mark_layers_done([key(1)], ALL_LAYERS) == 0
     assert key(1) not in index.entries and index.pool.num_entries == 0
     # 3. A copy that fails instead frees it too.
     begin(index, 3, pending=ALL_LAYERS)
-    index.drop([key(3)], writer=0, since_request=0)
+    index.drop([key(3)], writer=0, since_command=0)
     index.abandon_layers(key(3), ALL_LAYERS)
     assert key(3) not in index.entries and index.pool.num_entries == 0
 
@@ -335,7 +335,7 @@ def test_index_drop_takes_only_what_that_client_wrote_since_that_request(index):
     index.mark_layers_done([key(1), key(2), key(3)], ALL_LAYERS)
     # 2. Client 5 drops all three from request 11 on: only block 2 goes (block 1 is older,
     #    block 3 is another client's, which client 5's save only deduplicated).
-    assert index.drop([key(1), key(2), key(3)], writer=5, since_request=11) == 1
+    assert index.drop([key(1), key(2), key(3)], writer=5, since_command=11) == 1
     assert set(index.entries) == {key(1), key(3)}
 
 

@@ -233,7 +233,7 @@ def test_pool_table_a_dropped_block_still_in_use_is_not_listed():
     index.reserve_many(keys, ENTRY, NUM_LAYERS, slot=0)
     index.mark_layers_done(keys, ALL)
     _, lease = index.lookup(0, keys)
-    assert index.drop(keys[:1], writer=0, since_request=0) == 1
+    assert index.drop(keys[:1], writer=0, since_command=0) == 1
     # 2. The table already lists only the other one (a kept pool would not bring it back).
     assert list(read_ready(index.table.records)) == keys[1:]
     index.release(lease)

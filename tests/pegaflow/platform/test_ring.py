@@ -4,7 +4,7 @@ the doorbell, together, as a client and the engine use them.
 Scenarios run single-threaded against a model, across threads, and across processes
 over posix shared memory; hypothesis picks ring sizes, burst/pause patterns and
 payload sizes.  Every record a producer writes has all its fields derived from its
-``request_id``, so a consumer can tell a torn or misplaced record from a good one.
+``command_id``, so a consumer can tell a torn or misplaced record from a good one.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def record_for(k: int, arg: int = 0) -> tuple:
 def is_consistent(record) -> bool:
     """Whether every field but seq, the payload's place (fields 9, 10) and arg matches its
     request id."""
-    fields, expected = tuple(record), record_for(record["request_id"])
+    fields, expected = tuple(record), record_for(record["command_id"])
     return fields[1:9] + fields[11:12] == expected[1:9] + expected[11:12]
 
 
@@ -84,7 +84,7 @@ def test_ring_try_put_try_get_match_a_bounded_fifo(num_slots, ops):
             if not model:
                 assert record is None
             else:
-                assert record is not None and record["request_id"] == model.popleft()
+                assert record is not None and record["command_id"] == model.popleft()
                 assert is_consistent(record)
         # 3. is_ready tells the truth, and positions never wrap (they count records).
         assert consumer.is_ready() == bool(model)
@@ -109,10 +109,10 @@ def test_ring_record_round_trips_through_numpy_fields():
 def test_ring_producer_accepts_a_numpy_record():
     producer, consumer = new_ring(2)
     rec = np.zeros(1, dtype=SUBMISSION)[0]
-    rec["request_id"], rec["arg"] = 42, 7
+    rec["command_id"], rec["arg"] = 42, 7
     assert producer.try_put(rec)
     record = consumer.try_get()
-    assert (record["request_id"], record["arg"]) == (42, 7)
+    assert (record["command_id"], record["arg"]) == (42, 7)
 
 
 def test_ring_taken_record_is_a_private_copy():
@@ -122,9 +122,9 @@ def test_ring_taken_record_is_a_private_copy():
     first = consumer.try_get()
     for k in (1, 2, 3):
         assert producer.try_put(record_for(k))
-        assert consumer.try_get()["request_id"] == k
+        assert consumer.try_get()["command_id"] == k
     # 2. The record taken first is unchanged.
-    assert first["request_id"] == 0 and is_consistent(first)
+    assert first["command_id"] == 0 and is_consistent(first)
 
 
 # -- torn slots -----------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_ring_fields_written_without_seq_are_invisible():
     # 3. Publishing seq (position 0 -> 1) makes the whole record visible at once.
     slots["seq"][0] = 1
     record = consumer.try_get()
-    assert record["request_id"] == 5 and is_consistent(record)
+    assert record["command_id"] == 5 and is_consistent(record)
 
 
 def test_ring_stale_seq_from_an_earlier_lap_is_invisible():
@@ -150,7 +150,7 @@ def test_ring_stale_seq_from_an_earlier_lap_is_invisible():
     # 1. Two laps around a 2-slot ring.
     for k in range(4):
         assert producer.try_put(record_for(k))
-        assert consumer.try_get()["request_id"] == k
+        assert consumer.try_get()["command_id"] == k
     # 2. A slot whose seq says "published" for an old lap is not a new record.
     producer.slots["seq"][0] = 1  # what position 0 looked like, long ago
     assert consumer.try_get() is None
@@ -185,7 +185,7 @@ def test_ring_consumer_never_sees_a_half_written_record():
         assert producer.try_put(record_for(k))
         # 2. After the put, the record is complete.
         record = consumer.try_get()
-        assert record["request_id"] == k and is_consistent(record)
+        assert record["command_id"] == k and is_consistent(record)
     # 3. While half written, it was never visible.
     assert seen_mid_write == [None] * 10
 
@@ -203,7 +203,7 @@ def test_ring_put_on_full_ring_raises_ring_full_after_deadline():
         producer.put(record_for(4), 0.05)
     assert time.monotonic() - start >= 0.05  # it waited for its deadline (and then gave up)
     # 2. Nothing was overwritten: the four records come out in order, then nothing.
-    assert [consumer.try_get()["request_id"] for _ in range(4)] == [0, 1, 2, 3]
+    assert [consumer.try_get()["command_id"] for _ in range(4)] == [0, 1, 2, 3]
     assert consumer.try_get() is None
 
 
@@ -260,7 +260,7 @@ def test_doorbell_wakes_a_sleeping_consumer_promptly():
         # 2. It wakes on the doorbell, not at its deadline (a lost wake-up would keep it
         #    asleep far past the generous wait here).
         waiter.join(WAIT_S)
-        assert not waiter.is_alive() and got[0]["request_id"] == 1
+        assert not waiter.is_alive() and got[0]["command_id"] == 1
         timer.join()
         # 3. And it lowered its sleeping flag once awake.
         assert flag[0] == 0
@@ -314,7 +314,7 @@ class ArenaPair:
         record = self.consumer.try_get()
         offset, num_bytes = record["payload_offset"], record["payload_bytes"]
         payload = self.arena[offset:offset + num_bytes]
-        return offset, num_bytes, bool((payload == pattern(record["request_id"], num_bytes)).all())
+        return offset, num_bytes, bool((payload == pattern(record["command_id"], num_bytes)).all())
 
 
 @st.composite
@@ -472,7 +472,7 @@ def consume(consumer: RingConsumer, arena: np.ndarray, t: Traffic) -> dict:
         is_payload_ok = (num_bytes == payload_bytes_of(k, t.max_payload) and
                          (arena[offset:offset + num_bytes] == pattern(k, num_bytes)).all())
         consumer.release()
-        if record["request_id"] != k or not is_consistent(record) or not is_payload_ok:
+        if record["command_id"] != k or not is_consistent(record) or not is_payload_ok:
             bad.append((k, tuple(record)))
         if t.pause_every and k % t.pause_every == t.pause_every - 1:
             time.sleep(t.pause_s)
@@ -614,7 +614,7 @@ def test_ring_with_weak_memory_order_fences_still_delivers_in_order(monkeypatch)
             record = consumer.try_get()
             if record is not None:
                 assert is_consistent(record)
-                got.append(record["request_id"])
+                got.append(record["command_id"])
         else:
             values = consumer.get_values(time.monotonic() + 1.0)
             if values is not None:
