@@ -18,8 +18,8 @@ from time import perf_counter
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
     COMMANDS,
-    DECODERS,
     NO_PAYLOAD,
+    PAYLOAD_BYTES_AT,
     Attach,
     Detach,
     Done,
@@ -32,6 +32,7 @@ from pegaflow.platform.protocol import (
     Release,
     Unregister,
     check_envelope,
+    decode,
     envelope,
     payload_past_arena,
     read_payload,
@@ -58,7 +59,6 @@ _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the 
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
 _DONE = Done()
-_PING_ANSWERS = tuple(PingAnswer(n) for n in range(256))  # built once: a round trip's hot path
 
 
 class Dispatcher:
@@ -86,7 +86,6 @@ class Dispatcher:
             Opcode.LOAD: self.transfers.load, Opcode.DROP: self._drop,
         }
         assert set(self.handlers) == set(COMMANDS), "every command needs a handler"
-        self._routes = {opcode: (handler, DECODERS[opcode]) for opcode, handler in self.handlers.items()}
 
     @property
     def pending(self) -> dict:
@@ -138,9 +137,10 @@ class Dispatcher:
                 self.answer(untimed(received), Status.INTERNAL)
             self.after_answer(client)
 
-    def handle(self, client: ClientState, rec, payload) -> bool:
-        """Decode ``rec`` (its payload: ``read_payload``'s copy, None: out of the arena), run
-        its handler and answer it (now, or once its work ends); True: an accepted DETACH."""
+    def handle(self, client: ClientState, rec) -> bool:
+        """Decode ``rec`` (its payload copied out of the client's arena first), run its
+        handler and answer it (now, or once its work ends); True: an accepted DETACH."""
+        payload = read_payload(client.view.arena, rec) if rec[PAYLOAD_BYTES_AT] else NO_PAYLOAD  # None: past it
         command_id, opcode, num_items = envelope(rec)
         received = new_received((client, command_id, opcode, num_items, perf_counter()))
         if opcode not in _READ_ONLY:
@@ -149,10 +149,9 @@ class Dispatcher:
             opcode = check_envelope(rec)
             if not client.is_attached and opcode is not _ATTACH:
                 raise CommandError(Status.NOT_ATTACHED, "ATTACH first")
-            handler, decoder = self._routes[opcode]  # (``protocol.decode``, less a call)
             if payload is None:
                 raise payload_past_arena(rec)
-            answer = handler(received, decoder(rec, payload))
+            answer = self.handlers[opcode](received, decode(opcode, rec, payload))
         except CommandError as exc:
             self._refused(received, exc)
             return False
@@ -208,14 +207,8 @@ class Dispatcher:
         self.stats.set_gauges(pool.bytes_used, pool.num_entries, len(index.leases),
                               counters.evictions, counters.lease_expiries)
 
-    @staticmethod
-    def read_payload(client: ClientState, rec):
-        """A private copy of the command's payload (``protocol.read_payload``)."""
-        return read_payload(client.view.arena, rec)
-
     def _ping(self, received: Received, ping: Ping) -> PingAnswer:
-        num_inflight = len(self.transfers.pending)
-        return _PING_ANSWERS[num_inflight] if num_inflight < 256 else PingAnswer(num_inflight)
+        return PingAnswer(len(self.transfers.pending))
 
     def _attach(self, received: Received, attach: Attach) -> Done:
         # The pid decides when the slot is reclaimed: only the claimant, a process that maps

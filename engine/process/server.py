@@ -25,7 +25,7 @@ import logging
 import time
 
 from pegaflow.platform.errors import PegaflowError
-from pegaflow.platform.protocol import NO_PAYLOAD, PAYLOAD_BYTES_AT, envelope, read_payload
+from pegaflow.platform.protocol import envelope
 from pegaflow.platform.values import format_size
 from pegaflow.platform.waits import Doorbell, sleep_until
 from pegaflow.platform.wire import CLIENT_STATS, STATS
@@ -190,16 +190,15 @@ class EngineServer:
                 is_detached = False
                 started, issued = time.perf_counter(), dispatcher.transfers.issue_s
                 try:
-                    payload = read_payload(client.view.arena, rec) if rec[PAYLOAD_BYTES_AT] else NO_PAYLOAD
-                    is_detached = dispatcher.handle(client, rec, payload)
+                    is_detached = dispatcher.handle(client, rec)
                 except Exception:  # boundary: one bad command must not take the engine down
                     dispatcher.answer_internal_error(client, rec)
                 if (seconds := time.perf_counter() - started) > SLOW_COMMAND_S:
                     _, opcode, num_items = envelope(rec)
                     self.slow.note(opcode, seconds, client.slot, num_items,
                                    dispatcher.transfers.issue_s - issued)
-                # Only now may the client reuse the slot and the payload bytes (copied
-                # above): handing them back after the answer keeps it off the answer's path.
+                # Only now may the client reuse the slot and the payload bytes (``handle``
+                # copied them): handing them back after the answer keeps it off the answer's path.
                 submissions.release()
                 if is_detached:  # a DETACH accepted, not refused
                     self.table.retire(client)

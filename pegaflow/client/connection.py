@@ -29,7 +29,7 @@ from pegaflow.platform.errors import (
     EngineTimeoutError,
     PegaflowError,
 )
-from pegaflow.platform.protocol import ENCODERS, Attach, Detach, Voters, raw_submission, record_fields
+from pegaflow.platform.protocol import Attach, Detach, Voters, encode, raw_submission, record_fields
 from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.platform.shm import is_pid_alive
 from pegaflow.platform.waits import Doorbell, poll_until
@@ -173,7 +173,7 @@ class EngineClient(EngineCommands):
             raise EngineGoneError("client is closed")
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
         encoded = (raw_submission(command, payload, **fields) if isinstance(command, int)
-                   else ENCODERS[command.OPCODE](command))  # ``protocol.encode``, less a call
+                   else encode(command))
         parts = encoded.payload
         num_bytes = sum(p.nbytes for p in parts) if parts else 0
         offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0

@@ -402,7 +402,7 @@ def _held_dispatcher(refuse: bool = False):
             view.arena[:payload.nbytes] = payload.view(np.uint8)
             rec = make(0, request_id, opcode, flags, layer, 0, num_items, event_index, 7, 0,
                        payload.nbytes, WIRE_VERSION, arg)
-            dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
+            dispatcher.handle(client, rec)
 
         return SimpleNamespace(client=client, view=view, send=send,
                                completions=RingConsumer(view.completions))
@@ -430,7 +430,7 @@ def test_dispatcher_detach_waits_for_copies_then_frees_everything():
     # 4. The copy ends: the SAVE is answered, then DETACH, and only then is the memory dropped.
     dispatcher.on_copy_done(CopyDone(backend.held.pop()))
     answers = [completions.try_get(), completions.try_get()]
-    assert [(a.request_id, a.opcode) for a in answers] == [(1, Opcode.SAVE), (2, Opcode.DETACH)]
+    assert [(a.command_id, a.opcode) for a in answers] == [(1, Opcode.SAVE), (2, Opcode.DETACH)]
     assert backend.unregistered == [0] and client.num_inflight == 0
 
 
@@ -444,14 +444,14 @@ def test_dispatcher_revoked_saves_store_nothing():
     h.view.header["revoked"] = 1
     h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
     answer = h.completions.try_get()
-    assert (answer.request_id, answer.status) == (1, Status.COPY_FAILED)
+    assert (answer.command_id, answer.status) == (1, Status.COPY_FAILED)
     keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
     assert all(h.dispatcher.index.get_ready(k) is None for k in keys)
     assert h.dispatcher.index.pool.num_entries == 0
     # 2. A SAVE that arrives after the revocation is refused without a copy.
     h.send(2, Opcode.SAVE, _save_payload([5], [b"t" * 32]), 1)
     answer = h.completions.try_get()
-    assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
+    assert (answer.command_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
 
 
 def test_dispatcher_client_that_revoked_its_copies_gets_none_started(shared_engine, kv_client, rng,
@@ -491,7 +491,7 @@ def test_dispatcher_fenced_load_is_answered_at_issue_once():
     _stored(h, 1, [1, 2], hashes)
     h.send(2, Opcode.LOAD, _save_payload([5, 6], hashes), 2, event_index=0)
     answer = h.completions.try_get()
-    assert (answer.request_id, answer.opcode, answer.status) == (2, Opcode.LOAD, Status.OK)
+    assert (answer.command_id, answer.opcode, answer.status) == (2, Opcode.LOAD, Status.OK)
     assert len(h.backend.held) == 1
     # 2. The copy ends: no second answer, and the entries are no longer pinned.
     h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
@@ -510,7 +510,7 @@ def test_dispatcher_fenced_load_refused_at_submit_is_not_answered_ok():
     h.dispatcher.index.mark_layers_done(keys, 1)
     h.send(3, Opcode.LOAD, _save_payload([5], hashes), 1, event_index=0)
     answer = h.completions.try_get()
-    assert (answer.request_id, answer.status) == (3, Status.COPY_FAILED)
+    assert (answer.command_id, answer.status) == (3, Status.COPY_FAILED)
     assert h.completions.try_get() is None
     # Nothing of it stays in flight or pinned.
     assert h.client.num_inflight == 0 and h.dispatcher.pending == {}
@@ -614,7 +614,7 @@ def test_dispatcher_after_client_load_without_events_is_refused():
     h.client.num_events = 0
     h.send(2, Opcode.LOAD, _save_payload([5], hashes), 1, flags=CommandFlag.AFTER_CLIENT)
     answer = h.completions.try_get()
-    assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
+    assert (answer.command_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
     # The stored block is not left pinned (it could never be evicted).
     keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
     assert h.dispatcher.index.entries[keys[0]].refs == 0
@@ -657,7 +657,7 @@ def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_that_copy_ends():
     h.dispatcher.on_copy_done(CopyDone(save_token))
     answers = []
     while (answer := h.completions.try_get()) is not None:
-        answers.append((answer.request_id, answer.opcode))
+        answers.append((answer.command_id, answer.opcode))
     assert answers == [(2, Opcode.SAVE), (3, Opcode.DETACH)]
     assert h.backend.unregistered == [0] and h.client.num_inflight == 0
     for token in list(h.backend.held):
@@ -706,7 +706,7 @@ def test_dispatcher_save_sharing_a_layer_in_flight_leaves_the_block_to_it():
     second.send(2, Opcode.SAVE, _save_payload([5], block), 1)
     assert h.backend.held == [first_op]
     answer = second.completions.try_get()
-    assert (answer.request_id, answer.status, answer.value2) == (2, Status.OK, 1)  # deduplicated
+    assert (answer.command_id, answer.status, answer.value2) == (2, Status.OK, 1)  # deduplicated
 
 
 @pytest.mark.parametrize("loaded", [[0, 1, 2], [1, 2], [0, 2]], ids=["whole", "run", "not-a-run"])
@@ -798,7 +798,7 @@ def test_dispatcher_group_save_waits_for_one_event_per_layer_of_that_group():
     h.send(2, Opcode.SAVE, _save_payload([2], [b"h" * 32]), 1, event_index=3,
            flags=CommandFlag.LAYER_GROUP, layer=0)
     answer = h.completions.try_get()
-    assert (answer.request_id, answer.status) == (2, Status.BAD_ARGUMENT)
+    assert (answer.command_id, answer.status) == (2, Status.BAD_ARGUMENT)
 
 
 def test_dispatcher_has_a_handler_for_every_opcode():

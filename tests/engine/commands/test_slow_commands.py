@@ -45,13 +45,13 @@ def test_engine_notes_a_command_that_held_its_loop():
         for _ in range(20):
             client.ping()
         quick = server.slow.by_opcode.get("PING", 0)
-        handler, decoder = server.dispatcher._routes[Opcode.PING]
+        handler = server.dispatcher.handlers[Opcode.PING]
 
         def slow_ping(received, command):
             time.sleep(1.5 * SLOW_COMMAND_S)
             return handler(received, command)
 
-        server.dispatcher._routes[Opcode.PING] = (slow_ping, decoder)
+        server.dispatcher.handlers[Opcode.PING] = slow_ping
         client.ping()
         deadline = time.monotonic() + 10.0  # noted just after its answer went out
         while server.slow.by_opcode.get("PING", 0) == quick and time.monotonic() < deadline:
