@@ -4,9 +4,8 @@ A SAVE's copies wait for the client's events (the forward pass that writes the K
 once, they sit in a device-wide stream behind that wait: every later copy on that stream (every
 client's) queues behind one client's forward pass, and once the driver's queue is full each
 further launch blocks the engine's one thread, so every client's lookups and loads wait too
-(two replicas on one H100 saving their first round: one SAVE of 512 blocks held the loop 833
-ms, 832 of them issuing copies, by ``slow_commands.py``'s figure; with the hold, no save, load
-or lookup took over 21 ms: docs/replicas.md).
+(measured with two replicas on one engine: docs/benchmarks.md, "Figures behind --hold-saves
+and --load-layer-groups").
 
 With ``--hold-saves`` a SAVE whose client is still writing is held here instead.  The client
 records its events again at every step, and a wait binds to the record already issued when it

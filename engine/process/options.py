@@ -96,7 +96,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("load-layer-groups", "load_layer_groups", "1", "cuda: a staged LOAD that vLLM's forward "
            "waits on layer by layer goes in this many groups of layers, each group's layers ready "
            "as it lands, so the forward's first layers run while the rest is on its way (1: every "
-           "layer ready with the last byte; 4 measured faster one prompt at a time: docs/peers.md)", int),
+           "layer ready with the last byte; see docs/benchmarks.md for what 4 measured)", int),
     Option("max-clients", "num_slots", "64", "client slots (one per vLLM scheduler or worker); "
            "each takes ring and arena memory in /dev/shm at start", int),
     Option("ring-slots", "ring_slots", "1024", "commands in flight per client ring", int),
