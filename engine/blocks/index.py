@@ -20,10 +20,10 @@ import numpy as np
 
 from ..memory.pool import PagePool
 from ..memory.pool_table import NoTable, PoolTable
-from . import writes
 from .entries import ORPHAN, Entry, IndexCounters, Key, Lease, is_unused
 from .eviction import LruPolicy
 from .kept_entries import KeptEntries
+from .writes import Writes
 
 
 @dataclass(slots=True)
@@ -37,13 +37,15 @@ class BlockIndex:
     counters: IndexCounters = field(default_factory=IndexCounters)
     writing: dict[Key, Entry] = field(default_factory=dict)  # entries not READY yet
     kept: KeptEntries = field(init=False)  # a kept pool's entries taken in (``kept_entries.py``)
+    writes: Writes = field(init=False)  # its entries being written (``writes.py``)
     # The disk tier's: the run of keys it holds at the head of the given ones, reserved and
     # being read; their entries, pinned, not READY yet (``connect_tier``).
     promote: Callable[[list[Key], int], list[Entry]] | None = None
-    on_ready: Callable[[list[Key]], None] | None = None  # told the keys that became READY
+    on_ready: list[Callable[[list[Key]], None]] = field(default_factory=list, init=False)  # told what became READY
 
     def __post_init__(self) -> None:
         self.kept = KeptEntries(self.entries, self.table, self.pool, self.policy)
+        self.writes = Writes(self.entries, self.writing, self.policy, self.table, self.drop_entry, self.on_ready)
 
     def connect_tier(self, promote: Callable[[list[Key], int], list[Entry]] | None = None,
                      on_ready: Callable[[list[Key]], None] | None = None) -> None:
@@ -52,7 +54,7 @@ class BlockIndex:
         if promote is not None:
             self.promote = promote
         if on_ready is not None:
-            self.on_ready = on_ready if self.on_ready is None else _both(self.on_ready, on_ready)
+            self.on_ready.append(on_ready)
 
     def get_ready(self, key: Key) -> Entry | None:
         entry = self.entries.get(key)
@@ -273,15 +275,15 @@ class BlockIndex:
 
     def mark_layers_done(self, keys: list[Key], mask: int) -> int:
         """Those layers of ``keys`` are in the pool; returns how many entries became READY."""
-        return writes.mark_layers_done(self, keys, mask)
+        return self.writes.mark_layers_done(keys, mask)
 
     def mark_voted(self, keys: list[Key]) -> int:
-        """A vote came for ``keys`` (``writes.mark_voted``); returns how many became READY."""
-        return writes.mark_voted(self, keys)
+        """A vote came for ``keys`` (``Writes.mark_voted``); returns how many became READY."""
+        return self.writes.mark_voted(keys)
 
     def abandon_layers(self, key: Key, mask: int) -> None:
-        """A save's copy failed: forget those layers (``writes.abandon_layers``)."""
-        writes.abandon_layers(self, key, mask)
+        """A save's copy failed: forget those layers (``Writes.abandon_layers``)."""
+        self.writes.abandon_layers(key, mask)
 
 
 def _position(keys: list[Key], key: Key) -> int:
@@ -290,10 +292,3 @@ def _position(keys: list[Key], key: Key) -> int:
         return keys.index(key)
     except ValueError:
         return -1
-
-
-def _both(first: Callable, then: Callable) -> Callable[[list[Key]], None]:
-    def both(keys: list[Key]) -> None:
-        first(keys)
-        then(keys)
-    return both
