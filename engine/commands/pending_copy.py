@@ -1,5 +1,5 @@
-"""A SAVE or LOAD in flight (``PendingCopy``), how a SAVE is cut into chunks, and where its
-time went (``log_timing``)."""
+"""A SAVE or LOAD in flight (``PendingCopy``, and where its time went), and how a SAVE is
+cut into chunks."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ class PendingCopy:
     def __post_init__(self) -> None:
         self.command_id, self.received_at = self.received.command_id, self.received.received_at
 
+    def log_timing(self, logger: logging.Logger) -> None:
+        """Where a SAVE's or LOAD's time went, from its receipt (DEBUG, while ``is_timed``)."""
+        done = time.perf_counter()
+
+        def since(mark: float) -> float:
+            return (mark - self.received_at) * 1e3 if mark else float("nan")
+
+        num_bytes = self.num_blocks * self.bytes_per_block
+        logger.debug("slot %d: %s of %d blocks (%.1f MB): first copy handed to the backend "
+                     "after %.2f ms, all after %.2f ms, done after %.2f ms (%.1f GB/s)%s",
+                     self.client.slot, self.opcode.name, self.num_blocks, num_bytes / 1e6,
+                     since(self.first_issued_at), since(self.sealed_at), since(done),
+                     num_bytes / max(done - self.received_at, 1e-9) / 1e9,
+                     f"; {self.error}" if self.error else "")
+
 
 def chunk_bounds(num_items: int):
     """[0, 64), then chunks doubling up to 1024, then the last 64 on their own.
@@ -62,19 +77,3 @@ def chunk_bounds(num_items: int):
         start, size = end, min(size * 2, MAX_CHUNK)
     if start < num_items:
         yield start, num_items
-
-
-def log_timing(pending: PendingCopy, logger: logging.Logger) -> None:
-    """Where a SAVE's or LOAD's time went, from its receipt (DEBUG, while ``is_timed``)."""
-    done = time.perf_counter()
-
-    def since(mark: float) -> float:
-        return (mark - pending.received_at) * 1e3 if mark else float("nan")
-
-    num_bytes = pending.num_blocks * pending.bytes_per_block
-    logger.debug("slot %d: %s of %d blocks (%.1f MB): first copy handed to the backend "
-                 "after %.2f ms, all after %.2f ms, done after %.2f ms (%.1f GB/s)%s",
-                 pending.client.slot, pending.opcode.name, pending.num_blocks, num_bytes / 1e6,
-                 since(pending.first_issued_at), since(pending.sealed_at), since(done),
-                 num_bytes / max(done - pending.received_at, 1e-9) / 1e9,
-                 f"; {pending.error}" if pending.error else "")

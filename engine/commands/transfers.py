@@ -32,7 +32,7 @@ from ..copy.base import CopyBackend, CopyDone, CopyOp, Direction
 from ..process.stats import StatsWriter
 from .copy_arguments import checked_event, copied_blocks
 from .load_waits import ParkedLoads
-from .pending_copy import PendingCopy, chunk_bounds, log_timing
+from .pending_copy import PendingCopy, chunk_bounds
 from .received import LATER, Received
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class Transfers:
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
             self.index.touch_chain(pending.chain)
         if pending.is_timed:
-            log_timing(pending, logger)
+            pending.log_timing(logger)
 
     def _finish_chunk(self, pending: PendingCopy, keys: list[Key], error: str | None) -> None:
         """Index bookkeeping once a chunk's copy is over (or never started)."""
