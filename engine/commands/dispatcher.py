@@ -45,7 +45,7 @@ from ..clients.claims import attach_problem
 from ..clients.client import ClientState
 from ..clients.registration import register_events, register_region
 from ..copy.base import CopyBackend, CopyDone
-from ..process.stats import StatsWriter
+from ..stats import StatsWriter
 from .lookup import Lookups
 from .received import LATER, Received, new_received, untimed
 from .transfers import Transfers

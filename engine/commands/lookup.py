@@ -19,8 +19,8 @@ from pegaflow.platform.protocol import Key, Lookup, LookupAnswer
 from pegaflow.platform.wire import Status
 
 from ..blocks.index import BlockIndex
-from ..process.config import MAX_LOOKUP_WAIT_S
-from ..process.stats import StatsWriter
+from ..config import MAX_LOOKUP_WAIT_S
+from ..stats import StatsWriter
 from .lookup_waits import WaitingLookup, WaitingLookups, writing_stop
 from .received import LATER, Received
 

@@ -29,7 +29,7 @@ from ..blocks.index import BlockIndex
 from ..blocks.votes import Vote
 from ..clients.client import ClientState
 from ..copy.base import CopyBackend, CopyDone, CopyOp, Direction
-from ..process.stats import StatsWriter
+from ..stats import StatsWriter
 from .copy_arguments import checked_event, copied_blocks
 from .load_waits import ParkedLoads
 from .pending_copy import PendingCopy, chunk_bounds

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..blocks.entries import ORPHAN, Entry, Key
 from ..blocks.index import BlockIndex
-from ..process.stats import StatsWriter
+from ..stats import StatsWriter
 from .store import DiskStore
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..blocks.entries import Key
-from ..process.threads import join_within
+from ..threads import join_within
 from . import blockfile
 
 logger = logging.getLogger(__name__)

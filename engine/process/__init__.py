@@ -1,4 +1,5 @@
-"""The engine process: its options and one frozen config (``options``, ``config``), the start in
-order and the stop (``startup``, ``shutdown``), the main loop (``server``), its name and
-shared-memory segments (``name_lock``, ``segments``), the stats it publishes (``stats``), the
-tiers' threads ended in time (``threads``), and what a dead engine left removed (``cleanup``)."""
+"""The engine process, top to bottom: its options parsed into the config (``options``), the
+start in order and the stop (``startup``, ``shutdown``), the main loop (``server``), its name and
+shared-memory segments (``name_lock``, ``segments``), and what a dead engine left removed
+(``cleanup``).  Nothing below it imports it: the config, stats and threads every part uses
+sit at ``engine/``'s top (``config.py``, ``stats.py``, ``threads.py``)."""

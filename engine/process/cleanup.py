@@ -17,7 +17,7 @@ from pegaflow.platform import shm
 from pegaflow.platform.errors import EngineAlreadyRunningError, ForeignSegmentError
 from pegaflow.platform.locks import lock_path
 
-from .config import MAX_SLOTS
+from ..config import MAX_SLOTS
 from .name_lock import claim_name, name_lock_path
 from .segments import _what_names, recorded_header
 

@@ -17,9 +17,7 @@ from pegaflow.platform.env_vars import CONNECTOR_ENV_VARS
 from pegaflow.platform.errors import ConfigError
 from pegaflow.platform.values import as_bool, as_float, parse_size, version_line
 
-from ..copy.base import DEVICE_STAGING_BYTES
-from ..copy.base import PATHS as COPY_PATHS
-from .config import (
+from ..config import (
     BACKENDS,
     DISK_ADMISSIONS,
     LOG_LEVELS,
@@ -30,6 +28,8 @@ from .config import (
     REMOTE_PUBLISH,
     EngineConfig,
 )
+from ..copy.base import DEVICE_STAGING_BYTES
+from ..copy.base import PATHS as COPY_PATHS
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from pegaflow.platform.wire import (
     SlotState,
 )
 
+from ..config import MAX_SLOTS, EngineConfig
 from ..memory.host_capacity import check_room
 from ..memory.pool_table import PoolTable, table_bytes
-from .config import MAX_SLOTS, EngineConfig
 from .name_lock import claim_name, name_lock_path
 
 logger = logging.getLogger(__name__)

@@ -33,13 +33,13 @@ from pegaflow.platform.wire import CLIENT_STATS, STATS
 from ..clients.client_table import ClientTable
 from ..commands.dispatcher import Dispatcher
 from ..commands.slow_commands import SLOW_COMMAND_S, SlowCommands
+from ..config import EngineConfig
 from ..copy.base import CopyBackend
 from ..memory.pinning import PinProgress
-from .config import EngineConfig
+from ..stats import StatsWriter
 from .segments import EngineSegments
 from .shutdown import shut_down
 from .startup import log_ready, open_pool, open_tiers
-from .stats import StatsWriter
 
 logger = logging.getLogger(__name__)
 

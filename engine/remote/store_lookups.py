@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..blocks.entries import ORPHAN, Entry, Key
 from ..blocks.index import BlockIndex
-from ..process.stats import StatsWriter
+from ..stats import StatsWriter
 from .workers import MAX_QUERY_BLOCKS, FetchStatus, Kind, RemoteDone, RemoteJob, RemoteWorkers
 
 logger = logging.getLogger(__name__)

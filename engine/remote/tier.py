@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ..blocks.entries import Entry, Key
 from ..blocks.index import BlockIndex
-from ..process.stats import StatsWriter
+from ..stats import StatsWriter
 from .store_lookups import RemoteLookups
 from .workers import Kind, RemoteJob, RemoteWorkers
 

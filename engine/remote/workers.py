@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..blocks.entries import Key
-from ..process.threads import join_within
+from ..threads import join_within
 from . import header
 from .store import NOT_FOUND
 

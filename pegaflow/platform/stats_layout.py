@@ -1,6 +1,6 @@
 """The layout of the stats segment (``stats``): one STATS record of counters, gauges and
 latency histograms, then one CLIENT_STATS record per client slot.  Written by the engine
-only (``engine/process/stats.py``); ``pegaflow-stat`` reads it without attaching.  Part of the
+only (``engine/stats.py``); ``pegaflow-stat`` reads it without attaching.  Part of the
 wire's fingerprint (``wire.py``)."""
 
 from __future__ import annotations

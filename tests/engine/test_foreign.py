@@ -249,7 +249,7 @@ def test_foreign_lock_directory_squatted_engine_and_client_still_meet(tmp_path, 
     # starts, and a client attaches to it through the fallback directory.
     import threading
 
-    from engine.process.config import EngineConfig
+    from engine.config import EngineConfig
     from engine.process.server import EngineServer
     from pegaflow.platform import locks
     monkeypatch.setattr(locks, "SHM_BASE", str(tmp_path))

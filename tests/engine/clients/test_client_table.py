@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine.process.config import EngineConfig
+from engine.config import EngineConfig
 from engine.process.server import EngineServer
 from pegaflow.platform.locks import ControlLock
 from pegaflow.platform.wire import SlotState

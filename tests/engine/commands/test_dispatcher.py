@@ -352,7 +352,7 @@ def _held_dispatcher(refuse: bool = False):
     from engine.commands.dispatcher import Dispatcher
     from engine.copy.base import CopyBackend, LayerPlacement
     from engine.memory.pool import PagePool
-    from engine.process.stats import StatsWriter
+    from engine.stats import StatsWriter
     from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView, record_type, reset_slots
     from pegaflow.platform.wire import ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION
 

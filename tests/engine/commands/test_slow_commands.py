@@ -8,7 +8,7 @@ import threading
 import time
 
 from engine.commands.slow_commands import REPORT_EVERY_S, SLOW_COMMAND_S, SlowCommands
-from engine.process.config import EngineConfig
+from engine.config import EngineConfig
 from engine.process.server import EngineServer
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform.wire import Opcode

@@ -13,7 +13,7 @@ from engine.blocks.index import BlockIndex
 from engine.disk.store import DiskStore
 from engine.disk.tier import DiskTier
 from engine.memory.pool import PagePool
-from engine.process.stats import StatsWriter
+from engine.stats import StatsWriter
 from pegaflow.platform.wire import STATS
 
 NUM_LAYERS = 4

@@ -19,10 +19,10 @@ import time
 import numpy as np
 import pytest
 
+from engine.config import EngineConfig
 from engine.copy.host import HostBackend
 from engine.memory import fault_in
 from engine.memory.pinning import PoolPinner
-from engine.process.config import EngineConfig
 from engine.process.server import EngineServer
 from pegaflow.platform import shm
 from pegaflow.stats.cli import format_once

@@ -63,7 +63,7 @@ def test_clean_stop_removes_the_name_lock_and_the_name_can_be_taken_again(engine
 @pytest.mark.parametrize("release_pool", [True, False])
 def test_unlink_all_gives_the_pool_memory_back_only_when_no_copy_can_touch_it(release_pool):
     # 1. An engine's segments; the pool holds bytes, and a view of it outlives the names.
-    from engine.process.config import EngineConfig
+    from engine.config import EngineConfig
     from engine.process.segments import EngineSegments
     name = f"t{os.getpid()}_discard{int(release_pool)}"
     segs = EngineSegments(EngineConfig(name=name, pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
@@ -78,7 +78,7 @@ def test_unlink_all_gives_the_pool_memory_back_only_when_no_copy_can_touch_it(re
 
 def test_unlink_all_removes_the_pool_name_before_giving_its_memory_back(monkeypatch):
     # 1. An engine's segments; how /dev/shm looks when the pool's memory is given back.
-    from engine.process.config import EngineConfig
+    from engine.config import EngineConfig
     from engine.process.segments import EngineSegments
     from pegaflow.platform import shm as shm_module
     name = f"t{os.getpid()}_order"
@@ -100,8 +100,8 @@ def test_unlink_all_removes_the_pool_name_before_giving_its_memory_back(monkeypa
 
 def test_segments_kept_pool_is_not_counted_against_room_again(monkeypatch):
     # 1. Segments of an engine that keeps its pool, released at its stop: pool and table stay.
+    from engine.config import EngineConfig
     from engine.memory.pool_table import PoolTable
-    from engine.process.config import EngineConfig
     from tests.conftest import shm_leftovers, unique_engine_name
     name = unique_engine_name("room")
     config = EngineConfig(name=name, pool_bytes=8 << 20, slab_bytes=1 << 20, keep_pool=True,
@@ -129,7 +129,7 @@ def test_segments_kept_pool_is_not_counted_against_room_again(monkeypatch):
 
 def test_segments_keep_pool_start_that_fails_leaves_nothing():
     # 1. Segments of a keeping engine that never started serving (its start failed later).
-    from engine.process.config import EngineConfig
+    from engine.config import EngineConfig
     from tests.conftest import shm_leftovers, unique_engine_name
     name = unique_engine_name("fail")
     config = EngineConfig(name=name, pool_bytes=8 << 20, slab_bytes=1 << 20, keep_pool=True,

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import pegaflow.client.connection
-from engine.process.config import EngineConfig
+from engine.config import EngineConfig
 from engine.process.server import EngineServer
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform import shm

@@ -13,12 +13,12 @@ import pytest
 from engine.blocks.entries import Key
 from engine.blocks.index import BlockIndex
 from engine.commands.received import Received
+from engine.config import EngineConfig
 from engine.memory.pool import PagePool
-from engine.process.config import EngineConfig
-from engine.process.stats import StatsWriter
 from engine.remote.header import data_name, header_name
 from engine.remote.tier import RemoteTier
 from engine.remote.workers import RemoteWorkers
+from engine.stats import StatsWriter
 from pegaflow.platform.errors import RemoteTierError
 from pegaflow.platform.wire import STATS
 from tests.engine.remote.fake_store import FakeStore

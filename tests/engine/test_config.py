@@ -1,4 +1,4 @@
-"""engine.process.config: sizes, flags over PEGAFLOW_* env vars over defaults, and validation."""
+"""engine.config: sizes, flags over PEGAFLOW_* env vars over defaults, and validation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from engine.process.config import EngineConfig
+from engine.config import EngineConfig
 from engine.process.options import OPTIONS, config_from_args
 from pegaflow.platform.errors import ConfigError
 
@@ -255,7 +255,7 @@ def test_options_each_env_var_and_flag_set_their_field(clean_env, option):
 def test_options_docs_table_lists_every_flag_with_its_env_var():
     # docs/configuration.md's engine flag table cannot drift from the code: a row per flag, its variable beside it.
     from pathlib import Path
-    docs = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for option in OPTIONS:
         assert f"| `--{option.flag}` | `{option.env}` |" in docs, option.flag
 

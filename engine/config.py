@@ -14,8 +14,8 @@ from pegaflow.platform.errors import ConfigError
 from pegaflow.platform.shm import check_engine_name
 from pegaflow.platform.values import format_size
 
-from ..copy.base import DEVICE_STAGING_BYTES
-from ..copy.base import PATHS as COPY_PATHS
+from .copy.base import DEVICE_STAGING_BYTES
+from .copy.base import PATHS as COPY_PATHS
 
 MAX_SLOTS = 4096
 MAX_IDLE_SPIN_S = 1.0
