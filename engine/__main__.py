@@ -16,7 +16,7 @@ import sys  # noqa: E402
 
 from pegaflow.platform.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 
-from .process.options import build_parser, config_from_args, warn_unknown_env  # noqa: E402
+from .process.options import build_parser, config_from_parsed, warn_unknown_env  # noqa: E402
 from .process.server import EngineServer  # noqa: E402
 
 logger = logging.getLogger("engine")
@@ -49,10 +49,10 @@ def tighten_timer_slack() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        clean_name = build_parser().parse_args(argv).clean
-        if clean_name is not None:
-            return clean_command(clean_name)
-        config = config_from_args(argv)
+        args = build_parser().parse_args(argv)  # the one parse: --clean, or the engine's config
+        if args.clean is not None:
+            return clean_command(args.clean)
+        config = config_from_parsed(args)
     except PegaflowError as exc:
         print(f"pegaflow engine: {exc}", file=sys.stderr)
         return 2

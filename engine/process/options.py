@@ -225,8 +225,13 @@ def warn_unknown_env(environ=None) -> list[str]:
 
 
 def config_from_args(argv: list[str] | None = None, environ=None) -> EngineConfig:
+    return config_from_parsed(build_parser().parse_args(argv), environ)
+
+
+def config_from_parsed(parsed: argparse.Namespace, environ=None) -> EngineConfig:
+    """The config of a command line ``build_parser`` parsed, over ``environ``'s PEGAFLOW_*."""
     environ = os.environ if environ is None else environ
-    args = vars(build_parser().parse_args(argv))
+    args = vars(parsed)
     values = {}
     for option in OPTIONS:
         flag_value = args[option.flag.replace("-", "_")]

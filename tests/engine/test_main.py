@@ -57,3 +57,16 @@ def test_main_help_names_every_env_var():
     done = _engine("--help")
     text = " ".join(done.stdout.split())
     assert done.returncode == 0 and all(o.env in text for o in OPTIONS)
+
+
+def test_main_parses_the_command_line_once(monkeypatch, capsys):
+    # A command line with a mistake in a value: parsed once, then refused (exit 2).
+    import argparse
+
+    from engine.__main__ import main
+    calls = []
+    parse_args = argparse.ArgumentParser.parse_args
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
+                        lambda self, *a, **kw: calls.append(a) or parse_args(self, *a, **kw))
+    assert main(["--pool-size", "lots"]) == 2
+    assert len(calls) == 1 and "--pool-size: size 'lots'" in capsys.readouterr().err
