@@ -29,7 +29,6 @@ from pegaflow.platform.wire import (
     CONTROL_HEADER,
     RING_HEADER,
     SLOT,
-    SUBMISSION,
     Opcode,
     SlotState,
     Status,
@@ -456,22 +455,20 @@ def test_server_payload_is_copied_before_it_is_handled(inprocess_engine, kv_clie
     kv.fill(rng, range(kv.NUM_BLOCKS))
     assert kv.save(NAMESPACE, range(64), hashes[:64]).value == 64
     assert kv.save(NAMESPACE, range(16), hashes[64:]).value == 16
-    # 1. When the engine starts handling a LOOKUP, the client (here, in the engine's
-    #    thread, at exactly that moment) writes other hashes over the command's payload.
-    #    A client may not, but the engine must not depend on it: it handles its own copy.
-    original_handle = server.dispatcher.handle
+    # 1. When the LOOKUP's handler runs, the client (here, in the engine's thread, at exactly
+    #    that moment) writes other hashes over the command's payload.  A client may not, but
+    #    the engine must not depend on it: it handles its own copy (``Dispatcher.handle``).
+    original_lookup = server.dispatcher.handlers[Opcode.LOOKUP]
     overwritten = []
 
-    def handle_after_client_reuse(client, rec, *rest):
-        fields = dict(zip(SUBMISSION.names, rec))  # the engine reads a record as a plain tuple
-        if fields["opcode"] == Opcode.LOOKUP and fields["namespace"] == NAMESPACE and not overwritten:
-            start = fields["payload_offset"]
-            kv.client._view.arena[start:start + fields["payload_bytes"]] = \
-                encode_hashes(make_hashes(80)).view(np.uint8)
-            overwritten.append(start)
-        return original_handle(client, rec, *rest)
+    def lookup_after_client_reuse(received, lookup):
+        if lookup.namespace == NAMESPACE and not overwritten:
+            arena = kv.client._view.arena
+            arena[:] = np.resize(encode_hashes(make_hashes(80)).view(np.uint8), arena.shape)
+            overwritten.append(True)
+        return original_lookup(received, lookup)
 
-    monkeypatch.setattr(server.dispatcher, "handle", handle_after_client_reuse)
+    monkeypatch.setitem(server.dispatcher.handlers, Opcode.LOOKUP, lookup_after_client_reuse)
     # 2. The LOOKUP still sees the 80 hashes the client sent, not the bytes written after.
     found = kv.client.lookup(NAMESPACE, hashes)
     assert overwritten, "the LOOKUP never reached the dispatcher"
