@@ -34,11 +34,14 @@ ATTACH_TIMEOUT_S = 5.0
 
 class ClientTable:
     def __init__(self, engine_name: str, segments, stats, release_client: Callable[[ClientState], None],
-                 own_pid_is_client: bool = False, attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
+                 drop_held: Callable[[int], None], own_pid_is_client: bool = False,
+                 attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         """``release_client``: a closed client's leases and memory given back (the dispatcher's);
-        ``own_pid_is_client``: the engine runs in its clients' process (tests)."""
+        ``drop_held``: its copies held for its GPU ended (the backend's); ``own_pid_is_client``:
+        the engine runs in its clients' process (tests)."""
         self.engine_name = engine_name
         self.segments, self.stats, self.release_client = segments, stats, release_client
+        self.drop_held = drop_held
         self.own_pid_is_client = own_pid_is_client
         self.attach_timeout_s = attach_timeout_s
         self.clients: dict[int, ClientState] = {}
@@ -157,8 +160,9 @@ class ClientTable:
 
     def _reclaim_dead(self, client: ClientState, why: str) -> None:
         client.is_attached = False  # a LOOKUP of it still parked is let go at once
-        if client.num_inflight:
-            return  # its copies still touch its memory; reclaim once they are done
+        if client.num_inflight:  # its copies still touch its memory; reclaim once they are done,
+            self.drop_held(client.slot)  # and those held for its GPU end now
+            return
         logger.warning("client slot %d: pid %d %s; reclaiming its slot, leases and memory",
                        client.slot, client.pid, why)
         self._release_and_drop(client)

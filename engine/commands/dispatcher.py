@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from time import perf_counter
+from time import monotonic, perf_counter
 
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
@@ -48,6 +48,7 @@ from ..copy.base import CopyBackend, CopyDone
 from ..stats import StatsWriter
 from .lookup import Lookups
 from .received import LATER, Received, new_received, untimed
+from .slow_commands import RefusedCommands
 from .transfers import Transfers
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,10 @@ class Dispatcher:
         self.disk, self.remote = disk, remote
         self.own_pid_is_client = own_pid_is_client
         self.transfers = Transfers(index, backend, stats, self.answer)
-        self.lookups = Lookups(index, stats, self.answer_later, lookup_wait_s, clients, remote)
+        self.lookups = Lookups(index, stats, self.answer_later, lookup_wait_s,
+                               self.transfers.issuing.is_issuing_save, clients, remote)
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
+        self.refusals = RefusedCommands()  # refused setup commands, logged at a bounded rate
         self.handlers: dict[Opcode, Callable] = {
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
@@ -102,7 +105,8 @@ class Dispatcher:
         self.after_answer(self.transfers.on_copy_done(done))
 
     def index_changed(self) -> None:
-        """The index changed outside a command (the pool grew): the gauges are written again."""
+        """The index changed outside a command (the pool grew, a long copy issued a slice): the
+        gauges are written again."""
         self.gauges_stale = True
 
     def answer_later(self, received: Received, status: int, answer=()) -> None:
@@ -171,9 +175,11 @@ class Dispatcher:
 
     def _refused(self, received: Received, exc: CommandError) -> None:
         opcode, client = received.opcode, received.client  # setup refusals stop a client caching: say why
-        logger.log(logging.WARNING if opcode in _SETUP else logging.DEBUG,
-                   "slot %d (pid %d): %s refused: %s", client.slot, client.pid,
-                   Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
+        if opcode in _SETUP:
+            self.refusals.note(client, opcode, exc, monotonic())
+        else:
+            logger.debug("slot %d (pid %d): %s refused: %s", client.slot, client.pid,
+                         Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
         self.answer(received, Status(exc.status))
 
     def answer_internal_error(self, client: ClientState, rec) -> None:
@@ -218,9 +224,7 @@ class Dispatcher:
             if client.ring_name else None
         if why is not None:
             raise CommandError(Status.BAD_ARGUMENT, why)
-        if attach.voters is not None:  # a voter (wire.py: voting)
-            self.voters.join(attach.namespace, client.slot, attach.voters.num_voters, attach.voters.voter)
-            client.num_voters, client.voter = attach.voters.num_voters, attach.voters.voter
+        self.voters.attach(client, attach.namespace, attach.voters)  # (wire.py: voting)
         client.pid, client.is_attached = attach.pid, True
         client.instance, client.namespace = attach.instance, attach.namespace
         self.stats.client_attached(client.slot, attach.pid & 0xFFFFFFFF, attach_role(attach.role, attach.kv_role),

@@ -29,14 +29,15 @@ logger = logging.getLogger(__name__)
 
 class Lookups:
     def __init__(self, index: BlockIndex, stats: StatsWriter, answer_later: Callable, lookup_wait_s: float,
-                 clients: Callable[[], tuple] = tuple, remote=None):
+                 is_issuing_save: Callable[[object, int], bool], clients: Callable[[], tuple] = tuple, remote=None):
         """``answer_later``: the dispatcher's answer to a LOOKUP that waited (``Dispatcher.answer_later``);
-        ``remote``: the remote tier (``engine/remote/tier.py``), if the engine has one."""
+        ``is_issuing_save``: whether a SAVE of (client, namespace) is being issued in slices
+        (``Issuing.is_issuing_save``); ``remote``: the remote tier (``engine/remote/tier.py``), if any."""
         self.index, self.stats, self.answer_later = index, stats, answer_later
         # LOOKUPs waiting for saves in flight: by default for at most ``lookup_wait_s`` (0:
         # never), and ``clients`` says whose rings may hold a SAVE not read yet (the
         # server's attached clients)
-        self.waiting = WaitingLookups(self.index, self._answer_waiting)
+        self.waiting = WaitingLookups(self.index, self._answer_waiting, self.stats, is_issuing_save)
         self.lookup_wait_s = lookup_wait_s
         self.clients = clients
         self.remote = remote
@@ -68,8 +69,7 @@ class Lookups:
         """A LOOKUP whose wait for saves in flight is over: the index walked again, answered."""
         received = waiting.received
         client = received.client
-        if waiting.is_waiting_saves:
-            self._count_wait(waiting)
+        self._count_wait(waiting)
         status, answer = Status.OK, ()
         if client.is_attached:
             try:
@@ -81,11 +81,11 @@ class Lookups:
         self.answer_later(received, status, answer)
 
     def _count_wait(self, waiting: WaitingLookup) -> None:
-        num_more, why = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
+        num_more, _ = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
         self.stats.add("lookup_waits")
         self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
         self.stats.add("lookup_wait_blocks", waiting.num_usable + num_more - waiting.num_ready)
-        self.stats.add("lookup_wait_timeouts", int(why == "writing"))
+        self.stats.add("lookup_wait_timeouts", int(waiting.is_late))
 
     def _counted(self, received: Received, num_hits: int, lease_id: int) -> LookupAnswer:
         """A LOOKUP's answer (counted in the stats): hits, lease, blocks still on their way."""

@@ -30,6 +30,7 @@ from pegaflow.platform.values import format_size
 from pegaflow.platform.waits import Doorbell, sleep_until
 from pegaflow.platform.wire import CLIENT_STATS, STATS
 
+from ..clients.client import MAX_UNREAD_ANSWERS
 from ..clients.client_table import ClientTable
 from ..commands.dispatcher import Dispatcher
 from ..commands.slow_commands import SLOW_COMMAND_S, SlowCommands
@@ -45,8 +46,6 @@ logger = logging.getLogger(__name__)
 
 MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
 HELD_BACK_POLL_S = 5e-3  # while answers wait behind a full completion ring: how often to look
-MAX_UNREAD_ANSWERS = 1024  # answers queued behind a client's full completion ring; past
-#                            this its commands wait unread (its submit then times out)
 CLAIM_CHECK_S = 1e-3
 LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detaching: only
 #                        their liveness is checked, and a dead one's slot can wait this long
@@ -84,13 +83,13 @@ class EngineServer:
                                      clients=lambda: self.table.attached,  # rings a waiting LOOKUP reads past
                                      own_pid_is_client=serve_own_process)
         self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher.release_client,
-                                 own_pid_is_client=serve_own_process)
+                                 self.backend.drop_held, own_pid_is_client=serve_own_process)
         self.is_stopping = False
         self.slow = SlowCommands()  # handlings that held up every other client (slow_commands.py)
         self._next_housekeeping = 0.0
         self._next_claim_check = 0.0
         self.pinner.start(wake=self.doorbell.ring)
-        log_ready(config, self.backend, opened.pool, marks)
+        log_ready(config, self.segments, self.backend, opened.pool, marks)
         self.segments.mark_serving()  # claims are accepted from the loop's first pass on
 
     def _answer_remote(self, received, num_hits: int, lease_id: int) -> None:
@@ -128,6 +127,10 @@ class EngineServer:
             did_work = True
         if self.remote is not None and self.remote.has_work() and self.remote.poll(now):
             self.dispatcher.resume_parked_loads(now)  # (a fetch may have ended)
+            did_work = True
+        if self.dispatcher.transfers.issuing:  # long SAVEs or LOADs, a slice a turn (issuing.py)
+            self.dispatcher.index_changed()
+            self.dispatcher.transfers.issuing.more()
             did_work = True
         if self.dispatcher.pending:  # only copies in flight can finish
             for done in self.backend.poll():
@@ -174,6 +177,7 @@ class EngineServer:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
         did_work = False
         dispatcher = self.dispatcher
+        issuing = dispatcher.transfers.issuing.slots  # a client's next command waits for its SAVE or LOAD
         for client in self.table.attached:  # a snapshot: a DETACH may retire a client meanwhile
             if client.backlog:
                 queued = len(client.backlog)
@@ -183,6 +187,8 @@ class EngineServer:
                     continue  # it reads none of its answers: the engine's memory must not grow
             submissions = client.submissions
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
+                if client.slot in issuing:
+                    break
                 rec = submissions.try_peek_values()  # the protocol reads its fields by place
                 if rec is None:
                     break
@@ -248,8 +254,11 @@ class EngineServer:
         self.slow.report(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
         self.table.check_alive()
+        if self.dispatcher.waiting.items:  # a dead saver's half-written blocks just dropped
+            self.dispatcher.waiting.resume(now)
         self.stats.set("heartbeat_ns", time.time_ns())
 
     def shutdown(self) -> None:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
+        self.dispatcher.transfers.issuing.finish()  # (each then ends as its copies do)
         shut_down(self)

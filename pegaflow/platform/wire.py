@@ -44,7 +44,7 @@ from pegaflow.platform.stats_layout import (
 )
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 13  # 13: the records' request_id is command_id (12: ATTACH carries the kv_role, LOOKUP its wait)
+WIRE_VERSION = 14  # 14: the records' request_id is command_id; 13: the stats count LOOKUP waits refused
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32

@@ -33,15 +33,14 @@ def _save(block_ids, **fields) -> Save:
 
 
 def test_copy_arguments_all_layers_give_every_placement_and_the_full_mask():
-    save = _save([0, 7, 3])
-    block_ids, keys, placements, mask = copied_blocks(_client(), save)
-    assert block_ids.tolist() == [0, 7, 3] and keys == save.keys() and len(keys) == 3
+    block_ids, placements, mask = copied_blocks(_client(), _save([0, 7, 3]))
+    assert block_ids.tolist() == [0, 7, 3]
     assert [p.layer for p in placements] == [0, 1] and mask == 0b11
 
 
 def test_copy_arguments_one_layer_or_one_group_give_its_placements_only():
-    assert [p.layer for p in copied_blocks(_client(), _save([1], layer=0))[2]] == [0]
-    _, _, placements, mask = copied_blocks(_client(), _save([1], group=5))
+    assert [p.layer for p in copied_blocks(_client(), _save([1], layer=0))[1]] == [0]
+    _, placements, mask = copied_blocks(_client(), _save([1], group=5))
     assert [p.layer for p in placements] == [1] and mask == 0b10
 
 

@@ -28,8 +28,8 @@ def _parts(lookup_wait_s: float = 0.0):
     answered: list[tuple] = []
     lookups = Lookups(index, StatsWriter(stats_row, np.zeros(2, CLIENT_STATS)),
                       lambda received, status, answer=(): answered.append((received.command_id, status, answer)),
-                      lookup_wait_s)
-    client = SimpleNamespace(slot=1, instance=0, is_attached=True, num_inflight=0)
+                      lookup_wait_s, is_issuing_save=lambda client, namespace: False)
+    client = SimpleNamespace(slot=1, uid=1, instance=0, is_attached=True, num_inflight=0)
     return index, lookups, answered, client, stats_row
 
 
