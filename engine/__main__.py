@@ -17,8 +17,8 @@ import sys  # noqa: E402
 from pegaflow.platform.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, say  # noqa: E402
 from pegaflow.platform.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 
-from .options import build_parser, config_from_args, warn_unknown_env  # noqa: E402
-from .server import EngineServer  # noqa: E402
+from .process.options import build_parser, config_from_parsed, warn_unknown_env  # noqa: E402
+from .process.server import EngineServer  # noqa: E402
 
 logger = logging.getLogger("engine")
 
@@ -30,7 +30,7 @@ TIMER_SLACK_NS = 1000
 
 def clean_command(name: str) -> int:
     """``--clean NAME``: 0 when nothing of a dead engine is left, 1 when refused (it runs)."""
-    from .cleanup import clean, describe
+    from .process.cleanup import clean, describe
     try:  # (a bad name: clean's ConfigError, exit 2 in main, as for any bad flag)
         cleaned = clean(name)
     except ShmError as exc:
@@ -52,10 +52,10 @@ def tighten_timer_slack() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        clean_name = build_parser().parse_args(argv).clean
-        if clean_name is not None:
-            return clean_command(clean_name)
-        config = config_from_args(argv)
+        args = build_parser().parse_args(argv)  # the one parse: --clean, or the engine's config
+        if args.clean is not None:
+            return clean_command(args.clean)
+        config = config_from_parsed(args)
     except PegaflowError as exc:
         say(PROG, str(exc))
         return EXIT_USAGE

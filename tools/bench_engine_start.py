@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import posix_ipc
 
-from engine import fault_in
-from engine.room import check_room
+from engine.memory import fault_in
+from engine.memory.host_capacity import check_room
 from pegaflow.platform import shm
 from pegaflow.platform.values import format_size, parse_size
 from pegaflow.stats.engine_stats import read_stats

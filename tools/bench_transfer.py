@@ -36,7 +36,7 @@ import numpy as np
 
 from engine.copy.base import CopyOp, Direction, LayerPlacement  # noqa: E402
 from engine.copy.cuda import CudaBackend  # noqa: E402
-from engine.fault_in import default_threads, fault_in  # noqa: E402
+from engine.memory.fault_in import default_threads, fault_in  # noqa: E402
 from pegaflow.platform import shm  # noqa: E402
 from pegaflow.platform.cuda import driver  # noqa: E402
 from tools.lib.gpu import gpu_name  # noqa: E402

@@ -105,7 +105,7 @@ class EngineProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
         """Send ``sig`` (if still running) and reap; killed past ``timeout_s``, and then what it
-        left in /dev/shm removed (``engine/cleanup.py``). The exit code."""
+        left in /dev/shm removed (``engine/process/cleanup.py``). The exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -113,7 +113,7 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                from engine.cleanup import clean  # here: only a killed engine needs it
+                from engine.process.cleanup import clean  # here: only a killed engine needs it
                 clean(self.name)
         processes.forget(self.proc)
         return self.proc.returncode

@@ -2,7 +2,7 @@
 
 A backend only enqueues; it never blocks the dispatcher on a copy.  ``poll`` reports
 the copies that have finished.  The pool is made reachable a part at a time while the
-engine serves (``engine/pinning.py``): ``open_pool`` first, then ``pin_range`` of each
+engine serves (``engine/memory/pinning.py``): ``open_pool`` first, then ``pin_range`` of each
 chunk (faulted in already) on the pinning thread, then ``extend_pool`` on the
 dispatcher's thread, after which copies may use that part; ``attach_pool`` does all of
 it for the whole pool at once (tools and tests).  Addresses are computed the same way by
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import fault_in
+from ..memory import fault_in
 
 KERNEL = "kernel"            # a gather/scatter kernel per layer (SMs)
 COPY_ENGINE = "copy-engine"  # cuMemcpyBatchAsync per layer (DMA, no SMs)

@@ -5,7 +5,7 @@ never wait for a copy; ``unregister_client`` waits for the slot's copies, and
 ``register_region`` under ``auto`` up to ``PROBE_DRAIN_S`` for a quiet moment to measure in)::
 
     open_pool(segment)         remember the /dev/shm pool; nothing of it is pinned yet
-    pin_range(start, n)        the pinning thread (engine/pinning.py), a faulted-in chunk at a
+    pin_range(start, n)        the pinning thread (engine/memory/pinning.py), a faulted-in chunk at a
                                time: cuMemHostRegister it, write each page once by DMA
                                (contents unchanged; ``cuda_device.PinnedPool``)
     extend_pool(n)             the pool's first n bytes are pinned: checked to lie at

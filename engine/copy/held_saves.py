@@ -4,9 +4,8 @@ A SAVE's copies wait for the client's events (the forward pass that writes the K
 once, they sit in a device-wide stream behind that wait: every later copy on that stream (every
 client's) queues behind one client's forward pass, and once the driver's queue is full each
 further launch blocks the engine's one thread, so every client's lookups and loads wait too
-(two replicas on one H100 saving their first round: one SAVE of 512 blocks held the loop 833
-ms, 832 of them issuing copies, by ``slow_commands.py``'s figure; with the hold, no save, load
-or lookup took over 21 ms: docs/replicas.md).
+(measured with two replicas on one engine: docs/benchmarks.md, "Figures behind --hold-saves
+and --load-layer-groups").
 
 With ``--hold-saves`` a SAVE whose client is still writing is held here instead.  The client
 records its events again at every step, and a wait binds to the record already issued when it
@@ -18,7 +17,7 @@ client's events: by then they would bind to a later step's records and hold the 
 that step's forward pass.  Nothing is lost: the staged path starts a SAVE's copies after its
 last layer's event anyway (its first sub-chunk packs every layer).  Held SAVEs are issued in the order they came;
 one still waiting does not hold back a later one whose data is written (two SAVEs never copy
-the same layer of a block at once: ``engine/transfers.py``).
+the same layer of a block at once: ``engine/commands/transfers.py``).
 """
 
 from __future__ import annotations

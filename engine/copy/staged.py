@@ -8,7 +8,7 @@ entry): the gather kernel packs them at device-memory speed, and a run of consec
 entries crosses PCIe as one copy, as fast as one large pinned copy (figures: "The staged
 path" in ``docs/benchmarks.md``)::
 
-    SAVE, per sub-chunk of up to ``entries_per_buffer`` entries:
+    SAVE, per sub-chunk of up to ``per_buffer`` entries:
       gather stream   [wait: the buffer's last use]  gather kernel -> buffer    record packed
       copy stream     wait packed                    buffer -> pool, per run    record buffer free
     LOAD, the mirror:

@@ -29,7 +29,7 @@ import xxhash
 from pegaflow.platform.errors import WireVersionError
 from pegaflow.platform.wire import HASH_BYTES
 
-from ..entries import Key
+from ..blocks.entries import Key
 from .ownership import DIR_MODE, FILE_MODE, is_own_file
 
 MAGIC = int.from_bytes(b"PFBLOCK1", "little")

@@ -12,10 +12,7 @@ logger = logging.getLogger(__name__)
 
 
 def scan(store) -> int:
-    """``DiskStore.scan``: the number of blocks indexed."""
-    assert store._num_inflight == 0, "scan runs before any I/O"
-    store._blocks.clear()
-    store._used_bytes = [0] * len(store._paths)
+    """``DiskStore.scan``, into its emptied index: the number of blocks indexed."""
     found: list[tuple[blockfile.FoundBlock, int]] = []
     num_leftovers = [0] * len(store._paths)
     for path_index, path in enumerate(store._paths):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pegaflow.platform.errors import ConfigError
 
-from ..entries import Key
+from ..blocks.entries import Key
 from . import blockfile, scan
 from .blockfile import BLOCKS_DIR, HEADER_BYTES
 from .workers import DiskDone, DiskJob, IoWorkers
@@ -179,6 +179,9 @@ class DiskStore:
     def scan(self) -> int:
         """Rebuild the index from the files under every path (``scan.py``); the number of
         blocks indexed."""
+        assert self._num_inflight == 0, "scan runs before any I/O"
+        self._blocks.clear()
+        self._used_bytes = [0] * len(self._paths)
         return scan.scan(self)
 
     def take_in(self, block: blockfile.FoundBlock, path_index: int) -> None:

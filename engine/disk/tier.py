@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from ..entries import ORPHAN, Entry, Key
-from ..index import BlockIndex
+from ..blocks.entries import ORPHAN, Entry, Key
+from ..blocks.index import BlockIndex
 from ..stats import StatsWriter
 from .store import DiskStore
 
@@ -64,7 +64,6 @@ class DiskTier:
         self._fresh: collections.deque[Key] | None = None  # under ``all``: READY, not yet written
         if admission == "all":
             self._fresh = collections.deque()
-            index.on_ready = self._fresh.extend
         self.locks = locks or []  # the paths' lock fds (``open.lock_path``), held until closed
         self._tokens = itertools.count(1)
         self._writes: dict[int, tuple[Key, Entry]] = {}
@@ -72,7 +71,7 @@ class DiskTier:
         self._scanned_at = _WRITE_ENDED  # the LRU order's change count at the last spill pass
         self._num_refused = 0
         self._next_spill = 0.0  # the next spill pass, not before (later after a failed write)
-        index.promote = self.promote
+        index.connect_tier(promote=self.promote, on_ready=self._fresh.extend if self._fresh is not None else None)
         stats.set("disk_bytes_capacity", store.bytes_total)
 
     @property

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..entries import Key
+from ..blocks.entries import Key
 from ..threads import join_within
 from . import blockfile
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-from ..entries import Key
+from ..blocks.entries import Key
 
 MAGIC = int.from_bytes(b"PFRB", "little")
 HEADER_VERSION = 1

@@ -1,5 +1,5 @@
 """The remote tier's policy, on the engine's one thread (mechanism: ``store.py`` and the
-threads of ``workers.py``; lookups through the store: ``lookups.py``)::
+threads of ``workers.py``; lookups through the store: ``store_lookups.py``)::
 
     on_ready(keys)      (``all``) blocks that just became READY in the pool, every layer in,
                         are queued for publishing; a block fetched from the store is not
@@ -8,7 +8,7 @@ threads of ``workers.py``; lookups through the store: ``lookups.py``)::
                         put ends (the put reads its pool pages in place), while it has room
                         and they pin at most 1/8 of the pool; past a bounded backlog the
                         oldest are dropped, counted
-    try_lookup(...)     a LOOKUP whose local prefix ends short asks the store (``lookups.py``)
+    try_lookup(...)     a LOOKUP whose local prefix ends short asks the store (``store_lookups.py``)
     poll(now)           finished store calls taken in; LOOKUPs past their deadline answered
     forget(keys)        a DROP: the store's copies go too
 
@@ -20,11 +20,12 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+from collections.abc import Callable
 
-from ..entries import Entry, Key
-from ..index import BlockIndex
+from ..blocks.entries import Entry, Key
+from ..blocks.index import BlockIndex
 from ..stats import StatsWriter
-from .lookups import RemoteLookups
+from .store_lookups import RemoteLookups
 from .workers import Kind, RemoteJob, RemoteWorkers
 
 logger = logging.getLogger(__name__)
@@ -35,18 +36,18 @@ MAX_FRESH_BLOCKS = 1 << 16  # READY blocks waiting their turn to be published; p
 
 
 class RemoteTier:
-    def __init__(self, store, workers: RemoteWorkers, index: BlockIndex, stats: StatsWriter,
+    def __init__(self, store, workers: RemoteWorkers, index: BlockIndex, stats: StatsWriter, answer: Callable,
                  publish: str = "all", timeout_s: float = 0.04) -> None:
         self.store, self.workers, self.index, self.stats = store, workers, index, stats
         self.is_reused_only = publish == "reused"
-        self.lookups = RemoteLookups(workers, index, stats, timeout_s)
+        self.lookups = RemoteLookups(workers, index, stats, timeout_s, answer)
         self._fresh: collections.deque[Key] = collections.deque()
         self._puts: dict[int, tuple[Key, Entry]] = {}
         self._put_bytes = 0  # of the blocks in ``_puts``, pinned
         self._tokens = itertools.count(1)
         self._num_dropped_logged = 0
         if not self.is_reused_only:
-            index.on_ready = _chained(index.on_ready, self.on_ready)  # (the disk tier's first, if any)
+            index.connect_tier(on_ready=self.on_ready)  # (after the disk tier's, if any)
         stats.set("remote_enabled", 1)
 
     @property
@@ -148,13 +149,3 @@ class RemoteTier:
         if is_stopped:
             self.store.close()
         return is_stopped
-
-
-def _chained(first, then):
-    if first is None:
-        return then
-
-    def both(keys: list[Key]) -> None:
-        first(keys)
-        then(keys)
-    return both

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..entries import Key
+from ..blocks.entries import Key
 from ..threads import join_within
 from . import header
 from .store import NOT_FOUND

@@ -8,7 +8,7 @@ import functools
 from typing import NamedTuple
 
 from pegaflow.platform.errors import CommandError
-from pegaflow.platform.protocol import ANSWERS, LookupAnswer, SaveAnswer
+from pegaflow.platform.protocol import ANSWERS, LookupAnswer
 from pegaflow.platform.wire import Opcode, Status
 
 
@@ -16,7 +16,7 @@ class Completion(NamedTuple):
     """One answer (a named tuple: built on every round trip, and a frozen dataclass costs
     about a microsecond to build)."""
 
-    command_id: int  # the engine's command id (the client's count; not vLLM's request id)
+    command_id: int  # the client's count of its commands, echoed by the engine
     opcode: Opcode | int
     status: Status | int
     num_items: int
@@ -37,7 +37,6 @@ class Completion(NamedTuple):
 
 
 LookupResult = LookupAnswer
-SaveResult = SaveAnswer
 
 
 _OK = Status.OK  # read once: the hot loop compares against a plain name

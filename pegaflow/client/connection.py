@@ -3,9 +3,11 @@
 ``EngineClient.connect(name)`` attaches to the engine's control segment, checks magic,
 wire version and the descriptor fingerprint, claims a free client slot under the
 control lock and says ATTACH on the slot's ring.  Each command (a typed value of
-``pegaflow.platform.protocol``) gets a command id, the engine's (not vLLM's request id);
+``pegaflow.platform.protocol``) gets a command id, the client's count of its commands;
 ``submit`` never waits for the answer, ``wait`` does (with a deadline), and ``call``
-is both.  Completions that arrive for other requests are kept until asked for.
+is both.  Completions that arrive for other requests are kept until asked for.  The
+commands by name (``ping``, ``lookup``, ``submit_save``, ``submit_load``, ...) close the
+class: each builds its typed command and submits it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import time
 import numpy as np
 
 from pegaflow.client.answers import Answers
-from pegaflow.client.commands import EngineCommands
-from pegaflow.client.completion import Completion, checked, completion_of
+from pegaflow.client.completion import Completion, LookupResult, checked, completion_of
 from pegaflow.client.slots import claim_slot, give_back_slot, open_control, wait_slot_active
 from pegaflow.platform import shm
 from pegaflow.platform.arena import PayloadArena
@@ -29,15 +30,34 @@ from pegaflow.platform.errors import (
     EngineTimeoutError,
     PegaflowError,
 )
-from pegaflow.platform.protocol import ENCODERS, Attach, Detach, Voters, raw_submission, record_fields
+from pegaflow.platform.protocol import (
+    Attach,
+    Detach,
+    Drop,
+    Load,
+    Lookup,
+    Ping,
+    Register,
+    RegisterEvents,
+    Release,
+    Save,
+    Voters,
+    encode,
+    event_or_none,
+    hash_records,
+    raw_submission,
+    record_fields,
+)
 from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.platform.shm import is_pid_alive
 from pegaflow.platform.waits import Doorbell, poll_until
-from pegaflow.platform.wire import CONTROL_HEADER, ClientRole
+from pegaflow.platform.wire import ALL_LAYERS, CONTROL_HEADER, NO_EVENT, ClientRole, Opcode
 
 logger = logging.getLogger(__name__)
 
 _DETACH = Detach()
+_PING = Ping()
+_PING_OP, _LOOKUP_OP = Opcode.PING, Opcode.LOOKUP  # read once: an enum member's lookup is slow
 
 
 class _HeaderWords:
@@ -49,7 +69,7 @@ class _HeaderWords:
         self.is_stopping = memoryview(raw[CONTROL_HEADER.fields["is_stopping"][1]:][:4]).cast("I")
 
 
-class EngineClient(EngineCommands):
+class EngineClient:
     """One attached client; not thread-safe (use one per thread that talks to the engine)."""
 
     def __init__(self, engine_name: str, default_timeout_s: float = 5.0):
@@ -173,7 +193,7 @@ class EngineClient(EngineCommands):
             raise EngineGoneError("client is closed")
         timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
         encoded = (raw_submission(command, payload, **fields) if isinstance(command, int)
-                   else ENCODERS[command.OPCODE](command))  # ``protocol.encode``, less a call
+                   else encode(command))
         parts = encoded.payload
         num_bytes = sum(p.nbytes for p in parts) if parts else 0
         offset = self._arena.alloc(num_bytes, timeout_s) if num_bytes else 0
@@ -297,3 +317,69 @@ class EngineClient(EngineCommands):
         for segment in (self._ring_segment, self._control):
             if segment is not None:
                 segment.close()
+
+    # The commands by name: each builds its typed command and submits it, or waits for its answer.
+
+    def ping(self, timeout_s: float | None = None) -> int:
+        """A round trip; returns the engine's number of copies in flight."""
+        return checked(_PING_OP, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
+
+    def lookup(self, namespace: int, hashes, timeout_s: float | None = None,
+               wait_ms: int | None = None) -> LookupResult:
+        """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
+        done = checked(_LOOKUP_OP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms),
+                                                 timeout_s))
+        return done.result
+
+    def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None,
+                      wait_ms: int | None = None) -> int:
+        """``wait_ms``: the most the engine waits for blocks of the prefix still being saved
+        (None: the engine's --lookup-wait-ms; 0: no wait)."""
+        return self.submit(Lookup(namespace, hash_records(hashes), wait_ms), timeout_s=timeout_s)
+
+    def release(self, lease_id: int) -> int:
+        """End a lease; returns the command id to wait on."""
+        return self.submit(Release(lease_id))
+
+    def release_nowait(self, lease_id: int) -> None:
+        """End a lease, fire and forget: its answer is dropped on arrival."""
+        self.answers.ignore(self.release(lease_id))
+
+    def submit_save(self, namespace: int, block_ids, hashes: list[bytes], *,
+                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
+                    one_event: bool = False, group: int | None = None, tags=None) -> int:
+        """``event_index``: the first event (``pegaflow.platform.protocol``: the k-th layer copied waits for
+        ``layer_event(event_index, k)``; with ``one_event``, every layer for ``event_index``
+        alone).  ``group``: only that KV cache group's layers, instead of ``layer``.
+        ``tags``: a voter's (one u64 per block, wire.py: voting)."""
+        return self.submit(Save(namespace, block_ids, hash_records(hashes), layer, group,
+                                event_or_none(event_index), one_event, tags))
+
+    def submit_drop(self, namespace: int, hashes, since_command: int = 0) -> int:
+        """Ask the engine to forget those of these blocks that our SAVEs from command id
+        ``since_command`` on stored (their data was found bad since); the answer's
+        ``value`` is how many it held."""
+        return self.submit(Drop(namespace, hash_records(hashes), since_command))
+
+    def drop_nowait(self, namespace: int, hashes, since_command: int = 0) -> None:
+        """``submit_drop``, fire and forget: its answer is dropped on arrival."""
+        self.answers.ignore(self.submit_drop(namespace, hashes, since_command))
+
+    def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
+                    layer: int = ALL_LAYERS, event_index: int = NO_EVENT,
+                    after_client: bool = False, group: int | None = None,
+                    ends_lease: bool = True) -> int:
+        """``after_client``: the copy waits for the last event of our pool, which the caller
+        recorded on its stream before this call.  ``event_index``: the first event the
+        layers' copies record (``pegaflow.platform.protocol``).  ``group``: only that KV cache group's layers,
+        instead of ``layer``.  ``ends_lease`` False: ``lease_id`` pins these blocks and
+        another LOAD (a later group's) ends it."""
+        return self.submit(Load(namespace, block_ids, hash_records(hashes), lease_id, ends_lease,
+                                layer, group, event_or_none(event_index), after_client))
+
+    def register_region(self, region_id: int, region, layers) -> None:
+        """REGISTER one region of KV memory (a wire.REGION record and its wire.LAYER records)."""
+        self.call(Register(region_id, region, layers))
+
+    def register_events(self, handles) -> None:
+        self.call(RegisterEvents(handles))

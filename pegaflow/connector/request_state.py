@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pegaflow.connector.lookups import PendingLookup
 from pegaflow.connector.metadata import LoadSpec
+from pegaflow.connector.prefix_lookups import PendingLookup
 
 
 @dataclass(slots=True)

@@ -21,9 +21,9 @@ import time
 
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import ClientIdentity, EngineLink
-from pegaflow.connector.lookups import LOOKUP_MAX_AGE_S, Lookups
 from pegaflow.connector.metadata import PegaConnectorMetadata, SavesDone, SaveSpec
 from pegaflow.connector.plans import extend_tables, load_spec, next_save
+from pegaflow.connector.prefix_lookups import LOOKUP_MAX_AGE_S, Lookups
 from pegaflow.connector.request_state import RequestState
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.trace import log_schedule

@@ -1,5 +1,5 @@
 """The layout of the pool's slot table (``pool.table``, beside the pool): the engine writes
-it (``engine/pool_table.py``), ``pegaflow-stat`` and a kept pool's next engine read it.
+it (``engine/memory/pool_table.py``), ``pegaflow-stat`` and a kept pool's next engine read it.
 Versioned on its own (``POOL_TABLE_VERSION``), apart from the client wire."""
 
 from __future__ import annotations

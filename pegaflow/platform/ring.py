@@ -111,18 +111,12 @@ class RingProducer(_RingView):
         return self.seq(position % self.num_slots) >= position + self.num_slots
 
     def has_room(self) -> bool:
-        """Whether the next ``try_put`` finds a free slot."""
+        """Whether the next ``try_put_fields`` finds a free slot."""
         p = self.position
         return self.words[p % self.num_slots * self.stride] == p
 
-    def try_put(self, record) -> bool:
-        """Publish one record (a tuple in field order, or a numpy record; its ``seq`` is
-        ignored) if a slot is free; never blocks."""
-        values = record.item() if isinstance(record, np.void) else tuple(record)
-        return self.try_put_fields(values[1:])
-
     def try_put_fields(self, fields: tuple) -> bool:
-        """``try_put`` of a record given as its fields after ``seq``."""
+        """Publish one record, given as its fields after ``seq``, if a slot is free; never blocks."""
         p = self.position
         at = p % self.num_slots * self.stride
         words = self.words
@@ -135,10 +129,6 @@ class RingProducer(_RingView):
         self.position = p + 1
         self.doorbell.ring()
         return True
-
-    def put(self, record, timeout_s: float) -> None:
-        values = record.item() if isinstance(record, np.void) else tuple(record)
-        self.put_fields(values[1:], timeout_s)
 
     def put_fields(self, fields: tuple, timeout_s: float) -> None:
         """``try_put_fields`` until it succeeds; RingFullError after ``timeout_s``."""

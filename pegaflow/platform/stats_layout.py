@@ -43,7 +43,7 @@ _STATS_COUNTERS = [
     "remote_puts_dropped", "remote_lookups", "remote_lookup_ns", "lookup_remote_blocks",
     "remote_blocks_fetched", "remote_bytes_fetched", "remote_fetch_ns", "remote_fetch_failures",
     "remote_checksum_failures", "remote_lookup_timeouts", "remote_errors",
-    # LOOKUPs that waited for saves in flight or not yet read (``engine/waiting_lookups.py``),
+    # LOOKUPs that waited for saves in flight or not yet read (``engine/commands/lookup_waits.py``),
     # the blocks the wait gained them, those answered at the deadline with the READY part, the
     # time waited, and LOOKUPs answered at once because too many were waiting
     "lookup_waits", "lookup_wait_blocks", "lookup_wait_timeouts", "lookup_wait_ns",

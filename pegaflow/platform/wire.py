@@ -9,9 +9,9 @@ Segments (all created by the engine, see ``pegaflow.platform.shm``)::
 
 A client writes SUBMISSIONs (and their variable-length payload: HASH records, int32
 block ids, REGION/LAYER records) and the engine answers each with exactly one
-COMPLETION carrying the same ``request_id`` (the engine's command id, not vLLM's request
-id).  Only ``pegaflow.platform.protocol`` reads or writes a SUBMISSION's generic fields:
-each command is a typed value there.  Offsets are explicit and every itemsize
+COMPLETION carrying the same ``command_id`` (the client's count of its commands).  Only
+``pegaflow.platform.protocol`` reads or writes a SUBMISSION's generic fields: each command
+is a typed value there.  Offsets are explicit and every itemsize
 is checked at import, so a layout change that is not a version bump cannot slip in.
 
 Voting (one stored copy of KV that several clients compute alike, e.g. MLA's latent on
@@ -44,7 +44,7 @@ from pegaflow.platform.stats_layout import (
 )
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 13  # 13: the stats count LOOKUP waits refused; 12: ATTACH carries the kv_role, LOOKUP its wait
+WIRE_VERSION = 14  # 14: the records' request_id is command_id; 13: the stats count LOOKUP waits refused
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -174,7 +174,7 @@ RING_HEADER = struct_dtype([
 
 SUBMISSION = struct_dtype([
     ("seq", "<u8", 0),
-    ("request_id", "<u8", 8),
+    ("command_id", "<u8", 8),
     ("opcode", "<u2", 16),
     ("flags", "<u2", 18),
     ("layer", "<u2", 20),
@@ -190,7 +190,7 @@ SUBMISSION = struct_dtype([
 
 COMPLETION = struct_dtype([
     ("seq", "<u8", 0),
-    ("request_id", "<u8", 8),
+    ("command_id", "<u8", 8),
     ("opcode", "<u2", 16),
     ("status", "<u2", 18),
     ("num_items", "<u4", 20),

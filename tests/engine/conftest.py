@@ -77,27 +77,27 @@ class KVClient:
         return found.num_hit_blocks
 
     def submit_raw(self, **fields) -> int:
-        """Publish a SUBMISSION whose fields are exactly ``fields`` (plus a request id)."""
+        """Publish a SUBMISSION whose fields are exactly ``fields`` (plus a command id)."""
         rec = np.zeros(1, dtype=SUBMISSION)[0]
         rec["version"], rec["layer"], rec["event_index"] = WIRE_VERSION, ALL_LAYERS, NO_EVENT
         for name, value in fields.items():
             rec[name] = value
-        request_id = self.client._new_command_id()
-        rec["request_id"] = request_id
+        command_id = self.client._new_command_id()
+        rec["command_id"] = command_id
         position = self.client._producer.position
-        self.client._producer.put(rec, 5.0)
+        self.client._producer.put_fields(rec.item()[1:], 5.0)
         self.client._arena.mark_sent(position)
-        return request_id
+        return command_id
 
-    def take_raw(self, request_id: int, timeout_s: float = 5.0) -> np.void:
-        """The COMPLETION record of ``request_id`` as the engine wrote it (no decoding)."""
+    def take_raw(self, command_id: int, timeout_s: float = 5.0) -> np.void:
+        """The COMPLETION record of ``command_id`` as the engine wrote it (no decoding)."""
         deadline = time.monotonic() + timeout_s
         while True:
             record = self.client._consumer.try_get()
-            if record is not None and int(record["request_id"]) == request_id:
+            if record is not None and int(record["command_id"]) == command_id:
                 return record
             if record is None and time.monotonic() >= deadline:
-                pytest.fail(f"no completion for request {request_id} within {timeout_s}s")
+                pytest.fail(f"no completion for command {command_id} within {timeout_s}s")
             if record is None:
                 time.sleep(1e-4)
 

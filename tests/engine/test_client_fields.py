@@ -11,7 +11,7 @@ import signal
 import numpy as np
 import pytest
 
-from engine.client_table import ATTACH_TIMEOUT_S
+from engine.clients.client_table import ATTACH_TIMEOUT_S
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform.errors import CommandError, RingFullError
 from pegaflow.platform.wire import RING_HEADER, SLOT, Opcode, SlotState, Status

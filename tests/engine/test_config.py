@@ -7,7 +7,7 @@ import os
 import pytest
 
 from engine.config import EngineConfig
-from engine.options import OPTIONS, config_from_args
+from engine.process.options import OPTIONS, config_from_args
 from pegaflow.platform.errors import ConfigError
 
 _ENV_VARS = [option.env for option in OPTIONS]
@@ -155,7 +155,7 @@ def test_config_duration_flag_refuses_nan_inf_and_absurd_values(clean_env, flag,
 
 def test_config_duration_flags_are_every_duration_option():
     # A new duration option is covered above, or this fails.
-    from engine.options import OPTIONS
+    from engine.process.options import OPTIONS
     durations = {o.flag for o in OPTIONS if o.field.endswith("_s")}
     assert durations == set(DURATION_FLAGS)
 
@@ -212,7 +212,7 @@ def test_engine_config_lease_ttl_must_be_finite_and_positive(ttl):
 
 def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
     # 1. The parser has exactly the table's flags (and --help, --version, the --clean command).
-    from engine.options import build_parser
+    from engine.process.options import build_parser
     parser = build_parser()
     flags = {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
     expected = {f"--{o.flag}" for o in OPTIONS} | {f"--no-{o.flag}" for o in OPTIONS if o.is_switch}
@@ -278,7 +278,7 @@ def test_config_disk_paths_are_absolute_and_distinct(clean_env):
 
 def test_warn_unknown_env_names_the_likely_setting(caplog):
     # 1. A misspelt variable is named, with the one meant; known ones are quiet.
-    from engine.options import warn_unknown_env
+    from engine.process.options import warn_unknown_env
     unknown = warn_unknown_env({"PEGAFLOW_POOL_SIZ": "5", "PEGAFLOW_POOL_SIZE": "1GiB",
                                 "PEGAFLOW_LOAD_MODE": "async", "OTHER": "1"})
     assert unknown == ["PEGAFLOW_POOL_SIZ"]
@@ -287,7 +287,7 @@ def test_warn_unknown_env_names_the_likely_setting(caplog):
 
 def test_config_old_env_name_still_applies_with_a_warning(clean_env, caplog):
     # PEGAFLOW_LEASE_TTL_S (the old name) keeps working, unless the new name is set too.
-    from engine.options import warn_unknown_env
+    from engine.process.options import warn_unknown_env
     assert config_from_args([], environ={"PEGAFLOW_LEASE_TTL_S": "5"}).lease_ttl_s == 5.0
     both = {"PEGAFLOW_LEASE_TTL_S": "5", "PEGAFLOW_LEASE_TTL": "7"}
     assert config_from_args([], environ=both).lease_ttl_s == 7.0

@@ -78,5 +78,5 @@ def test_drop_leaves_blocks_another_client_stored_or_saved_before_since(engine, 
     assert second.num_hits(3, theirs) == 2 and second.num_hits(3, own) == 0
     # 3. A DROP from a request after the SAVE that stored a block leaves it.
     kept = _stored(first, rng, [6])
-    assert first.client.wait(first.client.submit_drop(3, kept, since_request=1 << 40)).value == 0
+    assert first.client.wait(first.client.submit_drop(3, kept, since_command=1 << 40)).value == 0
     assert first.num_hits(3, kept) == 1

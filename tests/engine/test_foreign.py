@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from engine import name_lock
+from engine.process import name_lock
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform import shm
 from pegaflow.platform.errors import ForeignSegmentError
@@ -177,7 +177,7 @@ def test_foreign_client_that_never_reads_its_answers_is_held_back_not_buffered(e
     # 1. A client submits PINGs and never reads an answer: past its completion ring and
     #    the engine's cap of queued answers, its commands wait unread, so its own submit
     #    times out (it is told) while the engine's memory stays bounded.
-    from engine.server import MAX_UNREAD_ANSWERS
+    from engine.process.server import MAX_UNREAD_ANSWERS
     from pegaflow.platform.errors import RingFullError
     from pegaflow.platform.wire import Opcode
     engine = engine_factory(extra=("--ring-slots", "16"))
@@ -250,15 +250,14 @@ def test_foreign_lock_directory_squatted_engine_and_client_still_meet(tmp_path, 
     import threading
 
     from engine.config import EngineConfig
-    from engine.server import EngineServer
+    from engine.process.server import EngineServer
     from pegaflow.platform import locks
     monkeypatch.setattr(locks, "SHM_BASE", str(tmp_path))
     planted = tmp_path / f"pegaflow-{os.geteuid()}"
     planted.mkdir(mode=0o755)
     os.chown(planted, OTHER_UID, OTHER_UID)
     server = EngineServer(EngineConfig(name=unique_engine_name("squat"), backend="host",
-                                       pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
-    server.serve_own_process()
+                                       pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2), serve_own_process=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

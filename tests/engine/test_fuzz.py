@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.server import MAX_UNREAD_ANSWERS
+from engine.process.server import MAX_UNREAD_ANSWERS
 from pegaflow.platform.wire import BLOCK_ID, CommandFlag, Opcode, Status, encode_hashes
 from tests.engine.conftest import KVClient, random_hashes
 

@@ -53,10 +53,27 @@ def test_main_version_names_the_release_and_the_wire_protocol():
 
 
 def test_main_help_names_every_env_var():
-    from engine.options import OPTIONS
+    from engine.process.options import OPTIONS
     done = _engine("--help")
     text = " ".join(done.stdout.split())
     assert done.returncode == 0 and all(o.env in text for o in OPTIONS)
+
+
+def test_main_parses_the_command_line_once():
+    # A command line with a mistake in a value: parsed once, then refused (exit 2).  In a
+    # process of its own: importing engine.__main__ blocks SIGTERM and SIGINT until the
+    # engine serves, and every child of this one would inherit that.
+    code = ("import argparse, sys\n"
+            "calls = []\n"
+            "parse = argparse.ArgumentParser.parse_args\n"
+            "argparse.ArgumentParser.parse_args = lambda self, *a, **kw: calls.append(a) or parse(self, *a, **kw)\n"
+            "from engine.__main__ import main\n"
+            "code = main(['--pool-size', 'lots'])\n"
+            "print(len(calls), code)\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PEGAFLOW_")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=environ)
+    assert done.stdout.split() == ["1", "2"] and "--pool-size: size 'lots'" in done.stderr, done
 
 
 @pytest.mark.parametrize("argv, code, says", [

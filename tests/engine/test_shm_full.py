@@ -122,7 +122,7 @@ def test_shm_full_while_pinning_leaves_the_engine_serving_with_what_it_pinned(tm
     out = done.stdout + done.stderr + log.read_text()
     # 2. The pinning stopped short with the numbers logged, the engine stayed up at that pool,
     #    a save into it went through, and it stopped cleanly.
-    assert "ERROR engine.pinning: pool: pinning stopped at" in out and "/dev/shm cannot hold" in out, out
+    assert "ERROR engine.memory.pinning: pool: pinning stopped at" in out and "/dev/shm cannot hold" in out, out
     ready, capacity = (int(v) for v in done.stdout.split("ready ", 1)[1].split()[:2])
     assert 4 << 20 <= ready < capacity == 48 << 20, out
     assert "save 0 64" in done.stdout and "engine exit 0" in done.stdout, out

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 from cuda.bindings import driver
 
-from pegaflow.platform.cuda.driver import check
+from pegaflow.platform.cuda.results import check
 from pegaflow.platform.errors import CudaError
 
 logger = logging.getLogger(__name__)

@@ -16,6 +16,8 @@ import logging
 import numpy as np
 from cuda.bindings import driver
 
+from pegaflow.platform.cuda.batch_copy import memcpy_batch_async  # noqa: F401  (``driver.memcpy_batch_async``)
+from pegaflow.platform.cuda.results import check
 from pegaflow.platform.errors import CudaError
 from pegaflow.platform.wire import IPC_HANDLE_BYTES
 
@@ -23,17 +25,6 @@ logger = logging.getLogger(__name__)
 
 _primary: dict[int, driver.CUcontext] = {}
 _initialized = False
-
-
-def check(result: tuple, what: str = ""):
-    """Unwrap a cuda-python ``(status, *values)`` tuple; raise ``CudaError`` on failure."""
-    status, *values = result
-    if int(status) != 0:
-        name = getattr(status, "name", str(status))
-        raise CudaError(f"{what}: {name}" if what else name)
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
 
 
 def init() -> None:
@@ -241,6 +232,3 @@ def destroy_event(event) -> None:
 
 def destroy_stream(stream) -> None:
     check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
-
-
-from pegaflow.platform.cuda.batch_copy import memcpy_batch_async  # noqa: E402,F401  (it uses ``check``)

@@ -20,11 +20,11 @@ _OPCODES = {int(m): m for m in Opcode}
 # dispatch), and a named tuple of them (tests, ``try_peek``) reads the same.
 (COMMAND_ID_AT, OPCODE_AT, FLAGS_AT, LAYER_AT, REGION_ID_AT, NUM_ITEMS_AT, EVENT_INDEX_AT, NAMESPACE_AT,
  PAYLOAD_OFFSET_AT, PAYLOAD_BYTES_AT, VERSION_AT, ARG_AT) = map(SUBMISSION.names.index, (
-    "request_id", "opcode", "flags", "layer", "region_id", "num_items", "event_index", "namespace",
+    "command_id", "opcode", "flags", "layer", "region_id", "num_items", "event_index", "namespace",
     "payload_offset", "payload_bytes", "version", "arg"))
 
 # What every record says whatever its opcode, as a plain (command_id, opcode, num_items):
-# the engine's command id (the client's count, not vLLM's request id), the opcode as sent,
+# the command id (the client's count of its commands), the opcode as sent,
 # and how many items it names.  (A C-level getter: it runs once per command.)
 envelope = operator.itemgetter(COMMAND_ID_AT, OPCODE_AT, NUM_ITEMS_AT)
 

@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
+from engine.blocks.index import BlockIndex
 from engine.disk.store import DiskStore
 from engine.disk.tier import DiskTier
-from engine.index import BlockIndex
-from engine.pool import PagePool
+from engine.memory.pool import PagePool
 from engine.stats import StatsWriter
 from pegaflow.platform.wire import STATS
 
@@ -149,9 +149,9 @@ def test_transfers_load_parked_on_disk_reads_is_late_past_its_deadline(tier):
     # 1. A block on disk only; a lookup starts its read (not polled: still promoting).
     from types import SimpleNamespace
 
-    from engine.parked_loads import PARKED_LOAD_DEADLINE_S
-    from engine.received import Received
-    from engine.transfers import Transfers
+    from engine.commands.load_waits import PARKED_LOAD_DEADLINE_S
+    from engine.commands.received import Received
+    from engine.commands.transfers import Transfers
     from pegaflow.platform.protocol import Load
     from pegaflow.platform.wire import Opcode
     _on_disk_only(tier, 0)
@@ -213,9 +213,9 @@ def test_transfers_group_load_holding_a_promoting_lease_is_parked_too(tier):
     # (LEASE_HELD) waits for the disk reads like the lease-ending one, not copying early.
     from types import SimpleNamespace
 
-    from engine.received import LATER as ANSWERED_LATER
-    from engine.received import Received
-    from engine.transfers import Transfers
+    from engine.commands.received import LATER as ANSWERED_LATER
+    from engine.commands.received import Received
+    from engine.commands.transfers import Transfers
     from pegaflow.platform.protocol import Load
     from pegaflow.platform.wire import Opcode
     _on_disk_only(tier, 0)

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
+from engine.blocks.entries import Key
+from engine.blocks.index import BlockIndex
+from engine.commands.received import Received
 from engine.config import EngineConfig
-from engine.entries import Key
-from engine.index import BlockIndex
-from engine.pool import PagePool
-from engine.received import Received
+from engine.memory.pool import PagePool
 from engine.remote.header import data_name, header_name
 from engine.remote.tier import RemoteTier
 from engine.remote.workers import RemoteWorkers
@@ -44,9 +44,10 @@ class Host:
         self.stats_row = np.zeros(1, STATS)
         self.stats = StatsWriter(self.stats_row)
         self.workers = RemoteWorkers(store, self.pool)
-        self.tier = RemoteTier(store, self.workers, self.index, self.stats, publish, timeout_s)
         self.answers: list[tuple[int, int]] = []
-        self.tier.lookups.answer = lambda received, num_hits, lease_id: self.answers.append((num_hits, lease_id))
+        self.tier = RemoteTier(store, self.workers, self.index, self.stats,
+                               lambda received, num_hits, lease_id: self.answers.append((num_hits, lease_id)),
+                               publish, timeout_s)
 
     def counter(self, name: str) -> int:
         return int(self.stats_row[0][name])

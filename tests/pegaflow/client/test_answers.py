@@ -7,7 +7,7 @@ from pegaflow.platform.wire import COMPLETION, Status
 
 def _answer(request_id: int, status: Status = Status.OK):
     record = np.zeros(1, dtype=COMPLETION)[0]
-    record["request_id"], record["status"] = request_id, int(status)
+    record["command_id"], record["status"] = request_id, int(status)
     return completion_of(record)
 
 

@@ -10,7 +10,7 @@ import pytest
 from pegaflow.connector import mamba_state
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.layout import derive_sublayers
-from pegaflow.connector.lookups import Lookups
+from pegaflow.connector.prefix_lookups import Lookups
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.platform.wire import HASH, HASH_BYTES
 

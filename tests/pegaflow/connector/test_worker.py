@@ -312,9 +312,9 @@ class DroppingClient(SavingClient):
         self.sent.append(("save", sorted(int(i) for i in ids)))
         return 99 + len(self.saved)
 
-    def drop_nowait(self, namespace, records, since_request):
+    def drop_nowait(self, namespace, records, since_command):
         from pegaflow.platform.wire import hash_keys
-        self.dropped.append((namespace, hash_keys(records), since_request))
+        self.dropped.append((namespace, hash_keys(records), since_command))
         self.sent.append(("drop", sorted(k[0] for k in hash_keys(records))))
 
 

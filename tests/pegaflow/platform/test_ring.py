@@ -4,7 +4,7 @@ the doorbell, together, as a client and the engine use them.
 Scenarios run single-threaded against a model, across threads, and across processes
 over posix shared memory; hypothesis picks ring sizes, burst/pause patterns and
 payload sizes.  Every record a producer writes has all its fields derived from its
-``request_id``, so a consumer can tell a torn or misplaced record from a good one.
+``command_id``, so a consumer can tell a torn or misplaced record from a good one.
 """
 
 from __future__ import annotations
@@ -44,10 +44,16 @@ def record_for(k: int, arg: int = 0) -> tuple:
             ~k & MASK64, (k * 13) & MASK32, (k * 17) & MASK32, arg)
 
 
+def fields_of(record) -> tuple:
+    """A record (a tuple in field order, or a numpy record) as the producer takes it: its
+    fields after ``seq``."""
+    return (record.item() if isinstance(record, np.void) else tuple(record))[1:]
+
+
 def is_consistent(record) -> bool:
     """Whether every field but seq, the payload's place (fields 9, 10) and arg matches its
-    request id."""
-    fields, expected = tuple(record), record_for(record["request_id"])
+    command id."""
+    fields, expected = tuple(record), record_for(record["command_id"])
     return fields[1:9] + fields[11:12] == expected[1:9] + expected[11:12]
 
 
@@ -74,7 +80,7 @@ def test_ring_try_put_try_get_match_a_bounded_fifo(num_slots, ops):
     for is_put in ops:
         if is_put:
             # 1. A put succeeds exactly when the model has room (full and empty differ).
-            assert producer.try_put(record_for(next_k)) == (len(model) < num_slots)
+            assert producer.try_put_fields(fields_of(record_for(next_k))) == (len(model) < num_slots)
             if len(model) < num_slots:
                 model.append(next_k)
                 next_k += 1
@@ -84,7 +90,7 @@ def test_ring_try_put_try_get_match_a_bounded_fifo(num_slots, ops):
             if not model:
                 assert record is None
             else:
-                assert record is not None and record["request_id"] == model.popleft()
+                assert record is not None and record["command_id"] == model.popleft()
                 assert is_consistent(record)
         # 3. is_ready tells the truth, and positions never wrap (they count records).
         assert consumer.is_ready() == bool(model)
@@ -96,7 +102,7 @@ def test_ring_record_round_trips_through_numpy_fields():
     # 1. Publish a record with every field near its type's limit.
     big = (0, MASK64, MASK16, MASK16 - 1, MASK16 - 2, MASK16 - 3, MASK32, MASK32 - 1,
            MASK64 - 1, MASK64 - 2, MASK32 - 2, MASK32 - 3, MASK64 - 3)
-    assert producer.try_put(big)
+    assert producer.try_put_fields(fields_of(big))
     # 2. numpy reads each field at its wire offset with the value written.
     row = producer.slots[0]
     for name, value in zip(SUBMISSION.names[1:], big[1:]):
@@ -106,25 +112,16 @@ def test_ring_record_round_trips_through_numpy_fields():
     assert tuple(record)[1:] == big[1:]
 
 
-def test_ring_producer_accepts_a_numpy_record():
-    producer, consumer = new_ring(2)
-    rec = np.zeros(1, dtype=SUBMISSION)[0]
-    rec["request_id"], rec["arg"] = 42, 7
-    assert producer.try_put(rec)
-    record = consumer.try_get()
-    assert (record["request_id"], record["arg"]) == (42, 7)
-
-
 def test_ring_taken_record_is_a_private_copy():
     producer, consumer = new_ring(2)
     # 1. Take record 0; then the producer reuses its slot twice over (two more laps).
-    assert producer.try_put(record_for(0))
+    assert producer.try_put_fields(fields_of(record_for(0)))
     first = consumer.try_get()
     for k in (1, 2, 3):
-        assert producer.try_put(record_for(k))
-        assert consumer.try_get()["request_id"] == k
+        assert producer.try_put_fields(fields_of(record_for(k)))
+        assert consumer.try_get()["command_id"] == k
     # 2. The record taken first is unchanged.
-    assert first["request_id"] == 0 and is_consistent(first)
+    assert first["command_id"] == 0 and is_consistent(first)
 
 
 # -- torn slots -----------------------------------------------------------------------------
@@ -142,15 +139,15 @@ def test_ring_fields_written_without_seq_are_invisible():
     # 3. Publishing seq (position 0 -> 1) makes the whole record visible at once.
     slots["seq"][0] = 1
     record = consumer.try_get()
-    assert record["request_id"] == 5 and is_consistent(record)
+    assert record["command_id"] == 5 and is_consistent(record)
 
 
 def test_ring_stale_seq_from_an_earlier_lap_is_invisible():
     producer, consumer = new_ring(2)
     # 1. Two laps around a 2-slot ring.
     for k in range(4):
-        assert producer.try_put(record_for(k))
-        assert consumer.try_get()["request_id"] == k
+        assert producer.try_put_fields(fields_of(record_for(k)))
+        assert consumer.try_get()["command_id"] == k
     # 2. A slot whose seq says "published" for an old lap is not a new record.
     producer.slots["seq"][0] = 1  # what position 0 looked like, long ago
     assert consumer.try_get() is None
@@ -182,10 +179,10 @@ def test_ring_consumer_never_sees_a_half_written_record():
     # 1. The producer is "preempted" halfway through writing each record's bytes.
     producer.packer = _PreemptedPacker(producer.packer, lambda: seen_mid_write.append(consumer.try_get()))
     for k in range(10):
-        assert producer.try_put(record_for(k))
+        assert producer.try_put_fields(fields_of(record_for(k)))
         # 2. After the put, the record is complete.
         record = consumer.try_get()
-        assert record["request_id"] == k and is_consistent(record)
+        assert record["command_id"] == k and is_consistent(record)
     # 3. While half written, it was never visible.
     assert seen_mid_write == [None] * 10
 
@@ -196,14 +193,14 @@ def test_ring_consumer_never_sees_a_half_written_record():
 def test_ring_put_on_full_ring_raises_ring_full_after_deadline():
     producer, consumer = new_ring(4)
     for k in range(4):
-        producer.put(record_for(k), 1.0)
+        producer.put_fields(fields_of(record_for(k)), 1.0)
     # 1. A fifth put waits for its deadline and then raises.
     start = time.monotonic()
     with pytest.raises(RingFullError):
-        producer.put(record_for(4), 0.05)
+        producer.put_fields(fields_of(record_for(4)), 0.05)
     assert time.monotonic() - start >= 0.05  # it waited for its deadline (and then gave up)
     # 2. Nothing was overwritten: the four records come out in order, then nothing.
-    assert [consumer.try_get()["request_id"] for _ in range(4)] == [0, 1, 2, 3]
+    assert [consumer.try_get()["command_id"] for _ in range(4)] == [0, 1, 2, 3]
     assert consumer.try_get() is None
 
 
@@ -220,14 +217,14 @@ def test_ring_get_on_empty_ring_raises_ring_empty_after_deadline(with_semaphore)
 
 def test_ring_blocked_put_completes_when_consumer_makes_room():
     producer, consumer = new_ring(2)
-    producer.put(record_for(0), 1.0)
-    producer.put(record_for(1), 1.0)
+    producer.put_fields(fields_of(record_for(0)), 1.0)
+    producer.put_fields(fields_of(record_for(1)), 1.0)
     # 1. A consumer thread takes one record after 50 ms.
     taker = threading.Timer(0.05, consumer.try_get)
     taker.start()
     # 2. The producer, blocked on the full ring, gets through (a put that found no room
     #    by its deadline would raise RingFullError).
-    producer.put(record_for(2), WAIT_S)
+    producer.put_fields(fields_of(record_for(2)), WAIT_S)
     taker.join()
 
 
@@ -252,7 +249,7 @@ def test_doorbell_wakes_a_sleeping_consumer_promptly():
         slots = new_slots(4)
         producer, consumer = RingProducer(slots, Doorbell(sem, flag)), RingConsumer(slots, Doorbell(sem, flag))
         # 1. The consumer waits up to an hour; the producer publishes after 200 ms.
-        timer = threading.Timer(0.2, lambda: producer.put(record_for(1), 1.0))
+        timer = threading.Timer(0.2, lambda: producer.put_fields(fields_of(record_for(1)), 1.0))
         timer.start()
         got = []
         waiter = threading.Thread(target=lambda: got.append(consumer.get(3600.0)), daemon=True)
@@ -260,7 +257,7 @@ def test_doorbell_wakes_a_sleeping_consumer_promptly():
         # 2. It wakes on the doorbell, not at its deadline (a lost wake-up would keep it
         #    asleep far past the generous wait here).
         waiter.join(WAIT_S)
-        assert not waiter.is_alive() and got[0]["request_id"] == 1
+        assert not waiter.is_alive() and got[0]["command_id"] == 1
         timer.join()
         # 3. And it lowered its sleeping flag once awake.
         assert flag[0] == 0
@@ -270,11 +267,11 @@ def test_doorbell_does_not_post_while_the_consumer_is_awake():
     with doorbell_semaphore() as (sem, flag):
         producer = RingProducer(new_slots(4), Doorbell(sem, flag))
         # 1. The consumer is not sleeping: publishing costs no semaphore post.
-        producer.put(record_for(0), 1.0)
+        producer.put_fields(fields_of(record_for(0)), 1.0)
         assert sem.value == 0
         # 2. With the flag raised, a publish posts once.
         flag[0] = 1
-        producer.put(record_for(1), 1.0)
+        producer.put_fields(fields_of(record_for(1)), 1.0)
         assert sem.value == 1
 
 
@@ -305,7 +302,7 @@ class ArenaPair:
         position = self.producer.position
         rec = list(record_for(tag))
         rec[9], rec[10] = offset, num_bytes  # payload_offset, payload_bytes
-        assert self.producer.try_put(tuple(rec))
+        assert self.producer.try_put_fields(fields_of(tuple(rec)))
         self.payloads.mark_sent(position)
         return offset
 
@@ -314,7 +311,7 @@ class ArenaPair:
         record = self.consumer.try_get()
         offset, num_bytes = record["payload_offset"], record["payload_bytes"]
         payload = self.arena[offset:offset + num_bytes]
-        return offset, num_bytes, bool((payload == pattern(record["request_id"], num_bytes)).all())
+        return offset, num_bytes, bool((payload == pattern(record["command_id"], num_bytes)).all())
 
 
 @st.composite
@@ -445,7 +442,7 @@ def produce(producer: RingProducer, payloads: PayloadArena, t: Traffic) -> int:
         rec = list(record_for(k, time.monotonic_ns()))
         rec[9], rec[10] = offset, num_bytes  # payload_offset, payload_bytes
         position = producer.position
-        producer.put(tuple(rec), ROLE_WAIT_S)
+        producer.put_fields(fields_of(tuple(rec)), ROLE_WAIT_S)
         payloads.mark_sent(position)
         if t.pause_every and k % t.pause_every == t.pause_every - 1:
             time.sleep(t.pause_s)
@@ -472,7 +469,7 @@ def consume(consumer: RingConsumer, arena: np.ndarray, t: Traffic) -> dict:
         is_payload_ok = (num_bytes == payload_bytes_of(k, t.max_payload) and
                          (arena[offset:offset + num_bytes] == pattern(k, num_bytes)).all())
         consumer.release()
-        if record["request_id"] != k or not is_consistent(record) or not is_payload_ok:
+        if record["command_id"] != k or not is_consistent(record) or not is_payload_ok:
             bad.append((k, tuple(record)))
         if t.pause_every and k % t.pause_every == t.pause_every - 1:
             time.sleep(t.pause_s)
@@ -603,7 +600,7 @@ def test_ring_with_weak_memory_order_fences_still_delivers_in_order(monkeypatch)
 
     def produce():
         for k in range(count):
-            producer.put(record_for(k), timeout_s=10.0)
+            producer.put_fields(fields_of(record_for(k)), timeout_s=10.0)
 
     thread = threading.Thread(target=produce)
     thread.start()
@@ -614,7 +611,7 @@ def test_ring_with_weak_memory_order_fences_still_delivers_in_order(monkeypatch)
             record = consumer.try_get()
             if record is not None:
                 assert is_consistent(record)
-                got.append(record["request_id"])
+                got.append(record["command_id"])
         else:
             values = consumer.get_values(time.monotonic() + 1.0)
             if values is not None:

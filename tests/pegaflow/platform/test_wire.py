@@ -219,3 +219,11 @@ def test_wire_every_named_result_fits_a_completion_and_decodes_by_name():
     lookup = Completion(2, Opcode.LOOKUP, Status.OK, 4, 4, 77, 0).result
     assert (lookup.num_hit_blocks, lookup.lease_id) == (4, 77)
     assert Completion(3, Opcode.RELEASE, Status.OK, 0, 0, 0, 0).result == ()
+
+
+def test_wire_records_name_their_command_id_as_such():
+    # The id a COMPLETION echoes is the client's count of its commands (v14 renamed the field
+    # from request_id, which a reader took for vLLM's request id).
+    assert "command_id" in wire.SUBMISSION.names and "command_id" in wire.COMPLETION.names
+    assert "request_id" not in wire.SUBMISSION.names + wire.COMPLETION.names
+    assert wire.WIRE_VERSION >= 14

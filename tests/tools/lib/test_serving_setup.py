@@ -90,7 +90,7 @@ def test_side_processes_pegaflow_groups_configurations_add_their_engine_flags(fa
         (engine,) = _FakeEngine.made
         assert engine.flags == ("--copy-backend=staged", "--hold-saves", "--load-layer-groups=4")
     # Every flag a configuration names is one the engine takes, with the value meant.
-    from engine.options import config_from_args
+    from engine.process.options import config_from_args
     config = config_from_args(serving_setup.ENGINE_FLAGS["pegaflow-hold-groups4"], environ={})
     assert config.hold_saves is True and config.load_layer_groups == 4
     for flags in serving_setup.ENGINE_FLAGS.values():
