@@ -62,15 +62,16 @@ _PING_ANSWERS = tuple(PingAnswer(n) for n in range(256))  # built once: a round 
 
 
 class Dispatcher:
-    def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter, lookup_wait_s: float = 0.0):
+    def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter, lookup_wait_s: float = 0.0,
+                 compute_once: bool = True):
         self.index = index
         self.backend = backend
         self.stats = stats
         # Whether the index may have changed since the gauges were last written: set by
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
-        self.transfers = Transfers(index, backend, stats, self.answer)
-        self.lookups = Lookups(self, lookup_wait_s)
+        self.lookups = Lookups(self, lookup_wait_s, compute_once)
+        self.transfers = Transfers(index, backend, stats, self.answer, self.lookups.claims)
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
@@ -78,8 +79,8 @@ class Dispatcher:
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
             Opcode.REGISTER_EVENTS: self._register_events, Opcode.LOOKUP: self.lookups.lookup,
-            Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save,
-            Opcode.LOAD: self.transfers.load, Opcode.DROP: self._drop,
+            Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save, Opcode.LOAD: self.transfers.load,
+            Opcode.DROP: self._drop, Opcode.RELEASE_CLAIM: self.lookups.claims.release,
         }
         assert set(self.handlers) == set(COMMANDS), "every command needs a handler"
         self._routes = {opcode: (handler, DECODERS[opcode]) for opcode, handler in self.handlers.items()}
@@ -256,6 +257,7 @@ class Dispatcher:
         self.gauges_stale = True
         assert client.num_inflight == 0, "release_client with copies in flight"
         self.index.release_slot(client.slot)
+        self.lookups.claims.release_slot(client.slot)  # compute once: its claims end
         self.voters.leave(client.namespace, client.slot)
         self.backend.unregister_client(client.slot)
         client.layers.clear()

@@ -3,6 +3,9 @@
     lookup          the index's prefix, now; or parked (``waiting_lookups.py``) while it
                     stops at a block being saved, answered when the saves land or at its
                     wait's end (the LOOKUP's ``wait_ms``, else the engine's --lookup-wait-ms)
+    (compute once)  a LOOKUP with a ``Prefill`` claims what it misses for its instance, and
+                    is parked while its prefix reaches blocks another instance claimed
+                    (``prefill_claims.py``), if that wait looks no longer than computing
     continue_on     then through the remote store, if the engine has one (``remote/lookups.py``
                     answers it through ``answer_remote`` once the store says)
 
@@ -19,6 +22,7 @@ from pegaflow.platform.protocol import Key, Lookup, LookupAnswer
 from pegaflow.platform.wire import Status
 
 from .config import MAX_LOOKUP_WAIT_S
+from .prefill_claims import PrefillClaims
 from .received import LATER, Received
 from .waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
 
@@ -26,13 +30,14 @@ logger = logging.getLogger(__name__)
 
 
 class Lookups:
-    def __init__(self, dispatcher, lookup_wait_s: float):
+    def __init__(self, dispatcher, lookup_wait_s: float, compute_once: bool = True):
         self.dispatcher = dispatcher  # its index, stats and the one answer path
         self.index, self.stats = dispatcher.index, dispatcher.stats
+        self.claims = PrefillClaims(self.index, self.stats, compute_once)  # (``prefill_claims.py``)
         # LOOKUPs waiting for saves in flight: by default for at most ``lookup_wait_s`` (0:
         # never), and ``clients`` says whose rings may hold a SAVE not read yet (the
         # server's attached clients)
-        self.waiting = WaitingLookups(self.index, self._answer_waiting)
+        self.waiting = WaitingLookups(self.index, self._answer_waiting, self.claims)
         self.lookup_wait_s = lookup_wait_s
         self.clients: Callable[[], tuple] = tuple
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
@@ -42,8 +47,12 @@ class Lookups:
         num_hits, lease_id = self.index.lookup(client.slot, keys, client.instance)
         wait_s = self.lookup_wait_s if lookup.wait_ms is None else min(lookup.wait_ms / 1e3, MAX_LOOKUP_WAIT_S)
         is_reading = lease_id and self.index.leases[lease_id].num_disk  # (the disk tier has the rest)
-        if wait_s > 0 and num_hits < len(keys) and not is_reading and self.waiting.try_park(
-                received, keys, num_hits, wait_s, self.clients()):
+        # compute once: the wait for another instance's claim, then this one's claim
+        claim_until = None if is_reading else self.claims.wait_until(client, keys, num_hits, lookup.prefill)
+        self.claims.claim(client, keys, num_hits, lookup.prefill)
+        claim_wait = None if claim_until is None else (claim_until, lookup.prefill)
+        if (wait_s > 0 or claim_wait) and num_hits < len(keys) and not is_reading and self.waiting.try_park(
+                received, keys, num_hits, wait_s, self.clients(), claim_wait):
             if lease_id:  # answered once the saves land (or at the deadline), with a fresh lookup
                 self.index.release(lease_id)
             return LATER
@@ -72,6 +81,9 @@ class Lookups:
         if client.is_attached:
             try:
                 num_hits, lease_id = self.index.lookup(client.slot, waiting.keys, client.instance)
+                if waiting.prefill is not None:  # compute once: what its wait for a claim gained
+                    self.claims.count_wait(max(0, num_hits - waiting.num_ready), waiting.prefill,
+                                           time.monotonic() - waiting.parked_at)
                 answer = self.continue_on(received, waiting.keys, num_hits, lease_id)
             except Exception:  # boundary, as in the server's loop: answered, the engine goes on
                 logger.exception("slot %d: internal error answering a waiting LOOKUP", client.slot)

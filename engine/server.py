@@ -69,7 +69,8 @@ class EngineServer:
         self.stats = StatsWriter(self.segments.stats.array(STATS, 1), self.segments.stats.array(
             CLIENT_STATS, config.num_slots, STATS.itemsize))
         self.stats.set("pool_bytes_capacity", self.index.pool.bytes_total)
-        self.dispatcher = Dispatcher(self.index, self.backend, self.stats, config.lookup_wait_s)
+        self.dispatcher = Dispatcher(self.index, self.backend, self.stats, config.lookup_wait_s,
+                                     config.compute_once)
         self._pin_seen = PinProgress()  # the pinner's progress the pool has grown by
         self._is_pinning = True
         self._take_pinned()
@@ -239,6 +240,7 @@ class EngineServer:
         self.index.expire_leases(now)
         self.slow.report(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
+        self.dispatcher.lookups.claims.sweep(now)  # compute once: claims saved or past their deadline end
         self.table.check_alive()
         self.stats.set("heartbeat_ns", time.time_ns())
 

@@ -19,6 +19,10 @@ have been read yet when the LOOKUP is: a LOOKUP that stops at a block the index 
 know, while other clients have commands unread, first waits until the engine has read
 those (``catch_up``: each such ring's published end, noted at arrival), then looks again.
 
+A LOOKUP that reaches blocks another vLLM instance claimed (compute once,
+``prefill_claims.py``) is parked here too, with the deadline the claim gives it, and waits
+while its prefix stops at a block still being written or still claimed.
+
 A parked LOOKUP counts in its client's ``num_inflight`` (its slot stays until answered).
 """
 
@@ -44,6 +48,7 @@ class WaitingLookup:
     catch_up: list[tuple[object, int]] = field(default_factory=list)  # (client, ring position to reach)
     is_waiting_saves: bool = False  # it stopped at a block being written (counted once)
     num_usable: int = 0  # how far its prefix was usable at the last look (walks resume there)
+    prefill: object = None  # compute once: the asker's ``Prefill`` while it waits for a claim
 
     def __post_init__(self) -> None:
         self.num_usable = max(self.num_usable, self.num_ready)
@@ -77,25 +82,32 @@ def unread_marks(clients, asker) -> list[tuple[object, int]]:
 
 
 class WaitingLookups:
-    def __init__(self, index, answer: Callable[[WaitingLookup], None]) -> None:
+    def __init__(self, index, answer: Callable[[WaitingLookup], None], claims=None) -> None:
         self.index = index
         self.answer = answer  # the dispatcher's: walks the index again and answers
+        self.claims = claims  # compute once's (``prefill_claims.py``), if any
         self.items: list[WaitingLookup] = []
 
-    def try_park(self, received, keys: list[Key], num_ready: int, wait_s: float, clients) -> bool:
+    def try_park(self, received, keys: list[Key], num_ready: int, wait_s: float, clients,
+                 claim_wait: tuple[float, object] | None = None) -> bool:
         """Park this LOOKUP, whose READY prefix is ``num_ready`` blocks (the index's lookup
         walked it), if it stops at a block being saved, or at one the index does not know
-        while other ``clients`` have commands unread (True); else it is answered now."""
+        while other ``clients`` have commands unread, or ``claim_wait`` (a deadline and the
+        asker's ``Prefill``: it waits for another instance's claim) (True); else it is
+        answered now."""
         client, now = received.client, time.monotonic()
         _, why = writing_stop(self.index, keys[num_ready:num_ready + 1], now)  # the block it stops at
         marks = unread_marks(clients, client) if why == "absent" else []
-        if why != "writing" and not marks:
+        if why != "writing" and not marks and claim_wait is None:
             return False
-        self.park(WaitingLookup(client, received, keys, now + wait_s, now, num_ready,
-                                marks, why == "writing"))
+        deadline, prefill = (now + wait_s, None) if claim_wait is None else claim_wait
+        self.park(WaitingLookup(client, received, keys, max(deadline, now + wait_s), now, num_ready,
+                                marks, why == "writing", prefill=prefill))
         return True
 
     def next_deadline(self) -> float:
+        if self.items and self.claims is not None and self.claims.has_ended:  # they look again now
+            return 0.0
         return min((w.deadline for w in self.items), default=float("inf"))
 
     def park(self, waiting: WaitingLookup) -> None:
@@ -104,6 +116,8 @@ class WaitingLookups:
 
     def resume(self, now: float) -> int:
         """Answer each LOOKUP whose wait is over; returns how many were answered."""
+        if self.claims is not None:
+            self.claims.note_seen()
         if not self.items:
             return 0
         done, still = [], []
@@ -137,4 +151,6 @@ class WaitingLookups:
         if why == "writing":
             waiting.is_waiting_saves = True
             return False
+        if waiting.prefill is not None and why == "absent":  # a block another instance claimed?
+            return not self.claims.holds(waiting.keys[waiting.num_usable], waiting.client.instance)
         return True

@@ -92,7 +92,7 @@ class _Engine:
         self.stored, self.asked, self.released = stored, [], []
         self._answers: dict[int, _Answer] = {}
 
-    def submit_lookup(self, namespace: int, records, wait_ms=None) -> int:
+    def submit_lookup(self, namespace: int, records, wait_ms=None, prefill=None) -> int:
         keys = _keys(records)
         self.asked.append(keys)
         run = next((i for i, k in enumerate(keys) if k not in self.stored), len(keys))
@@ -108,6 +108,9 @@ class _Engine:
 
     def release_nowait(self, lease_id: int) -> None:
         self.released.append(lease_id)
+
+    def release_claim_nowait(self, hashes) -> None:
+        pass
 
 
 def _lookup(stored: set[bytes], prompt_blocks: int):
