@@ -237,7 +237,7 @@ _SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "
             "remote-metadata": "http://10.0.0.1:8080/metadata", "remote-protocol": "rdma",
             "remote-device": "mlx5_0", "remote-host": "10.0.0.2", "remote-segment-size": "2GiB",
             "remote-publish": "reused", "remote-timeout-ms": "20", "lookup-wait-ms": "15",
-            "remote-start-timeout": "3"}
+            "remote-start-timeout": "3", "compute-once": "off"}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
@@ -247,7 +247,8 @@ def test_options_each_env_var_and_flag_set_their_field(clean_env, option):
     default = getattr(EngineConfig(), option.field)
     # 2. Its env var alone changes its field, and so does its flag alone, to the same value.
     from_env = getattr(config_from_args([], environ={option.env: sample}), option.field)
-    argv = [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", sample]
+    switch = f"--no-{option.flag}" if default is True else f"--{option.flag}"  # (a switch on by default)
+    argv = [switch] if option.is_switch else [f"--{option.flag}", sample]
     from_flag = getattr(config_from_args(argv, environ={}), option.field)
     assert from_env == from_flag != default
 
