@@ -404,3 +404,34 @@ def test_scheduler_lookup_answered_late_by_a_busy_engine_is_served_by_default():
     scheduler.link.use(client)
     assert _ask_each_step(scheduler, request)[0] == 0
     assert scheduler.stats.data["lookup_timeouts"] == 1 and client.abandoned == [1]
+
+
+class RecordingLateClient(LateClient):
+    """LateClient that notes how long each wait for an answer was allowed to take."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts, self.prefills = [], []
+
+    def submit_lookup(self, namespace, records, wait_ms=None, prefill=None):
+        self.prefills.append(prefill)
+        return super().submit_lookup(namespace, records, wait_ms, prefill)
+
+    def wait(self, request_id, timeout_s):
+        self.timeouts.append(timeout_s)
+        return super().wait(request_id, timeout_s)
+
+
+def test_scheduler_claiming_lookup_waits_on_its_first_ask_only():
+    # Under compute once a lookup may stay out for another vLLM's whole prefill while vLLM
+    # asks again every step, for every request waiting so: only the first ask waits for the
+    # answer (FIRST_WAIT_S), the later ones look whether it came, so no step is held up.
+    scheduler = SchedulerSide(ConnectorConfig(prefill_tokens_per_s=2000), namespaces=[1], block_size=16)
+    client = RecordingLateClient()
+    scheduler.link.use(client)
+    request = SimpleNamespace(request_id="r", num_tokens=64, block_hashes=[b"h" * 32] * 4)
+    assert _ask_each_step(scheduler, request)[0] == 48
+    assert client.timeouts[0] > 0 and client.timeouts[1:-1] and max(client.timeouts[1:]) == 0
+    # The LOOKUP told the engine this vLLM's block size, rate and the most it waits.
+    (prefill,) = client.prefills
+    assert (prefill.block_tokens, prefill.tokens_per_s, prefill.wait_ms) == (16, 2000, 5000)
