@@ -7,8 +7,10 @@ them again (docs/replicas.md, "Compute once").
                 instance, with a deadline from the prefill it expects (its blocks, its rate)
     wait_until  another instance's LOOKUP whose prefix, past its READY and WRITING blocks,
                 reaches a claimed block: parked (``waiting_lookups.py``) until the deadline
-                this gives, if the claim should reach the blocks it wants no later than the
-                asker would compute them itself; else answered now (a decline, counted)
+                this gives, if the claimer's blocks still to come up to the last one the
+                asker wants, at the claimer's rate, take no longer than the asker's own
+                blocks from its READY prefix on at its rate; else answered now (a decline,
+                counted)
     holds       whether a parked LOOKUP's stop is still claimed: it waits on while it is
     ends        a claim ends when
                   - its blocks are READY in its namespace (``sweep``),
@@ -52,14 +54,15 @@ class Claim:
     slot: int            # the client that made it (the instance's scheduler)
     namespace: int       # where its blocks are saved (its LOOKUP's)
     hashes: list[bytes]  # its blocks, in prefix order
+    ordinals: list[int]  # each one's place among the blocks its vLLM computes (1: the first)
     made_at: float       # monotonic
     s_per_block: float   # the claimer's expected prefill time of one block
     deadline: float      # monotonic
     is_over: bool = False
 
-    def expected_at(self, ordinal: int) -> float:
-        """When the ``ordinal``-th block it computes (1: its first) should be saved."""
-        return self.made_at + ordinal * self.s_per_block
+    def num_left(self, entries, last: int) -> int:
+        """Its blocks up to ordinal ``last`` that no entry holds yet (neither saved nor on its way)."""
+        return sum(o <= last and (self.namespace, h) not in entries for h, o in zip(self.hashes, self.ordinals))
 
 
 class PrefillClaims:
@@ -82,8 +85,8 @@ class PrefillClaims:
         if not free:
             return
         expected_s = (len(keys) - num_hits) * s_per_block
-        claim = Claim(client.instance, client.slot, keys[0][0], [h for _, h in free], now, s_per_block,
-                      now + min(SLACK * expected_s + MARGIN_S, MAX_CLAIM_S))
+        claim = Claim(client.instance, client.slot, keys[0][0], [h for _, h in free], [o for o, _ in free],
+                      now, s_per_block, now + min(SLACK * expected_s + MARGIN_S, MAX_CLAIM_S))
         self.claims.append(claim)
         for ordinal, hash_key in free:
             self.by_hash[hash_key] = (claim, ordinal)
@@ -106,8 +109,9 @@ class PrefillClaims:
             if found is None or found[0] is not claim:
                 break
             num_claimed, last = num_claimed + 1, found[1]
-        own_s = num_claimed * prefill.block_tokens / prefill.tokens_per_s if prefill.tokens_per_s else float("inf")
-        if claim.expected_at(last) - now > own_s:  # computing looks sooner: no wait
+        num_own = position - start + num_claimed  # what the asker computes if it does not wait
+        own_s = num_own * prefill.block_tokens / prefill.tokens_per_s if prefill.tokens_per_s else float("inf")
+        if claim.num_left(self.index.entries, last) * claim.s_per_block > own_s * (1 + 1e-9):  # (a tie waits)
             self.stats.add("claim_declines")
             return None
         return min(claim.deadline, now + prefill.wait_ms / 1e3)
