@@ -14,8 +14,8 @@ them again (docs/replicas.md, "Compute once").
     holds       whether a parked LOOKUP's stop is still claimed: it waits on while it is
     ends        a claim ends when
                   - its blocks are READY in its namespace (``sweep``),
-                  - its instance sends RELEASE_CLAIM (the request finished, was aborted or
-                    preempted: ``release``),
+                  - its instance sends RELEASE_CLAIM for the blocks its request will not
+                    compute (aborted, preempted, finished short: ``release``; the rest stand),
                   - its client goes (``release_slot``: a dead one reclaimed),
                   - a SAVE of its blocks fails or finds no room (``save_failed``),
                   - its deadline passes;
@@ -133,13 +133,22 @@ class PrefillClaims:
         self.stats.add("claim_wait_ns", int(waited_s * 1e9))
 
     def release(self, received, release: ReleaseClaim) -> Done:
-        """RELEASE_CLAIM (the dispatcher's handler): the asker's instance's claims naming
-        any of its blocks end."""
-        instance = received.client.instance
+        """RELEASE_CLAIM (the dispatcher's handler): blocks the asker's instance will not
+        compute after all (its request aborted, preempted, or finished short of them) are
+        claimed no more; the rest of their claims stand (their saves may be on their way)."""
+        instance, entries, touched = received.client.instance, self.index.entries, {}
         for hash_key in release.hash_keys():
             found = self.by_hash.get(hash_key)
             if found is not None and found[0].instance == instance:
-                self._end(found[0])
+                del self.by_hash[hash_key]
+                claim = touched.setdefault(id(found[0]), (found[0], []))[0]
+                touched[id(claim)][1].append((claim.namespace, hash_key) not in entries)
+        for claim, unsaved in touched.values():
+            self.has_ended = True
+            self.stats.add("claims_dropped", int(any(unsaved)))
+            kept = [(h, o) for h, o in zip(claim.hashes, claim.ordinals) if self.by_hash.get(h, (None,))[0] is claim]
+            claim.hashes, claim.ordinals = [h for h, _ in kept], [o for _, o in kept]
+            claim.is_over = not kept
         return _DONE
 
     def release_slot(self, slot: int) -> None:

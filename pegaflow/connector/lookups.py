@@ -81,7 +81,7 @@ class Lookups:
         state.lookup = PendingLookup(client, ids, len(hashes), time.monotonic(),
                                      hashes=tuple(hashes) if self.has_states else (), is_claiming=prefill is not None)
         if prefill is not None:  # what the engine may have claimed for this request
-            state.claimed_hashes += tuple(hashes)
+            state.claimed.update(zip(range(first, first + len(hashes)), hashes))
 
     def finish(self, state) -> bool:
         """Collect the answers if they are in (True), or give up after the deadline (True)."""
@@ -161,20 +161,23 @@ class Lookups:
         except PegaflowError as exc:
             self.link.fail(exc)
 
-    def release_request(self, state) -> None:
+    def release_request(self, state, num_computed_blocks: int) -> None:
         """A request finished (or was aborted): its leases and its claims given back."""
         self.release_leases(state)
-        self.release_claims(state)
+        self.release_claims(state, num_computed_blocks)
 
-    def release_claims(self, state) -> None:
-        """Compute once: end the engine's claims for this request (it finished, was aborted
-        or preempted: blocks it has not computed will not come from it)."""
-        hashes, state.claimed_hashes = state.claimed_hashes, ()
+    def release_claims(self, state, num_computed_blocks: int) -> None:
+        """Compute once: the blocks the engine may hold claimed for this request past its
+        first ``num_computed_blocks`` (it finished, was aborted or preempted: those will not
+        come from it) are claimed no more.  The computed ones' saves are planned: their claims
+        end as they land, or fail."""
+        claimed, state.claimed = state.claimed, {}
+        hashes = [h for i, h in claimed.items() if i >= num_computed_blocks]
         client = self.link.client() if hashes else None
         if client is None:
             return  # the engine ends a gone client's claims itself
         try:
-            client.release_claim_nowait(list(dict.fromkeys(hashes)))
+            client.release_claim_nowait(hashes)
         except PegaflowError as exc:
             self.link.fail(exc)
 

@@ -168,6 +168,24 @@ def test_prefill_claims_released_on_abort_lets_the_waiter_compute(burst):
     assert h.stat("claims_dropped") == 1 and h.stat("claim_wait_blocks") == 0
 
 
+def test_prefill_claims_release_of_the_blocks_not_computed_keeps_the_rest_claimed(burst):
+    h = burst.h
+    # 1. The claimer's request was aborted after its first chunk: it releases the blocks it
+    #    will not compute; the first two (their SAVE may still be unread) stay claimed.
+    h.send(burst.claimer, ReleaseClaim(encode_hashes(burst.hashes[2:])))
+    h.resume()
+    assert _answer(burst.waiter, burst.waited) is None
+    assert h.stat("claims_dropped") == 1
+    # 2. The first chunk's saves land: the waiter gets those two blocks and computes the rest.
+    h.save(burst.claimer, burst.hashes[:2])
+    h.finish_saves()
+    h.resume()
+    assert _answer(burst.waiter, burst.waited)["value"] == 2
+    # 3. Saved and released, the claim is gone at the next housekeeping, not timed out.
+    h.dispatcher.lookups.claims.sweep(time.monotonic())
+    assert not h.dispatcher.lookups.claims.claims and h.stat("claim_timeouts") == 0
+
+
 def test_prefill_claims_waiter_of_a_failed_save_is_answered_with_what_is_ready(burst):
     h = burst.h
     # 1. The claimer saves the first two blocks (they land), then the last two, whose copy fails.

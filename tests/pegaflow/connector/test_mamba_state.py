@@ -118,7 +118,7 @@ def _lookup(stored: set[bytes], prompt_blocks: int):
     link = SimpleNamespace(client=lambda: engine, fail=lambda exc: None)
     lookups = Lookups(ConnectorConfig.from_sources({}), [7], 288, link, PegaKVConnectorStats(), has_states=True)
     state = SimpleNamespace(request=SimpleNamespace(request_id="r"), lookup=None, num_hit_tokens=0, lease_ids=(),
-                            is_from_disk=False, claimed_hashes=())
+                            is_from_disk=False, claimed={})
     request = SimpleNamespace(num_tokens=prompt_blocks * 288 + 5, block_hashes=H[:prompt_blocks])
     lookups.start(state, request, 0)
     assert lookups.finish(state)
@@ -146,7 +146,7 @@ def test_mamba_state_lookup_of_a_model_without_states_asks_no_state_key():
     link = SimpleNamespace(client=lambda: engine, fail=lambda exc: None)
     lookups = Lookups(ConnectorConfig.from_sources({}), [7], 288, link, PegaKVConnectorStats())
     state = SimpleNamespace(request=SimpleNamespace(request_id="r"), lookup=None, num_hit_tokens=0, lease_ids=(),
-                            is_from_disk=False, claimed_hashes=())
+                            is_from_disk=False, claimed={})
     lookups.start(state, SimpleNamespace(num_tokens=4 * 288 + 5, block_hashes=H[:4]), 0)
     assert lookups.finish(state) and state.num_hit_tokens == 3 * 288 and len(engine.asked) == 1
 
