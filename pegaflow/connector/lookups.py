@@ -161,10 +161,11 @@ class Lookups:
         except PegaflowError as exc:
             self.link.fail(exc)
 
-    def release_request(self, state, num_computed_blocks: int) -> None:
+    def release_request(self, state, request) -> None:
         """A request finished (or was aborted): its leases and its claims given back."""
         self.release_leases(state)
-        self.release_claims(state, num_computed_blocks)
+        if state.claimed:
+            self.release_claims(state, max(state.num_saved_blocks, request.num_computed_tokens // self.block_size))
 
     def release_claims(self, state, num_computed_blocks: int) -> None:
         """Compute once: the blocks the engine may hold claimed for this request past its

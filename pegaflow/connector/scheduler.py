@@ -225,7 +225,7 @@ class SchedulerSide:
         state = self.requests.get(request.request_id)
         if state is None:
             return False, None
-        self.lookups.release_request(state, max(state.num_saved_blocks, request.num_computed_tokens // self.block_size))
+        self.lookups.release_request(state, request)  # its leases, and its claims (compute once)
         if (client := self.link.client()) is not None:
             self.lookups.release_orphans(client)
         has_finish_save = not state.is_async_loading and self._plan_finish_save(state, request, block_ids)
