@@ -184,11 +184,12 @@ def test_fleet_instance_alive_across_a_restart_is_served_after_it(name):
 
 def test_fleet_same_prefix_saved_at_once_is_stored_once_and_served_to_both(name):
     # 1. A and B compute the same prompt at once: B's whole first step (lookup: a miss,
-    #    forward, save) runs after A's lookup missed and before A's forward saves.
+    #    forward, save) runs after A's lookup missed and before A's forward saves.  (Compute
+    #    once off: with it, B's lookup would wait for A's claim instead of computing.)
     (prompt,) = _prompts(8, 1)
     num_blocks = len(prompt) // BLOCK
     with _engine(name) as engine:
-        a, b = _instances(name, 2)
+        a, b = _instances(name, 2, extra={"compute_once": False})
         try:
             a.add(make_request("a", prompt))
             b.add(make_request("b", prompt))
@@ -300,8 +301,8 @@ def test_fleet_burst_of_one_new_document_is_prefilled_once(name, compute_once):
                 vllm.close()
         stats = read_stats(name)
     unique = len(document) + 2 * (BLOCK + 4)
-    if not compute_once:  # 2. Off: the second instance computes most of the document again.
-        assert sum(computed) > unique + 4 * BLOCK and stats["claims"] == 0
+    if not compute_once:  # 2. Off: the second instance computes part of the document again
+        assert sum(computed) > unique and stats["claims"] == 0  # (how much: how the steps fell)
         return
     # 2. On: the first instance's miss claimed the document; the second waited for its saves
     #    and loaded them, computing only its question: the document was prefilled once.
