@@ -44,7 +44,7 @@ class ConnectorConfig:
     # that reaches another vLLM's claim waits for them, at most compute_once_wait_ms, and only
     # where that looks no longer than computing them at prefill_tokens_per_s
     compute_once: bool = True
-    compute_once_wait_ms: float = 5000.0
+    compute_once_wait_ms: float = 3000.0
     prefill_tokens_per_s: float = 10000.0
     kv_role: str = "kv_both"  # vLLM's, not an extra-config key
 

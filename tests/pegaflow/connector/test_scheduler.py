@@ -434,4 +434,4 @@ def test_scheduler_claiming_lookup_waits_on_its_first_ask_only():
     assert client.timeouts[0] > 0 and client.timeouts[1:-1] and max(client.timeouts[1:]) == 0
     # The LOOKUP told the engine this vLLM's block size, rate and the most it waits.
     (prefill,) = client.prefills
-    assert (prefill.block_tokens, prefill.tokens_per_s, prefill.wait_ms) == (16, 2000, 5000)
+    assert (prefill.block_tokens, prefill.tokens_per_s, prefill.wait_ms) == (16, 2000, 3000)
