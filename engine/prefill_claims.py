@@ -96,7 +96,7 @@ class PrefillClaims:
     def wait_until(self, client, keys: list[Key], start: int, prefill: Prefill | None) -> float | None:
         """How long (a monotonic deadline) a LOOKUP of ``client`` whose READY prefix is
         ``start`` blocks waits for another instance's claim; None: it does not."""
-        if not self.is_on or prefill is None:
+        if not self.is_on or prefill is None or not prefill.wait_ms:
             return None
         now = time.monotonic()
         position = self._claimed_stop(keys, start, client.instance, now)

@@ -240,8 +240,10 @@ def test_prefill_claims_never_wait_for_own_instance_or_without_prefill():
     h.lookup(claimer, hashes)
     # Another client of the claimer's own instance (a second request of it) is answered at once,
     assert _answer(twin, h.lookup(twin, hashes))["value"] == 0
-    # and so is a LOOKUP that takes no part in compute once (its vLLM turned it off).
+    # and so is a LOOKUP that takes no part in compute once (its vLLM turned it off), or one
+    # that claims but never waits (compute_once_wait_ms 0).
     assert _answer(other, h.lookup(other, hashes, prefill=None))["value"] == 0
+    assert _answer(other, h.lookup(other, hashes, prefill=Prefill(BLOCK_TOKENS, 16, 0)))["value"] == 0
     assert h.stat("claims") == 1 and h.stat("claim_waits") == h.stat("claim_declines") == 0
 
 
