@@ -22,6 +22,11 @@ them again (docs/replicas.md, "Compute once").
                 the parked LOOKUPs then look again (``has_ended``): what is READY is
                 theirs, the rest their vLLM computes.
 
+The prefill rate behind a claim's deadline and the wait-or-compute choice is the one the
+LOOKUP states (the connector's ``prefill_tokens_per_s``) until the engine has measured the
+instance's own: each claim whose blocks all came, from the claim to its last block's SAVE,
+queueing in vLLM included (smoothed over claims).
+
 A claim never makes a block READY, it only delays an answer: a waiter loads what any LOOKUP
 would find, so a claim costs time (at most its deadline, and the asker's ``wait_ms``), never
 a wrong token.  With chunked prefill the claimer saves its prefix a chunk at a time; a waiter
@@ -45,6 +50,7 @@ from .entries import Key
 SLACK = 2.0  # a claim's deadline: the prefill it expects this many times over,
 MARGIN_S = 0.5  # plus this (vLLM may queue the request a while before its prefill starts),
 MAX_CLAIM_S = 10.0  # and never further off than this
+RATE_WEIGHT = 0.3  # a new measurement's weight in an instance's smoothed prefill time per block
 _DONE = Done()
 
 
@@ -72,6 +78,7 @@ class PrefillClaims:
         self.by_hash: dict[bytes, tuple[Claim, int]] = {}  # block hash -> (claim, its ordinal)
         self.claims: list[Claim] = []
         self.has_ended = False  # a claim ended since the parked LOOKUPs last looked
+        self.measured: dict[int, float] = {}  # instance -> its prefill seconds a block, as its claims went
 
     def claim(self, client, keys: list[Key], num_hits: int, prefill: Prefill | None) -> None:
         """Claim for ``client``'s instance the blocks of ``keys`` past ``num_hits`` that no
@@ -79,7 +86,7 @@ class PrefillClaims:
         if not self.is_on or prefill is None or not prefill.tokens_per_s:
             return
         now, entries = time.monotonic(), self.index.entries
-        s_per_block = prefill.block_tokens / prefill.tokens_per_s
+        s_per_block = self.s_per_block(client.instance, prefill)
         free = [(i - num_hits + 1, key[1]) for i, key in enumerate(keys[num_hits:], num_hits)
                 if key not in entries and self._live(key[1], now) is None]
         if not free:
@@ -110,11 +117,16 @@ class PrefillClaims:
                 break
             num_claimed, last = num_claimed + 1, found[1]
         num_own = position - start + num_claimed  # what the asker computes if it does not wait
-        own_s = num_own * prefill.block_tokens / prefill.tokens_per_s if prefill.tokens_per_s else float("inf")
+        own_s = num_own * self.s_per_block(client.instance, prefill)
         if claim.num_left(self.index.entries, last) * claim.s_per_block > own_s * (1 + 1e-9):  # (a tie waits)
             self.stats.add("claim_declines")
             return None
         return min(claim.deadline, now + prefill.wait_ms / 1e3)
+
+    def s_per_block(self, instance: int, prefill: Prefill) -> float:
+        """An instance's prefill seconds a block: measured, else as its LOOKUP states."""
+        stated = prefill.block_tokens / prefill.tokens_per_s if prefill.tokens_per_s else float("inf")
+        return self.measured.get(instance, stated)
 
     def holds(self, key: Key, instance: int) -> bool:
         """Whether another instance than ``instance`` holds a live claim on ``key``'s block."""
@@ -169,11 +181,22 @@ class PrefillClaims:
             if claim.is_over:
                 continue
             if self._num_unsaved(claim) == 0:
+                self._measure(claim)
                 self._end(claim)
             elif now >= claim.deadline:
                 self.stats.add("claim_timeouts")
                 self._end(claim, is_counted=False)
         self.claims = [c for c in self.claims if not c.is_over]
+
+    def _measure(self, claim: Claim) -> None:
+        """A claim whose blocks all came: its instance's prefill time a block, from the
+        claim to its last block's SAVE."""
+        entries = self.index.entries
+        spent_s = max(entries[(claim.namespace, h)].started_at for h in claim.hashes) - claim.made_at
+        if spent_s <= 0 or not claim.ordinals:
+            return
+        sample, old = spent_s / max(claim.ordinals), self.measured.get(claim.instance)
+        self.measured[claim.instance] = sample if old is None else old + RATE_WEIGHT * (sample - old)
 
     def _end(self, claim: Claim, is_counted: bool = True) -> None:
         claim.is_over, self.has_ended = True, True

@@ -233,6 +233,27 @@ def test_prefill_claims_wait_longer_than_computing_is_declined():
     assert h.stat("claim_declines") == 1 and h.stat("claim_waits") == 0
 
 
+def test_prefill_claims_measure_the_claimers_rate_from_its_saves(burst):
+    h, claims = burst.h, burst.h.dispatcher.lookups.claims
+    # 1. The claimer states one block a second, but its 4 blocks' SAVEs came 0.4 s after its claim.
+    (claim,) = claims.claims
+    h.save(burst.claimer, burst.hashes)
+    h.finish_saves()
+    for key in protocol.keys_of(NAMESPACE, encode_hashes(burst.hashes)):
+        h.dispatcher.index.entries[key].started_at = claim.made_at + 0.4
+    claims.sweep(time.monotonic())
+    assert claims.measured[1] == pytest.approx(0.1)
+    # 2. Its next claim's deadline follows the measured rate (twice 0.4 s, plus the margin),
+    h.lookup(burst.claimer, _hashes(4, b"e"))
+    (claim,) = claims.claims
+    assert claim.deadline - claim.made_at == pytest.approx(2 * 0.4 + prefill_claims.MARGIN_S)
+    # 3. and an asker that states 0.2 s a block, which would decline a 1 s-a-block claim, waits.
+    asker = h.client(2, instance=3)
+    quick = Prefill(BLOCK_TOKENS, 80, 60_000)
+    waited = h.lookup(asker, _hashes(4, b"e"), quick)
+    assert _answer(asker, waited) is None and h.stat("claim_declines") == 0
+
+
 def test_prefill_claims_never_wait_for_own_instance_or_without_prefill():
     h = Harness()
     claimer, twin, other = h.client(0, instance=1), h.client(1, instance=1), h.client(2, instance=2)
