@@ -14,12 +14,15 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
+from pegaflow.platform.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, say  # noqa: E402
 from pegaflow.platform.errors import PegaflowError, ShmError, StartInterruptedError  # noqa: E402
 
 from .options import build_parser, config_from_args, warn_unknown_env  # noqa: E402
 from .server import EngineServer  # noqa: E402
 
 logger = logging.getLogger("engine")
+
+PROG = "pegaflow-engine"  # every line it prints of a problem starts with it
 
 _PR_SET_TIMERSLACK = 29
 TIMER_SLACK_NS = 1000
@@ -31,10 +34,10 @@ def clean_command(name: str) -> int:
     try:  # (a bad name: clean's ConfigError, exit 2 in main, as for any bad flag)
         cleaned = clean(name)
     except ShmError as exc:
-        print(f"pegaflow engine: {exc}", file=sys.stderr)
-        return 1
-    print(f"pegaflow engine: {describe(name, cleaned)}")
-    return 1 if cleaned.not_removed else 0
+        say(PROG, str(exc))
+        return EXIT_FAILED
+    print(f"{PROG}: {describe(name, cleaned)}")
+    return EXIT_FAILED if cleaned.not_removed else EXIT_OK
 
 
 def tighten_timer_slack() -> None:
@@ -54,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             return clean_command(clean_name)
         config = config_from_args(argv)
     except PegaflowError as exc:
-        print(f"pegaflow engine: {exc}", file=sys.stderr)
-        return 2
+        say(PROG, str(exc))
+        return EXIT_USAGE
     logging.basicConfig(level=config.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warn_unknown_env()
@@ -63,16 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         server = EngineServer(config)
     except StartInterruptedError as exc:
         logger.info("stopped before serving: %s", exc)
-        return 0
+        return EXIT_OK
     except PegaflowError as exc:
-        logger.error("cannot start: %s", exc)
-        return 1
+        say(PROG, f"cannot start: {exc}")
+        return EXIT_FAILED
     tighten_timer_slack()
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     server.serve_forever()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -3,9 +3,15 @@
 An engine killed with SIGKILL (or by the OOM killer) cannot unlink its segments: its pool,
 control, stats and ring segments, its semaphores and its lock files stay in /dev/shm, the
 pool's memory in use, until an engine of that name starts again (which removes them) or
-this command does.  It refuses while an engine of that name runs (it holds the name's
-lock, or the control segment names a live process): a running engine removes its own at
-its stop.  A pool kept with ``--keep-pool`` goes too: cleaning gives the memory back.
+this command does.  So do the KV caches its CPU workers moved into shared memory, of those
+killed too (``pegaflow/platform/in_place_segments.py``); a running worker's stay its own.
+
+Whether an engine of that name runs is the name's lock's to say (``name_lock``), never a pid:
+while it is held by an engine this refuses (a running engine removes its own at its stop);
+while it is free, anything under the name is a dead engine's.  This holds the lock while it
+removes them, marked as a --clean's: an engine started meanwhile waits, then starts.  A pool
+kept with ``--keep-pool`` goes too: cleaning gives the memory back.  What another user made
+under our name is named and left where it is, even by root.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pegaflow.platform import shm
-from pegaflow.platform.errors import EngineAlreadyRunningError, ForeignSegmentError
+from pegaflow.platform import in_place_segments, shm
+from pegaflow.platform.errors import ForeignSegmentError
+from pegaflow.platform.in_place_segments import InPlaceSegment
 from pegaflow.platform.locks import lock_path
 
 from .config import MAX_SLOTS
-from .name_lock import claim_name, name_lock_path
+from .name_lock import claim_name, release_name
 from .segments import _what_names, recorded_header
 
 # Every name an engine creates: its segments and its semaphores (with at most MAX_SLOTS clients).
@@ -33,58 +40,62 @@ class Cleaned:
     num_semaphores: int
     num_bytes: int           # the memory the removed segments held
     not_removed: tuple[str, ...]
+    num_in_place: int = 0    # KV caches of CPU workers that are gone, removed
+    in_place_bytes: int = 0
+    in_use: tuple[InPlaceSegment, ...] = ()  # KV caches of CPU workers still running: theirs, kept
 
     @property
     def is_empty(self) -> bool:
-        return not (self.num_segments or self.num_semaphores or self.not_removed)
+        """Nothing of the engine's own names was there to remove."""
+        return not (self.num_segments or self.num_semaphores)
 
 
 def clean(name: str) -> Cleaned:
     """Remove engine ``name``'s leftovers; EngineAlreadyRunningError while it runs."""
     shm.check_engine_name(name)
+    name_lock = claim_name(name, cleaning=True)
     try:
-        name_lock = claim_name(name)
-    except EngineAlreadyRunningError:
-        raise EngineAlreadyRunningError(_running_message(name, _lock_owner(name))) from None
-    try:
-        pid = _dead_engine_pid(name)
-        num_segments, num_bytes, refused = _unlink_all(name, SEGMENTS, shm.unlink_segment, _segment_bytes)
-        num_semaphores, _, refused_sems = _unlink_all(name, SEMAPHORES, shm.unlink_semaphore, lambda _: 0)
+        pid = _recorded_pid(name)
+        num_segments, num_bytes, refused = _unlink_all(name, SEGMENTS, is_semaphore=False)
+        num_semaphores, _, refused_sems = _unlink_all(name, SEMAPHORES, is_semaphore=True)
+        found = in_place_segments.find(name)
+        gone = [s for s in found if s.is_orphan and shm.unlink_segment(s.name)]
         _remove_file(lock_path(name, "claims"))
-        _remove_file(name_lock_path(name))  # while still locked, as a stopping engine does
     finally:
-        os.close(name_lock)
-    return Cleaned(pid, num_segments, num_semaphores, num_bytes, tuple(refused + refused_sems))
+        release_name(name, name_lock)  # its file unlinked while still locked, as a stopping engine does
+    foreign = tuple(refused + refused_sems + [s.name for s in found if not s.is_ours])
+    return Cleaned(pid, num_segments, num_semaphores, num_bytes, foreign, len(gone),
+                   sum(s.num_bytes for s in gone), tuple(s for s in found if s.is_ours and s.is_owner_alive))
 
 
-def _dead_engine_pid(name: str) -> int:
-    """The pid the control segment names (0: none, or unreadable); refused if it is alive."""
+def _recorded_pid(name: str) -> int:
+    """The pid the control segment names (0: none, or unreadable).  Only a name for the
+    output: the dead engine's pid may be another process's by now."""
     header = recorded_header(shm.ipc_name(name, "control"))
-    pid = 0 if header is None else int(header["engine_pid"])
-    if pid and pid != os.getpid() and shm.is_pid_alive(pid):
-        raise EngineAlreadyRunningError(_running_message(name, str(pid)))
-    return pid
+    return 0 if header is None else int(header["engine_pid"])
 
 
-def _unlink_all(name: str, whats, unlink, size_of) -> tuple[int, int, list[str]]:
+def _unlink_all(name: str, whats, is_semaphore: bool) -> tuple[int, int, list[str]]:
+    """Unlink each of the engine's names that is this user's; those of another user are
+    listed, not removed (root may unlink them, but they are not the dead engine's)."""
+    unlink = shm.unlink_semaphore if is_semaphore else shm.unlink_segment
     num_removed, num_bytes, refused = 0, 0, []
     for what in whats:
         ipc_name = shm.ipc_name(name, what)
-        size = size_of(ipc_name)
+        try:
+            st = os.lstat(shm.segment_path(ipc_name, is_semaphore))
+        except FileNotFoundError:
+            continue  # never made (fewer slots), or removed already
+        if st.st_uid != os.geteuid():
+            refused.append(ipc_name)
+            continue
         try:
             if unlink(ipc_name):
-                num_removed, num_bytes = num_removed + 1, num_bytes + size
+                num_removed += 1
+                num_bytes += 0 if is_semaphore else st.st_blocks * 512  # pages in use, not its size
         except ForeignSegmentError:  # another user's, which this user may not remove
             refused.append(ipc_name)
     return num_removed, num_bytes, refused
-
-
-def _segment_bytes(ipc_name: str) -> int:
-    """The memory a segment holds (its pages in use, not its size: a pool may be sparse)."""
-    try:
-        return os.stat(shm.segment_path(ipc_name)).st_blocks * 512
-    except OSError:  # gone, or not Linux's layout: not counted
-        return 0
 
 
 def _remove_file(path: str) -> None:
@@ -94,28 +105,25 @@ def _remove_file(path: str) -> None:
         pass  # never made, or removed by hand: nothing to do
 
 
-def _lock_owner(name: str) -> str:
-    try:
-        with open(name_lock_path(name), "rb") as f:
-            return f.read(32).decode(errors="replace").strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def _running_message(name: str, pid: str) -> str:
-    return (f"an engine named {name!r} is running (pid {pid}): --clean removes only what a dead "
-            f"engine left; stop this one instead (SIGTERM), it removes its own segments")
-
-
 def describe(name: str, cleaned: Cleaned) -> str:
     """One line for the command's output."""
     if cleaned.is_empty:
-        return f"nothing of an engine named {name!r} was left in shared memory"
-    whose = f" (pid {cleaned.engine_pid})" if cleaned.engine_pid else ""
-    line = (f"removed what the engine named {name!r}{whose} left: {cleaned.num_segments} segments "
-            f"holding {cleaned.num_bytes / 2**20:.1f} MiB and {cleaned.num_semaphores} semaphores")
+        line = f"nothing of an engine named {name!r} was left in shared memory"
+    else:
+        whose = f" (pid {cleaned.engine_pid})" if cleaned.engine_pid else ""
+        line = (f"removed what the engine named {name!r}{whose} left: {cleaned.num_segments} segments "
+                f"holding {cleaned.num_bytes / 2**20:.1f} MiB and {cleaned.num_semaphores} semaphores")
+    if cleaned.num_in_place:
+        line += (f"; removed {_kv_caches(cleaned.num_in_place)} of its CPU workers that are gone, "
+                 f"holding {cleaned.in_place_bytes / 2**20:.1f} MiB")
+    if cleaned.in_use:
+        line += (f"; kept {_kv_caches(len(cleaned.in_use))} of CPU workers still running (pids "
+                 f"{', '.join(str(s.pid) for s in cleaned.in_use)}): each unlinks its own when it stops")
     if cleaned.not_removed:
         line += (f"; {len(cleaned.not_removed)} not removed, not this user's (another user made them "
                  f"under our name): {', '.join(cleaned.not_removed[:3])}")
     return line
 
+
+def _kv_caches(count: int) -> str:
+    return f"{count} KV {'cache' if count == 1 else 'caches'}"

@@ -153,8 +153,9 @@ class ClientTable:
 
     def _reclaim_dead(self, client: ClientState, why: str) -> None:
         client.is_attached = False  # a LOOKUP of it still parked is let go at once
-        if client.num_inflight:
-            return  # its copies still touch its memory; reclaim once they are done
+        if client.num_inflight:  # its copies still touch its memory; reclaim once they are done,
+            self.dispatcher.backend.drop_held(client.slot)  # and those held for its GPU end now
+            return
         logger.warning("client slot %d: pid %d %s; reclaiming its slot, leases and memory",
                        client.slot, client.pid, why)
         self._release_and_drop(client)

@@ -12,6 +12,9 @@ from .copy.base import LayerPlacement
 
 _client_ids = itertools.count(1)
 
+MAX_UNREAD_ANSWERS = 1024  # answers queued behind a client's full completion ring; past
+#                            this its commands wait unread (its submit then times out)
+
 
 @dataclass(slots=True)
 class ClientState:
@@ -46,6 +49,12 @@ class ClientState:
     @property
     def entry_bytes(self) -> int:
         return self.num_layers * self.page_bytes
+
+    @property
+    def is_held_back(self) -> bool:
+        """It reads none of its answers: the engine reads none of its commands meanwhile
+        (else the answers queued for it would grow without bound)."""
+        return len(self.backlog) >= MAX_UNREAD_ANSWERS
 
     @property
     def revoked(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from time import perf_counter
+from time import monotonic, perf_counter
 
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
@@ -43,8 +43,10 @@ from .clients import ClientState
 from .copy.base import CopyBackend, CopyDone
 from .index import BlockIndex
 from .lookups import Lookups
+from .prefill_claims import PrefillClaims
 from .received import LATER, Received, new_received, untimed
 from .registration import register_events, register_region
+from .slow_commands import RefusedCommands
 from .stats import StatsWriter
 from .transfers import Transfers
 from .votes import VoterTable
@@ -70,9 +72,11 @@ class Dispatcher:
         # Whether the index may have changed since the gauges were last written: set by
         # every command but the read-only ones, by finished copies and by release_client.
         self.gauges_stale = True
-        self.lookups = Lookups(self, lookup_wait_s, compute_once)
-        self.transfers = Transfers(index, backend, stats, self.answer, self.lookups.claims)
+        self.claims = PrefillClaims(index, stats, compute_once)  # compute once (prefill_claims.py)
+        self.transfers = Transfers(index, backend, stats, self.answer, self.claims)
+        self.lookups = Lookups(self, lookup_wait_s)
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
+        self.refusals = RefusedCommands()  # refused setup commands, logged at a bounded rate
         self.disk = None  # the disk tier (``engine/disk/tier.py``), if the engine has one
         self.own_pid_is_client = False  # the engine runs in its clients' process (tests only)
         self.handlers: dict[Opcode, Callable] = {
@@ -80,7 +84,7 @@ class Dispatcher:
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
             Opcode.REGISTER_EVENTS: self._register_events, Opcode.LOOKUP: self.lookups.lookup,
             Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save, Opcode.LOAD: self.transfers.load,
-            Opcode.DROP: self._drop, Opcode.RELEASE_CLAIM: self.lookups.claims.release,
+            Opcode.DROP: self._drop, Opcode.RELEASE_CLAIM: self.claims.release,
         }
         assert set(self.handlers) == set(COMMANDS), "every command needs a handler"
         self._routes = {opcode: (handler, DECODERS[opcode]) for opcode, handler in self.handlers.items()}
@@ -173,9 +177,11 @@ class Dispatcher:
 
     def _refused(self, received: Received, exc: CommandError) -> None:
         opcode, client = received.opcode, received.client  # setup refusals stop a client caching: say why
-        logger.log(logging.WARNING if opcode in _SETUP else logging.DEBUG,
-                   "slot %d (pid %d): %s refused: %s", client.slot, client.pid,
-                   Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
+        if opcode in _SETUP:
+            self.refusals.note(client, opcode, exc, monotonic())
+        else:
+            logger.debug("slot %d (pid %d): %s refused: %s", client.slot, client.pid,
+                         Opcode(opcode).name if opcode in _OPCODES else opcode, exc)
         self.answer(received, Status(exc.status))
 
     def answer_internal_error(self, client: ClientState, rec) -> None:
@@ -226,9 +232,7 @@ class Dispatcher:
             if client.ring_name else None
         if why is not None:
             raise CommandError(Status.BAD_ARGUMENT, why)
-        if attach.voters is not None:  # a voter (wire.py: voting)
-            self.voters.join(attach.namespace, client.slot, attach.voters.num_voters, attach.voters.voter)
-            client.num_voters, client.voter = attach.voters.num_voters, attach.voters.voter
+        self.voters.attach(client, attach.namespace, attach.voters)  # (wire.py: voting)
         client.pid, client.is_attached = attach.pid, True
         client.instance, client.namespace = attach.instance, attach.namespace
         self.stats.client_attached(client.slot, attach.pid & 0xFFFFFFFF, attach_role(attach.role, attach.kv_role),
@@ -257,7 +261,7 @@ class Dispatcher:
         self.gauges_stale = True
         assert client.num_inflight == 0, "release_client with copies in flight"
         self.index.release_slot(client.slot)
-        self.lookups.claims.release_slot(client.slot)  # compute once: its claims end
+        self.claims.release_slot(client.slot)  # compute once: its claims end
         self.voters.leave(client.namespace, client.slot)
         self.backend.unregister_client(client.slot)
         client.layers.clear()

@@ -22,7 +22,6 @@ from pegaflow.platform.protocol import Key, Lookup, LookupAnswer
 from pegaflow.platform.wire import Status
 
 from .config import MAX_LOOKUP_WAIT_S
-from .prefill_claims import PrefillClaims
 from .received import LATER, Received
 from .waiting_lookups import WaitingLookup, WaitingLookups, writing_stop
 
@@ -30,14 +29,15 @@ logger = logging.getLogger(__name__)
 
 
 class Lookups:
-    def __init__(self, dispatcher, lookup_wait_s: float, compute_once: bool = True):
+    def __init__(self, dispatcher, lookup_wait_s: float):
         self.dispatcher = dispatcher  # its index, stats and the one answer path
         self.index, self.stats = dispatcher.index, dispatcher.stats
-        self.claims = PrefillClaims(self.index, self.stats, compute_once)  # (``prefill_claims.py``)
+        self.claims = dispatcher.claims  # compute once (``prefill_claims.py``)
         # LOOKUPs waiting for saves in flight: by default for at most ``lookup_wait_s`` (0:
         # never), and ``clients`` says whose rings may hold a SAVE not read yet (the
         # server's attached clients)
-        self.waiting = WaitingLookups(self.index, self._answer_waiting, self.claims)
+        self.waiting = WaitingLookups(self.index, self._answer_waiting, self.stats,
+                                      dispatcher.transfers.issuing.is_issuing_save, self.claims)
         self.lookup_wait_s = lookup_wait_s
         self.clients: Callable[[], tuple] = tuple
         self.remote = None  # the remote tier (``engine/remote/tier.py``), if the engine has one
@@ -75,7 +75,7 @@ class Lookups:
         dispatcher.gauges_stale = True
         received = waiting.received
         client = received.client
-        if waiting.is_waiting_saves:
+        if waiting.prefill is None:  # (a wait for a claim is counted as one: count_wait)
             self._count_wait(waiting)
         status, answer = Status.OK, ()
         if client.is_attached:
@@ -93,11 +93,11 @@ class Lookups:
         dispatcher.after_answer(client)
 
     def _count_wait(self, waiting: WaitingLookup) -> None:
-        num_more, why = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
+        num_more, _ = writing_stop(self.index, waiting.keys[waiting.num_usable:], time.monotonic())
         self.stats.add("lookup_waits")
         self.stats.add("lookup_wait_ns", int((time.monotonic() - waiting.parked_at) * 1e9))
         self.stats.add("lookup_wait_blocks", waiting.num_usable + num_more - waiting.num_ready)
-        self.stats.add("lookup_wait_timeouts", int(why == "writing"))
+        self.stats.add("lookup_wait_timeouts", int(waiting.is_late))
 
     def _counted(self, received: Received, num_hits: int, lease_id: int) -> LookupAnswer:
         """A LOOKUP's answer (counted in the stats): hits, lease, blocks still on their way."""

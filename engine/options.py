@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="pegaflow engine: keeps vLLM KV blocks in pinned host memory shared by "
                     "every vLLM on this host.  Each flag can also be set by its PEGAFLOW_* "
                     "environment variable; a flag beats its variable.")
-    p.add_argument("--version", action="version", version=version_line("pegaflow engine"))
+    p.add_argument("--version", action="version", version=version_line("pegaflow-engine"))
     p.add_argument("--clean", metavar="NAME", help="start nothing: remove the shared memory (pool, "
                    "segments, semaphores, locks) a dead engine of this name left, a kept pool "
                    "included; refused while it runs")

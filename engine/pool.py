@@ -23,6 +23,12 @@ from pegaflow.platform.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
+def slab_advice(num_slabs: int) -> str:
+    """What to change for larger blocks: the slab, or the pool too where one slab is all of it."""
+    return "raise --slab-size" if num_slabs > 1 else \
+        "raise --pool-size (a slab is at most the pool), and --slab-size if it is set"
+
+
 @dataclass(slots=True)
 class _Slab:
     entry_bytes: int
@@ -76,7 +82,7 @@ class PagePool:
     def check_entry_bytes(self, entry_bytes: int) -> None:
         if not 0 < entry_bytes <= self.slab_bytes:
             raise ConfigError(f"a block of {entry_bytes} bytes does not fit a "
-                              f"{self.slab_bytes}-byte slab: raise --slab-size")
+                              f"{self.slab_bytes}-byte slab: {slab_advice(self.num_slabs)}")
 
     def try_alloc(self, entry_bytes: int) -> int | None:
         """Offset of a free entry of ``entry_bytes``, or None when the pool is full."""

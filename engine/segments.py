@@ -1,8 +1,9 @@
 """Everything the engine creates in shared memory, created once and unlinked once.
 
-Start-up claims the engine's name by creating the control segment exclusively.  If it
-exists, the pid in its header decides: a live engine means refuse to start, a dead one
-means a crash left the name behind, and its segments are removed first.
+Start-up first holds the engine's name (``name_lock``: a running engine holds it, so
+another start is refused there), then creates the control segment exclusively.  One
+found under the name can only be a dead engine's (a crash left it behind): its segments
+are removed first, and so are the in-place KV caches of its CPU workers that are gone.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import time
 import numpy as np
 import posix_ipc
 
-from pegaflow.platform import shm
-from pegaflow.platform.errors import EngineAlreadyRunningError, EngineNotRunningError, ForeignSegmentError
+from pegaflow.platform import in_place_segments, shm
+from pegaflow.platform.errors import EngineNotRunningError, ForeignSegmentError
 from pegaflow.platform.locks import ControlLock
 from pegaflow.platform.ring import RingSegmentView, reset_slots, ring_segment_bytes
-from pegaflow.platform.shm import is_pid_alive
 from pegaflow.platform.wire import (
     CLIENT_STATS,
     CONTROL_HEADER,
@@ -32,7 +32,7 @@ from pegaflow.platform.wire import (
 )
 
 from .config import MAX_SLOTS, EngineConfig
-from .name_lock import claim_name, name_lock_path
+from .name_lock import claim_name, release_name
 from .pool_table import PoolTable, table_bytes
 from .room import check_room
 
@@ -82,6 +82,16 @@ def _create_replacing(name: str, create, unlink):
                                   f"another process plants it; find and stop it") from None
 
 
+def _remove_dead_in_place(name: str) -> None:
+    """The KV caches that CPU workers of this engine's name, killed since, left in /dev/shm."""
+    removed = in_place_segments.remove_orphans(name)
+    if removed:
+        logger.warning("removed %d KV cache segment(s) (%.1f MiB) that CPU workers of an engine "
+                       "named %r left when they were killed (pids %s)", len(removed),
+                       sum(s.num_bytes for s in removed) / 2**20, name,
+                       ", ".join(str(s.pid) for s in removed))
+
+
 class EngineSegments:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -93,6 +103,7 @@ class EngineSegments:
         self.pool_table: shm.Segment | None = None  # with --keep-pool only
         self.has_started = False   # set by the server once it serves: only then is a new pool kept
         self._name_lock = claim_name(config.name)
+        _remove_dead_in_place(config.name)
         self.control = self._create_control()
         try:
             self._create_rest()
@@ -113,13 +124,10 @@ class EngineSegments:
 
     def _remove_stale(self, control_name: str) -> None:
         """We hold the name's lock, so whatever carries the name was left by a dead engine
-        (or planted by another user: never read, removed all the same)."""
+        (or planted by another user: never read, removed all the same).  The pid it
+        recorded is only named: another process may have it by now."""
         header = recorded_header(control_name)
         pid = 0 if header is None else int(header["engine_pid"])
-        if pid and pid != os.getpid() and is_pid_alive(pid):
-            raise EngineAlreadyRunningError(
-                f"an engine named {self.config.name!r} is already running (pid {pid}); "
-                f"stop it or start this one with another --name")
         logger.warning("removing segments left by a dead engine named %r (pid %d)",
                        self.config.name, pid)
         # every name the dead engine may have created (it may have had more slots than we do)
@@ -270,11 +278,7 @@ class EngineSegments:
             self.lock.close()
             self.lock = None
         if self._name_lock is not None:
-            try:
-                os.unlink(name_lock_path(self.config.name))  # while still locked: see _claim_name
-            except FileNotFoundError:
-                pass  # removed by hand; nothing to clean up
-            os.close(self._name_lock)  # the name is free for the next engine
+            release_name(self.config.name, self._name_lock)  # free for the next engine
             self._name_lock = None
 
     def free_slot(self, slot: int) -> None:

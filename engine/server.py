@@ -31,6 +31,7 @@ from pegaflow.platform.waits import Doorbell, sleep_until
 from pegaflow.platform.wire import CLIENT_STATS, STATS
 
 from .client_table import ClientTable
+from .clients import MAX_UNREAD_ANSWERS
 from .config import EngineConfig
 from .copy.base import CopyBackend
 from .dispatcher import Dispatcher
@@ -45,8 +46,6 @@ logger = logging.getLogger(__name__)
 
 MAX_COMMANDS_PER_CLIENT_ROUND = 8  # a lookup waits behind at most this many saves
 HELD_BACK_POLL_S = 5e-3  # while answers wait behind a full completion ring: how often to look
-MAX_UNREAD_ANSWERS = 1024  # answers queued behind a client's full completion ring; past
-#                            this its commands wait unread (its submit then times out)
 CLAIM_CHECK_S = 1e-3
 LIVENESS_ONLY_S = 2.5  # clients attached, nothing leased, half written or detaching: only
 #                        their liveness is checked, and a dead one's slot can wait this long
@@ -123,6 +122,10 @@ class EngineServer:
         if self.remote is not None and self.remote.has_work() and self.remote.poll(now):
             self.dispatcher.resume_parked_loads(now)  # (a fetch may have ended)
             did_work = True
+        if self.dispatcher.transfers.issuing:  # long SAVEs or LOADs, a slice a turn (issuing.py)
+            self.dispatcher.gauges_stale = True
+            self.dispatcher.transfers.issuing.more()
+            did_work = True
         if self.dispatcher.pending:  # only copies in flight can finish
             for done in self.backend.poll():
                 self.dispatcher.on_copy_done(done)
@@ -168,6 +171,7 @@ class EngineServer:
         """Up to MAX_COMMANDS_PER_CLIENT_ROUND commands of each client, then its backlog."""
         did_work = False
         dispatcher = self.dispatcher
+        issuing = dispatcher.transfers.issuing.slots  # a client's next command waits for its SAVE or LOAD
         for client in self.table.attached:  # a snapshot: a DETACH may retire a client meanwhile
             if client.backlog:
                 queued = len(client.backlog)
@@ -177,6 +181,8 @@ class EngineServer:
                     continue  # it reads none of its answers: the engine's memory must not grow
             submissions = client.submissions
             for _ in range(MAX_COMMANDS_PER_CLIENT_ROUND):
+                if client.slot in issuing:
+                    break
                 rec = submissions.try_peek_values()  # the protocol reads its fields by place
                 if rec is None:
                     break
@@ -240,10 +246,13 @@ class EngineServer:
         self.index.expire_leases(now)
         self.slow.report(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
-        self.dispatcher.lookups.claims.sweep(now)  # compute once: claims saved or past their deadline end
+        self.dispatcher.claims.sweep(now)  # compute once: claims saved or past their deadline end
         self.table.check_alive()
+        if self.dispatcher.waiting.items:  # a dead saver's half-written blocks just dropped
+            self.dispatcher.waiting.resume(now)
         self.stats.set("heartbeat_ns", time.time_ns())
 
     def shutdown(self) -> None:
         """Finish in-flight copies, answer what is queued with SHUTTING_DOWN, unlink everything."""
+        self.dispatcher.transfers.issuing.finish()  # (each then ends as its copies do)
         shut_down(self)

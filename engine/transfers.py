@@ -1,12 +1,15 @@
 """SAVE and LOAD: checked against the client's registration, planned against the index,
 handed to the copy backend in chunks, and answered exactly once.
 
-A SAVE reserves pool entries chunk by chunk (64 blocks, then doubling up to 1024, the
-last 64 alone) and marks the layers it copies pending; a finished chunk marks them done, a
-failed or revoked one abandons them.  A LOAD pins its entries for one op of every
-layer; a fenced LOAD (``event_index``) is answered when issued, the client's events
-telling its GPU when each layer has landed; with AFTER_CLIENT its copies wait for the
-client's last pool event first (``pegaflow.platform.protocol`` says what each means).
+Each goes in steps of a chunk (64 blocks, then doubling up to 1024, the last 64 alone), a
+slice of steps per loop turn (``issuing.py``).  A SAVE builds a chunk's keys, reserves its
+entries and marks the layers it copies pending; a finished chunk marks them done, a failed
+or revoked one abandons them.  A LOAD finds and pins every block (or takes over its lease's
+run, in one step) before it copies any (one gone meanwhile: MISSING_BLOCK); its copies go
+in one op of every layer, or ops of LOAD_OP_BLOCKS if longer and not fenced.  A fenced LOAD
+(``event_index``) is answered when issued, the client's events telling its GPU when each
+layer has landed; with AFTER_CLIENT its copies wait for the client's last pool event first
+(``pegaflow.platform.protocol`` says what each means).
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 
 from pegaflow.platform.errors import CommandError, PegaflowError
-from pegaflow.platform.protocol import Load, LoadAnswer, Save, SaveAnswer, last_pool_event
+from pegaflow.platform.protocol import Load, LoadAnswer, Save, SaveAnswer, keys_of, last_pool_event
 from pegaflow.platform.wire import ALL_LAYERS, Opcode, Status
 
 from . import votes
@@ -28,14 +32,17 @@ from .clients import ClientState
 from .copy.base import CopyBackend, CopyDone, CopyOp, Direction
 from .entries import Key
 from .index import BlockIndex
+from .issuing import Issuing, step_before
 from .parked_loads import ParkedLoads
 from .pending import PendingCopy, chunk_bounds, log_timing
-from .placements import checked_event, copied_blocks
+from .placements import checked_event, copied_blocks, stored_offsets
 from .received import LATER, Received
 from .stats import StatsWriter
 from .votes import Vote
 
 logger = logging.getLogger(__name__)
+
+LOAD_OP_BLOCKS = 4096  # a LOAD's copies, an op at most (a fenced one: all in one op)
 
 
 class Transfers:
@@ -50,26 +57,33 @@ class Transfers:
         self.parked = ParkedLoads()  # LOADs waiting for the disk tier's reads
         self._tokens = itertools.count(1)
         self.issue_s = 0.0  # seconds spent in the backend's submit, all told (slow_commands.py)
+        self.issuing = Issuing(self._seal, self._answered_on_fault, answer, index)
 
     def save(self, received: Received, save: Save):
         client = received.client
         tags = votes.check_tags(client, save)
-        block_ids, keys, placements, mask = copied_blocks(client, save)
-        # All layers (or a group's): one event per layer, in layer order, unless one_event
-        # fences them all (protocol.py).
+        block_ids, placements, mask = copied_blocks(client, save)
+        # All layers (or a group's): an event per layer, unless one_event fences them all
         is_many = save.layer == ALL_LAYERS or save.group is not None
         per_layer = is_many and not save.one_event
         wait_event = checked_event(client, save.first_event, len(placements) if per_layer else 1)
         pending = PendingCopy(client, received, Opcode.SAVE, mask, len(placements) * client.page_bytes,
-                              chain=keys, is_timed=logger.isEnabledFor(logging.DEBUG))
-        ids = block_ids.tolist()
-        with self._answered_on_fault(pending):
-            for start, end in chunk_bounds(len(keys)):
-                self._save_chunk(pending, ids[start:end], keys[start:end], placements,
-                                 wait_event, per_layer, None if tags is None else tags[start:end])
+                              chain=[], is_timed=logger.isEnabledFor(logging.DEBUG))
+        self.issuing.start(pending, self._save_chunks(pending, save, block_ids.tolist(), placements,
+                                                      wait_event, per_layer, tags), save.namespace)
+        return LATER
+
+    def _save_chunks(self, pending: PendingCopy, save: Save, ids: list[int], placements,
+                     wait_event: int | None, per_layer: bool, tags: list[int] | None):
+        """A SAVE's chunks, one a step: keys built, entries reserved, copies issued."""
+        for start, end in chunk_bounds(len(ids)):
+            yield from step_before(start)
+            keys = keys_of(save.namespace, save.hashes[start:end])
+            pending.chain.extend(keys)
+            self._save_chunk(pending, ids[start:end], keys, placements, wait_event, per_layer,
+                             None if tags is None else tags[start:end])
         self.stats.add("save_dedup_blocks", pending.num_deduped)
         self.stats.add("save_dropped_blocks", pending.num_dropped)
-        return self._seal(pending)
 
     def _save_chunk(self, pending: PendingCopy, ids: list[int], keys: list[Key], placements,
                     wait_event: int | None, per_layer: bool, tags: list[int] | None) -> None:
@@ -112,6 +126,8 @@ class Transfers:
         flight finish their bookkeeping, and the command's leases and marks are given back."""
         try:
             yield
+        except CommandError:  # refused before any copy of it was issued (a LOAD's block gone)
+            raise
         except BaseException:
             pending.error = pending.error or "internal error"
             pending.received = None
@@ -126,61 +142,64 @@ class Transfers:
             self.parked.park(received, load, time.monotonic())  # resumed once the reads end
             return LATER
         try:
-            return self._start_load(received, load)
+            block_ids, placements, mask = copied_blocks(client, load)
+            wait_event = None
+            if load.after_client:
+                if not client.num_events:
+                    raise CommandError(Status.BAD_ARGUMENT, "after_client without registered events")
+                wait_event = last_pool_event(client.num_events)
+            op = CopyOp(0, Direction.LOAD, client.slot, placements, client.page_bytes, block_ids,
+                        np.zeros(0, np.int64), wait_event=wait_event,
+                        record_events=checked_event(client, load.first_event, len(placements)))
+            pending = PendingCopy(client, received, Opcode.LOAD, mask, len(placements) * client.page_bytes,
+                                  lease_id=lease_id if load.ends_lease else 0,
+                                  is_timed=logger.isEnabledFor(logging.DEBUG))
+            self.issuing.start(pending, self._load_steps(pending, load, op), load.namespace)
+            return LATER
         except CommandError:
             if lease_id and load.ends_lease:
                 self.index.release(lease_id)  # the lease dies with the load that was to use it
             raise
 
-    def _start_load(self, received: Received, load: Load):
-        client = received.client
-        block_ids, keys, placements, mask = copied_blocks(client, load)
-        record_events = checked_event(client, load.first_event, len(placements))
-        wait_event = None
-        if load.after_client:
-            if not client.num_events:
-                raise CommandError(Status.BAD_ARGUMENT, "after_client without registered events")
-            wait_event = last_pool_event(client.num_events)
-        lease_id = load.lease_id if load.ends_lease else 0
-        # The usual LOAD follows a LOOKUP's lease of the same blocks: its pins and offsets
-        # serve (finding and pinning every block again would delay the copy).
-        offsets = self.index.take_lease(lease_id, keys, client.entry_bytes) if lease_id else None
+    def _load_steps(self, pending: PendingCopy, load: Load, op: CopyOp):
+        """A LOAD's keys built, then its blocks found and pinned, a chunk a step (or the pins
+        of its LOOKUP's lease taken over), then its copies issued."""
+        keys, entry_bytes = [], pending.client.entry_bytes
+        for start, end in chunk_bounds(len(op.block_ids)):
+            yield from step_before(start)
+            keys.extend(keys_of(load.namespace, load.hashes[start:end]))
+        offsets = self.index.take_lease(pending.lease_id, keys, entry_bytes) if pending.lease_id else None
         if offsets is not None:
-            lease_id = 0  # ended: the load holds its pins
+            pending.lease_id = 0  # ended: the load holds its pins
         else:
-            offsets = self._stored_offsets(keys, client.entry_bytes)
-            self.index.pin(keys)
-        pending = PendingCopy(client, received, Opcode.LOAD, mask, len(placements) * client.page_bytes,
-                              lease_id=lease_id, is_timed=logger.isEnabledFor(logging.DEBUG))
-        # One op: the backend moves layer 0 first, so the layer-wise pipeline starts early.
-        if keys:
-            with self._answered_on_fault(pending):
-                self._submit(pending, keys, CopyOp(0, Direction.LOAD, client.slot, placements,
-                                                   client.page_bytes, block_ids, offsets,
-                                                   wait_event=wait_event, record_events=record_events))
-        if record_events is not None and pending.error is None and keys:  # (a refusal set error)
+            found, num_pinned = [], 0
+            try:
+                for start, end in chunk_bounds(len(keys)):
+                    yield from step_before(start)
+                    found.append(stored_offsets(self.index, keys[start:end], entry_bytes))
+                    self.index.pin(keys[start:end])
+                    num_pinned = end
+            finally:  # refused (a block gone), stopped, or a fault: nothing copied, nothing kept
+                if num_pinned < len(keys):
+                    self.index.unpin(keys[:num_pinned])
+            offsets = np.concatenate(found) if found else np.zeros(0, np.int64)
+        yield from self._load_ops(pending, keys, op, offsets)
+
+    def _load_ops(self, pending: PendingCopy, keys: list[Key], op: CopyOp, offsets: np.ndarray):
+        """One op of every layer (layer 0 moves first), or ops of LOAD_OP_BLOCKS if long, not fenced."""
+        step = max(len(keys), 1) if op.record_events is not None else LOAD_OP_BLOCKS
+        for start in range(0, len(keys), step):
+            yield from step_before(start)
+            end = min(start + step, len(keys))
+            self._submit(pending, keys[start:end], replace(op, block_ids=op.block_ids[start:end],
+                                                           entry_offsets=offsets[start:end]))
+        if op.record_events is not None and pending.error is None and keys:  # (a refusal set error)
             # Fenced: the client's events tell its GPU when the data is there, not our answer.
             self._answer(pending, Status.OK, LoadAnswer(len(keys)), len(keys))
-        return self._seal(pending)
 
     def take_parked(self, now: float) -> list[tuple[Received, Load, bool]]:
         """Parked LOADs to go on, or late (``ParkedLoads.take``)."""
         return self.parked.take(now, self.index.is_promoting)
-
-    def _stored_offsets(self, keys: list[Key], entry_bytes: int) -> np.ndarray:
-        """The pool offsets of ``keys``, every one stored with this geometry (one pass: a
-        LOAD's copies start after it)."""
-        get_ready, offsets = self.index.get_ready, []
-        for key in keys:
-            entry = get_ready(key)
-            if entry is None or entry.entry_bytes != entry_bytes:
-                missing = sum(get_ready(k) is None for k in keys)
-                if missing:
-                    raise CommandError(Status.MISSING_BLOCK,
-                                       f"{missing} of {len(keys)} blocks are not stored")
-                raise CommandError(Status.BAD_ARGUMENT, "stored blocks have another geometry")
-            offsets.append(entry.offset)
-        return np.array(offsets, np.int64)
 
     def _submit(self, pending: PendingCopy, keys: list[Key], op: CopyOp) -> None:
         """Hand one chunk to the backend; ``on_copy_done`` finishes it."""
@@ -209,7 +228,7 @@ class Transfers:
         pending.client.num_inflight += 1
         self.stats.set_client(pending.client.slot, "inflight_copies", pending.client.num_inflight)
 
-    def _seal(self, pending: PendingCopy):
+    def _seal(self, pending: PendingCopy) -> None:
         """All chunks are submitted: answer now if none is in flight, else when the last ends."""
         pending.is_sealed = True
         if pending.is_timed:
@@ -217,7 +236,6 @@ class Transfers:
         self.stats.set("inflight_copies", len(self.pending))
         if not pending.num_ops:
             self._complete(pending)
-        return LATER
 
     def on_copy_done(self, done: CopyDone) -> ClientState:
         """Finish one chunk (and its command, if it was the last); returns whose it was."""
@@ -251,7 +269,7 @@ class Transfers:
                          pending.opcode.name, pending.error)
         # After the answer (nothing else runs before it is done): the eviction order only.
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
-            self.index.touch_chain(pending.chain)
+            self.issuing.touch_chain(pending.chain)
         if pending.chain and (pending.error or pending.num_dropped) and self.claims is not None:
             self.claims.save_failed(pending.chain)  # compute once: waiters for them compute them
         if pending.is_timed:

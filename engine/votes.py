@@ -87,6 +87,16 @@ class VoterTable:
             known = self.namespaces[namespace] = (num_voters, set())
         known[1].add(slot)
 
+    def attach(self, client, namespace: int, voters) -> None:
+        """``client`` ATTACHes under ``namespace``, a voter if ``voters`` (its ATTACH's
+        ``Voters``) says so: joined there, and out of the namespace it voted in before, if
+        this is an ATTACH again (a stale voter would refuse the old namespace's later voters)."""
+        if voters is not None:
+            self.join(namespace, client.slot, voters.num_voters, voters.voter)
+        if client.is_attached and (voters is None or namespace != client.namespace):
+            self.leave(client.namespace, client.slot)
+        client.num_voters, client.voter = (1, 0) if voters is None else (voters.num_voters, voters.voter)
+
     def leave(self, namespace: int, slot: int) -> None:
         known = self.namespaces.get(namespace)
         if known is None:

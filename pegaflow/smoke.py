@@ -16,10 +16,12 @@ import numpy as np
 
 from pegaflow.client.connection import EngineClient
 from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
-from pegaflow.platform.cli import ArgumentParser
-from pegaflow.platform.errors import PegaflowError
+from pegaflow.platform import shm
+from pegaflow.platform.cli import EXIT_FAILED, EXIT_OK, ArgumentParser, say
+from pegaflow.platform.errors import ConfigError, EngineNotRunningError, PegaflowError
 from pegaflow.platform.values import version_line
 
+PROG = "pegaflow-smoke"
 NUM_LAYERS = 4
 NUM_BLOCKS = 256
 PAGE_BYTES = 4096
@@ -71,14 +73,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine name (env PEGAFLOW_NAME; default %(default)s)")
     args = parser.parse_args(argv)
     try:
+        shm.check_engine_name(args.name)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    try:
         reason = run(args.name)
+    except EngineNotRunningError as exc:
+        say(PROG, _not_running(args.name, exc))
+        return EXIT_FAILED
     except PegaflowError as exc:
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = str(exc)
     if reason:
-        print(f"smoke FAILED: {reason}", file=sys.stderr)
-        return 1
+        say(PROG, f"FAILED: {reason}")
+        return EXIT_FAILED
     print("smoke ok")
-    return 0
+    return EXIT_OK
+
+
+def _not_running(name: str, exc: EngineNotRunningError) -> str:
+    """No engine of that name at all, or one that is not serving (still starting, gone)."""
+    if os.path.exists(shm.segment_path(shm.ipc_name(name, "control"))):
+        return str(exc)
+    return (f"no engine named {name!r} is running on this host (start one with "
+            f"`pegaflow-engine --name {name}`)")
 
 
 if __name__ == "__main__":

@@ -82,3 +82,35 @@ def test_packaging_installed_engine_smoke_and_stat_run_outside_the_checkout(inst
     # 3. The engine that ran was the installed one.
     assert engine.returncode == 0, err
     assert " pegaflow.engine." in err  # (its loggers are named for the installed package)
+
+
+def _make_dry_run(target: str, tmp_path: Path) -> str:
+    """What ``make TARGET`` would run on a fresh machine (no venvs yet), printed, not run."""
+    run = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path}/venv",
+                          f"VENV_CPU={tmp_path}/venv-cpu"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_packaging_make_install_builds_no_test_environment(tmp_path):
+    # make install: the package and its own dependencies only; no vLLM, test tools, vLLM's CPU
+    # build, promtool or apt-get.
+    commands = _make_dry_run("install", tmp_path)
+    assert "pip install -e .\n" in commands
+    for test_only in ("venv-cpu", "promtool", "apt-get", "vllm", "[test", "[remote", "[cpu"):
+        assert test_only not in commands, test_only
+
+
+def test_packaging_make_test_builds_the_test_environments_on_first_use(tmp_path):
+    commands = _make_dry_run("test", tmp_path)
+    for needed in ("pip install -e .\n", "'.[test,remote,proxy]'", "'vllm==", "promtool", "venv-cpu", "'.[cpu]'",
+                   "ruff check", "-m pytest -q\n", "pytest -q tests/e2e_cpu"):
+        assert needed in commands, needed
+
+
+def test_packaging_ci_runs_readmes_two_commands():
+    script = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+              if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert script == ["make install", "make test"]
+    readme = (ROOT / "README.md").read_text().split("## Install and test", 1)[1]
+    assert "    make install " in readme and "    make test " in readme

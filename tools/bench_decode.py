@@ -17,39 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
 
 from tools.gpu import gpu_name
-from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
+from tools.lib.decode import KINDS, decode_llm, random_prompts
+from tools.lib.phases import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("none", "idle", "saving")
-
-
-def random_prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
-
-
-def decode_llm(args):
-    from vllm import LLM
-
-    from pegaflow.connector import kv_transfer_config
-    longest = max(args.contexts)
-    common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, seed=0,
-                  enforce_eager=args.mode == "eager", max_model_len=longest + args.decode_tokens + 64,
-                  gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
-    if args.phase == "idle":
-        common["kv_transfer_config"] = kv_transfer_config(args.engine_name, enable_save=False,
-                                                          enable_load=False)
-    elif args.phase == "saving":
-        common["kv_transfer_config"] = kv_transfer_config(args.engine_name)
-    return LLM(**common)
-
-
 def _tpots(llm, prompts: list[list[int]], batch: int, decode_tokens: int) -> list[float]:
     """TPOT (ms) of each request, ``batch`` requests at a time, prompts already cached."""
     from vllm import SamplingParams, TokensPrompt

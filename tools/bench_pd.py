@@ -15,7 +15,7 @@ after ``--warmup`` requests of the same shape.  Per setup: TTFT p50/p99, TPOT p5
 ITL (gaps between streamed chunks) p50/p99 in ms; for pd_1p1d the served share (the decode
 server's external hits over the prompts' full blocks) and whether every answer equals the
 reference's.  Dummy weights, token-id prompts; servers and the proxy through
-``tools/bench_serving.py``'s ``Server`` and ``complete``.
+``tools/lib/vllm_serve.py``'s ``Server`` and ``complete``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tools.bench_serving import Server, complete, external_hit_tokens, server_command
 from tools.engine_process import EngineProcess
 from tools.gpu import gpu_name
+from tools.lib.vllm_serve import Server, complete, external_hit_tokens, server_command
 from tools.serving_setup import pegaflow_transfer_args
 from tools.serving_workload import RequestResult, cacheable_tokens, percentile, poisson_offsets
 

@@ -6,7 +6,7 @@
 Each configuration runs in its own processes, one after another (``--repeat`` interleaves them):
 ``none`` (vLLM's prefix caching only), ``native`` (each replica its own ``--kv-offloading-size``:
 ``--host-gib`` split evenly), ``pegaflow`` (one engine with a ``--host-gib`` pool, every replica
-attached to it), and the peers of ``tools/peers.py`` (``lmcache``: a private cache per replica,
+attached to it), and the peers of ``tools/lib/peers.py`` (``lmcache``: a private cache per replica,
 split like native's; ``lmcache-mp`` and ``pegaflow-rs``: one server with the whole budget).
 The replicas share one GPU (each ``--gpu-memory-utilization``, its GPU KV cache capped by
 ``--gpu-blocks`` so the working set does not fit) and start together (``--start``: ``Fleet``).  A router
@@ -40,177 +40,24 @@ later rounds (``tools/step_timeline.py``): where a loaded request's time goes, p
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import statistics
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-from tools import peers, step_timeline
-from tools.bench_serving import (
-    Server,
-    add_chat_args,
-    add_run_args,
-    collect_runs,
-    complete,
-    counters,
-    headline_rows,
-    hits_of,
-    measured_on,
-    print_failures,
-    reset_gpu_cache,
-    server_command,
-)
+from tools.lib import peers, processes
+from tools.lib.evidence import serving_requests
+from tools.lib.fleet import BLOCK_SIZE, Fleet, send_all
+from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
+from tools.lib.vllm_serve import complete, hits_of
 from tools.replica_router import ROUTERS, Routed, Router, replica_figures
-from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes, vllm_settings
-from tools.serving_workload import RequestResult, cacheable_tokens, conversations, shared_prefix_prompts, summarize
+from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes
+from tools.serving_workload import cacheable_tokens, conversations, shared_prefix_prompts, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK_SIZE = 16
 CONFIGS = ("none", "native", "pegaflow")
 SPLIT_PEERS = ("lmcache",)  # peers whose cache lives in each vLLM process: the host budget split
-
-
-def compile_cache_warm() -> bool:
-    """Whether vLLM's compile cache on this machine holds anything yet."""
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    root = os.environ.get("VLLM_CACHE_ROOT") or cache_home / "vllm"
-    cache = Path(root) / "torch_compile_cache"
-    return cache.is_dir() and any(cache.iterdir())
-
-
-def kv_cache_bytes(model: str, blocks: int) -> int:
-    """The GPU memory ``blocks`` KV blocks of ``model`` take (16-token blocks, 2-byte cache),
-    from its ``config.json``."""
-    config = json.loads((Path(model) / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    per_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * 2
-    return blocks * BLOCK_SIZE * per_token
-
-
-class Fleet:
-    """N ``vllm serve`` replicas of one configuration on ports ``port``, ``port+1``, ...
-
-    ``--start together`` (the default) launches them at once, each with its KV cache given
-    (``--kv-cache-memory-bytes`` beside ``--num-gpu-blocks-override``) so that no replica's
-    memory profile counts another's allocations; where vLLM's compile cache is still empty,
-    replica 0 starts alone first (it fills the cache) and the rest together after it.
-    ``one-by-one`` starts each after the previous one is up."""
-
-    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None):
-        self.config, self.args, self.engine_name, self.log_dir, self.tag = config, args, engine_name, log_dir, tag
-        self.plan = plan  # a peer's settings (tools/peers.py), shared by every replica
-        self.servers: list[Server | None] = [None] * args.replicas
-        self.ready_s: list[float] = [0.0] * args.replicas
-        try:
-            self._start_all()
-        except BaseException:  # one that would not start: the others go too (the GPU memory they hold)
-            self.close()
-            raise
-
-    def port(self, replica: int) -> int:
-        return self.args.port + replica
-
-    def _start_all(self) -> None:
-        a = self.args
-        if a.start == "one-by-one":
-            for replica in range(a.replicas):
-                self.start(replica)
-            return
-        rest = range(a.replicas)
-        if not (a.eager or compile_cache_warm()):  # replica 0 fills vLLM's compile cache alone
-            self.start(0)
-            rest = range(1, a.replicas)
-        for replica in rest:
-            self.launch(replica)
-        for replica in rest:
-            self.ready_s[replica] = round(self.servers[replica].wait_ready(), 2)
-
-    def launch(self, replica: int) -> Server:
-        """Launches one replica (not waiting for it to be up)."""
-        a = self.args
-        one = SimpleNamespace(**vars(a))
-        one.port = self.port(replica)
-        one.host_gib = max(1, a.host_gib // a.replicas) if self.config == "native" else a.host_gib
-        log_path = self.log_path(replica)
-        peer_args, env, cwd = vllm_settings(self.plan)
-        if (trace_path := self.trace_path(replica)) is not None:  # the connector's step timeline
-            logging_path = self.log_dir / f"{self.tag}.r{replica}.logging.json"
-            logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
-            env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
-        cmd = server_command(self.config, one, self.engine_name, peer_args)
-        if a.start == "together":
-            cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(a.model, a.gpu_blocks))]
-        self.servers[replica] = Server(cmd, one.port, log_path, env, cwd, wait=False)
-        return self.servers[replica]
-
-    def start(self, replica: int) -> float:
-        """Starts one replica; its time from launch to /health answering."""
-        self.ready_s[replica] = round(self.launch(replica).wait_ready(), 2)
-        return self.ready_s[replica]
-
-    def log_path(self, replica: int) -> Path:
-        """Replica ``replica``'s vllm serve log."""
-        return self.log_dir / f"{self.tag}.r{replica}.log"
-
-    def trace_path(self, replica: int) -> Path | None:
-        """Where replica ``replica``'s step timeline goes (``--trace``, pegaflow only)."""
-        if not (self.args.trace and self.config in PEGAFLOW_CONFIGS):
-            return None
-        return self.log_dir / f"{self.tag}.r{replica}.trace.log"
-
-    def step_timelines(self, window: tuple[float, float]) -> dict[int, dict] | None:
-        """Per replica, its steps that loaded within ``window`` (``tools/step_timeline.py``)."""
-        if self.trace_path(0) is None:
-            return None
-        out = {}
-        for replica in range(self.args.replicas):
-            path = self.trace_path(replica)
-            lines = path.read_text().splitlines() if path.exists() else []
-            out[replica] = step_timeline.summarize(step_timeline.parse(lines), *window)
-        return out
-
-    def stop(self, replica: int) -> None:
-        if (server := self.servers[replica]) is not None:
-            server.stop()
-            self.servers[replica] = None
-
-    def counters(self) -> dict[int, dict[str, float]]:
-        """Each replica's counters now (``bench_serving.counters``: one scrape of its /metrics)."""
-        return {r: counters(self.port(r)) for r in range(self.args.replicas)}
-
-    def reset_prefix_caches(self) -> float:
-        """Empty every replica's GPU prefix cache (each reset retried until vLLM accepts it);
-        the seconds that took."""
-        return sum(reset_gpu_cache(self.port(replica)) for replica in range(self.args.replicas))
-
-    def close(self) -> None:
-        for replica in range(self.args.replicas):
-            self.stop(replica)
-
-    def warnings(self, most: int = 20) -> dict[int, list[str]]:
-        """Per replica, the first ``most`` WARNING or ERROR lines of its log that name pegaflow."""
-        out = {}
-        for replica in range(self.args.replicas):
-            path = self.log_path(replica)
-            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-            out[replica] = [line[-400:] for line in lines
-                            if ("WARNING" in line or "ERROR" in line) and "pegaflow" in line][:most]
-        return out
-
-
-def send_all(fleet: Fleet, jobs: list[tuple[str, list[int], int]], max_tokens: int,
-             concurrency: int) -> list[RequestResult]:
-    """``jobs``: (key, prompt, replica); at most ``concurrency`` in flight."""
-    def one(job):
-        key, prompt, replica = job
-        return complete(fleet.port(replica), prompt, max_tokens, key)
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        return list(pool.map(one, jobs))
 
 
 class Chat:
@@ -285,7 +132,8 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     name = f"replicas{os.getpid()}"
     split = args.replicas if config in SPLIT_PEERS else 1  # LMCache in vLLM's process: a private cache each
     with side_processes(config, name, args.engine_arg, args.host_gib, log_dir, tag,
-                        peer_pool_bytes=(args.host_gib << 30) // split, engine_start_timeout_s=600) as sides:
+                        peer_pool_bytes=(args.host_gib << 30) // split, engine_start_timeout_s=600,
+                        num_vllms=1 if split > 1 else args.replicas) as sides:
         fleet = Fleet(config, args, name, log_dir, tag, sides.plan)
         try:
             result = _workloads(config, args, fleet, tag) | {"engine": sides.engine_stats()}
@@ -299,10 +147,12 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
 def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     router = Router(args.router, args.replicas, seed=args.seed)
     chat = Chat(args, router)
-    rounds: list[list[Routed]] = [chat.round(fleet, 0)]
+    with processes.phase(None, f"{tag} chat round 0"):
+        rounds: list[list[Routed]] = [chat.round(fleet, 0)]
     before = fleet.counters()
     for r in range(1, args.rounds):
-        rounds.append(chat.round(fleet, r))
+        with processes.phase(None, f"{tag} chat round {r}"):
+            rounds.append(chat.round(fleet, r))
     after = fleet.counters()
     later = [x for rnd in rounds[1:] for x in rnd]
     per_round = [summarize([x.result for x in rnd]) for rnd in rounds]
@@ -319,7 +169,8 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     if args.doc_requests:
         out["docs_reset_wait_s"] = fleet.reset_prefix_caches()
         before = after  # (a reset changes no counter: the chat's last scrape serves)
-        docs = shared_docs(fleet, args, router)
+        with processes.phase(None, f"{tag} shared documents"):
+            docs = shared_docs(fleet, args, router)
         after = fleet.counters()
         out["docs"] = replica_figures(docs, _delta(after, before, "host_hit_tokens"), args.replicas) | \
             {"wall_s": summarize([x.result for x in docs])["wall_s"]}
@@ -329,7 +180,8 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
         ready_s = fleet.start(0)
         warmup = warm_up(fleet.port(0), args.restart_warmup, args.seed)
         before = fleet.counters()
-        restart = chat.round(fleet, args.rounds)
+        with processes.phase(None, f"{tag} restart round"):
+            restart = chat.round(fleet, args.rounds)
         after = fleet.counters()
         mine = [x for x in restart if x.replica == 0]
         warm = [x for x in later if x.replica == 0]
@@ -343,6 +195,9 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
                           "others_ttft_p50_ms": _ttft_p50(others), "others_warm_ttft_p50_ms": _ttft_p50(others_warm)}
     every = [x for rnd in rounds for x in rnd] + docs + restart
     out["results"] = [[x.result.key, x.result.tokens, x.result.error] for x in every]
+    # per request: its tokens' hash, the prompt tokens vLLM did not compute, where it was routed
+    out["requests"] = [record | {"replica": x.replica}
+                       for record, x in zip(serving_requests([x.result for x in every]), every)]
     return out
 
 
@@ -407,7 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--configs", nargs="+", default=list(CONFIGS),
                    choices=list(dict.fromkeys([*CONFIGS, *PEGAFLOW_CONFIGS, *peers.PEERS])),
                    help="lmcache (a private cache per replica, split like native's), lmcache-mp (LMCache's "
-                        "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/peers.py; "
+                        "server shared by every replica), pegaflow-rs (one PegaFlow server): tools/lib/peers.py; "
                         "a peer whose packages are missing is skipped with one line")
     # 32 users x 8 000 tokens (about 270 000 tokens by round 4): twice what two replicas' GPU
     # caches of --gpu-blocks 4 000 (64 000 tokens each) hold
@@ -442,6 +297,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    processes.handle_signals()  # SIGTERM / timeout: every engine, server and vLLM stopped
     runs = collect_runs(args, run_config, write_json,
                         lambda run: {k: run[k] for k in ("tag", "later_rounds_wall_s", "time_to_ready_s")} |
                         {"ttft_p50_ms": run["later_rounds"]["ttft_p50_ms"],

@@ -1,11 +1,18 @@
 """Time to first token on real vLLM: cold, warm from pegaflow, warm from vLLM's native CPU
-offloading, warm from each peer (LMCache, PegaFlow: ``tools/peers.py``; one that cannot run
+offloading, warm from each peer (LMCache, PegaFlow: ``tools/lib/peers.py``; one that cannot run
 here is skipped with one line), and a GPU prefix-cache hit, all measured in one run; plus TPOT
 with the connector saving against no connector, and 8 prompts at once.  Per configuration:
 warm TTFT, the share of cacheable prompt tokens its host cache served on the warm pass, and
 whether its outputs equal no connector's (``configs`` in the JSON).
 
     python -m tools.bench_ttft --model tools/models/llama-3.1-8b-shape [--json]
+    python -m tools.bench_ttft --configs none pegaflow --phases-out a.json   # a run split over calls,
+    python -m tools.bench_ttft --configs native lmcache-mp --phases-out b.json
+    python -m tools.bench_ttft --merge a.json b.json --json                  # then one table
+
+``--configs`` picks of none, native, pegaflow and the peers (default: all but lmcache-mp); each
+phase logs a time-stamped line when it starts and ends, and one that runs past
+``--phase-timeout`` is stopped with its whole process group.
 
 Each vLLM runs in its own process, one after another (dummy weights, greedy), in vLLM's
 default compilation (CUDA graphs on) unless ``--eager``.
@@ -20,221 +27,30 @@ hit in is reported invalid, not as a figure (``tools/warm_pass.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tools import peers
 from tools.gpu import gpu_name
-from tools.phase_process import add_phase_args, spawn_phase, write_phase
-from tools.ttft_configs import NO_FIGURES, cacheable_tokens, config_rows, logprobs_match
-from tools.ttft_configs import stats as _stats
+from tools.lib import peers, processes
+from tools.lib.phases import PHASE_TIMEOUT_S, add_phase_args, engine_unless_named, spawn_phase, write_phase
+from tools.lib.ttft_figures import backend_figures, summarize_disk, summarize_tpot, table_figures
+from tools.lib.ttft_phase import load_modes, run_phase
+from tools.ttft_configs import config_rows
 from tools.warm_pass import (
     SCRUB_ENV,
     GpuCacheNotEmptyError,
-    by_source_delta,
-    empty_gpu_cache,
-    invalid_reason,
-    scrub_gpu_kv,
-    tokens_by_source,
-    top_logprobs,
 )
 
 # Nothing of this repo's pegaflow is imported at the top: a pegaflow-rs phase runs with
-# PegaFlow's package of the same name first on its path (tools/peers.py).
+# PegaFlow's package of the same name first on its path (tools/lib/peers.py).
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
-    import random
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
-
-
-def _load_modes() -> tuple[str, ...]:
-    from pegaflow.connector.config import LOAD_MODES
-    return LOAD_MODES
-
-
-def _llm(args, kind: str):
-    from vllm import LLM
-    common = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=args.eager,
-                  seed=0, max_model_len=args.prompt_tokens + args.decode_tokens + 64,
-                  gpu_memory_utilization=args.gpu_memory_utilization, disable_log_stats=False)
-    if args.no_async_scheduling:
-        common["async_scheduling"] = False
-    if kind in peers.PEERS:  # as the peer's plan says (tools/peers.py)
-        from vllm.config import KVTransferConfig
-        return LLM(**common, kv_transfer_config=KVTransferConfig(**json.loads(args.kv_transfer_config)))
-    from pegaflow.connector import kv_transfer_config
-    if kind in ("pegaflow", "disk"):
-        return LLM(**common, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config(
-            args.engine_name, disk_load_mode=args.disk_load_mode))
-    if kind == "idle":  # the connector in vLLM's path, neither saving nor loading
-        return LLM(**common, enable_prefix_caching=False, kv_transfer_config=kv_transfer_config(
-            args.engine_name, enable_save=False, enable_load=False))
-    if kind == "native":
-        return LLM(**common, kv_offloading_size=args.native_offload_gib, kv_offloading_backend="native")
-    return LLM(**common)
-
-
-LAST_ENGINE_TTFT_MS: list[float] = []  # vLLM's own first-token latency of the last _time_each
-LAST_STEP_MS: list[float] = []         # vLLM's scheduled -> first token of the last _time_each
-LAST_QUEUE_MS: list[float] = []        # vLLM's queued -> scheduled of the last _time_each
-LAST_CACHED_TOKENS: list[int] = []     # vLLM's num_cached_tokens of each request of the last _time_each
-LAST_TOP5: list[list[list]] = []       # each request's first token: its top-5 [token id, logprob], by rank
-TOP_LOGPROBS = 5
-
-
-def _time_each(llm, prompts, max_tokens: int) -> tuple[list[float], list[list[int]]]:
-    """Wall time of one generate() per prompt (ms), and the tokens.  vLLM's own timings of
-    each request go to LAST_ENGINE_TTFT_MS (arrival to first token, excluding generate()'s
-    input processing), LAST_QUEUE_MS and LAST_STEP_MS (engine-core timestamps), its prompt
-    tokens vLLM did not compute to LAST_CACHED_TOKENS, the first token's top-5 logprobs to
-    LAST_TOP5."""
-    from vllm import SamplingParams, TokensPrompt
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
-                            logprobs=TOP_LOGPROBS)
-    times, tokens = [], []
-    for timings in (LAST_ENGINE_TTFT_MS, LAST_STEP_MS, LAST_QUEUE_MS, LAST_CACHED_TOKENS, LAST_TOP5):
-        timings.clear()
-    for prompt in prompts:
-        t0 = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
-        times.append((time.perf_counter() - t0) * 1e3)
-        tokens.append(list(out[0].outputs[0].token_ids))
-        LAST_CACHED_TOKENS.append(out[0].num_cached_tokens)
-        LAST_TOP5.append(top_logprobs(out[0].outputs[0].logprobs))
-        metrics = out[0].metrics
-        latency = getattr(metrics, "first_token_latency", None)
-        if latency:
-            LAST_ENGINE_TTFT_MS.append(latency * 1e3)
-        queued, scheduled, first = (getattr(metrics, k, 0.0) for k in
-                                    ("queued_ts", "scheduled_ts", "first_token_ts"))
-        if queued and scheduled and first:
-            LAST_QUEUE_MS.append((scheduled - queued) * 1e3)
-            LAST_STEP_MS.append((first - scheduled) * 1e3)
-    return times, tokens
-
-
-def _time_batch(llm, prompts, max_tokens: int) -> float:
-    from vllm import SamplingParams, TokensPrompt
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    t0 = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return (time.perf_counter() - t0) * 1e3
-
-
-def _beside(llm, fresh: list[int], hit: list[int], args) -> dict:
-    """A new request (computed, then ``decode_tokens`` decoded) sent together with a prompt
-    whose prefix is to be read from disk: the new one's first-token latency and TPOT say
-    whether the disk read held it up."""
-    from vllm import SamplingParams, TokensPrompt
-    decode = SamplingParams(max_tokens=args.decode_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
-    t0 = time.perf_counter()
-    new, loaded = llm.generate([TokensPrompt(prompt_token_ids=fresh), TokensPrompt(prompt_token_ids=hit)],
-                               [decode, one], use_tqdm=False)
-    wall = (time.perf_counter() - t0) * 1e3
-    return {"new_ttft_ms": new.metrics.first_token_latency * 1e3, "new_tpot_ms": _tpot_of(new),
-            "hit_ttft_ms": loaded.metrics.first_token_latency * 1e3, "wall_ms": wall,
-            "hit_tokens": list(loaded.outputs[0].token_ids)}
-
-
-def _tpot_ms(llm, prompts, args) -> list[float]:
-    """Per-output-token time of each request (ms): vLLM's own first -> last token
-    timestamps over ``decode_tokens`` tokens, so the prefill is not in it."""
-    from vllm import SamplingParams, TokensPrompt
-    params = SamplingParams(max_tokens=args.decode_tokens, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
-    return [_tpot_of(llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0])
-            for p in prompts]
-
-
-def _tpot_of(out) -> float:
-    """One request's time per output token (ms), from vLLM's first and last token times."""
-    metrics, generated = out.metrics, len(out.outputs[0].token_ids)
-    if generated < 2 or not metrics.last_token_ts:
-        raise RuntimeError(f"no decode timing from vLLM ({generated} tokens, metrics {metrics})")
-    return (metrics.last_token_ts - metrics.first_token_ts) * 1e3 / (generated - 1)
-
-
-def _external_hits(llm) -> float:
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:external_prefix_cache_hits":
-            return float(getattr(metric, "value", 0))
-    return 0.0
-
-
-def _timed(result: dict, name: str, timings: tuple[list[float], list[list[int]]]) -> None:
-    """``name``_ms, ``name``_tokens and vLLM's own timings of one _time_each."""
-    result[f"{name}_ms"], result[f"{name}_tokens"] = timings
-    result[f"{name}_engine_ms"] = list(LAST_ENGINE_TTFT_MS)
-    result[f"{name}_queue_ms"] = list(LAST_QUEUE_MS)
-    result[f"{name}_step_ms"] = list(LAST_STEP_MS)
-    result[f"{name}_top5"] = list(LAST_TOP5)
-    result[f"{name}_cached_tokens"] = list(LAST_CACHED_TOKENS)
-
-
-def _timed_warm(result: dict, llm, prompts: list[list[int]]) -> None:
-    """The warm pass, on a GPU prefix cache emptied first (tools/warm_pass.py): per request the
-    prompt tokens vLLM did not compute, and vLLM's split of the pass's prompt tokens by source."""
-    result["reset_wait_s"] = empty_gpu_cache(llm.reset_prefix_cache)
-    result["scrubbed_kv_bytes"] = scrub_gpu_kv(llm)
-    before = tokens_by_source(llm.get_metrics())
-    _timed(result, "warm", _time_each(llm, prompts, 1))
-    result["warm_by_source"] = by_source_delta(tokens_by_source(llm.get_metrics()), before)
-
-
-def run_phase(args) -> dict:
-    """One vLLM process: what ``--phase`` names; returns its measurements."""
-    from transformers import AutoConfig
-    vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    prompts = _prompts(1, args.num_prompts, args.prompt_tokens, vocab)
-    decode_prompts = _prompts(2, args.decode_prompts, args.prompt_tokens // 10, vocab)
-    llm = _llm(args, args.phase)
-    _time_each(llm, _prompts(3, 1, 512, vocab), 1)  # warm-up: kernels, allocator
-    # (a connector may make vLLM run piecewise CUDA graphs only: attention then splits its work
-    # otherwise, and logprobs are compared only between phases of the same mode)
-    result = {"cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)}
-    if args.tpot_only:
-        result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
-        return result
-    if args.phase == "disk":  # a new engine whose pool is empty and whose disk holds the prompts
-        *alone, last = prompts
-        _timed(result, "disk", _time_each(llm, alone, 1))
-        # Its own seed per mode: the engine of an earlier mode wrote its new request to disk.
-        seed = 5 + _load_modes().index(args.disk_load_mode)
-        result["beside"] = _beside(llm, _prompts(seed, 1, args.prompt_tokens // 10, vocab)[0], last, args)
-        result["disk_tokens"].append(result["beside"].pop("hit_tokens"))
-        _timed(result, "pool", _time_each(llm, prompts, 1))  # read back into its pool by then
-        return result
-    _timed(result, "cold", _time_each(llm, prompts, 1))
-    result["cacheable_tokens"] = cacheable_tokens(prompts, llm.llm_engine.vllm_config.cache_config.block_size)
-    if args.phase == "pegaflow":  # the engine's own count of what it loaded, as a cross-check
-        from pegaflow.stats.engine_stats import read_stats
-        loaded = read_stats(args.engine_name)["blocks_loaded"]
-        _timed_warm(result, llm, prompts)
-        result["warm_engine_loaded_tokens"] = ((read_stats(args.engine_name)["blocks_loaded"] - loaded)
-                                               * llm.llm_engine.vllm_config.cache_config.block_size)
-        result["warm_batch_ms"] = _time_batch(llm, prompts, 1)
-        result["external_hit_tokens"] = _external_hits(llm)
-        result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
-    elif args.phase == "native" or args.phase in peers.PEERS:
-        _timed_warm(result, llm, prompts)  # the GPU's copy gone, the host cache's kept
-        if args.phase == "native":
-            _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # with the offloading connector
-    else:
-        _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # vLLM's prefix cache alone
-        result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
-        result["cold_batch_ms"] = _time_batch(llm, _prompts(4, args.num_prompts, args.prompt_tokens, vocab), 1)
-    return result
 
 
 def engine_flags(variant: str | None, is_flags: bool) -> list[str]:
@@ -261,15 +77,19 @@ def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
     # phase's vLLM must hash the prompts as the first one did
     env = dict(os.environ, PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"), **SCRUB_ENV,
                **(run.env if run else {}))
-    return spawn_phase("tools.bench_ttft", phase, flags, env=env, cwd=run.cwd if run else None)
+    # a peer's connector may make segments in vLLM's process that a killed vLLM cannot remove
+    leftovers = processes.new_segments_since(processes.shm_snapshot()) if run else None
+    with processes.phase("bench_ttft", phase):
+        return spawn_phase("tools.bench_ttft", phase, flags, timeout_s=args.phase_timeout, env=env,
+                           cwd=run.cwd if run else None, leftovers=leftovers)
 
 
-def _peer_phases(args) -> dict[str, dict]:
-    """Per peer of ``--peers``: its phase beside the server it needs, or ``skipped``: why."""
+def _peer_phases(args, configs: list[str]) -> dict[str, dict]:
+    """Per peer of ``configs``: its phase beside the server it needs, or ``skipped``: why."""
     from pegaflow.platform.errors import PeerError
     from pegaflow.platform.values import parse_size
     results = {}
-    for config in args.peers:
+    for config in configs:
         reason = peers.unavailable(config)
         if reason is not None:
             print("bench_ttft: " + peers.skip_line(config, reason), file=sys.stderr)
@@ -278,7 +98,9 @@ def _peer_phases(args) -> dict[str, dict]:
         run = peers.plan(config, parse_size(args.pool_size))
         log = Path(tempfile.gettempdir()) / f"bench_ttft.{config}.server.log"
         try:  # a peer that fails at run time is a row that says so, not the end of the bench
-            with peers.side_process(run, log):
+            with contextlib.ExitStack() as server:
+                with processes.phase("bench_ttft", f"{config} server start"):
+                    server.enter_context(peers.side_process(run, log))
                 results[config] = _spawn(args, config, run)
         except (PeerError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             print(f"bench_ttft: {config} failed: {exc} (its server's log: {log})", file=sys.stderr)
@@ -310,25 +132,6 @@ def _disk_phases(engine, start, args) -> dict[str, dict]:
     return results
 
 
-def summarize_disk(peg: dict, disks: dict[str, dict], none: dict) -> dict:
-    """The disk tier's figures: the first ``disk_load_mode``'s under the plain keys, each
-    mode's under keys ending in its name; outputs must equal no connector's in every one."""
-    first = disks[next(iter(disks))]
-    result = {"warm_from_pool_ms": _stats(peg["warm_ms"])[0], "cold_ms": _stats(peg["cold_ms"])[0],
-              "outputs_identical_disk": all(d["disk_tokens"] == d["pool_tokens"] == none["cold_tokens"]
-                                            for d in disks.values())}
-    for suffix, disk in [("", first), *((f"_{mode}", d) for mode, d in disks.items())]:
-        stats = disk["engine_stats"]
-        result[f"warm_from_disk_ms{suffix}"], result[f"warm_from_disk_ms_p90{suffix}"] = _stats(disk["disk_ms"])
-        result[f"warm_from_pool_after_disk_ms{suffix}"] = _stats(disk["pool_ms"])[0]
-        result[f"disk_blocks_read{suffix}"] = stats["disk_blocks_read"]
-        result[f"lookup_disk_blocks{suffix}"] = stats["lookup_disk_blocks"]
-        result[f"disk_engine_stats{suffix}"] = stats
-        for key, value in disk["beside"].items():  # a new request sent with a disk hit
-            result[f"beside_disk_{key}{suffix}"] = value
-    return result
-
-
 def _passthrough(args) -> list[str]:
     flags = [flag for flag, on in (("--tpot-only", args.tpot_only), ("--eager", args.eager),
                                    ("--no-async-scheduling", args.no_async_scheduling)) if on]
@@ -340,88 +143,32 @@ def _passthrough(args) -> list[str]:
             "--disk-load-mode", args.disk_load_mode, *flags]
 
 
-def summarize(peg: dict, native: dict | None, none: dict, gpu: str) -> dict:
-    """The table's figures; ``native`` None (--skip-native): its columns are left out."""
-    cold, cold_p90 = _stats(peg["cold_ms"])
-    warm, warm_p90 = _stats(peg["warm_ms"])
-    hit, hit_p90 = _stats(none["gpu_hit_ms"])
-    timings = [("cold", peg, "cold"), ("cold_none", none, "cold"), ("warm_pegaflow", peg, "warm"),
-               ("gpu_hit", none, "gpu_hit")]
-    native_figures, native_tokens = {}, []
-    if native is not None:
-        nat, nat_p90 = _stats(native["warm_ms"])
-        timings += [("warm_native", native, "warm"), ("gpu_hit_native_phase", native, "gpu_hit")]
-        native_figures = {"warm_native_ms_median": nat, "warm_native_ms_p90": nat_p90,
-                          "gpu_hit_native_phase_ms_median": _stats(native["gpu_hit_ms"])[0],
-                          "warm_pegaflow_over_native": warm / nat}
-        native_tokens = [native["cold_tokens"], native["warm_tokens"]]
-    return {
-        "gpu": gpu, "cold_ms_median": cold, "cold_ms_p90": cold_p90,
-        "warm_pegaflow_ms_median": warm, "warm_pegaflow_ms_p90": warm_p90,
-        "gpu_hit_ms_median": hit, "gpu_hit_ms_p90": hit_p90,
-        "cold_none_ms_median": _stats(none["cold_ms"])[0],
-        **native_figures,
-        "warm_batch8_pegaflow_ms": peg["warm_batch_ms"], "cold_batch8_ms": none["cold_batch_ms"],
-        "tpot_saving_ms": statistics.median(peg["tpot_ms"]),
-        "tpot_none_ms": statistics.median(none["tpot_ms"]),
-        "tpot_ratio_saving_vs_none": statistics.median(peg["tpot_ms"]) / statistics.median(none["tpot_ms"]),
-        "tpot_saving_ms_each": peg["tpot_ms"], "tpot_none_ms_each": none["tpot_ms"],
-        "external_hit_tokens": peg["external_hit_tokens"],
-        "engine_blocks_loaded": peg.get("engine_stats", {}).get("blocks_loaded"),
-        "engine_blocks_saved": peg.get("engine_stats", {}).get("blocks_saved"),
-        # vLLM's own timings of the same requests: first-token latency (arrival to first
-        # token), queued -> scheduled and scheduled -> first token (engine core):
-        **{f"{name}_{kind}_ms_median": statistics.median(phase[f"{key}_{kind}_ms"])
-           for name, phase, key in timings for kind in ("engine", "queue", "step")
-           if phase.get(f"{key}_{kind}_ms")},
-        "outputs_identical": all(tokens == none["cold_tokens"] for tokens in
-                                 [peg["cold_tokens"], peg["warm_tokens"], *native_tokens, none["gpu_hit_tokens"]]),
-    }
+CONFIGS = ("pegaflow", "native", *peers.PEERS, "none")  # the order they run in
 
 
-def _figures(rows: dict[str, dict], peg: dict, native: dict | None, none: dict) -> dict | None:
-    """``summarize``'s figures, from phases whose rows have figures: native's left out when its
-    row has none; None when pegaflow's has none.  Each row without figures: one line on stderr."""
-    for config, row in rows.items():
-        if reason := next((row[key] for key in NO_FIGURES if key in row), None):
-            print(f"bench_ttft: no figures for {config}: {reason}", file=sys.stderr)
-    if "ttft_warm_ms" not in rows["pegaflow"]:
-        return None
-    return summarize(peg, native if "ttft_warm_ms" in rows.get("native", {}) else None, none, gpu_name())
-
-
-def backend_figures(by_backend: dict[str, dict], none: dict) -> dict:
-    """``--copy-backends`` (or ``--engine-variants``): each one's own warm figures, under keys
-    named for it, its first tokens' top-5 logprobs against the GPU hit's among them; one whose
-    warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures."""
-    out = {}
-    for name, phase in by_backend.items():
-        if "failed" in phase:
-            continue
-        if reason := invalid_reason(phase.get("warm_by_source")):
-            out[f"invalid_{name}"] = reason
-            print(f"bench_ttft: no warm figures for copy path {name}: {reason}", file=sys.stderr)
-            continue
-        warm, warm_p90 = _stats(phase["warm_ms"])
-        out[f"warm_pegaflow_ms_median_{name}"], out[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
-        out[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]
-        out[f"outputs_identical_{name}"] = phase["cold_tokens"] == phase["warm_tokens"] == none["cold_tokens"]
-        out[f"logprobs_identical_{name}"], out[f"logprobs_compared_{name}"] = logprobs_match(phase, none)
-    return out
-
-
-def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
-    """Medians of --tpot-only's three phases and their ratios."""
-    med = {phase: statistics.median(values) for phase, values in tpot.items()}
-    return {"gpu": gpu, "tpot_saving_ms": med["pegaflow"], "tpot_idle_ms": med["idle"],
-            "tpot_none_ms": med["none"], "tpot_ratio_saving_vs_none": med["pegaflow"] / med["none"],
-            "tpot_ratio_saving_vs_idle": med["pegaflow"] / med["idle"],
-            "tpot_ratio_idle_vs_none": med["idle"] / med["none"],
-            **{f"tpot_{phase}_ms_each": values for phase, values in tpot.items()}}
-
-
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _add_workload_args(p)
+    _add_run_args(p)
+    args = p.parse_args(argv)
+    if args.phase:
+        return args
+    if unknown := sorted(set(args.disk_load_modes) - set(load_modes())):
+        p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(load_modes())}")
+    if args.copy_backends and args.engine_variants:
+        p.error("--copy-backends or --engine-variants, not both")
+    if args.disk_path and args.num_prompts < 2:
+        p.error("--disk-path needs --num-prompts 2 or more (the last one is sent beside a new request)")
+    if args.engine_name and (args.copy_backends or args.engine_variants or args.disk_path):
+        p.error("--copy-backends, --engine-variants and --disk-path start engines of their own: leave out "
+                "--engine-name")
+    chosen = args.configs or ["pegaflow", *([] if args.skip_native else ["native"]), *args.peers, "none"]
+    args.configs = [c for c in CONFIGS if c in chosen]
+    return args
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The prompts, the model and how every phase's vLLM runs."""
     p.add_argument("--model", default=str(ROOT / "tools/models/llama-3.1-8b-shape"))
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=10000)
@@ -445,6 +192,12 @@ def main() -> int:
                         "flags, written without dashes and joined by '+' ('default': none), e.g. default "
                         "load-layer-groups=4 load-layer-groups=4+hold-saves: each variant's figures under "
                         "keys named for it, as --copy-backends gives them")
+    p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
+    add_phase_args(p, ["pegaflow", "idle", "native", "none", "disk", *peers.PEERS])
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """Which configurations and variants run, and where the figures go."""
     p.add_argument("--json", action="store_true")
     p.add_argument("--disk-path", default="",
                    help="also measure warm TTFT from the engine's disk tier, in a new folder under this "
@@ -455,14 +208,26 @@ def main() -> int:
                    help="with --disk-path: run the disk phase once per connector disk_load_mode, each "
                         "with a new engine on the same disk (the first one's figures are the plain keys)")
     p.add_argument("--disk-load-mode", default="async", help=argparse.SUPPRESS)
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, metavar="CONFIG",
+                   help=f"the configurations to run, of {', '.join(CONFIGS)} (run in that order; default: "
+                        "pegaflow, native unless --skip-native, --peers, none). A run of some of them "
+                        "writes its phases with --phases-out; --merge makes one table of several such files")
     p.add_argument("--skip-native", action="store_true",
                    help="leave out the vLLM native offload phase (and its columns)")
     p.add_argument("--peers", nargs="*", choices=peers.PEERS, default=["lmcache", "pegaflow-rs"],
                    help="peers measured beside pegaflow, each with a host cache of --pool-size "
-                        "(tools/peers.py; one that cannot run here is skipped with one line)")
-    p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
-    add_phase_args(p, ["pegaflow", "idle", "native", "none", "disk", *peers.PEERS])
-    args = p.parse_args()
+                        "(tools/lib/peers.py; one that cannot run here is skipped with one line)")
+    p.add_argument("--phases-out", metavar="PATH",
+                   help="write every phase's measurements here, rewritten after each phase (for --merge)")
+    p.add_argument("--merge", nargs="+", default=[], metavar="PATH",
+                   help="run nothing: the table of the phases in these --phases-out files (a run split over "
+                        "calls; a configuration in two files: the later file's)")
+    p.add_argument("--phase-timeout", type=float, default=PHASE_TIMEOUT_S, metavar="S",
+                   help="stop a phase (one vLLM process) that runs longer than this, with a clear error")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.phase:
         try:
             result = run_phase(args)
@@ -470,19 +235,64 @@ def main() -> int:
             result = {"failed": str(exc)}
         write_phase(args, result)
         return 0
-    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
-    if unknown := sorted(set(args.disk_load_modes) - set(_load_modes())):
-        p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(_load_modes())}")
-    if args.copy_backends and args.engine_variants:
-        p.error("--copy-backends or --engine-variants, not both")
-    backends = args.copy_backends or args.engine_variants or [None]
-    engine, given_engine = None, args.engine_name
+    processes.handle_signals()  # SIGTERM / timeout: every engine, server and vLLM stopped
+    if args.tpot_only:
+        return _tpot_only(args)
+    phases = merged_phases(args.merge) if args.merge else run_configs(args)
+    return report(args, phases)
 
-    if args.disk_path and args.num_prompts < 2:
-        p.error("--disk-path needs --num-prompts 2 or more (the last one is sent beside a new request)")
-    if given_engine and (args.copy_backends or args.engine_variants or args.disk_path):
-        p.error("--copy-backends, --engine-variants and --disk-path start engines of their own: leave out "
-                "--engine-name")
+
+def _tpot_only(args) -> int:
+    with engine_unless_named(args.engine_name, "ttft", args.pool_size) as args.engine_name:
+        tpot = {phase: _spawn(args, phase)["tpot_ms"] for phase in ("pegaflow", "idle", "none")}
+    print(json.dumps(summarize_tpot(tpot, gpu_name())))
+    return 0
+
+
+def run_configs(args) -> dict:
+    """Each configuration of ``args.configs``'s phase, in order; ``pegaflow``'s with its copy
+    paths or variants (``pegaflow_variants``) and disk phases (``disks``).  With
+    ``--phases-out`` the file is rewritten after each, so a run cut short keeps what it measured."""
+    phases: dict = {"gpu": gpu_name(), "model": args.model, "configs_run": list(args.configs)}
+
+    def keep(name: str, value) -> None:
+        phases[name] = value
+        if args.phases_out:
+            Path(args.phases_out).write_text(json.dumps(phases))
+    if "pegaflow" in args.configs:
+        by_backend, disks = _pegaflow_phases(args)
+        keep("pegaflow_variants", by_backend)
+        keep("disks", disks)
+        keep("pegaflow", next(iter(by_backend.values())))
+    if "native" in args.configs:
+        keep("native", _spawn(args, "native"))
+    for config, result in _peer_phases(args, [c for c in args.configs if c in peers.PEERS]).items():
+        keep(config, result)
+    if "none" in args.configs:
+        keep("none", _spawn(args, "none"))
+    return phases
+
+
+def merged_phases(paths: list[str]) -> dict:
+    """The phases of several ``--phases-out`` files as one run's (the first file's GPU and model;
+    another GPU in a later file: a warning, the merge goes on)."""
+    files = [json.loads(Path(path).read_text()) for path in paths]
+    phases = dict(files[0])
+    for path, data in zip(paths[1:], files[1:]):
+        if data["gpu"] != phases["gpu"]:
+            print(f"bench_ttft: {path} ran on {data['gpu']}, not {phases['gpu']}", file=sys.stderr)
+        phases.update({k: v for k, v in data.items() if k not in ("gpu", "model", "configs_run")})
+        phases["configs_run"] = list(dict.fromkeys(phases["configs_run"] + data["configs_run"]))
+    return phases
+
+
+def _pegaflow_phases(args) -> tuple[dict[str, dict], dict[str, dict] | None]:
+    """pegaflow's phase once per copy path or variant, each with a fresh engine (or the one
+    ``--engine-name`` names), then the disk phases; every engine started here stopped after."""
+    from pegaflow.stats.engine_stats import read_stats
+    from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
+    backends = args.copy_backends or args.engine_variants or [None]
+    given_engine, engine = args.engine_name, None
     disk_dir = tempfile.mkdtemp(prefix="pegaflow-ttft-", dir=args.disk_path) if args.disk_path else ""
 
     def start(backend: str | None, keep_disk: bool = False):
@@ -491,27 +301,18 @@ def main() -> int:
             if not keep_disk:
                 shutil.rmtree(Path(disk_dir) / "pegaflow-blocks", ignore_errors=True)
             extra += ("--disk-path", disk_dir, "--disk-admission", "all")
-        started = EngineProcess(f"ttft{os.getpid()}", *extra, backend="cuda", pool_size=args.pool_size,
-                                start_timeout_s=300)
+        with processes.phase("bench_ttft", f"engine start ({variant_name(backend)})"):
+            started = EngineProcess(f"ttft{os.getpid()}", *extra, backend="cuda", pool_size=args.pool_size,
+                                    start_timeout_s=300)
         args.engine_name = started.name
         return started
 
-    if not given_engine:
-        engine = start(backends[0])
-    if args.tpot_only:
-        try:
-            tpot = {phase: _spawn(args, phase)["tpot_ms"] for phase in ("pegaflow", "idle", "none")}
-        finally:
-            if engine is not None:
-                engine.stop()
-        print(json.dumps(summarize_tpot(tpot, gpu_name())))
-        return 0
-    from pegaflow.stats.engine_stats import read_stats
     by_backend = {}
     try:
-        for i, backend in enumerate(backends):
-            if i and not given_engine:  # each copy path its own fresh engine
-                engine.stop(timeout_s=LARGE_POOL_STOP_S)
+        for backend in backends:
+            if not given_engine:  # each copy path its own fresh engine
+                if engine is not None:
+                    engine.stop(timeout_s=LARGE_POOL_STOP_S)
                 engine = start(backend)
             by_backend[variant_name(backend)] = peg = _spawn(args, "pegaflow")
             peg["engine_stats"] = read_stats(args.engine_name)
@@ -521,31 +322,48 @@ def main() -> int:
             engine.stop(timeout_s=LARGE_POOL_STOP_S)
         if disk_dir:
             shutil.rmtree(disk_dir, ignore_errors=True)
-    native = None if args.skip_native else _spawn(args, "native")
-    peer_runs = _peer_phases(args)
-    none = _spawn(args, "none")
-    peg = by_backend[variant_name(backends[0])]
+    return by_backend, disks
+
+
+def report(args, phases: dict) -> int:
+    """The table of ``phases`` (JSON with ``--json``); without both ``none`` and ``pegaflow``, only
+    which configurations ran, for a later ``--merge``."""
+    if "none" not in phases or "pegaflow" not in phases:
+        print(json.dumps({"gpu": phases["gpu"], "configs_run": phases["configs_run"],
+                          "phases_out": args.phases_out}))
+        print("bench_ttft: no table without both none and pegaflow: --merge this run's --phases-out file "
+              "with the others'", file=sys.stderr)
+        return 0
+    peg, none, native = phases["pegaflow"], phases["none"], phases.get("native")
+    peer_runs = {c: phases[c] for c in peers.PEERS if c in phases}
     rows = config_rows(peg, native, none, peer_runs)
-    if (result := _figures(rows, peg, native, none)) is None:
-        print(json.dumps({"gpu": gpu_name(), "configs": rows}))  # pegaflow's own figures invalid
+    if (result := table_figures(rows, peg, native, none, phases["gpu"])) is None:
+        print(json.dumps({"gpu": phases["gpu"], "configs": rows}))  # pegaflow's own figures invalid
         return 1
-    if disks is not None:
+    disks = phases.get("disks")
+    if disks:
         result.update(summarize_disk(peg, disks, none))
         for mode in disks:
             if not result[f"lookup_disk_blocks_{mode}"]:
                 print(f"bench_ttft: the disk phase ({mode}) found nothing on disk: its figure is a "
                       "recompute, not a read from disk", file=sys.stderr)
     result["configs"] = rows
+    first = next(iter(phases["pegaflow_variants"]))
     if args.engine_variants:  # the first variant's figures are the table's
-        result["engine_variant"] = variant_name(backends[0])
+        result["engine_variant"] = first
     else:
-        result["copy_backend"] = backends[0] or "engine default"
-    result.update(backend_figures(by_backend, none))
+        result["copy_backend"] = args.copy_backends[0] if args.copy_backends else "engine default"
+    result.update(backend_figures(phases["pegaflow_variants"], none))
     result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
     result["compilation"] = "eager" if args.eager else "vLLM default (CUDA graphs)"
     if args.json:
         print(json.dumps(result))
-        return 0
+    else:
+        print_table(result, disks or {}, phases["pegaflow_variants"])
+    return 0
+
+
+def print_table(result: dict, disks: dict, by_backend: dict) -> None:
     print(f"{'case':<34}{'median ms':>10}{'p90 ms':>10}")
     for label, key in [("cold (pegaflow saving)", "cold_ms"), ("warm from pegaflow", "warm_pegaflow_ms"),
                        ("warm from vLLM native offload", "warm_native_ms"), ("GPU prefix-cache hit", "gpu_hit_ms")]:
@@ -561,7 +379,7 @@ def main() -> int:
           f"TPOT saving {result['tpot_saving_ms']:.2f} ms vs none {result['tpot_none_ms']:.2f} ms "
           f"({result['tpot_ratio_saving_vs_none']:.3f}x); 8 warm prompts at once "
           f"{result['warm_batch8_pegaflow_ms']:.0f} ms; outputs identical: {result['outputs_identical']}")
-    for mode in disks or ():
+    for mode in disks:
         print(f"warm from disk ({mode} load) {result['warm_from_disk_ms_' + mode]:.1f} ms "
               f"(p90 {result['warm_from_disk_ms_p90_' + mode]:.1f}), from pool {result['warm_from_pool_ms']:.1f} "
               f"ms, cold {result['cold_ms']:.1f} ms; outputs identical: {result['outputs_identical_disk']}; "
@@ -574,7 +392,6 @@ def main() -> int:
     for name in by_backend:
         print(f"copy path {name}: warm {result['warm_pegaflow_ms_median_' + name]:.1f} ms "
               f"(p90 {result['warm_pegaflow_ms_p90_' + name]:.1f}), cold {result['cold_ms_median_' + name]:.1f} ms")
-    return 0
 
 
 if __name__ == "__main__":

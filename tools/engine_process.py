@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pegaflow.client.connection import EngineClient
 from pegaflow.platform.errors import PegaflowError
+from tools.lib import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 LARGE_POOL_STOP_S = 120.0  # a 64 GiB pool takes over 10 s to give back: wait for it, do not kill it
@@ -45,6 +46,8 @@ class EngineProcess:
         finally:
             if stderr is not None:
                 stderr.close()
+        # a bench stopped by a signal stops it too (tools/lib/processes.py)
+        processes.register(self.proc, f"engine {self.name}", lambda: self.stop(timeout_s=LARGE_POOL_STOP_S))
         if wait:
             try:
                 self.wait_ready(start_timeout_s)
@@ -101,7 +104,8 @@ class EngineProcess:
             time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
-        """Send ``sig`` (if still running) and reap; killed past ``timeout_s``. The exit code."""
+        """Send ``sig`` (if still running) and reap; killed past ``timeout_s``, and then what it
+        left in /dev/shm removed (``engine/cleanup.py``). The exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -109,6 +113,9 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                from engine.cleanup import clean  # here: only a killed engine needs it
+                clean(self.name)
+        processes.forget(self.proc)
         return self.proc.returncode
 
     def __enter__(self) -> "EngineProcess":

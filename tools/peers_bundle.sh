@@ -11,7 +11,7 @@
 #
 #   mkdir -p $HOME/vb/peers && mv .gpu-bundle/peers/* $HOME/vb/peers/ && bash $HOME/vb/peers/unpack.sh
 #
-# then tools/peers.py finds them there (PEGAFLOW_PEERS_DIR overrides $HOME/vb/peers).
+# then tools/lib/peers.py finds them there (PEGAFLOW_PEERS_DIR overrides $HOME/vb/peers).
 set -euo pipefail
 out="${1:-.gpu-bundle/peers}"
 

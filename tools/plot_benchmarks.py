@@ -2,12 +2,15 @@
 
     python -m tools.plot_benchmarks [--dir docs/benchmarks] [--format png|svg]
 
-One plot per figure of docs/benchmarks.md's headline, each from one file:
+One plot per figure of docs/benchmarks.md's headline, each from one file (the serving, TTFT and
+replicas plots from the runs of README's "Why pegaflow" table); every plot names its card,
+and bars start at zero:
 
 - ``serving_rounds``: ``vllm serve`` multi-round chat, each round's wall time per server
   configuration (``bench_serving``'s ``runs[].rounds[].wall_s``);
 - ``ttft``: a warm 10k-token prompt's time to first token per system, with the cold and
-  GPU-hit bounds (``bench_ttft``'s ``*_ms_median`` and ``*_ms_p90``);
+  GPU-hit bounds (``bench_ttft``'s ``configs`` and ``gpu_hit_ms_*``; a peer whose outputs
+  differed from no offload's is marked so);
 - ``transfer``: save and load rates of a prefix against the pinned-copy PCIe limit measured
   in the same run (``bench_transfer``'s ``rows`` and ``pinned_*_gbps``);
 - ``replicas``: two ``vllm serve`` replicas behind a round-robin router, each round's wall time
@@ -34,11 +37,14 @@ DEFAULT_DIR = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
 CONFIG_LABELS = {
     "none": "no offload",
     "native": "vLLM native offload",
-    "pegaflow": "pegaflow (layerwise)",
+    "pegaflow": "pegaflow",
     "pegaflow-auto": "pegaflow",
+    "pegaflow-rs": "PegaFlow (pegaflow-llm)",
+    "lmcache": "LMCache, in-process",
+    "lmcache-mp": "LMCache MP server",
 }
-COLORS = {"no offload": "0.55",
-          "vLLM native offload": "tab:orange", "pegaflow (layerwise)": "tab:cyan",
+COLORS = {"no offload": "0.55", "vLLM native offload": "tab:orange", "PegaFlow (pegaflow-llm)": "tab:green",
+          "LMCache, in-process": "tab:red", "LMCache MP server": "tab:purple",
           "pegaflow": "tab:blue", "pegaflow --hold-saves": "navy"}
 PATH_LABELS = {"kernel": "copy kernel", "copy-engine": "copy engine (page by page)", "staged": "staged (default)"}
 
@@ -79,14 +85,19 @@ def serving_rounds(result: dict, labels: dict[str, str] = CONFIG_LABELS) -> dict
 
 
 def ttft_bars(result: dict) -> list[Bar]:
-    """Cold, warm from each host cache, and a GPU prefix-cache hit: median and p90 in ms."""
-    pegaflow = "_staged" if "warm_pegaflow_ms_median_staged" in result else ""
-    wanted = (("cold (recompute), no connector", "cold_none_ms_median", None),
-              ("warm from vLLM native offload", "warm_native_ms_median", "warm_native_ms_p90"),
-              ("warm from pegaflow", f"warm_pegaflow_ms_median{pegaflow}", f"warm_pegaflow_ms_p90{pegaflow}"),
-              ("GPU prefix-cache hit (floor)", "gpu_hit_ms_median", "gpu_hit_ms_p90"))
-    return [Bar(label, float(_field(result, median)), result.get(p90) if p90 else None)
-            for label, median, p90 in wanted]
+    """Cold (no connector), warm from each host cache of the run, and a GPU prefix-cache hit:
+    median and p90 in ms; a system whose outputs differed from no offload's says so."""
+    configs = _field(result, "configs")
+    bars = [Bar("cold (recompute), no connector", float(_field(_field(configs, "none"), "ttft_warm_ms")),
+                _field(configs, "none").get("ttft_warm_ms_p90"))]
+    for config, run in configs.items():
+        if config != "none":
+            wrong = "" if run.get("outputs_identical", True) else " (outputs wrong)"
+            bars.append(Bar(f"warm from {CONFIG_LABELS.get(config, config)}{wrong}",
+                            float(_field(run, "ttft_warm_ms")), run.get("ttft_warm_ms_p90")))
+    bars.append(Bar("GPU prefix-cache hit (floor)", float(_field(result, "gpu_hit_ms_median")),
+                    result.get("gpu_hit_ms_p90")))
+    return bars
 
 
 def transfer_series(result: dict, direction: str) -> tuple[list[Series], float]:
@@ -151,16 +162,20 @@ def draw_replicas(result: dict, axes_of: Callable) -> object:
     args = result.get("args", {})
     context = f"{args.get('context_tokens', 0):,}".replace(",", " ")
     figure.suptitle(f"{result.get('replicas', 2)} vllm serve replicas on one GPU, {result.get('router', '')} router, "
-                    f"{args.get('users', '?')} users of {context} tokens, {result.get('gpu', 'GPU')}, CUDA graphs on")
+                    f"{args.get('users', '?')} users of {context} tokens, {_field(result, 'gpu')}, CUDA graphs on")
     return figure
 
 
 def draw_serving_rounds(result: dict, axes_of: Callable) -> object:
     figure, axes = axes_of(1)
-    _draw_rounds(axes[0], serving_rounds(result))
-    axes[0].set_title(f"vllm serve, multi-round chat: 12 users of 8 000 tokens, GPU cache holds a third\n"
-                      f"{result.get('gpu', 'GPU')}, CUDA graphs on")
-    axes[0].legend(loc="center right")
+    rounds = serving_rounds(result)
+    _draw_rounds(axes[0], rounds)
+    axes[0].set_ylim(0, max(max(walls) for walls in rounds.values()) * 1.1)
+    args = result.get("args", {})
+    context = f"{args.get('context_tokens', 0):,}".replace(",", " ")
+    axes[0].set_title(f"vllm serve, multi-round chat: {args.get('users', '?')} users of {context} tokens\n"
+                      f"{_field(result, 'gpu')}, {'eager' if args.get('eager') else 'CUDA graphs on'}")
+    axes[0].legend(loc="center right", fontsize=8)
     return figure
 
 
@@ -168,7 +183,11 @@ def draw_ttft(result: dict, axes_of: Callable) -> object:
     bars = ttft_bars(result)
     figure, axes = axes_of(1)
     ys = list(range(len(bars)))[::-1]
-    axes[0].barh(ys, [bar.median_ms for bar in bars], color=["0.55", "tab:orange", "tab:blue", "0.8"])
+    colors = [COLORS.get(bar.label.removeprefix("warm from ").removesuffix(" (outputs wrong)"), "0.8")
+              for bar in bars]
+    drawn = axes[0].barh(ys, [bar.median_ms for bar in bars], color=["0.55", *colors[1:]])
+    for patch, bar in zip(drawn, bars):
+        patch.set_hatch("//" if "wrong" in bar.label else "")
     for y, bar in zip(ys, bars):
         if bar.p90_ms is not None:
             axes[0].plot([bar.p90_ms], [y], marker="|", markersize=14, color="black")
@@ -176,8 +195,8 @@ def draw_ttft(result: dict, axes_of: Callable) -> object:
     axes[0].set_yticks(ys, [bar.label for bar in bars])
     axes[0].set_xlabel("time to first token, ms: bar the median, black tick the p90 (lower is better)")
     axes[0].set_xlim(0, max(bar.median_ms for bar in bars) * 1.2)
-    axes[0].set_title(f"10 000-token prompt, Llama-3.1-8B shape, one at a time\n{result.get('gpu', 'GPU')}, "
-                      f"vLLM offline LLM API, {result.get('compilation', '')}".rstrip(", "))
+    axes[0].set_title(f"10 000-token prompt, Llama-3.1-8B shape, one at a time, vLLM offline LLM API\n"
+                      f"{_field(result, 'gpu')}, {result.get('compilation', '')}".rstrip(", "), fontsize=9)
     return figure
 
 
@@ -196,10 +215,10 @@ def draw_transfer(result: dict, axes_of: Callable) -> object:
         ax.minorticks_off()
         ax.set_xlabel("prefix tokens (Llama-3.1-8B shape, 64 KiB pages)")
         ax.set_title(title)
-        ax.set_ylim(40, limit * 1.04)
+        ax.set_ylim(0, limit * 1.08)
     axes[0].set_ylabel("GB/s")
     axes[1].legend(loc="lower right", fontsize=8)
-    figure.suptitle(f"KV transfer against the PCIe limit, {result.get('gpu', 'GPU')}, {result.get('date', '')}")
+    figure.suptitle(f"KV transfer against the PCIe limit, {_field(result, 'gpu')}, {result.get('date', '')}")
     return figure
 
 
@@ -211,8 +230,8 @@ class Plot:
 
 
 PLOTS = (
-    Plot("serving_rounds", "serving_three_f1ceccf.json", draw_serving_rounds),
-    Plot("ttft", "ttft_copy_path.json", draw_ttft),
+    Plot("serving_rounds", "serving_peers.json", draw_serving_rounds),
+    Plot("ttft", "ttft_peers.json", draw_ttft),
     Plot("transfer", "transfer.json", draw_transfer),
     Plot("replicas", "replicas.json", draw_replicas),
 )

@@ -24,9 +24,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.bench_decode import KINDS, decode_llm, random_prompts
 from tools.gpu import gpu_name
-from tools.phase_process import add_phase_args, engine_unless_named, spawn_phase, write_phase
+from tools.lib.decode import KINDS, decode_llm, random_prompts
+from tools.lib.phases import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_FUNCTION = ("sched/scheduler.py", "schedule")  # one call per engine step

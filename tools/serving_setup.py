@@ -4,7 +4,7 @@ one way for ``bench_serving``, ``bench_replicas`` and ``bench_pd``.
 - ``pegaflow_transfer_args(engine_name, role, **options)``: the ``--kv-transfer-config`` that
   attaches a vLLM to pegaflow's engine ``engine_name`` through ``PegaKVConnector``;
 - ``side_processes(...)``: a context manager that starts what the configuration needs: a fresh
-  pegaflow engine (``PEGAFLOW_CONFIGS``), or a peer's plan and its server (``tools/peers.py``);
+  pegaflow engine (``PEGAFLOW_CONFIGS``), or a peer's plan and its server (``tools/lib/peers.py``);
   it yields a ``Sides`` and stops them on exit, the engine last (a large pool takes its time
   to give its memory back: waited for, not killed);
 - ``vllm_settings(plan)``: a vLLM process's extra arguments, environment and working directory
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import peers
+from tools.lib import peers, processes
 
 # pegaflow's configurations: the connector's options beyond the engine's name
 PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},
@@ -47,6 +47,14 @@ def vllm_settings(plan: peers.Plan | None) -> tuple[list[str] | None, dict[str, 
     return plan.serve_args(), dict(plan.env), plan.cwd
 
 
+def peer_leftovers(plan: peers.Plan | None):
+    """For a vLLM process of a peer's plan: what its connector makes in /dev/shm that a killed
+    vLLM cannot remove, removed after it (``tools/lib/processes.py``); None without a peer."""
+    if plan is None:
+        return None
+    return processes.new_segments_since(processes.shm_snapshot())
+
+
 @dataclass(frozen=True, slots=True)
 class Sides:
     """What a configuration's vLLMs run against: pegaflow's engine ``engine_name`` (where
@@ -67,18 +75,25 @@ class Sides:
 
 @contextlib.contextmanager
 def side_processes(config: str, engine_name: str, engine_args: list[str], host_gib: int, log_dir: Path,
-                   tag: str, *, peer_pool_bytes: int, engine_start_timeout_s: float) -> Iterator[Sides]:
+                   tag: str, *, peer_pool_bytes: int, engine_start_timeout_s: float,
+                   num_vllms: int = 1) -> Iterator[Sides]:
     """For ``config``: pegaflow's engine with a ``host_gib`` pool (its log ``<tag>.engine.log``),
-    or the peer's plan for ``peer_pool_bytes`` and its server (``<tag>.peer.log``), or nothing."""
+    or the peer's plan for ``peer_pool_bytes`` and ``num_vllms`` vLLMs and its server
+    (``<tag>.peer.log``), or nothing."""
     from tools import engine_process  # here, not at the top: it imports this repo's pegaflow
     engine = None
     if config in PEGAFLOW_CONFIGS:
-        engine = engine_process.EngineProcess(
-            engine_name, *engine_args, *ENGINE_FLAGS.get(config, []), backend="cuda", pool_size=f"{host_gib}GiB",
-            start_timeout_s=engine_start_timeout_s, log_level="INFO", stderr_path=log_dir / f"{tag}.engine.log")
+        with processes.phase(None, f"{tag} engine start"):
+            engine = engine_process.EngineProcess(
+                engine_name, *engine_args, *ENGINE_FLAGS.get(config, []), backend="cuda",
+                pool_size=f"{host_gib}GiB", start_timeout_s=engine_start_timeout_s, log_level="INFO",
+                stderr_path=log_dir / f"{tag}.engine.log")
     try:
-        plan = peers.plan(config, peer_pool_bytes) if config in peers.PEERS else None
-        with peers.side_process(plan, log_dir / f"{tag}.peer.log") if plan else contextlib.nullcontext():
+        plan = peers.plan(config, peer_pool_bytes, num_vllms) if config in peers.PEERS else None
+        with contextlib.ExitStack() as server:
+            if plan is not None:
+                with processes.phase(None, f"{tag} peer server start"):
+                    server.enter_context(peers.side_process(plan, log_dir / f"{tag}.peer.log"))
             yield Sides(engine_name, engine is not None, plan)
     finally:
         if engine is not None:

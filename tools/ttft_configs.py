@@ -18,12 +18,16 @@ bit for bit).  A request whose cached-token count differs from the hit's is not 
 two phases under different CUDA graph modes: a connector can make it piecewise only, and
 attention then splits its work otherwise).  The warm pass ran on a
 scrubbed GPU cache (``tools/warm_pass.py``): a page a connector left out changes the logprobs.
+Every row that ran (``none``'s and ``invalid`` ones too) keeps ``requests``: per request, each
+pass's tokens hash, served tokens and first-token top-5 (``tools/lib/evidence.py``, whose
+``recheck_ttft`` works both marks out again from them), and ``cudagraph_mode``.
 """
 
 from __future__ import annotations
 
 import statistics
 
+from tools.lib.evidence import ttft_requests
 from tools.warm_pass import invalid_reason
 
 NO_FIGURES = ("skipped", "failed", "invalid")
@@ -69,7 +73,7 @@ def row(phase: dict, reference: list[list[int]], none: dict) -> dict:
     if reason is None and None in cached:
         reason = "vLLM gave no num_cached_tokens for a warm request: what it served is unknown"
     if reason is not None:
-        return {"invalid": reason}
+        return {"invalid": reason, **evidence(phase)}
     median, p90 = stats(phase["warm_ms"])
     out = {"ttft_warm_ms": median, "ttft_warm_ms_p90": p90,
            "served_share": served_share(sum(cached), phase["cacheable_tokens"]),
@@ -78,7 +82,13 @@ def row(phase: dict, reference: list[list[int]], none: dict) -> dict:
     if "scrubbed_kv_bytes" in phase:
         out["scrubbed_kv_bytes"] = phase["scrubbed_kv_bytes"]
     out["logprobs_identical"], out["logprobs_compared"] = logprobs_match(phase, none)
-    return out
+    return out | evidence(phase)
+
+
+def evidence(phase: dict) -> dict:
+    """What a row keeps per request (``tools/lib/evidence.py``), and the CUDA graph mode vLLM ran
+    the phase under, so that its marks can be checked again from the JSON alone."""
+    return {"cudagraph_mode": phase.get("cudagraph_mode"), "requests": ttft_requests(phase)}
 
 
 def config_rows(peg: dict, native: dict | None, none: dict, peer_runs: dict[str, dict]) -> dict[str, dict]:
@@ -88,7 +98,7 @@ def config_rows(peg: dict, native: dict | None, none: dict, peer_runs: dict[str,
     reference = none["cold_tokens"]
     cold, cold_p90 = stats(none["cold_ms"])
     rows = {"none": {"ttft_warm_ms": cold, "ttft_warm_ms_p90": cold_p90, "served_share": 0.0,
-                     "outputs_identical": none["gpu_hit_tokens"] == reference}}
+                     "outputs_identical": none["gpu_hit_tokens"] == reference, **evidence(none)}}
     rows["pegaflow"] = row(peg, reference, none)
     if "warm_engine_loaded_tokens" in peg and "served_share" in rows["pegaflow"]:
         rows["pegaflow"]["engine_served_share"] = served_share(peg["warm_engine_loaded_tokens"],

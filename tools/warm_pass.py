@@ -29,7 +29,7 @@ with ``SCRUB_ENV`` set (pickled calls): the bench's own processes only.  The ans
 the first token's top-5 logprobs as well as its id (``top_logprobs``).
 
 This module imports nothing of this repo's ``pegaflow``: a pegaflow-rs phase runs with PegaFlow's
-package of that name first on its path (``tools/peers.py``).
+package of that name first on its path (``tools/lib/peers.py``).
 """
 
 from __future__ import annotations

@@ -130,6 +130,11 @@ class CopyBackend(abc.ABC):
     def unregister_client(self, slot: int) -> None:
         """Close everything ``slot`` registered (after its copies are done)."""
 
+    def drop_held(self, slot: int) -> None:
+        """Copies of ``slot`` held until its client's GPU has written their data, never
+        issued (``--hold-saves``): ended now with an error, ``poll`` reports them.  Its client
+        is gone: the data may never be written, and its slot waits for them.  None here."""
+
     @abc.abstractmethod
     def submit(self, op: CopyOp) -> None:
         """Enqueue ``op``; its completion comes back through ``poll``.  A ``PegaflowError``

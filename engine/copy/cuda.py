@@ -18,18 +18,18 @@ never wait for a copy; ``unregister_client`` waits for the slot's copies, and
                                the device's staging streams; otherwise one copy per layer
                                on that layer's low-priority stream
     poll()                     the ops whose completion event has fired (cuEventQuery)
+    drop_held(slot)            its held SAVEs ended (its client is gone: the data may never come)
     unregister_client(slot)    close its handles and events
 
 Ordering.  A SAVE reads only bytes the client finished writing (it waits for the client's
-event first); a LOAD records the client's event of each layer once that layer is in, and
-the client's compute stream waits on it.  Loads and saves have their own stream per layer,
-so a load never queues behind a save; how deep each path runs: ``cuda_layers.py``.  Staged
-ops keep the same rules on their own streams (``staged.py``).
+event first); a LOAD records the client's event of each layer once that layer is in, and the
+client's compute stream waits on it.  Loads and saves have their own stream per layer, so a
+load never queues behind a save (how deep each path runs: ``cuda_layers.py``); staged ops
+keep the same rules on their own streams (``staged.py``).
 
-Paths (which one an op takes: ``paths.py``): ``kernel``, an NVRTC launch per layer over the
-mapped pool (``kernels.py``); ``copy-engine``, a ``cuMemcpyBatchAsync`` per layer, pages in
-pool address order; ``staged`` (``staged.py``); ``auto`` measures the first two per page size
-(``probe.py``).
+Paths (which one an op takes: ``paths.py``): ``kernel``, an NVRTC launch per layer over the mapped
+pool (``kernels.py``); ``copy-engine``, a ``cuMemcpyBatchAsync`` per layer, pages in pool address
+order; ``staged`` (``staged.py``); ``auto`` measures the first two per page size (``probe.py``).
 
 Errors.  ``submit`` refuses an op by raising: a CommandError for one that fails its checks
 (nothing issued), a CudaError for one whose issue failed (its copies issued so far drained
@@ -49,17 +49,7 @@ from pegaflow.platform.cuda import driver
 from pegaflow.platform.errors import ConfigError, CudaError
 
 from . import staged
-from .base import (
-    AUTO,
-    COPY_ENGINE,
-    DEVICE_STAGING_BYTES,
-    KERNEL,
-    PATHS,
-    STAGED,
-    CopyBackend,
-    CopyDone,
-    CopyOp,
-)
+from .base import AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, PATHS, STAGED, CopyBackend, CopyDone, CopyOp
 from .checks import Region, check_op
 from .cuda_clients import ClientMappings, check_region
 from .cuda_device import Device, PinnedPool
@@ -169,7 +159,7 @@ class CudaBackend(CopyBackend):
         self._clients.set_events(slot, handles)
 
     def unregister_client(self, slot: int) -> None:
-        self._ready += self._held.drop_slot(slot, "the client left before its data to save was written")
+        self.drop_held(slot)
         pending = [f for f in self._inflight if f.slot == slot]
         if pending:
             logger.warning("slot %d unregistered with %d copies in flight: draining", slot,
@@ -178,6 +168,9 @@ class CudaBackend(CopyBackend):
                 driver.use_device(f.device)
                 driver.synchronize_event(f.done)
         self._clients.close_slot(slot)
+
+    def drop_held(self, slot: int) -> None:
+        self._ready += self._held.drop_slot(slot, "the client left before its data to save was written")
 
     def poll(self) -> list[CopyDone]:
         self._held.issue_ready(lambda held: self._start(self._device(held.regions[0].device), held.op,

@@ -8,7 +8,7 @@ range's pages, copies the pages' bytes into it, and maps the segment over the ra
 segment, which the engine attaches by name like any ``HostKVBuffer``:
 
     before:  [ page | page | ... | page ]  private anonymous (vLLM's torch storage)
-    after:   [ page | page | ... | page ]  MAP_SHARED of /dev/shm/pegaflow.<uid>.cpukv.<pid>.<rand>
+    after:   [ page | page | ... | page ]  MAP_SHARED of /dev/shm/pegaflow.<uid>.<engine>.cpukv.<pid>.<rand>
                                            (the same bytes, the same addresses)
 
 The range must be private anonymous memory (not the heap, not a file): malloc maps an
@@ -16,8 +16,10 @@ allocation that large on its own, so no other object shares its pages.  The move
 registration, before vLLM runs a step, so nothing writes the range while its bytes are
 copied.  The owner keeps the mapping: when
 vLLM frees the storage its allocator unmaps the range, and ``HostKVBuffer.close`` unlinks
-the name.  A worker killed before it could leaves the segment behind; the next one to move
-its cache removes those of this user's processes that are gone (``remove_orphans``).
+the name.  A worker killed before it could leaves the segment behind, named for the engine
+and the worker (``pegaflow/platform/in_place_segments.py``): the next worker of that engine to
+move its cache removes those whose worker is gone, so do the engine's start and
+``pegaflow-engine --clean``, and ``pegaflow-stat`` lists them.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
-import os
 import time
 
+import numpy as np
+
 from pegaflow.client.host_memory import HostKVBuffer, find_buffer
-from pegaflow.platform import shm
+from pegaflow.platform import in_place_segments, shm
 from pegaflow.platform.errors import LayoutError
 
 logger = logging.getLogger(__name__)
@@ -71,35 +74,23 @@ def check_movable(start: int, num_bytes: int) -> None:
         raise LayoutError(f"memory at {start:#x} (+{num_bytes}) is not all mapped in this process")
 
 
-def remove_orphans(what: str = "cpukv", shm_dir: str = "/dev/shm") -> int:
-    """Unlink the segments ``share_in_place`` made in this user's processes that are gone
-    (each a whole KV cache of /dev/shm); how many.  A live process's are never touched."""
-    prefix = f"pegaflow.{os.getuid()}.{what}."
-    removed = 0
-    for entry in os.listdir(shm_dir):
-        pid = entry[len(prefix):].split(".")[0] if entry.startswith(prefix) else ""
-        name = f"/{entry}"
-        if pid.isdigit() and shm.is_private_buffer_of(name, int(pid)) and not shm.is_pid_alive(int(pid)):
-            removed += shm.unlink_segment(name)
-    if removed:
-        logger.info("pegaflow: removed %d KV cache segment(s) of %s processes that are gone", removed, what)
-    return removed
-
-
-def share_in_place(address: int, num_bytes: int, what: str = "cpukv") -> HostKVBuffer:
+def share_in_place(address: int, num_bytes: int, engine_name: str = "pegaflow") -> HostKVBuffer:
     """Move the pages holding ``[address, +num_bytes)`` into a new ``HostKVBuffer`` mapped at
-    the same address (its ``address`` is the first page's); the bytes stay as they were.
-    A range already inside a live buffer is that buffer."""
+    the same address (its ``address`` is the first page's), named for engine ``engine_name``
+    and this process; the bytes stay as they were.  A range already inside a live buffer is
+    that buffer."""
     found = find_buffer(address, num_bytes)
     if found is not None:
         return found[0]
     start, span = page_span(address, num_bytes)
     check_movable(start, span)
-    remove_orphans(what)
+    remove_orphans(engine_name)
     began = time.monotonic()
-    buffer = HostKVBuffer(span, what)  # its pages reserved: no SIGBUS on a full /dev/shm later
+    # its pages reserved: no SIGBUS on a full /dev/shm later
+    buffer = HostKVBuffer(span, in_place_segments.buffer_tag(engine_name))
     try:
-        ctypes.memmove(buffer.segment.address(), start, span)
+        # span bytes onto span bytes, shapes checked: never a byte past the segment
+        buffer.data[:] = np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(start))
         shm.map_over(buffer.segment, start, span)
     except BaseException:
         buffer.close()
@@ -108,3 +99,13 @@ def share_in_place(address: int, num_bytes: int, what: str = "cpukv") -> HostKVB
     logger.info("pegaflow: %d MiB of private memory at %#x moved into shared memory %s in %.2f s",
                 span >> 20, start, buffer.name, time.monotonic() - began)
     return buffer
+
+
+def remove_orphans(engine_name: str) -> int:
+    """Unlink the in-place segments of engine ``engine_name``'s workers that are gone (each a
+    whole KV cache of /dev/shm); how many.  A live worker's are never touched."""
+    removed = in_place_segments.remove_orphans(engine_name)
+    if removed:
+        logger.info("pegaflow: removed %d KV cache segment(s) (%d MiB) of CPU workers that are gone",
+                    len(removed), sum(s.num_bytes for s in removed) >> 20)
+    return len(removed)

@@ -49,6 +49,7 @@ class ConnectorConfig:
     kv_role: str = "kv_both"  # vLLM's, not an extra-config key
 
     def __post_init__(self) -> None:
+        self._check_types()
         check_engine_name(self.engine_name)
         for key in ("load_mode", "disk_load_mode"):
             if getattr(self, key) not in LOAD_MODES:
@@ -70,6 +71,21 @@ class ConnectorConfig:
         if self.lookup_wait_ms >= self.lookup_timeout_ms:
             raise ConfigError(f"lookup_wait_ms={self.lookup_wait_ms:g} must stay below lookup_timeout_ms="
                               f"{self.lookup_timeout_ms:g}: the engine must answer before the connector gives up")
+
+    def _check_types(self) -> None:
+        """Each field of its default's type (``from_sources`` converts text: '200' -> 200.0)."""
+        for spec in fields(self):
+            value, default = getattr(self, spec.name), spec.default
+            if isinstance(default, bool):
+                ok, kind = isinstance(value, bool), "true or false"
+            elif isinstance(default, (int, float)):
+                ok = isinstance(value, (int, float) if isinstance(default, float) else int) \
+                    and not isinstance(value, bool)
+                kind = "a number" if isinstance(default, float) else "a whole number"
+            else:
+                ok, kind = isinstance(value, str), "text"
+            if not ok:
+                raise ConfigError(f"{spec.name}={value!r}: expected {kind}")
 
     @property
     def wire_kv_role(self) -> KvRole:
@@ -112,9 +128,12 @@ class ConnectorConfig:
         unknown = sorted(k for k in extra_config if k not in known)
         if unknown:
             raise ConfigError(f"unknown kv_connector_extra_config keys {unknown}; known: {sorted(known)}")
+        given_none = sorted(k for k, v in extra_config.items() if v is None)
+        if given_none:
+            raise ConfigError(f"{given_none[0]}=None: give a value, or leave the key out for its default")
         values = {}
         for name, spec in known.items():
-            if extra_config.get(name) is not None:
+            if name in extra_config:
                 values[name] = _converted(spec.default, name, extra_config[name])
             elif environ.get(ENV_VARS[name]) is not None:
                 values[name] = _converted(spec.default, ENV_VARS[name], environ[ENV_VARS[name]])
@@ -143,11 +162,12 @@ def kv_transfer_config(engine_name: str = "pegaflow", kv_role: str = "kv_both", 
     """vLLM's ``KVTransferConfig`` for pegaflow: ``LLM(..., kv_transfer_config=kv_transfer_config())``.
 
     ``options`` are ``kv_connector_extra_config`` keys (the table above), checked here so a
-    typo fails before vLLM starts.
+    typo fails before vLLM starts, and passed on converted (``lookup_timeout_ms="200"`` as 200.0).
     """
     from vllm.config import KVTransferConfig
-    extra = {"engine_name": engine_name, **options}
-    ConnectorConfig.from_sources(extra, environ={}, kv_role=kv_role)
+    given = {"engine_name": engine_name, **options}
+    config = ConnectorConfig.from_sources(given, environ={}, kv_role=kv_role)
+    extra = {key: getattr(config, key) for key in given}
     fields = {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
               "kv_role": kv_role, "kv_connector_extra_config": extra}
     if "kv_load_failure_policy" in getattr(KVTransferConfig, "__dataclass_fields__", {}):

@@ -218,7 +218,7 @@ class PegaKVConnector(*_BASES):
         if devices == {"cuda"}:
             memory = CudaMemory(_flat(kv_caches.values())[0].device.index or 0)
         elif devices == {"cpu"}:
-            memory = HostMemory()
+            memory = HostMemory(self.pega_config.engine_name)
             memory.share(_flat(kv_caches.values()))  # vLLM's CPU build: private memory made shareable
         else:
             raise LayoutError(f"pegaflow: KV caches on {sorted(devices)}; expected all cuda or all cpu")

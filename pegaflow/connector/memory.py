@@ -21,7 +21,8 @@ from pegaflow.platform.errors import LayoutError
 class HostMemory:
     has_events = False
 
-    def __init__(self) -> None:
+    def __init__(self, engine_name: str) -> None:
+        self.engine_name = engine_name  # the moved buffers are named for it (found by --clean, pegaflow-stat)
         self.moved: list[HostKVBuffer] = []  # the buffers ``share`` made (this side unlinks them)
 
     def share(self, tensors) -> None:
@@ -30,7 +31,7 @@ class HostMemory:
         storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors}
         for address, num_bytes in sorted(storages):
             if find_buffer(address, num_bytes) is None:
-                self.moved.append(share_in_place(address, num_bytes))
+                self.moved.append(share_in_place(address, num_bytes, self.engine_name))
 
     def region_of(self, info: TensorInfo) -> tuple[object, int, np.ndarray]:
         """(allocation key, offset of ``info`` in it, a REGION record for the allocation)."""

@@ -80,18 +80,18 @@ def _chosen(path: str, paths: list[str]) -> str:
     return path
 
 
-def try_hold(fd: int) -> str | None:
-    """Take the exclusive flock on ``fd`` for this process and write its pid in the file;
-    if another process holds it, close ``fd`` and return that holder's pid as written (or
-    "unknown")."""
+def try_hold(fd: int, role: str = "") -> str | None:
+    """Take the exclusive flock on ``fd`` for this process and write its pid in the file
+    (after ``role`` and a space, if given, in one write); if another process holds it,
+    close ``fd`` and return what that holder wrote ("unknown": nothing yet)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        return owner
+        return holder
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.pwrite(fd, f"{role + ' ' if role else ''}{os.getpid()}\n".encode(), 0)
     return None
 
 

@@ -230,8 +230,10 @@ def private_buffer_name(what: str) -> str:
 
 def is_private_buffer_of(name: str, pid: int) -> bool:
     """Whether ``name`` is a ``private_buffer_name`` made by process ``pid`` of this user
-    (never one of an engine's own segments: those have no pid and random part)."""
-    return re.fullmatch(rf"/pegaflow\.{os.getuid()}\.[A-Za-z0-9_-]+\.{pid}\.[0-9a-f]{{8}}", name) is not None
+    (never one of an engine's own segments: those have no pid and random part).  Its
+    ``what`` may be an engine's name and a tag (``<engine>.cpukv``: in_place_segments.py)."""
+    return re.fullmatch(rf"/pegaflow\.{os.getuid()}\.[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)?\.{pid}\.[0-9a-f]{{8}}",
+                        name) is not None
 
 
 def maps_segment(pid: int, name: str) -> bool:

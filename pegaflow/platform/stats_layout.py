@@ -43,9 +43,11 @@ _STATS_COUNTERS = [
     "remote_puts_dropped", "remote_lookups", "remote_lookup_ns", "lookup_remote_blocks",
     "remote_blocks_fetched", "remote_bytes_fetched", "remote_fetch_ns", "remote_fetch_failures",
     "remote_checksum_failures", "remote_lookup_timeouts", "remote_errors",
-    # LOOKUPs that waited for saves in flight (``engine/waiting_lookups.py``), the blocks the
-    # wait gained them, those answered at the deadline with the READY part, the time waited
+    # LOOKUPs that waited for saves in flight or not yet read (``engine/waiting_lookups.py``),
+    # the blocks the wait gained them, those answered at the deadline with the READY part, the
+    # time waited, and LOOKUPs answered at once because too many were waiting
     "lookup_waits", "lookup_wait_blocks", "lookup_wait_timeouts", "lookup_wait_ns",
+    "lookup_waits_refused",
     # compute once (``engine/prefill_claims.py``): claims made and the blocks they claimed;
     # LOOKUPs that waited for another instance's claim, the blocks and tokens that wait served
     # them (computed once, not again), the time waited; LOOKUPs that reached a claim and did

@@ -50,7 +50,8 @@ from pegaflow.platform.stats_layout import (
 )
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 13  # 13: compute once (a LOOKUP's CLAIM and its PREFILL record, RELEASE_CLAIM)
+WIRE_VERSION = 14  # 14: compute once (a LOOKUP's CLAIM and its PREFILL record, RELEASE_CLAIM); 13: the stats
+#                  count LOOKUP waits refused; 12: ATTACH carries the kv_role, LOOKUP its wait
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -25,21 +27,63 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+FAILURES_TO_DEGRADE = 3  # failed requests in a row that mark a server failing
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What the proxy saw of one server's recent requests."""
+
+    url: str
+    num_failures_in_row: int = 0
+    last_failure: str = ""
+    last_sent: float = -math.inf  # time.monotonic() of the last request sent to it
+
+    @property
+    def is_failing(self) -> bool:
+        return self.num_failures_in_row >= FAILURES_TO_DEGRADE
+
+
 @dataclass(slots=True)
 class RoundRobin:
-    """Servers of one kind, handed out in turn."""
+    """Servers of one kind, handed out in turn, each with its recent failures.
+
+    With ``retry_s`` set, a failing server (FAILURES_TO_DEGRADE failed requests in a row) is
+    passed over while another is not failing, and gets one request per ``retry_s`` until
+    one succeeds; ``pick`` answers None where every server is failing and none is due."""
 
     urls: tuple[str, ...]
+    retry_s: float | None = None
+    _states: dict[str, ServerState] = field(init=False)
     _next: itertools.cycle = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.urls:
             raise ConfigError("at least one server of each kind is needed")
         self.urls = tuple(check_url(u) for u in self.urls)
+        self._states = {url: ServerState(url) for url in self.urls}
         self._next = itertools.cycle(self.urls)
 
-    def pick(self) -> str:
-        return next(self._next)
+    def pick(self, now: float | None = None) -> str | None:
+        now = time.monotonic() if now is None else now
+        for _ in self.urls:
+            state = self._states[next(self._next)]
+            if self.retry_s is None or not state.is_failing or now - state.last_sent >= self.retry_s:
+                state.last_sent = now
+                return state.url
+        return None
+
+    def record(self, url: str, failure: str | None) -> None:
+        """The outcome of a request sent to ``url``: None where it succeeded, else why not."""
+        state = self._states[url]
+        if failure is None:
+            state.num_failures_in_row, state.last_failure = 0, ""
+        else:
+            state.num_failures_in_row += 1
+            state.last_failure = failure
+
+    def states(self) -> list[ServerState]:
+        return list(self._states.values())
 
 
 def prefill_body(body: dict) -> dict:

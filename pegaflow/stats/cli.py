@@ -1,6 +1,7 @@
 """``pegaflow-stat``: a read-only view of a running engine's counters.
 
-    pegaflow-stat                 live view, one line a second with rates (like nvidia-smi dmon)
+    pegaflow-stat                 live view, one line a second with rates (like nvidia-smi dmon);
+                                  it waits for an engine not running, and goes on when one is
     pegaflow-stat --once          one snapshot, human readable
     pegaflow-stat --once --json   one JSON object
     pegaflow-stat --serve-metrics [HOST:]PORT    Prometheus metrics at /metrics
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 
-from pegaflow.platform.cli import ArgumentParser
+from pegaflow.platform.cli import EXIT_FAILED, EXIT_NOT_RESPONDING, EXIT_OK, EXIT_USAGE, ArgumentParser, say
 from pegaflow.platform.errors import (
     ConfigError,
     EngineDeadError,
@@ -24,12 +25,16 @@ from pegaflow.platform.errors import (
 from pegaflow.platform.shm import check_engine_name
 from pegaflow.platform.values import format_size, version_line
 from pegaflow.stats.engine_stats import STALE_AFTER_S, kept_pool_blocks, latency_quantile, read_stats
+from pegaflow.stats.in_place_caches import in_place_note
 
+PROG = "pegaflow-stat"
 MAX_INTERVAL_S = 3600.0
 MAX_STALE_AFTER_S = 3600.0  # the engine beats every 2.5 s at most: an hour of silence is a dead engine
 
-_RATES = [("blocks_saved", "save/s"), ("blocks_loaded", "load/s"), ("lookups", "lkup/s"),
-          ("lookup_hit_blocks", "hit/s"), ("evictions", "evict/s"), ("errors", "err/s")]
+# The live view's rates, a second: blocks saved, loaded, hit by lookups and evicted; lookups
+# and errors (commands)
+_RATES = [("blocks_saved", "saved blk/s"), ("blocks_loaded", "loaded blk/s"), ("lookups", "lookups/s"),
+          ("lookup_hit_blocks", "hit blk/s"), ("evictions", "evicted blk/s"), ("errors", "errors/s")]
 
 
 def _read_live(name: str, stale_after_s: float = STALE_AFTER_S) -> dict:
@@ -141,22 +146,51 @@ def _ms(seconds: float) -> str:
 
 
 def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> None:
-    header = "  ".join([f"{'time':>8}", f"{'pool GiB':>9}", f"{'ready GiB':>9}"]
-                       + [f"{label:>8}" for _, label in _RATES]
-                       + [f"{'clients':>7}", f"{'leases':>6}"])
-    prev, prev_t = _read_live(name, stale_after_s), time.monotonic()
-    for row in range(10**12):
-        if row % 20 == 0:
-            print(header, flush=True)
+    """One line every ``interval_s`` with rates, a header every 20; while the engine is not
+    running or not responding, one line saying so, and the view goes on when it is back."""
+    prev, prev_t, num_rows, waiting = None, 0.0, 0, None
+    while True:
+        try:
+            cur, now = _read_live(name, stale_after_s), time.monotonic()
+        except (EngineNotRunningError, EngineNotRespondingError) as exc:
+            if type(exc) is not waiting:  # said once per state (a stuck one's age grows)
+                print(f"{time.strftime('%H:%M:%S')}  {_waiting_line(name, exc)}", flush=True)
+            prev, waiting = None, type(exc)
+            time.sleep(interval_s)
+            continue
+        if prev is None or cur["start_ns"] != prev["start_ns"]:  # first, back, or another engine
+            print(_live_header(), flush=True)
+            num_rows = 0
+        else:
+            if num_rows and num_rows % 20 == 0:
+                print(_live_header(), flush=True)
+            print(_live_row(prev, cur, max(now - prev_t, 1e-9)), flush=True)
+            num_rows += 1
+        prev, prev_t, waiting = cur, now, None
         time.sleep(interval_s)
-        cur, now = _read_live(name, stale_after_s), time.monotonic()
-        dt = max(now - prev_t, 1e-9)
-        rates = [f"{(cur[k] - prev[k]) / dt:>8.0f}" for k, _ in _RATES]
-        print("  ".join([time.strftime("%H:%M:%S"), f"{cur['pool_bytes_used'] / 2**30:>9.2f}",
-                         f"{cur['pool_bytes_ready'] / 2**30:>9.2f}"] + rates
-                        + [f"{cur['clients_attached']:>7}", f"{cur['leases_active']:>6}"]),
-              flush=True)
-        prev, prev_t = cur, now
+
+
+def _waiting_line(name: str, exc: Exception) -> str:
+    if isinstance(exc, (EngineDeadError, EngineNotRespondingError)):
+        return f"{exc}; waiting..."
+    return f"engine {name!r} not running, waiting..."
+
+
+def _live_header() -> str:
+    return "  ".join([f"{'time':>8}", f"{'pool used':>10}", f"{'pool ready':>10}"]
+                     + [f"{label:>{_width(label)}}" for _, label in _RATES]
+                     + [f"{'clients':>7}", f"{'leases':>6}"])
+
+
+def _live_row(prev: dict, cur: dict, dt: float) -> str:
+    rates = [f"{(cur[k] - prev[k]) / dt:>{_width(label)}.0f}" for k, label in _RATES]
+    return "  ".join([time.strftime("%H:%M:%S"), f"{format_size(cur['pool_bytes_used']):>10}",
+                      f"{format_size(cur['pool_bytes_ready']):>10}"] + rates
+                     + [f"{cur['clients_attached']:>7}", f"{cur['leases_active']:>6}"])
+
+
+def _width(label: str) -> int:
+    return max(len(label), 8)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,27 +202,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _show(args)
     except EngineNotRespondingError as exc:
-        print(f"pegaflow-stat: {exc}", file=sys.stderr)
-        return 3
+        say(PROG, str(exc))
+        return EXIT_NOT_RESPONDING
     except EngineDeadError as exc:
-        print(f"pegaflow-stat: {exc}", file=sys.stderr)
-        return 1
+        say(PROG, f"{exc}{in_place_note(args.name)}")
+        return EXIT_FAILED
     except EngineNotRunningError:  # (a ShmError: caught before the others)
-        print(_not_running(args.name), file=sys.stderr)
-        return 1
+        say(PROG, _not_running(args.name))
+        return EXIT_FAILED
     except ShmError as exc:
-        print(f"pegaflow-stat: {exc}", file=sys.stderr)
-        return 1
+        say(PROG, str(exc))
+        return EXIT_FAILED
     except KeyboardInterrupt:
-        return 0
+        return EXIT_OK
     except BrokenPipeError:  # e.g. `pegaflow-stat | head`: the reader is gone, and so are we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_OK
 
 
 def _parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="pegaflow-stat", description="a read-only view of a running engine's counters")
-    parser.add_argument("--version", action="version", version=version_line("pegaflow-stat"))
+    parser = ArgumentParser(prog=PROG, description="a read-only view of a running engine's counters")
+    parser.add_argument("--version", action="version", version=version_line(PROG))
     parser.add_argument("--name", default=os.environ.get("PEGAFLOW_NAME", "pegaflow"),
                         help="engine name (env PEGAFLOW_NAME; default %(default)s)")
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -222,20 +256,22 @@ def _show(args) -> int:
     if args.json:
         snapshot = read_stats(args.name, args.stale_after)  # a crashed engine's too
         print(json.dumps(snapshot))
-        return 0 if snapshot["alive"] and snapshot["responding"] else (3 if snapshot["alive"] else 1)
+        return EXIT_OK if snapshot["alive"] and snapshot["responding"] else (
+            EXIT_NOT_RESPONDING if snapshot["alive"] else EXIT_FAILED)
     if args.once:
-        print(format_once(_read_live(args.name, args.stale_after)))
+        print(format_once(_read_live(args.name, args.stale_after)) + in_place_note(args.name))
     else:
         live(args.name, args.interval, args.stale_after)
-    return 0
+    return EXIT_OK
 
 
 def _not_running(name: str) -> str:
     kept = kept_pool_blocks(name)
-    return (f"pegaflow-stat: no engine named {name!r} is running on this host "
+    return (f"no engine named {name!r} is running on this host "
             f"(start one with `pegaflow-engine --name {name}`)"
             + ("" if kept is None else f"; the pool it kept holds {kept} blocks, which an "
-               f"engine started with --keep-pool and the same pool geometry takes in"))
+               f"engine started with --keep-pool and the same pool geometry takes in")
+            + in_place_note(name))
 
 
 def serve_metrics(name: str, where: str, stale_after_s: float = STALE_AFTER_S) -> int:
@@ -248,24 +284,23 @@ def serve_metrics(name: str, where: str, stale_after_s: float = STALE_AFTER_S) -
     except ValueError:
         port_number = -1
     if not 0 <= port_number <= 65535:
-        print(f"pegaflow-stat: --serve-metrics {where!r}: expected [HOST:]PORT, PORT in 0..65535",
-              file=sys.stderr)
-        return 2
+        say(PROG, f"--serve-metrics {where!r}: expected [HOST:]PORT, PORT in 0..65535")
+        return EXIT_USAGE
     registry = CollectorRegistry()
     registry.register(EngineCollector(name, stale_after_s))
     try:
         server, _ = start_http_server(port_number, addr=host or "127.0.0.1", registry=registry)
     except OSError as exc:
-        print(f"pegaflow-stat: cannot serve metrics on {where}: {exc}", file=sys.stderr)
-        return 1
-    print(f"pegaflow-stat: Prometheus metrics of engine {name!r} at "
+        say(PROG, f"cannot serve metrics on {where}: {exc}")
+        return EXIT_FAILED
+    print(f"{PROG}: Prometheus metrics of engine {name!r} at "
           f"http://{host or '127.0.0.1'}:{server.server_port}/metrics", flush=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         server.shutdown()
-        return 0
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ METRICS = {
     "lookup_wait_blocks": (True, "blocks those LOOKUPs were served because they waited"),
     "lookup_wait_timeouts": (True, "waiting LOOKUPs answered at --lookup-wait-ms with the READY part"),
     "lookup_wait_ns": (True, "seconds LOOKUPs waited for saves in flight (summed)"),
+    "lookup_waits_refused": (True, "LOOKUPs not let wait (too many waiting): answered at once with the READY part"),
     "claims": (True, "compute once: claims made on blocks a vLLM was about to compute"),
     "claim_blocks": (True, "blocks those claims named"),
     "claim_waits": (True, "LOOKUPs that waited for blocks another vLLM claimed"),

@@ -121,3 +121,76 @@ def test_client_table_stray_state_on_a_free_slot_is_freed(server):
     server.segments.slots["state"][1] = 9
     server.table.check_alive()
     assert int(server.segments.slots["state"][1]) == SlotState.FREE
+
+
+def _save_then_wait(conn, engine_name: str) -> None:
+    """A child that registers its KV cache, submits a SAVE (held by the engine: never answered
+    here), says so with its KV buffer's name, and waits to be killed."""
+    import numpy as np
+
+    from tests.engine.conftest import KVClient
+    kv = KVClient(engine_name)
+    kv.fill(np.random.default_rng(0), range(2))
+    kv.client.submit_save(0x5AFE, [0, 1], [b"h" * 32, b"i" * 32])
+    conn.send(kv.kv.name)
+    conn.recv()
+
+
+def test_client_table_client_killed_while_its_save_is_held_is_reclaimed():
+    # 1. An engine whose backend holds every SAVE until its client's GPU has written the data
+    #    (--hold-saves), and that data never comes: the client's process is killed meanwhile.
+    import threading
+
+    from engine.copy.base import CopyDone, Direction
+    from engine.copy.host import HostBackend
+    from pegaflow.platform import shm
+    from tests.spawn import start_child
+
+    class HoldingBackend(HostBackend):
+        def __init__(self):
+            super().__init__()
+            self.held = []
+
+        def submit(self, op):
+            if op.direction != Direction.SAVE:
+                return super().submit(op)
+            self.held.append(op)
+
+        def drop_held(self, slot):
+            self._done += [CopyDone(op.token, "client gone") for op in self.held if op.slot == slot]
+            self.held = [op for op in self.held if op.slot != slot]
+
+        def num_inflight(self):
+            return super().num_inflight() + len(self.held)
+
+    name = f"t{os.getpid()}_held{next(_names)}"
+    backend = HoldingBackend()
+    server = EngineServer(EngineConfig(name=name, backend="host", pool_bytes=4 << 20, slab_bytes=1 << 20,
+                                       num_slots=2), backend=backend)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    conn, child = start_child(_save_then_wait, name)
+    kv_name = None
+    try:
+        assert conn.poll(30), "the client never saved"
+        kv_name = conn.recv()
+        deadline = time.monotonic() + 30
+        while not backend.held:
+            assert time.monotonic() < deadline, "the SAVE never reached the backend"
+            time.sleep(0.01)
+        child.kill()
+        child.join(30)
+        # 2. The engine ends the held SAVE (its data will never be written) and reclaims the
+        #    slot: nothing stays in flight, no client is left.
+        while server.table.clients or backend.num_inflight():
+            assert time.monotonic() < deadline, "the killed client's slot was never reclaimed"
+            time.sleep(0.01)
+        assert not backend.held and server.dispatcher.pending == {}
+    finally:
+        if child.is_alive():
+            child.kill()
+        if kv_name is not None:
+            shm.unlink_segment(kv_name)
+        server.request_stop()
+        thread.join(30)
+    assert not thread.is_alive() and shm_leftovers(name) == []

@@ -227,30 +227,37 @@ def test_options_table_is_the_parser_the_env_and_the_help(clean_env):
     assert config_from_args([], environ={}) == EngineConfig()
 
 
-_SAMPLES = {"name": "x1", "pool-size": "1GiB", "slab-size": "1MiB", "backend": "cuda",
-            "copy-backend": "kernel", "device-staging": "8MiB", "max-clients": "7", "ring-slots": "64",
-            "arena-size": "1MiB", "lease-ttl": "9", "idle-spin-ms": "0.5", "keep-pool": "on",
-            "hold-saves": "on", "load-layer-groups": "4",
-            "pin-chunk": "64MiB", "pin-threads": "3", "pin-rate": "1GiB", "log-level": "debug",
-            "disk-path": "/tmp/pfd0,/tmp/pfd1", "disk-size": "2GiB", "disk-admission": "all",
-            "disk-threads": "3", "remote": "mooncake", "remote-master": "10.0.0.1:50051",
-            "remote-metadata": "http://10.0.0.1:8080/metadata", "remote-protocol": "rdma",
-            "remote-device": "mlx5_0", "remote-host": "10.0.0.2", "remote-segment-size": "2GiB",
-            "remote-publish": "reused", "remote-timeout-ms": "20", "lookup-wait-ms": "15",
-            "remote-start-timeout": "3", "compute-once": "off"}
+_SAMPLES = {  # flag -> (what a person writes, the value it means)
+    "name": ("x1", "x1"), "pool-size": ("1GiB", 1 << 30), "slab-size": ("1MiB", 1 << 20),
+    "backend": ("cuda", "cuda"), "copy-backend": ("kernel", "kernel"), "device-staging": ("8MiB", 8 << 20),
+    "max-clients": ("7", 7), "ring-slots": ("64", 64), "arena-size": ("1MiB", 1 << 20),
+    "lease-ttl": ("9", 9.0), "idle-spin-ms": ("0.5", 0.5e-3), "keep-pool": ("on", True),
+    "hold-saves": ("on", True), "load-layer-groups": ("4", 4), "pin-chunk": ("64MiB", 64 << 20),
+    "pin-threads": ("3", 3), "pin-rate": ("1GiB", 1 << 30), "log-level": ("debug", "DEBUG"),
+    "disk-path": ("/tmp/pfd0,/tmp/pfd1", ("/tmp/pfd0", "/tmp/pfd1")), "disk-size": ("2GiB", 2 << 30),
+    "disk-admission": ("all", "all"), "disk-threads": ("3", 3), "remote": ("mooncake", "mooncake"),
+    "remote-master": ("10.0.0.1:50051", "10.0.0.1:50051"),
+    "remote-metadata": ("http://10.0.0.1:8080/metadata", "http://10.0.0.1:8080/metadata"),
+    "remote-protocol": ("rdma", "rdma"), "remote-device": ("mlx5_0", "mlx5_0"),
+    "remote-host": ("10.0.0.2", "10.0.0.2"), "remote-segment-size": ("2GiB", 2 << 30),
+    "remote-publish": ("reused", "reused"), "remote-timeout-ms": ("20", 20e-3),
+    "lookup-wait-ms": ("15", 15e-3), "remote-start-timeout": ("3", 3.0), "compute-once": ("off", False),
+}
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flag)
 def test_options_each_env_var_and_flag_set_their_field(clean_env, option):
-    # 1. Every option has a sample here: a new row without one fails this test.
-    sample = _SAMPLES[option.flag]
+    # 1. Every option has a sample here, with the value it means: a new row without one fails.
+    sample, meant = _SAMPLES[option.flag]
     default = getattr(EngineConfig(), option.field)
-    # 2. Its env var alone changes its field, and so does its flag alone, to the same value.
+    # 2. Its env var alone sets its field to the value the sample means, and so does its flag.
     from_env = getattr(config_from_args([], environ={option.env: sample}), option.field)
     switch = f"--no-{option.flag}" if default is True else f"--{option.flag}"  # (a switch on by default)
     argv = [switch] if option.is_switch else [f"--{option.flag}", sample]
     from_flag = getattr(config_from_args(argv, environ={}), option.field)
-    assert from_env == from_flag != default
+    expected = pytest.approx(meant, rel=1e-12) if isinstance(meant, float) else meant
+    assert from_env == expected and from_flag == expected
+    assert meant != default  # (else the sample would show nothing)
 
 
 def test_options_docs_table_lists_every_flag_with_its_env_var():

@@ -383,6 +383,7 @@ def _held_dispatcher(refuse: bool = False):
     backend = HeldBackend()
     dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), backend,
                             StatsWriter(np.zeros(1, STATS)))
+    dispatcher.transfers.issuing.slice_s = float("inf")  # no loop here to issue the rest later
     make = record_type(SUBMISSION)
 
     def add_client(slot: int) -> SimpleNamespace:
@@ -398,9 +399,9 @@ def _held_dispatcher(refuse: bool = False):
         client.region_blocks, client.page_bytes, client.num_events = {0: 16}, 4096, 4
 
         def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0,
-                 event_index=NO_EVENT, flags=0, arg=0, layer=ALL_LAYERS):
+                 event_index=NO_EVENT, flags=0, arg=0, layer=ALL_LAYERS, namespace=7):
             view.arena[:payload.nbytes] = payload.view(np.uint8)
-            rec = make(0, request_id, opcode, flags, layer, 0, num_items, event_index, 7, 0,
+            rec = make(0, request_id, opcode, flags, layer, 0, num_items, event_index, namespace, 0,
                        payload.nbytes, WIRE_VERSION, arg)
             dispatcher.handle(client, rec, dispatcher.read_payload(client, rec))
 
@@ -806,3 +807,29 @@ def test_dispatcher_has_a_handler_for_every_opcode():
     # dispatcher refuses to start).
     h = _held_dispatcher()
     assert set(h.dispatcher.handlers) == set(Opcode)
+
+
+def test_dispatcher_refused_setup_commands_are_logged_once_per_client_and_opcode_per_interval(
+        monkeypatch, caplog):
+    # 1. A client sends 20 ATTACHes the engine refuses (voter 0 of 0 voters), another client
+    #    one, and the first a refused REGISTER_EVENTS (a payload of no whole record).
+    import engine.dispatcher
+    from engine.slow_commands import REFUSAL_EVERY_S
+    now = [100.0]
+    monkeypatch.setattr(engine.dispatcher, "monotonic", lambda: now[0])
+    h = _held_dispatcher()
+    other = h.add_client(1)
+    bad_attach = np.zeros(3, "<u8").view(np.uint8)
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        for request_id in range(20):
+            h.send(request_id, Opcode.ATTACH, bad_attach, arg=os.getpid())
+        other.send(1, Opcode.ATTACH, bad_attach, arg=os.getpid())
+        h.send(21, Opcode.REGISTER_EVENTS, np.zeros(3, np.uint8), num_items=1)
+        # 2. One WARNING per client and opcode; every command answered all the same.
+        lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(lines) == 3 and sum("ATTACH refused" in line for line in lines) == 2
+        assert len(h.client.backlog) + h.completions.num_published() == 21
+        # 3. Once the interval is over, the next refusal is logged, saying how many were not.
+        now[0] += REFUSAL_EVERY_S
+        h.send(22, Opcode.ATTACH, bad_attach, arg=os.getpid())
+    assert len(caplog.records) == 4 and "19 more refused in the last 10 s" in caplog.records[-1].getMessage()

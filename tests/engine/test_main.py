@@ -49,7 +49,7 @@ def test_main_version_names_the_release_and_the_wire_protocol():
     from pegaflow.platform.wire import WIRE_VERSION
     done = _engine("--version")
     assert done.returncode == 0
-    assert done.stdout.strip() == f"pegaflow engine {pegaflow.__version__} (wire protocol v{WIRE_VERSION})"
+    assert done.stdout.strip() == f"pegaflow-engine {pegaflow.__version__} (wire protocol v{WIRE_VERSION})"
 
 
 def test_main_help_names_every_env_var():
@@ -57,3 +57,27 @@ def test_main_help_names_every_env_var():
     done = _engine("--help")
     text = " ".join(done.stdout.split())
     assert done.returncode == 0 and all(o.env in text for o in OPTIONS)
+
+
+@pytest.mark.parametrize("argv, code, says", [
+    (["--pool-size", "lots"], 2, "pegaflow-engine: --pool-size: size 'lots'"),
+    (["--frobnicate"], 2, "pegaflow-engine: unrecognized arguments: --frobnicate"),
+    (["--clean", "a/b"], 2, "pegaflow-engine: engine name 'a/b'"),
+    (["--backend", "host", "--pool-size", "64TiB"], 1, "pegaflow-engine: cannot start: "),
+])
+def test_main_every_problem_is_one_line_prefixed_with_the_program_name(argv, code, says):
+    # 1. A bad value, an unknown flag (exit 2) and a start refused (exit 1: a pool larger
+    #    than the host) each end with one line in the same form: `pegaflow-engine: ...`.
+    done = _engine("--name", f"t{os.getpid()}_prefix", *argv)
+    assert done.returncode == code, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(says), done.stderr
+    assert "ERROR" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(__import__("engine.copy").copy.cuda_unusable_reason() is None,
+                    reason="a GPU is usable here")
+def test_main_backend_cuda_without_a_gpu_exits_1_saying_so():
+    done = _engine("--name", f"t{os.getpid()}_nogpu", "--backend", "cuda", "--pool-size", "4MiB")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "pegaflow-engine: cannot start: --backend cuda, but no GPU is usable here"), done.stderr

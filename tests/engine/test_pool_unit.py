@@ -139,6 +139,16 @@ def test_pool_check_entry_bytes_outside_slab_raises_config_error(entry_bytes):
     assert (pool.num_entries, pool.bytes_used) == (0, 0)
 
 
+def test_pool_check_entry_bytes_in_a_one_slab_pool_says_to_raise_the_pool():
+    # 1. `--pool-size 1KiB`: the slab is clamped to the pool, so raising --slab-size alone
+    #    cannot help; the refusal names the pool, and the slab only if it was set.
+    with pytest.raises(ConfigError, match=r"1024-byte slab: raise --pool-size .*--slab-size if it is set"):
+        PagePool(1024, 1024).check_entry_bytes(4096)
+    # 2. A pool of several slabs: the slab is the one to raise.
+    with pytest.raises(ConfigError, match=r"slab: raise --slab-size$"):
+        PagePool(4096, 1024).check_entry_bytes(4096)
+
+
 @pytest.mark.parametrize("entry_bytes", [1, SLAB])
 def test_pool_check_entry_bytes_within_slab_accepted(entry_bytes):
     pool = make_pool()

@@ -182,8 +182,8 @@ def test_prefill_claims_release_of_the_blocks_not_computed_keeps_the_rest_claime
     h.resume()
     assert _answer(burst.waiter, burst.waited)["value"] == 2
     # 3. Saved and released, the claim is gone at the next housekeeping, not timed out.
-    h.dispatcher.lookups.claims.sweep(time.monotonic())
-    assert not h.dispatcher.lookups.claims.claims and h.stat("claim_timeouts") == 0
+    h.dispatcher.claims.sweep(time.monotonic())
+    assert not h.dispatcher.claims.claims and h.stat("claim_timeouts") == 0
 
 
 def test_prefill_claims_waiter_of_a_failed_save_is_answered_with_what_is_ready(burst):
@@ -203,7 +203,7 @@ def test_prefill_claims_waiter_of_a_failed_save_is_answered_with_what_is_ready(b
 
 
 def test_prefill_claims_past_its_deadline_ends_and_is_counted(burst, monkeypatch):
-    h, claims = burst.h, burst.h.dispatcher.lookups.claims
+    h, claims = burst.h, burst.h.dispatcher.claims
     # 1. The claimer never saves.  Past the claim's deadline (MAX_CLAIM_S at most) the waiter
     #    is answered with a miss.
     later = time.monotonic() + prefill_claims.MAX_CLAIM_S + 1
@@ -234,7 +234,7 @@ def test_prefill_claims_wait_longer_than_computing_is_declined():
 
 
 def test_prefill_claims_measure_the_claimers_rate_from_its_saves(burst):
-    h, claims = burst.h, burst.h.dispatcher.lookups.claims
+    h, claims = burst.h, burst.h.dispatcher.claims
     # 1. The claimer states one block a second, but its 4 blocks' SAVEs came 0.4 s after its claim.
     (claim,) = claims.claims
     h.save(burst.claimer, burst.hashes)
@@ -274,7 +274,7 @@ def test_prefill_claims_engine_with_compute_once_off_claims_nothing():
     hashes = _hashes(3)
     h.lookup(claimer, hashes)
     assert _answer(asker, h.lookup(asker, hashes))["value"] == 0
-    assert h.stat("claims") == 0 and not h.dispatcher.lookups.claims.by_hash
+    assert h.stat("claims") == 0 and not h.dispatcher.claims.by_hash
 
 
 def test_prefill_claims_waiter_gets_the_run_as_the_claimer_saves_it_chunk_by_chunk(burst):

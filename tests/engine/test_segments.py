@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from engine import name_lock, segments
-from pegaflow.platform import shm
+from pegaflow.platform import in_place_segments, shm
+from pegaflow.platform.wire import CONTROL_HEADER
+from tests.cpu_workers import killed_worker_cache, running_worker_cache
 
 
 def test_engine_with_a_pool_larger_than_the_host_exits_1_and_says_why(engine_factory):
@@ -137,3 +141,34 @@ def test_segments_keep_pool_start_that_fails_leaves_nothing():
     segments.EngineSegments(config).unlink_all()
     # 2. Its new pool is not kept: nothing of it is left.
     assert shm_leftovers(name) == []
+
+
+def test_restart_after_a_crash_whose_pid_another_process_has_now_starts(engine_factory):
+    # 1. A killed engine's control segment names a pid another live process has now.
+    crashed = engine_factory()
+    crashed.is_clean_exit_expected = False
+    crashed.stop(signal.SIGKILL)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        control = shm.attach_segment(shm.ipc_name(crashed.name, "control"))
+        control.array(CONTROL_HEADER, 1)["engine_pid"] = other.pid
+        control.close()
+        # 2. The name's lock is free: the next engine removes the leftovers and serves.
+        restarted = engine_factory(crashed.name)
+        assert restarted.connect().ping() == 0
+        assert f"removing segments left by a dead engine named {crashed.name!r} (pid {other.pid})" \
+            in restarted.stderr_text()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_engine_start_removes_killed_cpu_workers_kv_caches_and_keeps_running_ones(engine_factory):
+    # 1. Two CPU workers of engine NAME: one killed (its KV cache left), this process running.
+    with running_worker_cache() as (name, running):
+        left = killed_worker_cache(name)
+        # 2. An engine of that name starts: the killed worker's cache goes, the running one's stays.
+        engine = engine_factory(name)
+        assert "removed 1 KV cache segment(s)" in engine.stderr_text()
+        assert not shm.unlink_segment(left)
+        assert [s.name for s in in_place_segments.find(name)] == [running.name]

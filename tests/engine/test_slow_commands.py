@@ -99,3 +99,18 @@ def test_engine_says_how_much_of_a_slow_save_went_to_issuing_its_copies(kv_clien
         server.request_stop()
         thread.join(10)
     assert not thread.is_alive()
+
+
+def test_refused_commands_forget_clients_not_refused_lately(caplog):
+    # Thousands of clients refused once each (a fuzzer, clients coming and going): once past
+    # 4096 remembered, those not refused within the interval are forgotten.
+    from types import SimpleNamespace
+
+    from engine.slow_commands import REFUSAL_EVERY_S, RefusedCommands
+    refusals = RefusedCommands()
+    with caplog.at_level(logging.WARNING, logger="engine.slow_commands"):
+        for uid in range(5000):
+            refusals.note(SimpleNamespace(uid=uid, slot=0, pid=1), int(Opcode.ATTACH), "why", 100.0)
+        assert len(caplog.records) == 5000 and len(refusals.last) == 5000
+        refusals.note(SimpleNamespace(uid=-1, slot=0, pid=1), int(Opcode.ATTACH), "why", 100.0 + REFUSAL_EVERY_S)
+    assert len(refusals.last) == 1

@@ -27,10 +27,10 @@ def _voters(num_voters: int = 2):
     return h, sides
 
 
-def _attach(side, voter: int, num_voters: int) -> None:
-    side.client.is_attached = False
+def _attach(side, voter: int, num_voters: int, namespace: int = NAMESPACE, again: bool = False) -> None:
+    side.client.is_attached = again
     words = np.array([0, num_voters, voter], "<u8").view(np.uint8)
-    side.send(100, Opcode.ATTACH, words, arg=os.getpid())
+    side.send(100, Opcode.ATTACH, words, arg=os.getpid(), namespace=namespace)
 
 
 def _vote(side, request_id: int, ids, hashes, tags) -> None:
@@ -153,6 +153,30 @@ def test_votes_voters_gone_let_the_namespace_take_another_number():
     fresh = h.add_client(3)
     _attach(fresh, 0, 4)
     assert fresh.completions.try_get().status == Status.OK
+
+
+def test_votes_attach_again_under_another_namespace_leaves_no_stale_voter():
+    # 1. Two voters of namespace 7; the first ATTACHes again, a voter of namespace 8 now.
+    h, (first, second) = _voters()
+    _attach(first, 0, 2, namespace=8, again=True)
+    assert first.completions.try_get().status == Status.OK
+    # 2. The second leaves: namespace 7 has no voter left, so it may take another number of
+    #    voters (a stale vote of the first would refuse it).
+    second.send(1, Opcode.DETACH)
+    assert second.completions.try_get().status == Status.OK
+    fresh = h.add_client(2)
+    _attach(fresh, 0, 3)
+    assert fresh.completions.try_get().status == Status.OK
+    # 3. The first ATTACHes again under namespace 8, as no voter: it leaves 8's voters (a
+    #    client may make 8 a namespace of 5 voters), and saves as a non-voter (no tags).
+    first.send(101, Opcode.ATTACH, np.zeros(1, "<u8").view(np.uint8), arg=os.getpid(), namespace=8)
+    assert first.completions.try_get().status == Status.OK
+    other = h.add_client(3)
+    _attach(other, 0, 5, namespace=8)
+    assert other.completions.try_get().status == Status.OK
+    first.send(2, Opcode.SAVE, _save_payload([3], [HASH_A]), 1, namespace=8)
+    _land(h)
+    assert first.completions.try_get().status == Status.OK
 
 
 def test_votes_voter_save_without_tags_and_tags_from_a_non_voter_are_refused():

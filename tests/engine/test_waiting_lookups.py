@@ -9,6 +9,7 @@ saves land, and with the READY part only once the wait's deadline has passed.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -116,6 +117,83 @@ def test_waiting_lookup_of_detaching_client_lets_it_go(engine_factory, kv_client
     assert producer.num_hits(NAMESPACE, hashes) == 2
 
 
+def test_waiting_lookup_does_not_wait_for_a_client_that_reads_no_answers(engine_factory, kv_client, rng,
+                                                                         make_hashes):
+    # 1. A client sends PINGs and reads none of the answers: past its completion ring and the
+    #    engine's cap of queued answers, the engine reads none of its commands.  Its last
+    #    command, a SAVE of the namespace, stays unread for good.
+    from engine.clients import MAX_UNREAD_ANSWERS
+    engine = engine_factory(extra=("--ring-slots", "16", "--lookup-wait-ms", "10000"))
+    stuck, consumer = kv_client(engine), kv_client(engine)
+    for _ in range(16 + MAX_UNREAD_ANSWERS + 8):
+        stuck.client.submit(Opcode.PING, timeout_s=WAIT_DEADLINE_S)
+    stuck.client.submit_save(NAMESPACE, [0], make_hashes(1))
+    # 2. Another client's LOOKUP that misses is answered at once, not after its 10 s wait:
+    #    the SAVE it might have waited for will not be read before then.
+    started = time.monotonic()
+    found = consumer.client.lookup(NAMESPACE, make_hashes(4), timeout_s=WAIT_DEADLINE_S)
+    assert found.num_hit_blocks == 0 and time.monotonic() - started < 5.0
+
+
+def _save_layer_zero_then_wait(conn, engine_name: str, hashes: list[bytes]) -> None:
+    """A child that saves layer 0 of ``hashes`` (its other layers: a save in flight), says
+    so (with its KV buffer's name, which it cannot unlink once killed) and waits to be killed."""
+    from tests.engine.conftest import KVClient
+    kv = KVClient(engine_name)
+    kv.fill(np.random.default_rng(0), range(len(hashes)))
+    assert kv.save(NAMESPACE, range(len(hashes)), hashes, layer=0).is_ok
+    conn.send(kv.kv.name)
+    conn.recv()
+
+
+def test_waiting_lookup_of_a_saver_killed_mid_save_is_answered_at_its_reclaim(engine_factory, kv_client,
+                                                                              make_hashes):
+    # 1. A saver process stores layer 0 of two blocks, then is killed before the other layers.
+    from pegaflow.platform import shm
+    from tests.spawn import start_child
+    engine = engine_factory(extra=("--lookup-wait-ms", "10000"))
+    consumer, hashes = kv_client(engine), make_hashes(2)
+    conn, saver = start_child(_save_layer_zero_then_wait, engine.name, hashes)
+    kv_name = None
+    try:
+        assert conn.poll(WAIT_DEADLINE_S), "the saver never saved"
+        kv_name = conn.recv()
+        saved_at = time.monotonic()
+        # 2. A LOOKUP of the two waits for them (up to 10 s) ...
+        request_id = _submit_lookup_read(consumer, hashes)
+        saver.kill()
+        saver.join(WAIT_DEADLINE_S)
+    finally:
+        if saver.is_alive():
+            saver.kill()
+        if kv_name is not None:
+            shm.unlink_segment(kv_name)
+    # 3. ... and is answered once the engine reclaims the dead saver (its housekeeping, every
+    #    second while blocks are half written), while idle: before the half-written blocks
+    #    would count as abandoned, and long before its 10 s deadline.
+    found = consumer.client.wait(request_id, WAIT_DEADLINE_S)
+    assert found.is_ok and found.result.num_hit_blocks == 0
+    assert time.monotonic() - saved_at < ABANDONED_WRITE_S - 1.5, time.monotonic() - saved_at
+    stats = engine.wait_stats(lambda s: s["lookup_waits"] == 1)
+    assert stats["lookup_wait_timeouts"] == 0
+
+
+@pytest.mark.slow
+def test_waiting_lookup_of_a_block_saved_one_layer_of_four_is_answered_when_abandoned(
+        engine_factory, kv_client, rng, make_hashes):
+    # 1. A producer saves layer 0 of a block and never the rest (it stays attached).
+    engine, _, consumer, hashes, _ = _blocks_being_written(
+        engine_factory, kv_client, rng, make_hashes, wait_ms=10_000, num_ready=1, num_writing=1)
+    saved_at = time.monotonic()
+    # 2. A LOOKUP waiting for it is answered when it counts as abandoned (5 s after it began),
+    #    the engine idle meanwhile: not at its 10 s deadline.
+    found = consumer.client.wait(_submit_lookup_read(consumer, hashes), WAIT_DEADLINE_S)
+    assert found.is_ok and found.result.num_hit_blocks == 1
+    assert time.monotonic() - saved_at < ABANDONED_WRITE_S + 3.0
+    stats = engine.wait_stats(lambda s: s["lookup_waits"] == 1)
+    assert stats["lookup_wait_timeouts"] == 0 and stats["lookup_wait_ns"] >= 4e9
+
+
 # -- the parts, without a process ----------------------------------------------------------
 
 
@@ -123,8 +201,8 @@ class _Index:
     def __init__(self):
         self.entries, self.writing = {}, {}
 
-    def add(self, key, is_ready: bool) -> Entry:
-        entry = Entry(0, 16, 0b1111, owner_slot=1, started_at=time.monotonic(),
+    def add(self, key, is_ready: bool, started_at: float | None = None) -> Entry:
+        entry = Entry(0, 16, 0b1111, owner_slot=1, started_at=time.monotonic() if started_at is None else started_at,
                       done_mask=0b1111 if is_ready else 0b0001)
         self.entries[key] = entry
         if not is_ready:
@@ -133,14 +211,39 @@ class _Index:
 
 
 class _Client:
+    _uids = iter(range(1, 1 << 20))
+
     def __init__(self, ring: RingConsumer | None = None):
         self.is_attached, self.num_inflight, self.submissions = True, 0, ring
+        self.uid, self.is_held_back = next(self._uids), False
+
+
+class _Stats:
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, name, amount=1):
+        self.counts[name] = self.counts.get(name, 0) + amount
+
+
+def _waiting(index, answered: list, is_issuing=lambda client, namespace: False) -> WaitingLookups:
+    return WaitingLookups(index, answered.append, _Stats(), is_issuing)
 
 
 def _ring(num_slots: int = 8) -> tuple[RingProducer, RingConsumer]:
     slots = np.zeros(num_slots, dtype=SUBMISSION)
     reset_slots(slots)
     return RingProducer(slots), RingConsumer(slots)
+
+
+def _publish(producer: RingProducer, opcode: Opcode, namespace: int) -> None:
+    record = np.zeros(1, SUBMISSION)[0]
+    record["opcode"], record["namespace"] = opcode, namespace
+    assert producer.try_put(record)
+
+
+def _received(client):
+    return SimpleNamespace(client=client)
 
 
 def test_writing_stop_tells_where_and_why_a_prefix_stops():
@@ -161,20 +264,103 @@ def test_writing_stop_tells_where_and_why_a_prefix_stops():
     assert writing_stop(index, keys[:1], now) == (1, "end")
 
 
+@pytest.mark.parametrize("kind", ["complete", "promoting"])
+def test_writing_stop_a_doomed_block_is_never_usable(kind):
+    # A block a client DROPped while it was in use (doomed) is never served: complete, or
+    # being read back from disk, the prefix stops at it all the same.
+    index = _Index()
+    keys = [(1, b"a"), (1, b"b")]
+    index.add(keys[0], True)
+    entry = index.add(keys[1], kind == "complete")
+    entry.is_promoting = kind == "promoting"
+    assert writing_stop(index, keys, time.monotonic()) == (2, "end")  # not doomed: usable
+    entry.is_doomed = True
+    assert writing_stop(index, keys, time.monotonic()) == (1, "other")
+
+
+def test_waiting_lookup_parks_on_the_block_it_stops_at_not_the_next():
+    # 1. Block 0 READY, block 1 being written, block 2 unknown: a LOOKUP of the three
+    #    stops at block 1 (its READY prefix is 1) and waits for it.
+    index, answered = _Index(), []
+    keys = [(1, b"a"), (1, b"b"), (1, b"c")]
+    index.add(keys[0], True)
+    index.add(keys[1], False)
+    waiting, asker = _waiting(index, answered), _Client()
+    assert waiting.try_park(_received(asker), keys, 1, 60.0, [asker])
+    # 2. Block 1 unknown, block 2 being written, nobody else with commands unread: a LOOKUP
+    #    that stops at block 1 is answered at once (block 2 is past where it stops).
+    index.entries.clear()
+    index.writing.clear()
+    index.add(keys[0], True)
+    index.add(keys[2], False)
+    assert not waiting.try_park(_received(asker), keys, 1, 60.0, [asker])
+    assert len(waiting.items) == 1 and asker.num_inflight == 1
+
+
+def test_waiting_lookup_is_answered_at_its_deadline_exactly():
+    index, answered = _Index(), []
+    keys = [(1, b"a")]
+    index.add(keys[0], False)
+    waiting, asker = _waiting(index, answered), _Client()
+    now = time.monotonic()
+    waiting.park(WaitingLookup(asker, None, keys, now + 1.0, now, 0))
+    assert waiting.resume(now + 1.0 - 1e-6) == 0
+    assert waiting.resume(now + 1.0) == 1 and answered[0].is_late  # (its deadline is due: late)
+
+
+def test_waiting_lookup_wakes_when_the_block_it_waits_for_counts_as_abandoned():
+    # 1. A block saved one layer of four, nothing in flight: the LOOKUP's next look is due when
+    #    it counts as abandoned, well before its 60 s deadline (so the idle loop wakes for it).
+    index, answered = _Index(), []
+    keys = [(1, b"a")]
+    started = time.monotonic()
+    index.add(keys[0], False, started_at=started)
+    waiting, asker = _waiting(index, answered), _Client()
+    assert waiting.try_park(_received(asker), keys, 0, 60.0, [asker])
+    assert waiting.next_deadline() == started + ABANDONED_WRITE_S
+    # 2. Then it is answered (not late: the wait was over, nobody writes the block).
+    assert waiting.resume(started + ABANDONED_WRITE_S - 0.5) == 0
+    assert waiting.resume(started + ABANDONED_WRITE_S) == 1 and not answered[0].is_late
+    # 3. While a copy fills the block, it is not abandoned: the deadline is the next look.
+    index.entries[keys[0]].pending_mask = 0b0010
+    assert waiting.try_park(_received(asker), keys, 0, 60.0, [asker])
+    assert waiting.next_deadline() == waiting.items[0].deadline
+
+
+def test_unread_marks_follow_only_unread_saves_of_the_namespace_of_clients_read():
+    # 1. Three other clients with commands unread: a LOOKUP and a PING; a SAVE of another
+    #    namespace; a SAVE of this namespace followed by a PING.
+    rings = [_ring() for _ in range(4)]
+    for opcode, namespace in [(Opcode.LOOKUP, 1), (Opcode.PING, 0)]:
+        _publish(rings[0][0], opcode, namespace)
+    _publish(rings[1][0], Opcode.SAVE, 2)
+    _publish(rings[2][0], Opcode.SAVE, 1)
+    _publish(rings[2][0], Opcode.PING, 0)
+    asker, quiet, other_namespace, saver = _Client(), _Client(rings[0][1]), _Client(rings[1][1]), _Client(rings[2][1])
+    clients = [asker, quiet, other_namespace, saver]
+    # 2. Only the saver is followed, up to just past its SAVE (not its PING after it).
+    assert unread_marks(clients, asker, 1, lambda c, n: False) == [(saver, 1)]
+    # 3. A client still issuing a SAVE of the namespace (in slices) is followed too.
+    issuing = _Client(rings[3][1])
+    assert unread_marks([issuing], asker, 1, lambda c, n: c is issuing and n == 1) == [(issuing, 0)]
+    # 4. A client whose commands the engine does not read (it reads no answers) is not.
+    saver.is_held_back = True
+    assert unread_marks(clients, asker, 1, lambda c, n: False) == []
+
+
 def test_waiting_lookup_catches_up_with_rings_read_after_it(rng):
     # 1. Another client published two commands the engine has not read yet (a SAVE of the
-    #    prefix among them); the LOOKUP finds no entry for its next key.
+    #    prefix's namespace last); the LOOKUP finds no entry for its next key.
     index, answered = _Index(), []
     producer, ring = _ring()
-    for _ in range(2):
-        assert producer.try_put_fields(tuple(np.zeros(1, SUBMISSION)[0].item())[1:])
+    _publish(producer, Opcode.PING, 0)
+    _publish(producer, Opcode.SAVE, 1)
     saver, asker = _Client(ring), _Client()
     keys = [(1, b"a"), (1, b"b")]
-    marks = unread_marks([saver, asker], asker)
-    assert [(c, end) for c, end in marks] == [(saver, 2)]
-    waiting = WaitingLookups(index, answered.append)
+    waiting = _waiting(index, answered)
+    assert waiting.try_park(_received(asker), keys, 0, 60.0, [saver, asker])
+    assert waiting.items[0].catch_up == [(saver, 2)]
     now = time.monotonic()
-    waiting.park(WaitingLookup(asker, None, keys, now + 60, now, 0, marks))
     # 2. Not answered while the saver's commands are unread, even though nothing is written.
     assert waiting.resume(now) == 0 and asker.num_inflight == 1
     ring.try_get()
@@ -187,6 +373,20 @@ def test_waiting_lookup_catches_up_with_rings_read_after_it(rng):
     index.entries[keys[0]].done_mask = 0b1111
     del index.writing[keys[0]]
     assert waiting.resume(now) == 1 and answered and asker.num_inflight == 0
+
+
+def test_waiting_lookup_stops_following_a_client_the_engine_stopped_reading():
+    # A client with a SAVE unread stops reading its answers (the engine then reads none of
+    # its commands): the LOOKUP following it is answered at once, not at its deadline.
+    index, answered = _Index(), []
+    producer, ring = _ring()
+    _publish(producer, Opcode.SAVE, 1)
+    stuck, asker = _Client(ring), _Client()
+    waiting = _waiting(index, answered)
+    assert waiting.try_park(_received(asker), [(1, b"a")], 0, 60.0, [stuck, asker])
+    assert waiting.resume(time.monotonic()) == 0
+    stuck.is_held_back = True
+    assert waiting.resume(time.monotonic()) == 1 and not answered[0].is_late
 
 
 def test_ring_num_published_counts_unread_records():
@@ -202,12 +402,47 @@ def test_ring_num_published_counts_unread_records():
     assert consumer.num_published() == 4
 
 
+@pytest.mark.parametrize("bound", ["per-client", "per-client-keys", "total", "total-keys"])
+def test_waiting_lookups_past_their_bound_are_answered_at_once_and_counted(bound, monkeypatch):
+    # 1. Small bounds: two LOOKUPs of one client, three of every client; six hashes of one
+    #    client, eight of every client.
+    import engine.waiting_lookups as module
+    monkeypatch.setattr(module, "MAX_WAITING_PER_CLIENT", 2)
+    monkeypatch.setattr(module, "MAX_WAITING", 3)
+    monkeypatch.setattr(module, "MAX_WAITING_KEYS_PER_CLIENT", 6)
+    monkeypatch.setattr(module, "MAX_WAITING_KEYS", 8)
+    index, answered = _Index(), []
+    writing = (1, b"w")
+    index.add(writing, False)
+    waiting, one, two, three = _waiting(index, answered), _Client(), _Client(), _Client()
+
+    def park(client, num_keys=1) -> bool:
+        return waiting.try_park(_received(client), [writing] + [(1, b"x")] * (num_keys - 1), 0, 60.0, [])
+    # 2. Up to the bound each LOOKUP waits; the next one past it is not parked but answered
+    #    now (the caller's), and counted.
+    if bound == "per-client":
+        assert park(one) and park(one) and not park(one) and park(two)
+    elif bound == "per-client-keys":
+        assert park(one, 5) and not park(one, 2) and park(one, 1) and park(two, 2)
+    elif bound == "total":
+        assert park(one) and park(two) and park(three) and not park(three)
+    else:
+        assert park(one, 4) and park(two, 4) and not park(three, 1)
+    assert waiting.stats.counts == {"lookup_waits_refused": 1}
+    # 3. Once the parked ones are answered, there is room again, and nothing is left counted.
+    index.entries[writing].done_mask = 0b1111
+    del index.writing[writing]
+    assert waiting.resume(time.monotonic()) == len(answered) and waiting.num_keys == 0 and not waiting.by_client
+    index.add(writing, False)
+    assert park(one)
+
+
 @pytest.mark.parametrize("is_attached", [True, False])
 def test_waiting_lookup_past_deadline_or_gone_is_answered(is_attached):
     index, answered = _Index(), []
     keys = [(1, b"a")]
     index.add(keys[0], False)
-    waiting, asker = WaitingLookups(index, answered.append), _Client()
+    waiting, asker = _waiting(index, answered), _Client()
     now = time.monotonic()
     waiting.park(WaitingLookup(asker, None, keys, now + 60, now, 0))
     asker.is_attached = is_attached

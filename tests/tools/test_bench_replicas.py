@@ -9,8 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tools import bench_replicas, bench_serving
+from tools import bench_replicas
 from tools.bench_replicas import headline, parse_args
+from tools.lib import fleet as fleet_module
+from tools.lib import runs, vllm_serve
 
 
 class _Replica(BaseHTTPRequestHandler):
@@ -63,10 +65,10 @@ class _FakeFleet:
         return self.servers[replica].server_address[1]
 
     def counters(self):
-        return {r: bench_serving.counters(self.port(r)) for r in range(len(self.servers))}
+        return {r: vllm_serve.counters(self.port(r)) for r in range(len(self.servers))}
 
     def reset_prefix_caches(self):
-        return sum(bench_replicas.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
+        return sum(vllm_serve.reset_gpu_cache(self.port(r)) for r in range(len(self.servers)))
 
     def stop(self, replica: int):
         self.servers[replica].shutdown()
@@ -132,6 +134,12 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
     assert run["restart"]["others_ttft_p50_ms"] == ttft_p50(others) is not None
     assert run["restart"]["others_warm_ttft_p50_ms"] == ttft_p50(others_warm) is not None
     assert len(run["results"]) == 9 + 6 + 3
+    # Per request, evidence that outlives the run: its tokens' hash, its replica.
+    from tools.lib.evidence import tokens_sha256
+    assert [r["key"] for r in run["requests"]] == [key for key, _, _ in run["results"]]
+    assert all(r["tokens_sha256"] == tokens_sha256(tokens)
+               for r, (_, tokens, _) in zip(run["requests"], run["results"]))
+    assert {r["replica"] for r in run["requests"]} == {0, 1}
 
 
 def test_headline_compares_every_answer_with_the_none_run(fleet):
@@ -156,26 +164,27 @@ def test_parse_args_splits_the_gpu_among_replicas_and_refuses_none():
 def test_available_configs_skips_a_missing_peer_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(bench_replicas.peers, "unavailable",
                         lambda config: "No module named 'lmcache'" if config == "lmcache" else None)
-    assert bench_serving.available_configs(["none", "lmcache", "pegaflow-rs", "pegaflow"]) == \
+    assert runs.available_configs(["none", "lmcache", "pegaflow-rs", "pegaflow"]) == \
         ["none", "pegaflow-rs", "pegaflow"]
     assert capsys.readouterr().err.strip().splitlines() == ["skipping lmcache: No module named 'lmcache'"]
 
 
 def test_run_config_gives_an_in_process_peer_its_share_of_the_host_budget(monkeypatch, tmp_path):
     # 1. LMCache in vLLM's process holds a private cache per replica, split like native's;
-    #    PegaFlow's server is one for every replica, with the whole budget.
+    #    LMCache's and PegaFlow's servers are one for every replica, with the whole budget,
+    #    each told how many vLLMs it serves.
     pools = {}
 
-    def plan(config, pool_bytes):
-        pools[config] = pool_bytes
+    def plan(config, pool_bytes, num_vllms):
+        pools[config] = (pool_bytes, num_vllms)
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(bench_replicas.peers, "plan", plan)
     args = _args("--replicas", "4", "--host-gib", "64")
-    for config in ("lmcache", "pegaflow-rs"):
+    for config in ("lmcache", "lmcache-mp", "pegaflow-rs"):
         with pytest.raises(RuntimeError, match="stop here"):
             bench_replicas.run_config(config, args, tmp_path, config)
-    assert pools == {"lmcache": 16 << 30, "pegaflow-rs": 64 << 30}
+    assert pools == {"lmcache": (16 << 30, 1), "lmcache-mp": (64 << 30, 4), "pegaflow-rs": (64 << 30, 4)}
 
 
 def test_fleet_step_timelines_per_replica_within_the_later_rounds(tmp_path):
@@ -183,7 +192,7 @@ def test_fleet_step_timelines_per_replica_within_the_later_rounds(tmp_path):
     #    before it; replica 1 wrote no trace (no step loaded).
     from tests.tools.test_step_timeline import GPU_LINE
     args = _args("--trace")
-    fleet = bench_replicas.Fleet.__new__(bench_replicas.Fleet)
+    fleet = fleet_module.Fleet.__new__(fleet_module.Fleet)
     fleet.config, fleet.args, fleet.log_dir, fleet.tag = "pegaflow", args, tmp_path, "t"
     fleet.trace_path(0).write_text("\n".join([GPU_LINE.replace("monotonic 812.5", "monotonic 100.0"), GPU_LINE,
                                               GPU_LINE.replace("monotonic 812.5", "monotonic 900.5")]))
@@ -220,7 +229,7 @@ def test_bench_replicas_hit_counters_by_source_where_vllm_has_it(handler, expect
     server.requests = server.resets = 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        assert bench_serving.hit_counters(server.server_address[1]) == expected
+        assert vllm_serve.hit_counters(server.server_address[1]) == expected
     finally:
         server.shutdown()
         server.server_close()
@@ -231,7 +240,7 @@ class _LaunchLog:
 
     events: list = []
 
-    def __init__(self, cmd, port, log_path, env, cwd, wait=True):
+    def __init__(self, cmd, port, log_path, env, cwd, wait=True, leftovers=None):
         assert wait is False
         self.cmd, self.port = cmd, port
         _LaunchLog.events.append(("launch", port))
@@ -255,10 +264,10 @@ def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypa
     # 2. Together, each replica's KV cache is given in bytes (the 8B shape's 2 MiB a block),
     #    beside the block count; one-by-one leaves vLLM's memory profile as it is.
     _LaunchLog.events = []
-    monkeypatch.setattr(bench_replicas, "Server", _LaunchLog)
-    monkeypatch.setattr(bench_replicas, "compile_cache_warm", lambda: warm)
+    monkeypatch.setattr(fleet_module, "Server", _LaunchLog)
+    monkeypatch.setattr(fleet_module, "compile_cache_warm", lambda: warm)
     args = _args("--replicas", "3", "--start", start, "--gpu-blocks", "1000", "--port", "9000")
-    fleet = bench_replicas.Fleet("pegaflow", args, "eng", tmp_path, "t")
+    fleet = fleet_module.Fleet("pegaflow", args, "eng", tmp_path, "t")
     assert [f"{kind} {port - 9000}" for kind, port in _LaunchLog.events] == expected
     assert fleet.ready_s == [12.35] * 3
     cmd = fleet.servers[2].cmd
@@ -271,8 +280,8 @@ def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypa
 
 def test_compile_cache_warm_looks_in_vllms_cache_root(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
-    assert not bench_replicas.compile_cache_warm()
+    assert not fleet_module.compile_cache_warm()
     (tmp_path / "torch_compile_cache").mkdir()
-    assert not bench_replicas.compile_cache_warm()
+    assert not fleet_module.compile_cache_warm()
     (tmp_path / "torch_compile_cache" / "0123abcd").mkdir()
-    assert bench_replicas.compile_cache_warm()
+    assert fleet_module.compile_cache_warm()

@@ -11,7 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tools import bench_serving
-from tools.bench_serving import complete, headline, main, run_all
+from tools.bench_serving import headline, main
+from tools.lib import vllm_serve
+from tools.lib.vllm_serve import complete, run_all
 
 
 class _Fake(BaseHTTPRequestHandler):
@@ -42,7 +44,7 @@ class _Fake(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert body["stream"] and body["return_token_ids"] and body["model"] == bench_serving.SERVED_NAME
+        assert body["stream"] and body["return_token_ids"] and body["model"] == vllm_serve.SERVED_NAME
         if body["prompt"][0] == 0:
             self.send_response(400)
             self.end_headers()
@@ -124,22 +126,22 @@ def test_headline_counts_failed_requests_left_out_of_the_timings():
 def test_server_command_per_config():
     class Args:
         model, port, max_model_len, gpu_memory_utilization, gpu_blocks, host_gib, eager = "m", 1, 2, 0.5, 9, 4, True
-    none = bench_serving.server_command("none", Args, "e")
+    none = vllm_serve.server_command("none", Args, "e")
     assert "--enforce-eager" in none and "--num-gpu-blocks-override" in none and "--kv-transfer-config" not in none
-    native = bench_serving.server_command("native", Args, "e")
+    native = vllm_serve.server_command("native", Args, "e")
     assert native[native.index("--kv-offloading-size") + 1] == "4"
-    pega = bench_serving.server_command("pegaflow", Args, "eng")
+    pega = vllm_serve.server_command("pegaflow", Args, "eng")
     config = json.loads(pega[pega.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "PegaKVConnector" and config["kv_connector_extra_config"] == {"engine_name": "eng"}
-    auto = bench_serving.server_command("pegaflow-auto", Args, "eng")
+    auto = vllm_serve.server_command("pegaflow-auto", Args, "eng")
     extra = json.loads(auto[auto.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
     assert extra == {"engine_name": "eng", "load_mode": "auto"}
 
 
 def test_counters_sum_labels_of_the_hit_and_pegaflow_counters_only(port):
-    assert bench_serving.counters(port) == {"vllm:external_prefix_cache_hits_total": 32.0,
+    assert vllm_serve.counters(port) == {"vllm:external_prefix_cache_hits_total": 32.0,
                                             "vllm:pegaflow_lookup_deferrals_total": 3.0}
-    assert bench_serving.external_hit_tokens(port) == 32.0
+    assert vllm_serve.external_hit_tokens(port) == 32.0
 
 
 def test_main_merge_tables_runs_of_several_files_without_running_a_server(tmp_path, capsys):
@@ -186,7 +188,7 @@ class _FakeVllmServe:
             self.end_headers()
             self.wfile.write(body)
 
-    def __init__(self, cmd, port, log_path, extra_env=None, cwd=None):
+    def __init__(self, cmd, port, log_path, extra_env=None, cwd=None, leftovers=None):
         handler = type("Handler", (self._Handler,), {"refusals": 0})
         self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -204,7 +206,8 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
 
     import pegaflow.stats.engine_stats
     import tools.engine_process
-    from tools import peers, peers_table
+    from tools import peers_table
+    from tools.lib import peers
 
     class FakeEngine:
         def __init__(self, name, *flags, **kwargs):
@@ -258,6 +261,10 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
     #    and each row's share of them served from host memory.
     from tools.serving_workload import later_rounds_cacheable
     answers = {key: tokens for key, tokens, _ in data["runs"][0]["results"]}
+    # (per request: the tokens' hash and vLLM's cached tokens, from each answer's usage)
+    from tools.lib.evidence import tokens_sha256
+    assert [(r["key"], r["tokens_sha256"], r["cached_tokens"]) for r in data["runs"][0]["requests"]] == [
+        (key, tokens_sha256(tokens), 16) for key, tokens, _ in data["runs"][0]["results"]]
     cacheable = later_rounds_cacheable(2, 40, 64, 0, [[answers[f"r{r}u{u}"] for u in range(2)] for r in range(2)])
     assert cacheable > 0 and all(r["cacheable_tokens"] == {"multi_round": cacheable} for r in data["runs"])
     assert all(data[c]["served_share"] == r["host_hit_tokens"]["multi_round"] / cacheable
@@ -267,7 +274,7 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
 
 
 def test_main_a_peer_failing_at_run_time_is_a_row_and_the_bench_goes_on(tmp_path, monkeypatch, capsys):
-    from tools import peers
+    from tools.lib import peers
     from tools.warm_pass import GpuCacheNotEmptyError
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
     monkeypatch.setattr(bench_serving, "measured_on", lambda args: ("fake-gpu", args.model))
@@ -292,7 +299,7 @@ def test_main_a_peer_failing_at_run_time_is_a_row_and_the_bench_goes_on(tmp_path
 
 def test_hits_of_prefers_tokens_by_source_over_the_hit_counters():
     # An asynchronously loaded request is counted twice by vLLM's hit counters, once by source.
-    from tools.bench_serving import hits_of
+    from tools.lib.vllm_serve import hits_of
     found = {"vllm:external_prefix_cache_hits_total": 320.0, "vllm:prefix_cache_hits_total": 16.0,
              "vllm:prompt_tokens_by_source:external_kv_transfer": 160.0,
              "vllm:prompt_tokens_by_source:local_cache_hit": 16.0,

@@ -2,7 +2,7 @@
 
 import json
 
-from tools.bench_ttft import _stats, summarize
+from tools.lib.ttft_figures import _stats, summarize
 
 
 def _phases():
@@ -49,7 +49,7 @@ def test_bench_ttft_stats_p90_is_the_high_end():
 
 
 def test_bench_ttft_summarize_tpot_separates_saving_from_the_connector_itself():
-    from tools.bench_ttft import summarize_tpot
+    from tools.lib.ttft_figures import summarize_tpot
     # 1. Medians 12 (saving), 11 (connector idle), 10 (none): each ratio from them.
     result = summarize_tpot({"pegaflow": [12.0, 13.0, 11.0], "idle": [11.0, 99.0, 10.0],
                              "none": [10.0, 9.0, 11.0]}, "test-gpu")
@@ -73,30 +73,27 @@ def test_bench_ttft_phases_run_with_one_hash_seed(monkeypatch):
     # vLLM 0.26 hashes blocks with a per-process seed unless PYTHONHASHSEED is set: every phase
     # (and so the disk phase's new vLLM) gets the same one.
     import argparse
-    import json
-    import subprocess
 
     import tools.bench_ttft as bench
     seen = []
 
-    def fake_run(cmd, **kwargs):
-        seen.append(kwargs["env"].get("PYTHONHASHSEED"))
-        out = cmd[cmd.index("--phase-out") + 1]
-        with open(out, "w") as f:
-            json.dump({"ok": True}, f)
+    def fake_spawn(module, phase, flags, timeout_s, env, cwd, leftovers):
+        seen.append(env.get("PYTHONHASHSEED"))
+        assert timeout_s == 77.0 and leftovers is None  # (no peer: nothing of its own to sweep)
+        return {"ok": True}
 
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(bench, "spawn_phase", fake_spawn)
     args = argparse.Namespace(tpot_only=False, eager=True, no_async_scheduling=False, model="m", num_prompts=1,
                               prompt_tokens=10, decode_tokens=1, decode_prompts=1, engine_name="e",
                               gpu_memory_utilization=0.5, native_offload_gib=1.0,
-                              disk_load_mode="layerwise")
+                              disk_load_mode="layerwise", phase_timeout=77.0)
     assert bench._spawn(args, "pegaflow") == {"ok": True} and bench._spawn(args, "disk") == {"ok": True}
     assert seen == ["0", "0"]
 
 
 def test_bench_ttft_summarize_disk_keeps_each_load_mode_apart():
-    from tools.bench_ttft import summarize_disk
+    from tools.lib.ttft_figures import summarize_disk
     peg, _, none = _phases()
     tokens = none["cold_tokens"]
 
@@ -136,7 +133,7 @@ def test_bench_ttft_peer_phases_skip_a_missing_peer_with_one_line(tmp_path, monk
 
     from tools.bench_ttft import _peer_phases
     monkeypatch.setenv("PEGAFLOW_PEERS_DIR", str(tmp_path))  # no peer carried here
-    results = _peer_phases(argparse.Namespace(peers=["pegaflow-rs"], pool_size="1GiB"))
+    results = _peer_phases(argparse.Namespace(pool_size="1GiB"), ["pegaflow-rs"])
     assert set(results) == {"pegaflow-rs"} and "peers_bundle.sh" in results["pegaflow-rs"]["skipped"]
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"bench_ttft: skipping pegaflow-rs: {results['pegaflow-rs']['skipped']}"]
@@ -147,14 +144,14 @@ def test_bench_ttft_peer_phases_a_peer_failing_at_run_time_is_a_row_not_the_end(
     import argparse
     import sys
 
-    from tools import peers
     from tools.bench_ttft import _peer_phases
+    from tools.lib import peers
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
-    monkeypatch.setattr(peers, "plan", lambda config, pool_bytes: peers.Plan(
+    monkeypatch.setattr(peers, "plan", lambda config, pool_bytes, num_vllms=1: peers.Plan(
         config, {}, {}, None, (sys.executable, "-c", "import sys; sys.exit(4)"),
         f"http://127.0.0.1:{peers.free_port()}/health"))
     # 2. Its row says it failed, and why; the bench goes on.
-    results = _peer_phases(argparse.Namespace(peers=["lmcache-mp"], pool_size="1GiB"))
+    results = _peer_phases(argparse.Namespace(pool_size="1GiB"), ["lmcache-mp"])
     assert "exited (4)" in results["lmcache-mp"]["failed"]
     assert "bench_ttft: lmcache-mp failed:" in capsys.readouterr().err
 
@@ -198,7 +195,7 @@ class _FakeLLM:
 def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_served():
     # 1. Saves still hold blocks: the first two resets are refused; the warm pass starts only
     #    once vLLM has reset its GPU prefix cache.
-    from tools.bench_ttft import _timed_warm
+    from tools.lib.ttft_phase import _timed_warm
     from tools.ttft_configs import row
     llm, prompts = _FakeLLM(held=2, cached=48), [[1] * 50, [2] * 50]
     result = {"cold_tokens": [[1], [2]], "cacheable_tokens": 96}
@@ -213,19 +210,21 @@ def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_s
 
 
 def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
-    from tools.bench_ttft import _timed_warm
+    from tools.lib.ttft_phase import _timed_warm
     from tools.ttft_configs import row
     llm = _FakeLLM(held=0, cached=48, gpu_hits=True)
     result = {"cold_tokens": [[1]], "cacheable_tokens": 48}
     _timed_warm(result, llm, [[1] * 50])
-    assert row(result, [[1]], {}) == {"invalid": "48 prompt tokens of the warm pass were vLLM GPU prefix-cache "
-                                             "hits, not loads from the host cache"}
+    invalid = row(result, [[1]], {})
+    assert invalid["invalid"] == ("48 prompt tokens of the warm pass were vLLM GPU prefix-cache hits, not loads "
+                                  "from the host cache")
+    assert "ttft_warm_ms" not in invalid and invalid["requests"][0]["warm_served_tokens"] == 48
 
 
 def test_bench_ttft_backend_figures_leave_out_a_copy_path_whose_warm_pass_hit_the_gpu(capsys):
     # 1. --copy-backends kernel staged: the kernel's warm pass loaded 96 tokens from the host,
     #    the staged one's was served from vLLM's GPU cache (16 tokens): invalid, no figures.
-    from tools.bench_ttft import backend_figures
+    from tools.lib.ttft_figures import backend_figures
     def phase(gpu_hits):
         return {"warm_ms": [40.0, 42.0], "cold_ms": [270.0], "cold_tokens": [[1]], "warm_tokens": [[1]],
                 "warm_by_source": {"local_compute": 4, "local_cache_hit": gpu_hits,
@@ -266,21 +265,21 @@ def test_bench_ttft_phase_whose_reset_never_succeeds_writes_a_failed_row(tmp_pat
 def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatch, capsys):
     # 1. native's warm pass hit the GPU: the top-level native figures are left out, its row
     #    says why, one line on stderr.
-    import tools.bench_ttft as bench
+    from tools.lib.ttft_figures import table_figures
     from tools.ttft_configs import config_rows
-    monkeypatch.setattr(bench, "gpu_name", lambda: "test-gpu")
     peg, native, none = _phases()
     for phase, served in ((peg, 20), (native, 20)):
         phase.update(warm_cached_tokens=[served, served], cacheable_tokens=40, reset_wait_s=0.0,
                      warm_by_source={"local_compute": 2, "local_cache_hit": 0, "external_kv_transfer": 40})
     native["warm_by_source"] = dict(native["warm_by_source"], local_cache_hit=40, external_kv_transfer=0)
     rows = config_rows(peg, native, none, {})
-    result = bench._figures(rows, peg, native, none)
-    assert "warm_native_ms_median" not in result and result["warm_pegaflow_ms_median"] == 50.0
+    result = table_figures(rows, peg, native, none, "test-gpu")
+    assert result["gpu"] == "test-gpu" and "warm_native_ms_median" not in result
+    assert result["warm_pegaflow_ms_median"] == 50.0
     assert "bench_ttft: no figures for native: 40 prompt tokens" in capsys.readouterr().err
     # 2. pegaflow's own warm pass invalid: no figures at all.
     peg["warm_by_source"] = native["warm_by_source"]
-    assert bench._figures(config_rows(peg, native, none, {}), peg, native, none) is None
+    assert table_figures(config_rows(peg, native, none, {}), peg, native, none, "gpu") is None
 
 
 def test_bench_ttft_engine_variants_are_flags_and_name_their_figures():
@@ -292,3 +291,35 @@ def test_bench_ttft_engine_variants_are_flags_and_name_their_figures():
     assert engine_flags("default", is_flags=True) == [] and engine_flags(None, is_flags=False) == []
     assert variant_name(None) == variant_name("default") == "default" and variant_name("staged") == "staged"
     assert variant_name("load-layer-groups=4+hold-saves") == "load-layer-groups4+hold-saves"
+
+
+def test_bench_ttft_configs_split_over_calls_merge_into_one_table(monkeypatch, tmp_path, capsys):
+    # 1. Three calls as the GPU machine's 10-minute limit needs them, each with its phases file:
+    #    none and pegaflow; native and lmcache-mp; pegaflow-rs.  The phases are faked.
+    import tools.bench_ttft as bench
+    peg, native, none = _phases()
+    for phase in (peg, native):
+        phase.update(warm_cached_tokens=[20, 20], cacheable_tokens=40, reset_wait_s=0.0,
+                     warm_by_source={"local_compute": 2, "local_cache_hit": 0, "external_kv_transfer": 40})
+    spawned = []
+
+    def spawn(args, phase, run=None):
+        spawned.append(phase)
+        return {"none": none, "native": native}.get(phase, native)
+    monkeypatch.setattr(bench, "_spawn", spawn)
+    monkeypatch.setattr(bench, "_pegaflow_phases", lambda args: ({"default": peg}, None))
+    monkeypatch.setattr(bench, "_peer_phases", lambda args, configs: {c: native for c in configs})
+    monkeypatch.setattr(bench, "gpu_name", lambda: "test-gpu")
+    parts = [tmp_path / f"part{i}.json" for i in range(3)]
+    for part, configs in zip(parts, (["none", "pegaflow"], ["native", "lmcache-mp"], ["pegaflow-rs"])):
+        assert bench.main(["--configs", *configs, "--phases-out", str(part), "--json"]) == 0
+    assert spawned == ["none", "native"]  # (pegaflow and the peers through their own paths)
+    # 2. The first call alone has both none and pegaflow: its table; the others only say what ran.
+    outputs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert set(outputs[0]["configs"]) == {"none", "pegaflow"}
+    assert outputs[1] == {"gpu": "test-gpu", "configs_run": ["native", "lmcache-mp"], "phases_out": str(parts[1])}
+    # 3. Merged: one table of every configuration, as one call with all five would give.
+    assert bench.main(["--merge", *map(str, parts), "--json"]) == 0
+    merged = json.loads(capsys.readouterr().out)
+    assert list(merged["configs"]) == ["none", "pegaflow", "native", "lmcache-mp", "pegaflow-rs"]
+    assert merged["gpu"] == "test-gpu" and merged["warm_native_ms_median"] == 90.0

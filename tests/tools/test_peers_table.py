@@ -2,7 +2,8 @@
 
 import json
 
-from tools.peers_table import build, main, markdown
+from tools.lib.tables import build, markdown
+from tools.peers_table import main
 
 
 def _inputs():
@@ -30,13 +31,13 @@ def test_peers_table_cells_and_pegaflow_against_the_fastest_other():
     assert "replicas" not in table["versus"] and "args" not in table["configs"]
     # 2. TTFT: lmcache is faster (40 ms) but wrong: the mark is native's 90 ms, pegaflow ahead.
     assert table["versus"]["warm_ttft_10k"] == {"best_other": "native", "pegaflow_over_best": 48.0 / 90.0,
-                                                "pegaflow_ahead": True}
+                                                "pegaflow_ahead": True, "left_out_wrong": ["lmcache"]}
     # 3. Wall time: pegaflow-rs is the fastest other (7.5 s); pegaflow 6.0 s, ahead.
     assert table["versus"]["multi_round"] == {"best_other": "pegaflow-rs", "pegaflow_over_best": 0.8,
-                                              "pegaflow_ahead": True}
+                                              "pegaflow_ahead": True, "left_out_wrong": []}
     # 4. Throughput: higher is better; none is left out of the comparison.
     assert table["versus"]["shared_prefix"] == {"best_other": "pegaflow-rs", "pegaflow_over_best": 1.25,
-                                                "pegaflow_ahead": True}
+                                                "pegaflow_ahead": True, "left_out_wrong": []}
 
 
 def test_peers_table_markdown_marks_wrong_and_skipped(tmp_path, capsys):
@@ -58,9 +59,10 @@ def test_peers_table_markdown_marks_wrong_and_skipped(tmp_path, capsys):
                         "pegaflow vs fastest correct other |")
     ttft_row = next(line for line in lines if line.startswith("| warm 10k-token TTFT"))
     assert "40 ms (97% served) **wrong outputs**" in ttft_row and "| skipped |" in ttft_row
-    assert ttft_row.endswith("| 0.53x native's (ahead) |")
+    assert ttft_row.endswith("| 0.53x native's (ahead; left out, measured wrong: lmcache) |")
     wall_row = next(line for line in lines if line.startswith("| multi-round"))
-    assert wall_row == "| multi-round serving, later rounds | 9 s | - | - | 7.5 s | 6 s | 0.80x pegaflow-rs's (ahead) |"
+    assert wall_row == ("| multi-round serving, later rounds | 9 s | not run | not run | 7.5 s | 6 s "
+                        "| 0.80x pegaflow-rs's (ahead) |")
 
 
 def test_peers_table_an_invalid_configuration_is_never_the_mark_to_beat():
@@ -109,12 +111,15 @@ def test_peers_table_a_peer_wrong_on_one_workload_is_never_the_mark_on_another()
     assert table["wrong"] == {"lmcache": ["warm_ttft_10k"]}
     assert table["versus"]["multi_round"]["best_other"] == "pegaflow-rs"
     assert table["versus"]["shared_prefix"]["best_other"] == "pegaflow-rs"
+    # Its serving cell says what serving measured (tokens identical), not the TTFT's mark.
     row = next(line for line in markdown(table).splitlines() if line.startswith("| multi-round"))
-    assert "| 5 s (**wrong** on warm 10k-token TTFT) |" in row
+    assert "| 5 s | " in row and row.endswith("left out, measured wrong: lmcache) |")
+    assert table["marks"]["lmcache"]["on"]["multi_round"] == "tokens identical"
+    assert table["marks"]["lmcache"]["on"]["warm_ttft_10k"] == "wrong: output tokens differ from no offload's"
     # Without its wrong TTFT, lmcache is the mark (5.0 s against pegaflow's 6.0: behind).
     inputs["ttft"]["configs"]["lmcache"]["outputs_identical"] = True
     assert build(inputs, "2026-12-06")["versus"]["multi_round"] == {
-        "best_other": "lmcache", "pegaflow_over_best": 1.2, "pegaflow_ahead": False}
+        "best_other": "lmcache", "pegaflow_over_best": 1.2, "pegaflow_ahead": False, "left_out_wrong": []}
 
 
 def test_peers_table_pegaflows_own_variants_are_columns_not_marks():
@@ -125,3 +130,36 @@ def test_peers_table_pegaflows_own_variants_are_columns_not_marks():
     assert table["configs"]["pegaflow-hold"]["multi_round"]["later_rounds_wall_s"] == 5.5
     assert table["versus"]["multi_round"]["best_other"] == "pegaflow-rs"
     assert markdown(table).splitlines()[2].endswith("| pegaflow | pegaflow-hold | pegaflow vs fastest correct other |")
+
+
+def test_peers_table_marks_each_mode_on_each_workload_from_its_own_evidence_only():
+    # 1. LMCache in-process wrong on the scrubbed TTFT (its logprobs), tokens identical on
+    #    serving; LMCache multi-process right on the TTFT and absent from serving; PegaFlow
+    #    skipped on the TTFT.
+    inputs = _inputs()
+    inputs["ttft"]["configs"]["lmcache"].update(outputs_identical=True, logprobs_identical=False,
+                                                logprobs_compared=8)
+    inputs["ttft"]["configs"]["lmcache-mp"] = {"ttft_warm_ms": 45.0, "served_share": 1.0, "outputs_identical": True,
+                                               "logprobs_identical": True, "logprobs_compared": 8}
+    inputs["serving"]["lmcache"] = {"later_rounds_wall_s": 5.0, "throughput_rps": 6.0, "outputs_identical": True}
+    table = build(inputs, "2026-12-06")
+    marks = table["marks"]
+    # 2. Each mark names the release and the mode, and says only what its workload measured.
+    assert marks["lmcache"]["who"] == "LMCache 0.5.3, in-process LMCacheConnectorV1"
+    assert marks["lmcache"]["known_issue"] == "LMCache#4463"
+    assert marks["lmcache"]["on"] == {
+        "warm_ttft_10k": "wrong: first-token logprobs differ from the GPU prefix-cache hit's, 8 requests compared",
+        "multi_round": "tokens identical", "shared_prefix": "tokens identical"}
+    # 3. Nothing inferred across modes: the multi-process mode is right where it ran, not run elsewhere.
+    assert marks["lmcache-mp"]["who"] == "LMCache 0.5.3, multi-process LMCacheMPConnector + lmcache server"
+    assert marks["lmcache-mp"]["on"] == {
+        "warm_ttft_10k": "right: tokens and first-token logprobs equal, 8 requests compared",
+        "multi_round": "not run", "shared_prefix": "not run"}
+    assert "known_issue" not in marks["lmcache-mp"] and table["wrong"] == {"lmcache": ["warm_ttft_10k"]}
+    assert marks["pegaflow-rs"]["on"]["warm_ttft_10k"] == "not run (skipped: ImportError: undefined symbol: x)"
+    # 4. lmcache-mp is a mark to beat where it ran right: TTFT against its 45 ms, not native's 90.
+    assert table["versus"]["warm_ttft_10k"]["best_other"] == "lmcache-mp"
+    text = markdown(table)
+    assert ("- LMCache 0.5.3, in-process LMCacheConnectorV1 (LMCache#4463): warm 10k-token TTFT: wrong: "
+            "first-token logprobs differ") in text
+    assert "| not run |" in next(line for line in text.splitlines() if line.startswith("| multi-round"))

@@ -27,11 +27,11 @@ def _serving():
 
 
 def _ttft():
-    return {"gpu": "Test GPU", "compilation": "eager", "cold_none_ms_median": 271.7,
-            "warm_native_ms_median": 71.7, "warm_native_ms_p90": 81.9,
-            "warm_pegaflow_ms_median": 49.5, "warm_pegaflow_ms_p90": 51.2,
-            "warm_pegaflow_ms_median_staged": 44.0, "warm_pegaflow_ms_p90_staged": 46.6,
-            "gpu_hit_ms_median": 20.2, "gpu_hit_ms_p90": 25.4}
+    return {"gpu": "Test GPU", "compilation": "eager", "gpu_hit_ms_median": 20.2, "gpu_hit_ms_p90": 25.4,
+            "configs": {"none": {"ttft_warm_ms": 271.7, "outputs_identical": True},
+                        "pegaflow": {"ttft_warm_ms": 44.0, "ttft_warm_ms_p90": 46.6, "outputs_identical": True},
+                        "native": {"ttft_warm_ms": 71.7, "ttft_warm_ms_p90": 81.9, "outputs_identical": True},
+                        "lmcache": {"ttft_warm_ms": 35.8, "ttft_warm_ms_p90": 37.7, "outputs_identical": False}}}
 
 
 def _transfer():
@@ -60,9 +60,13 @@ def test_plot_benchmarks_reads_each_figure_from_its_json():
     # the serving rounds per configuration, in the order the servers ran, labelled for readers
     assert serving_rounds(_serving()) == {"no offload": [2.9, 2.8, 2.85], "vLLM native offload": [2.9, 0.61, 0.66],
                                           "pegaflow": [3.0, 0.56, 0.64]}
-    # the warm pegaflow bar is the staged (default) path's where the run measured it
+    # every system of the run, in its order, between no connector and the GPU hit; a system
+    # whose outputs differed from no offload's is marked
     bars = ttft_bars(_ttft())
-    assert [(bar.median_ms, bar.p90_ms) for bar in bars] == [(271.7, None), (71.7, 81.9), (44.0, 46.6), (20.2, 25.4)]
+    assert [(bar.label, bar.median_ms, bar.p90_ms) for bar in bars] == [
+        ("cold (recompute), no connector", 271.7, None), ("warm from pegaflow", 44.0, 46.6),
+        ("warm from vLLM native offload", 71.7, 81.9), ("warm from LMCache, in-process (outputs wrong)", 35.8, 37.7),
+        ("GPU prefix-cache hit (floor)", 20.2, 25.4)]
     # 64 KiB pages only, per path, and the engine's point; the limit is the run's own pinned copy
     # the replicas' later-round TTFT per configuration, labelled, in the order they ran
     assert replicas_ttft(_replicas()) == {"pegaflow": 396.0, "vLLM native offload": 579.0,
@@ -101,10 +105,10 @@ def test_plot_benchmarks_missing_file_is_one_line_and_others_drawn(tmp_path, cap
 
 def test_plot_benchmarks_file_without_its_fields_is_skipped_saying_which(tmp_path, capsys):
     _write_fixture(tmp_path)
-    (tmp_path / "ttft_copy_path.json").write_text(json.dumps({"gpu": "Test GPU"}))
+    (tmp_path / "ttft_peers.json").write_text(json.dumps({"gpu": "Test GPU"}))
     assert plot_benchmarks.main(["--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "skip ttft: ttft_copy_path.json: no 'cold_none_ms_median'" in out
+    assert "skip ttft: ttft_peers.json: no 'configs'" in out
     assert not (tmp_path / "ttft.png").exists() and (tmp_path / "transfer.png").exists()
 
 
@@ -118,3 +122,41 @@ def test_plot_benchmarks_committed_results_hold_what_the_plots_read():
 def test_plot_benchmarks_empty_runs_is_a_plot_data_error():
     with pytest.raises(PlotDataError, match="no runs"):
         serving_rounds({"runs": []})
+
+
+def test_plot_benchmarks_draw_from_the_runs_of_readmes_why_table():
+    # README's figures come from these runs (tests/test_readme_figures.py): its TTFT and
+    # replicas rows name the plots' files, and its serving rows (peers.json) are the serving
+    # plot's run, config by config.
+    readme = (DEFAULT_DIR.parent.parent / "README.md").read_text()
+    sources = {plot.name: plot.source for plot in PLOTS}
+    assert f"`{sources['ttft']}`" in readme and f"`{sources['replicas']}`" in readme
+    peers = json.loads((DEFAULT_DIR / "peers.json").read_text())["configs"]
+    serving = json.loads((DEFAULT_DIR / sources["serving_rounds"]).read_text())
+    for config in serving["args"]["configs"]:
+        assert serving[config]["later_rounds_wall_s"] == peers[config]["multi_round"]["later_rounds_wall_s"]
+    ttft = json.loads((DEFAULT_DIR / sources["ttft"]).read_text())
+    for config, run in ttft["configs"].items():
+        assert run["ttft_warm_ms"] == peers[config]["warm_ttft_10k"]["ttft_warm_ms"]
+
+
+def test_plot_benchmarks_every_plot_names_the_card_and_starts_bars_at_zero(tmp_path):
+    # Each figure says which GPU measured it; every value axis of bars and of the transfer
+    # rates starts at zero (a cut axis magnifies the gaps).
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    _write_fixture(tmp_path)
+    for plot, result in zip(PLOTS, (_serving(), _ttft(), _transfer(), _replicas()), strict=True):
+        figure = plot.draw(result, plot_benchmarks._axes_of)
+        texts = [figure.get_suptitle()] + [ax.get_title() for ax in figure.axes]
+        assert any("Test GPU" in text for text in texts), plot.name
+        for ax in figure.axes:
+            horizontal = plot.name == "ttft" or (plot.name == "replicas" and ax is figure.axes[1])
+            low = ax.get_xlim()[0] if horizontal else ax.get_ylim()[0]
+            assert low == 0, (plot.name, ax.get_title())
+        plt.close(figure)
+    without_card = dict(_ttft())
+    del without_card["gpu"]
+    with pytest.raises(PlotDataError, match="gpu"):
+        plot_benchmarks.draw_ttft(without_card, plot_benchmarks._axes_of)

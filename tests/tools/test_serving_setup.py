@@ -11,7 +11,8 @@ import pytest
 
 import pegaflow.stats.engine_stats
 import tools.engine_process
-from tools import peers, serving_setup
+from tools import serving_setup
+from tools.lib import peers
 from tools.serving_setup import pegaflow_transfer_args, side_processes, vllm_settings
 
 

@@ -27,8 +27,8 @@ def test_ttft_configs_rows_report_share_and_identity_per_configuration():
              "lmcache-mp": {"failed": "its server exited (1)"}}
     rows = config_rows(_phase([40.0, 60.0], 200, tokens), _phase([70.0, 70.0], 100, tokens), none, peers)
     assert list(rows) == ["none", "pegaflow", "native", "lmcache", "pegaflow-rs", "lmcache-mp"]
-    assert rows["none"] == {"ttft_warm_ms": 290.0, "ttft_warm_ms_p90": 300.0, "served_share": 0.0,
-                            "outputs_identical": True}
+    assert {k: v for k, v in rows["none"].items() if k not in ("requests", "cudagraph_mode")} == {
+        "ttft_warm_ms": 290.0, "ttft_warm_ms_p90": 300.0, "served_share": 0.0, "outputs_identical": True}
     assert rows["pegaflow"]["ttft_warm_ms"] == 50.0 and rows["pegaflow"]["served_share"] == 1.0
     assert rows["native"]["served_share"] == 0.5
     # 2. A peer with one wrong warm token is reported wrong, whatever its speed; the others are not.
@@ -72,8 +72,10 @@ def test_ttft_configs_a_warm_pass_that_hit_the_gpu_is_invalid_with_no_figures():
                "cold_tokens": tokens, "warm_tokens": tokens, "reset_wait_s": 0.0,
                "warm_by_source": {"local_compute": 8, "local_cache_hit": 79872, "external_kv_transfer": 120}}
     rows = config_rows(peg, dict(gpu_hit), none, {"pegaflow-rs": gpu_hit})
-    for config in ("native", "pegaflow-rs"):
-        assert list(rows[config]) == ["invalid"] and "79872 prompt tokens" in rows[config]["invalid"]
+    for config in ("native", "pegaflow-rs"):  # (its requests kept: what it served, per request)
+        assert list(rows[config]) == ["invalid", "cudagraph_mode", "requests"]
+        assert "79872 prompt tokens" in rows[config]["invalid"]
+        assert [r["warm_served_tokens"] for r in rows[config]["requests"]] == [9999] * 8
     # 2. A vLLM that does not split its hits by source: no figure either.
     unsplit = dict(gpu_hit, warm_by_source=None)
     assert "cannot be ruled out" in config_rows(peg, None, none, {"lmcache": unsplit})["lmcache"]["invalid"]
@@ -99,3 +101,33 @@ def test_ttft_configs_logprobs_compared_with_the_gpu_hit_where_the_same_tokens_w
     none_full = {**none, "cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert logprobs_match({**same, "cudagraph_mode": "PIECEWISE"}, none_full) == (None, 0)
     assert logprobs_match({**same, "cudagraph_mode": "FULL_AND_PIECEWISE"}, none_full) == (True, 2)
+
+
+def test_ttft_configs_rows_keep_per_request_evidence_that_rechecks_to_the_same_marks():
+    # 1. Two requests; lmcache's second warm token and its first request's top-5 differ from
+    #    none's GPU hit; pegaflow's match; native cached one block more than the hit (not compared).
+    from tools.lib.evidence import recheck_ttft, tokens_sha256
+    tokens, top5 = [[5], [6]], [[[5, -0.25], [9, -2.0]], [[6, -0.5], [7, -1.0]]]
+    none = {"cold_ms": [300.0], "cold_tokens": tokens, "gpu_hit_tokens": tokens, "gpu_hit_top5": top5,
+            "gpu_hit_cached_tokens": [96, 96], "cudagraph_mode": "FULL"}
+
+    def phase(warm_tokens, warm_top5, cached):
+        return dict(_phase([40.0, 40.0], sum(cached), tokens, warm_tokens), warm_top5=warm_top5,
+                    warm_cached_tokens=cached, cudagraph_mode="FULL")
+    peg = phase(tokens, top5, [96, 96])
+    lmcache = phase([[5], [7]], [[[5, -0.3], [9, -2.0]], top5[1]], [96, 96])
+    native = phase(tokens, top5, [112, 112])
+    rows = config_rows(peg, native, none, {"lmcache": lmcache})
+    # 2. The JSON keeps, per request: each pass's tokens hash, served tokens and top-5.
+    first = rows["lmcache"]["requests"][0]
+    assert first["cold_tokens_sha256"] == tokens_sha256([5]) and first["warm_served_tokens"] == 96
+    assert first["warm_top5"] == [[5, -0.3], [9, -2.0]] and rows["none"]["requests"][1]["gpu_hit_top5"] == top5[1]
+    # 3. The marks, worked out again from the requests alone (through JSON), are the rows' own.
+    import json
+    again = recheck_ttft(json.loads(json.dumps(rows)))
+    for config in ("pegaflow", "native", "lmcache"):
+        assert again[config] == {k: rows[config][k] for k in ("outputs_identical", "logprobs_identical",
+                                                              "logprobs_compared")}
+    assert again["lmcache"] == {"outputs_identical": False, "logprobs_identical": False, "logprobs_compared": 2}
+    assert again["native"]["logprobs_identical"] is None and again["pegaflow"]["logprobs_identical"] is True
+    assert again["none"]["outputs_identical"] is True

@@ -383,3 +383,48 @@ def test_engine_process_cuda_backend_round_trip_byte_exact(engine_factory, rng, 
     finally:
         client.close()
         events.close()
+
+
+def _held_saver_main(conn, engine_name: str) -> None:
+    """A client of ``engine_name`` whose SAVE the engine holds (--hold-saves): its GPU is busy
+    for about a minute before the event the SAVE waits on; it says so, then waits to be killed."""
+    from pegaflow.client.connection import EngineClient
+    torch.cuda.set_device(0)
+    raw = torch.zeros(NUM_LAYERS * LAYER_BYTES, dtype=torch.uint8, device="cuda")
+    events = EventPool(NUM_EVENTS)
+    torch.cuda.synchronize()
+    client = EngineClient.connect(engine_name, timeout_s=TIMEOUT_S)
+    client.register_region(0, region_record(export_allocation(raw.data_ptr()), NUM_LAYERS, NUM_BLOCKS, PAGE_BYTES),
+                           layer_major_records(NUM_LAYERS, NUM_BLOCKS, PAGE_BYTES))
+    client.register_events(events.handles())
+    torch.cuda._sleep(300 * SLEEP_CYCLES)  # ~60 s of GPU time, then the data's event
+    events.record([5], torch.cuda.current_stream().cuda_stream)
+    client.submit_save(7, list(range(4)), [bytes([65 + i]) * 32 for i in range(4)], layer=2, event_index=5)
+    conn.send("submitted")
+    conn.recv()
+
+
+@pytest.mark.gpu
+def test_engine_process_client_killed_while_its_save_is_held_is_reclaimed(engine_factory):
+    # 1. An engine with --hold-saves; a client process submits a SAVE whose data its GPU has
+    #    not written yet (a minute of work before the event): the engine holds it.
+    engine = engine_factory(pool_size="64MiB", slab_size="1MiB", extra=("--backend", "cuda", "--hold-saves"))
+    conn, proc = start_child(_held_saver_main, engine.name)
+    try:
+        assert conn.poll(TIMEOUT_S) and conn.recv() == "submitted"
+        engine.wait_stats(lambda s: s["clients_attached"] == 1 and s["inflight_copies"] == 1)
+        # 2. The client is killed: its event will never fire.
+        proc.kill()
+        proc.join(TIMEOUT_S)
+        # 3. The engine ends the held SAVE and reclaims the slot (its housekeeping, every
+        #    second while blocks are half written), long before the event would have come.
+        engine.wait_stats(lambda s: s["clients_attached"] == 0 and s["inflight_copies"] == 0, timeout_s=20)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    # 4. It serves on: a new client attaches and is answered.
+    client = engine.connect()
+    try:
+        assert client.ping() == 0
+    finally:
+        client.close()

@@ -159,3 +159,22 @@ def test_cuda_backend_a_held_save_whose_clients_work_failed_ends_with_an_error(m
     assert backend.started == [] and done == [CopyDone(8, "CudaError: cuEventQuery: an illegal memory access "
                                                           "was encountered")]
     assert backend.num_inflight() == 0 and marker in gpu.destroyed and marker not in dev.idle_events
+
+
+def test_cuda_backend_drop_held_ends_a_gone_clients_held_saves_and_nothing_else(monkeypatch):
+    # 1. Two clients' SAVEs held (their data not written yet); client 2 dies.
+    gpu = _Driver(monkeypatch)
+    backend, _ = _backend(monkeypatch)
+    gpu.client_records("event6")
+    backend.submit(_op(7, slot=2))
+    backend.submit(_op(8, slot=3))
+    # 2. Its held SAVE ends with an error at the next poll, though its event never fires; its
+    #    gate stream and marker are let go without waiting.  Client 3's stays held.
+    backend.drop_held(2)
+    assert backend.poll() == [CopyDone(7, "the client left before its data to save was written")]
+    assert backend.started == [] and backend.num_inflight() == 1
+    assert "stream0" in gpu.destroyed and "marker0" in gpu.destroyed
+    # 3. Once client 3's data is written, its SAVE is issued as usual.
+    gpu.client_work_done("event6")
+    backend.poll()
+    assert backend.started == [8] and backend.num_inflight() == 0

@@ -422,3 +422,27 @@ def test_device_staging_failing_half_way_gives_everything_back(gpu, monkeypatch)
     with pytest.raises(CudaError):
         staged.DeviceStaging(4 * ENTRY)
     assert sorted(destroyed) == sorted(made) and [c[0] for c in gpu.calls] == ["free"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("groups", [2, NUM_LAYERS])
+def test_fenced_load_in_layer_groups_records_each_layers_event_once_after_its_own_group(gpu, seed, groups):
+    # 1. A fenced LOAD in layer groups; the client reads each layer on a stream of its own
+    #    (as vLLM's layers may run apart), after that layer's event only.
+    gpu.mem[POOL:POOL + NUM_ENTRIES * ENTRY] = np.arange(NUM_ENTRIES * ENTRY) % 251
+    dst, entries = np.array([2, 3, 8, 10, 11]), np.array([4, 5, 6, 9, 20])
+    _client(gpu)[:, dst] = POISON
+    staging = staged.DeviceStaging(2 * staged.BUFFERS_PER_DIRECTION * 2 * ENTRY, load_groups=groups)
+    events, seen = [f"client{i}" for i in range(2 + NUM_LAYERS)], {}
+
+    def client_reads_each_layer_on_its_own_stream():
+        for layer in range(NUM_LAYERS):
+            gpu.wait(f"layer stream {layer}", events[2 + layer])
+            gpu.enqueue(f"layer stream {layer}", lambda k=layer: seen.__setitem__(k, _client(gpu)[k, dst].copy()))
+    _issue(gpu, staging, _op(Direction.LOAD, dst, entries, record_events=2), events=events, seed=seed,
+           then=client_reads_each_layer_on_its_own_stream)
+    # 2. Each layer's event is recorded once, in layer order: none for another group's layer.
+    assert [c[1] for c in gpu.calls if c[0] == "record" and c[1] in events] == events[2:]
+    # 3. Whatever order the GPU ran things in, each layer was in when its event said so.
+    for layer in range(NUM_LAYERS):
+        assert np.array_equal(seen[layer], _pool(gpu)[entries, layer]), layer

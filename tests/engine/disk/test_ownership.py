@@ -123,7 +123,7 @@ def test_ownership_engine_refuses_a_disk_path_another_user_made(engine_factory, 
     engine = engine_factory(wait=False, pool_size="2MiB", extra=("--disk-path", str(path)))
     engine.is_clean_exit_expected = False
     assert engine.proc.wait(30) != 0
-    errors = [line for line in engine.stderr_text().splitlines() if "ERROR" in line]
+    errors = [line for line in engine.stderr_text().splitlines() if line.startswith("pegaflow-engine: ")]
     assert len(errors) == 1 and f"owned by uid {OTHER_UID}" in errors[0], engine.stderr_text()
 
 

@@ -21,7 +21,7 @@ def _require_mooncake() -> str:
     try:
         import mooncake.store  # noqa: F401
     except ImportError as exc:
-        pytest.skip(f"mooncake-transfer-engine is not installed ({exc}): pip install -e '.[remote]' (make install)")
+        pytest.skip(f"mooncake-transfer-engine is not installed ({exc}): pip install -e '.[remote]' (make test)")
     binary = mooncake_master_binary()
     if binary is None:
         pytest.skip("mooncake_master not found beside the mooncake package")

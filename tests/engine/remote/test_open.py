@@ -44,7 +44,7 @@ def _require_mooncake() -> None:
     try:
         import mooncake.store  # noqa: F401
     except ImportError as exc:
-        pytest.skip(f"mooncake-transfer-engine is not installed ({exc}): pip install -e '.[remote]' (make install)")
+        pytest.skip(f"mooncake-transfer-engine is not installed ({exc}): pip install -e '.[remote]' (make test)")
 
 
 @pytest.fixture

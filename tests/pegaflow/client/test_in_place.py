@@ -16,6 +16,9 @@ from pegaflow.platform import shm
 from pegaflow.platform.errors import LayoutError
 
 NUM_BYTES = 40 << 20 | 123  # not whole pages: the span rounds out to them
+HEADER_BYTES = 16  # the array starts into its first page, as after malloc's chunk header
+GUARD_BYTES = 1 << 20  # private memory on each side of the array's pages
+ENGINE = "inplacetest"
 
 
 def _address(array: np.ndarray) -> int:
@@ -23,20 +26,51 @@ def _address(array: np.ndarray) -> int:
 
 
 @pytest.fixture
-def private():
-    # above malloc's largest mmap threshold (32 MiB): a private anonymous mapping of its own,
-    # malloc's chunk header in its first page (as a vLLM CPU worker's KV cache)
-    array = np.random.default_rng(3).integers(0, 256, NUM_BYTES, dtype=np.uint8)
-    yield array, array.copy()
+def mapping():
+    """A private anonymous mapping of random bytes, larger than the array moved out of it
+    (``GUARD_BYTES`` each side): a copy off by an offset reads or writes its neighbours,
+    never unmapped memory, so it shows as bytes compared, not as a crash.  (mapping, its
+    bytes before)."""
+    mapped = mmap.mmap(-1, 2 * GUARD_BYTES + HEADER_BYTES + NUM_BYTES + mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+    whole = np.frombuffer(mapped, dtype=np.uint8)
+    whole[:] = np.random.default_rng(3).integers(0, 256, whole.size, dtype=np.uint8)
+    yield whole, whole.copy()
+    # (the mapping goes with its last view: the range moved in place included)
+
+
+@pytest.fixture
+def private(mapping):
+    """The array a vLLM CPU worker's KV cache stands for: private anonymous memory, starting
+    past a header in its first page; (array, its bytes before)."""
+    whole, before = mapping
+    at = GUARD_BYTES + HEADER_BYTES
+    yield whole[at:at + NUM_BYTES], before[at:at + NUM_BYTES]
 
 
 @pytest.fixture
 def shared(private):
     """``private``'s memory moved in place: (array, its bytes before, the buffer), closed after."""
     array, before = private
-    buffer = share_in_place(_address(array), array.nbytes)
+    buffer = share_in_place(_address(array), array.nbytes, ENGINE)
     yield array, before, buffer
     buffer.close()
+
+
+def test_in_place_move_keeps_every_byte_where_it_was(mapping):
+    # 1. The array's pages (and the header and neighbours on them) moved in place.
+    whole, before = mapping
+    array = whole[GUARD_BYTES + HEADER_BYTES:GUARD_BYTES + HEADER_BYTES + NUM_BYTES]
+    buffer = share_in_place(_address(array), array.nbytes, ENGINE)
+    try:
+        # 2. Every byte of the mapping, moved or not, is what it was: none shifted, none lost.
+        moved = slice(buffer.address - _address(whole), buffer.address - _address(whole) + buffer.num_bytes)
+        differ = np.flatnonzero(whole != before)
+        assert differ.size == 0, (f"{differ.size} bytes differ after the move, the first at {differ[0]} "
+                                  f"(the moved pages are [{moved.start}, {moved.stop}))")
+        # 3. The segment holds the same bytes at the same offsets.
+        assert np.array_equal(buffer.data, before[moved]), "the segment's bytes are not the moved pages'"
+    finally:
+        buffer.close()
 
 
 def test_in_place_private_array_keeps_its_bytes_and_address(shared):
@@ -71,13 +105,13 @@ def test_in_place_memory_is_readable_by_another_process(shared):
 
 def test_in_place_range_already_shared_is_the_same_buffer(shared):
     array, _, buffer = shared
-    assert share_in_place(_address(array) + 4096, 100) is buffer
+    assert share_in_place(_address(array) + 4096, 100, ENGINE) is buffer
     assert find_buffer(_address(array), array.nbytes)[0] is buffer
 
 
 def test_in_place_closed_buffer_unlinks_its_name_and_the_memory_stays(private):
     array, before = private
-    buffer = share_in_place(_address(array), array.nbytes)
+    buffer = share_in_place(_address(array), array.nbytes, ENGINE)
     name = buffer.name
     buffer.close()
     # The name is gone (nothing leaks in /dev/shm); the owner's memory is still its own.
@@ -95,7 +129,7 @@ def test_in_place_file_mapping_is_refused_and_left_alone(tmp_path):
         mapped = mmap.mmap(f.fileno(), 0)
     view = np.frombuffer(mapped, dtype=np.uint8)
     with pytest.raises(LayoutError, match="not a private anonymous mapping"):
-        share_in_place(_address(view), view.nbytes)
+        share_in_place(_address(view), view.nbytes, ENGINE)
     assert find_buffer(_address(view), view.nbytes) is None
     assert bool((view == 7).all())
     del view
@@ -106,12 +140,12 @@ def test_in_place_segments_of_processes_gone_are_removed_and_live_ones_kept():
     # 1. A process that is gone (exited and reaped) and this live one each left a segment.
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    prefix = f"/pegaflow.{os.getuid()}.cpukvtest"
+    prefix = f"/pegaflow.{os.getuid()}.{ENGINE}.cpukv"
     orphan = shm.create_segment(f"{prefix}.{gone.pid}.0000abcd", 4096)
     mine = shm.create_segment(f"{prefix}.{os.getpid()}.0000abcd", 4096)
     try:
-        # 2. The orphan goes; the live process's stays.
-        assert remove_orphans("cpukvtest") == 1
+        # 2. The orphan goes; the live process's (it maps it) stays.
+        assert remove_orphans(ENGINE) == 1
         assert not shm.unlink_segment(orphan.name)
         assert shm.unlink_segment(mine.name)
     finally:

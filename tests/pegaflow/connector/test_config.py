@@ -268,6 +268,35 @@ def test_kv_transfer_config_names_the_connector_and_passes_options():
         kv_transfer_config(lod_mode="async")
 
 
+def test_kv_transfer_config_passes_options_converted_and_refuses_none():
+    pytest.importorskip("vllm")
+    from pegaflow.connector import kv_transfer_config
+    # 1. Numbers and switches given as text reach vLLM's config as numbers and bools.
+    config = kv_transfer_config("mine", lookup_timeout_ms="200", num_load_slots="8", enable_save="off")
+    assert config.kv_connector_extra_config == {"engine_name": "mine", "lookup_timeout_ms": 200.0,
+                                                "num_load_slots": 8, "enable_save": False}
+    # 2. None is no engine name (nor any option's value): refused, naming the key.
+    with pytest.raises(ConfigError, match=r"^engine_name=None: give a value"):
+        kv_transfer_config(None)
+    with pytest.raises(ConfigError, match=r"^lookup_timeout_ms=None"):
+        kv_transfer_config("mine", lookup_timeout_ms=None)
+    # 3. Text that is no number: refused, naming the key and the value.
+    with pytest.raises(ConfigError, match=r"lookup_timeout_ms='fast': expected a number"):
+        kv_transfer_config("mine", lookup_timeout_ms="fast")
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("lookup_timeout_ms", "200", "a number"), ("num_load_slots", 8.0, "a whole number"),
+    ("enable_save", "yes", "true or false"), ("engine_name", None, "text"), ("load_mode", 1, "text"),
+    ("num_load_slots", True, "a whole number"),
+])
+def test_connector_config_built_directly_refuses_a_value_of_another_type(key, value, expected):
+    # 1. ConnectorConfig(...) itself (from_sources converts; a direct caller must):
+    #    a ConfigError naming the field, never a TypeError from a comparison, nor kept as is.
+    with pytest.raises(ConfigError, match=f"^{key}={value!r}: expected {expected}$"):
+        ConnectorConfig(**{key: value})
+
+
 def test_kv_fields_dummy_weights_of_another_seed_differ_real_weights_ignore_the_seed():
     # 1. Dummy weights are drawn from the seed: another seed, other KV bytes.
     dummy = [rank_namespace(kv_fields(*_fake_configs(load_format="dummy", seed=s)), 0) for s in (0, 1)]

@@ -1,9 +1,5 @@
-"""The proxy against fake prefill and decode servers: routing, streaming, a failing prefill.
-
-Each fake server is a real aiohttp server on a free local port that records what it was
-sent (in one log shared by all, so the order of prefill and decode shows) and answers
-like vLLM's OpenAI server: JSON, or server-sent events when asked to stream.
-"""
+"""The proxy against fake prefill and decode servers (fakes.py): routing, streaming, a
+failing prefill."""
 
 from __future__ import annotations
 
@@ -11,75 +7,19 @@ import asyncio
 import copy
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from pegaflow.platform.errors import ConfigError
-from pegaflow.proxy.app import Proxy, ProxyConfig
 from pegaflow.proxy.routing import RoundRobin, prefill_body
-
-STREAM_CHUNKS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n',
-                 b"data: [DONE]\n\n"]
-
-
-class FakeServer:
-    def __init__(self, name: str, log: list, status: int = 200, hold_last: asyncio.Event | None = None):
-        self.name, self.log, self.status = name, log, status
-        self.hold_last = hold_last  # set: the last chunk waits for it (what came before must be through)
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._generate)
-        app.router.add_post("/v1/chat/completions", self._generate)
-        app.router.add_get("/health", self._health)
-        return app
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=self.status)
-
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.log.append((self.name, request.path, body, request.headers.get("X-Request-Id")))
-        if self.status != 200:
-            return web.json_response({"error": "down"}, status=self.status)
-        if not body.get("stream"):
-            return web.json_response({"server": self.name, "max_tokens": body.get("max_tokens")})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for i, chunk in enumerate(STREAM_CHUNKS):
-            if i == len(STREAM_CHUNKS) - 1 and self.hold_last is not None:
-                await self.hold_last.wait()
-            await response.write(chunk)
-            await asyncio.sleep(0.01)  # (separate writes: the proxy must pass each through)
-        await response.write_eof()
-        return response
-
-
-async def _serve(*fakes: FakeServer) -> list[TestServer]:
-    servers = [TestServer(f.app()) for f in fakes]
-    for server in servers:
-        await server.start_server()
-    return servers
-
-
-def _url(server: TestServer) -> str:
-    return f"http://127.0.0.1:{server.port}"
-
-
-async def _with_proxy(prefill: list[str], decode: list[str], body):
-    """Run ``body(client)`` against a proxy in front of those servers."""
-    proxy = Proxy(ProxyConfig(tuple(prefill), tuple(decode), prefill_timeout_s=30, decode_timeout_s=30))
-    async with TestClient(TestServer(proxy.app())) as client:
-        return await body(client)
+from tests.pegaflow.proxy.fakes import STREAM_CHUNKS, FakeServer, serve, url, with_proxy
 
 
 def test_proxy_sends_prefill_then_decode_round_robin():
     async def scenario():
         log = []
         fakes = [FakeServer("p0", log), FakeServer("p1", log), FakeServer("d0", log), FakeServer("d1", log)]
-        servers = await _serve(*fakes)
+        servers = await serve(*fakes)
 
-        async def body(client):
+        async def body(client, proxy):
             answers = []
             for i in range(4):
                 answer = await client.post("/v1/completions", json={"prompt": [1, 2, i], "max_tokens": 9},
@@ -89,7 +29,7 @@ def test_proxy_sends_prefill_then_decode_round_robin():
             return answers
 
         try:
-            answers = await _with_proxy([_url(s) for s in servers[:2]], [_url(s) for s in servers[2:]], body)
+            answers = await with_proxy([url(s) for s in servers[:2]], [url(s) for s in servers[2:]], body)
         finally:
             for server in servers:
                 await server.close()
@@ -111,9 +51,9 @@ def test_proxy_sends_prefill_then_decode_round_robin():
 def test_proxy_streams_decode_answer_through_byte_for_byte():
     async def scenario():
         log, last = [], asyncio.Event()
-        servers = await _serve(FakeServer("p", log), FakeServer("d", log, hold_last=last))
+        servers = await serve(FakeServer("p", log), FakeServer("d", log, hold_last=last))
 
-        async def body(client):
+        async def body(client, proxy):
             answer = await client.post("/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
                 "stream": True, "stream_options": {"include_usage": True}})
@@ -126,7 +66,7 @@ def test_proxy_streams_decode_answer_through_byte_for_byte():
             return b"".join(first) + await answer.read()
 
         try:
-            data = await _with_proxy([_url(servers[0])], [_url(servers[1])], body)
+            data = await with_proxy([url(servers[0])], [url(servers[1])], body)
         finally:
             for server in servers:
                 await server.close()
@@ -140,23 +80,24 @@ def test_proxy_streams_decode_answer_through_byte_for_byte():
     assert decode["stream"] is True and decode["max_completion_tokens"] == 5
 
 
-@pytest.mark.parametrize("failure", ["error_status", "refused"])
+@pytest.mark.parametrize("failure", ["error_status", "refused", "timeout"])
 def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
     async def scenario():
         log = []
-        servers = await _serve(FakeServer("p", log, status=500), FakeServer("d", log))
-        prefill_url = _url(servers[0])
+        servers = await serve(FakeServer("p", log, status=500, mode="hang" if failure == "timeout" else None),
+                              FakeServer("d", log))
+        prefill_url = url(servers[0])
         if failure == "refused":
             await servers[0].close()  # nothing listens there any more
 
-        async def body(client):
+        async def body(client, proxy):
             answer = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
             metrics = await (await client.get("/metrics")).text()
             health = await client.get("/health")
             return answer.status, await answer.json(), metrics, health.status, await health.json()
 
         try:
-            result = await _with_proxy([prefill_url], [_url(servers[1])], body)
+            result = await with_proxy([prefill_url], [url(servers[1])], body, prefill_timeout_s=0.3)
         finally:
             for server in servers:
                 await server.close()
@@ -166,7 +107,8 @@ def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
     # The decode server answered (it computed the prompt itself); the failure is counted and
     # the proxy is not healthy without a prefill server.
     assert status == 200 and answer["server"] == "d"
-    assert log[-1][0] == "d" and log[-1][2]["max_tokens"] == 3
+    requests = [entry for entry in log if len(entry) == 4]  # (not a hung prefill's "caller left")
+    assert requests[-1][0] == "d" and requests[-1][2]["max_tokens"] == 3
     assert "pegaflow_proxy_prefill_failures_total 1.0" in metrics
     assert health_status == 503 and not health["healthy"]
     assert [s["healthy"] for s in health["servers"]] == [False, True]
@@ -175,11 +117,11 @@ def test_proxy_falls_back_to_decode_when_prefill_fails(failure):
 def test_proxy_answers_bad_body_400_and_dead_decode_502():
     async def scenario():
         log = []
-        servers = await _serve(FakeServer("p", log), FakeServer("d", log))
-        decode_url = _url(servers[1])
+        servers = await serve(FakeServer("p", log), FakeServer("d", log))
+        decode_url = url(servers[1])
         await servers[1].close()
 
-        async def body(client):
+        async def body(client, proxy):
             not_json = await client.post("/v1/completions", data=b"{not json",
                                          headers={"Content-Type": "application/json"})
             not_object = await client.post("/v1/completions", json=[1, 2])
@@ -188,14 +130,14 @@ def test_proxy_answers_bad_body_400_and_dead_decode_502():
                     await (await client.get("/metrics")).text())
 
         try:
-            return await _with_proxy([_url(servers[0])], [decode_url], body)
+            return await with_proxy([url(servers[0])], [decode_url], body)
         finally:
             await servers[0].close()
 
     bad, not_object, no_decode, error, metrics = asyncio.run(scenario())
     assert (bad, not_object, no_decode) == (400, 400, 502)
     assert "decode server" in error["error"]["message"]
-    assert "pegaflow_proxy_bad_requests_total 2.0" in metrics
+    assert 'pegaflow_proxy_refused_total{status="400"} 2.0' in metrics
     assert "pegaflow_proxy_decode_failures_total 1.0" in metrics
 
 
@@ -212,3 +154,18 @@ def test_round_robin_checks_urls_and_prefill_body_keeps_the_prompt():
     assert prefill_body(body) == {"prompt": [5, 6], "max_tokens": 1, "temperature": 0.0, "n": 1,
                                   "stream": False}
     assert body == original  # the request itself, which goes on to the decode server, is left alone
+
+
+def test_round_robin_passes_over_a_failing_server_and_retries_it_once_per_retry():
+    servers = RoundRobin(("http://a:1", "http://b:2"), retry_s=10)
+    for _ in range(3):
+        servers.record("http://a:1", "TimeoutError")  # 3 in a row: failing
+    assert [servers.pick(now=100.0) for _ in range(3)] == ["http://a:1", "http://b:2", "http://b:2"]
+    assert servers.pick(now=109.9) == "http://b:2"  # a's retry (sent at 100) is not due yet
+    assert servers.pick(now=110.0) == "http://a:1"  # ...now it is, once
+    servers.record("http://b:2", "HTTP 500")
+    servers.record("http://b:2", "HTTP 500")
+    servers.record("http://b:2", "HTTP 500")
+    assert servers.pick(now=111.0) is None  # every server failing, none due
+    servers.record("http://a:1", None)  # a's retry succeeded
+    assert servers.pick(now=111.0) == "http://a:1" and not servers.states()[0].is_failing

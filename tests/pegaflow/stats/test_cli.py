@@ -275,3 +275,100 @@ def test_stat_cli_client_list_shows_each_kv_role(engine):
     finally:
         for client in (producer, consumer, plain):
             client.close()
+
+
+def _line_with(proc: subprocess.Popen, text: str, max_lines: int = 200) -> str:
+    """The live view's first line (of the next ``max_lines``) that contains ``text``."""
+    for _ in range(max_lines):
+        line = readline_within(proc, 60)
+        if text in line:
+            return line
+        assert line, f"the live view ended before saying {text!r}"
+    pytest.fail(f"no line with {text!r} in {max_lines} lines")
+
+
+def test_stat_cli_live_view_waits_for_a_stopped_engine_and_goes_on(engine_factory):
+    # 1. The live view of a running engine: a header, then a row.
+    engine = engine_factory()
+    proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stats.cli", "--name", engine.name,
+                             "--interval", "0.05"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        _line_with(proc, "saved blk/s")
+        # 2. The engine stops: the view says so once, and waits instead of exiting.
+        assert engine.stop() == 0
+        waiting = _line_with(proc, "not running")
+        assert f"engine {engine.name!r} not running, waiting..." in waiting
+        assert proc.poll() is None
+        # 3. An engine of that name starts again: the view goes on, header and rows.
+        engine_factory(engine.name)
+        _line_with(proc, "saved blk/s")
+        assert readline_within(proc, 60).split()[1:3] == ["0", "B"]  # its pool: nothing used yet
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    # 4. Ctrl-C ends it quietly.
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+
+
+def test_stat_cli_live_view_columns_say_blocks_and_the_pool_in_human_units(engine, rng):
+    # 1. 1 MiB of the pool used: a client saves 16 blocks of 64 KiB.
+    from pegaflow.client.connection import EngineClient
+    from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
+    client = EngineClient.connect(engine.name)
+    kv = HostKVBuffer(16 * 65536, "statunits")
+    try:
+        client.register_region(0, kv.region_record(16, 65536, 1), layer_major_records(1, 16, 65536))
+        hashes = [rng.bytes(32) for _ in range(16)]
+        assert client.wait(client.submit_save(7, list(range(16)), hashes)).value == 16
+        engine.wait_stats(lambda s: s["pool_bytes_used"] == 1 << 20)
+        # 2. The live view: rates of blocks, named so; the pool used as 1.0 MiB, not 0.00 GiB.
+        proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stats.cli", "--name", engine.name,
+                                 "--interval", "0.05"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            header, row = readline_within(proc), readline_within(proc)
+        finally:
+            proc.kill()
+            proc.communicate(timeout=30)
+    finally:
+        client.close()
+        kv.close()
+    for label in ("saved blk/s", "loaded blk/s", "hit blk/s", "evicted blk/s", "lookups/s"):
+        assert label in header, header
+    assert row.split()[1:3] == ["1.0", "MiB"], row
+
+
+def test_stat_cli_live_view_of_no_engine_waits_for_one():
+    name = f"t{os.getpid()}_notyet"
+    proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stats.cli", "--name", name, "--interval", "0.05"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        assert f"engine {name!r} not running, waiting..." in readline_within(proc)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_stat_cli_live_view_says_once_that_a_stopped_engine_does_not_respond_then_goes_on(engine):
+    proc = subprocess.Popen([sys.executable, "-m", "pegaflow.stats.cli", "--name", engine.name,
+                             "--interval", "0.05", "--stale-after", "1"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        _line_with(proc, "saved blk/s")
+        # 1. SIGSTOPped: once its heartbeat is a second old, the view says so, and waits.
+        os.kill(engine.pid, signal.SIGSTOP)
+        try:
+            assert "is not responding" in _line_with(proc, "not responding")
+            _wait_heartbeat_older_than(engine.name, 4.0)  # its age grows meanwhile
+        finally:
+            os.kill(engine.pid, signal.SIGCONT)
+        # 2. Resumed: the next line is the header again (the wait was said once, not each second).
+        assert "saved blk/s" in readline_within(proc, 60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0

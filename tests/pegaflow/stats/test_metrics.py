@@ -150,7 +150,7 @@ def test_stat_cli_serves_metrics_over_http(engine):
 def _promtool() -> str:
     found = shutil.which("promtool") or shutil.which("promtool", path=str(Path(sys.executable).parent))
     if found is None:
-        pytest.skip("promtool not found (on PATH or beside this Python): `make install` puts it in the "
+        pytest.skip("promtool not found (on PATH or beside this Python): `make test` puts it in the "
                     "venv from Debian's prometheus package, or apt-get install prometheus")
     return found
 

@@ -1,9 +1,10 @@
-"""tools/peers.py without a GPU: each peer's vLLM settings and server command, the one-line
+"""tools/lib/peers.py without a GPU: each peer's vLLM settings and server command, the one-line
 reason a peer cannot run, the path that keeps PegaFlow's ``pegaflow`` ahead of this repo's,
 and the side process's start, health wait and stop."""
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pegaflow.platform.errors import ConfigError, PeerError
-from tools import peers
+from tools.lib import peers
 
 GIB = 1 << 30
 
@@ -47,16 +48,43 @@ def test_peers_plan_lmcache_sizes_its_cpu_backend_like_the_pool(peers_dir):
 
 
 def test_peers_plan_lmcache_mp_points_vllm_at_its_server(peers_dir):
-    # 1. One lmcache server of the pool's size; vLLM's MP connector at its port.
-    run = peers.plan("lmcache-mp", 32 * GIB)
+    # 1. One lmcache server of the pool's size, with the eviction policy it requires (0.5.3
+    #    exits with a usage error without one), its default 256-token chunks and a worker
+    #    thread per vLLM it serves; vLLM's MP connector at its address.
+    run = peers.plan("lmcache-mp", 32 * GIB, num_vllms=2)
     assert run.server_argv[1:5] == ("-m", "lmcache.cli.main", "server", "--l1-size-gb")
-    assert _arg(run.server_argv, "--l1-size-gb") == "32"
+    assert _arg(run.server_argv, "--l1-size-gb") == "32" and _arg(run.server_argv, "--eviction-policy") == "LRU"
+    assert _arg(run.server_argv, "--chunk-size") == "256" and _arg(run.server_argv, "--max-workers") == "2"
     extra = run.kv_transfer_config["kv_connector_extra_config"]
     assert run.kv_transfer_config["kv_connector"] == "LMCacheMPConnector"
-    assert extra["lmcache.mp.port"] == int(_arg(run.server_argv, "--port"))
+    assert extra == {"lmcache.mp.host": "tcp://" + _arg(run.server_argv, "--host"),
+                     "lmcache.mp.port": int(_arg(run.server_argv, "--port"))}
     # 2. Its health check is on its HTTP port, not the ZMQ one.
     assert run.health_url == f"http://127.0.0.1:{_arg(run.server_argv, '--http-port')}/healthcheck"
     assert _arg(run.server_argv, "--http-port") != _arg(run.server_argv, "--port")
+    # 3. One vLLM (bench_ttft, bench_serving): one worker.
+    assert _arg(peers.plan("lmcache-mp", 32 * GIB).server_argv, "--max-workers") == "1"
+
+
+_PARSE_SERVER_ARGS = """
+import argparse, json, sys
+from lmcache.cli.commands.server import ServerCommand
+parser = argparse.ArgumentParser(prog="lmcache server")
+ServerCommand().add_arguments(parser)
+args = parser.parse_args(json.loads(sys.argv[1]))
+print(json.dumps([args.l1_size_gb, args.eviction_policy, args.max_workers, args.http_port]))
+"""
+
+
+def test_peers_plan_lmcache_mp_server_argv_is_what_lmcache_server_accepts():
+    # Where the bundle's LMCache is (the GPU machine): its own parser takes our arguments.
+    if peers.unavailable("lmcache-mp") is not None:
+        pytest.skip("LMCache's package is not here (tools/peers_bundle.sh carries it)")
+    run = peers.plan("lmcache-mp", 48 * GIB, num_vllms=2)
+    done = subprocess.run([sys.executable, "-c", _PARSE_SERVER_ARGS, json.dumps(list(run.server_argv[4:]))],
+                          env=dict(os.environ, **run.server_env), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [48.0, "LRU", 2, int(_arg(run.server_argv, "--http-port"))]
 
 
 def test_peers_plan_pegaflow_rs_runs_its_package_outside_this_repo(peers_dir):

@@ -4,7 +4,8 @@
 - ``spawn_phase(module, phase, flags, ...)``: ``python -m <module> --phase <phase> --phase-out
   <file> <flags>``; the phase writes its figures to the file as JSON and they are returned.  Its
   stdout goes to our stderr (our stdout carries only our JSON), a phase that exits non-zero
-  raises ``CalledProcessError`` and one that hangs past ``timeout_s`` ``TimeoutExpired``;
+  raises ``CalledProcessError`` and one that hangs past ``timeout_s`` ``TimeoutExpired``; its
+  whole process group is stopped when it returns, raises or the bench is stopped by a signal;
 - the phase's side: ``add_phase_args(parser, phases)`` declares the two flags ``spawn_phase``
   passes (hidden from ``--help``) and ``write_phase(args, figures)`` writes the figures back;
 - ``engine_unless_named(engine_name, prefix, pool_size)``: the engine the phases attach to: the
@@ -21,25 +22,40 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.lib import processes
+
+ROOT = Path(__file__).resolve().parents[2]
 PHASE_TIMEOUT_S = 900.0  # one vLLM phase: model init (~50 s) and its timed passes
+PHASE_STOP_TIMEOUT_S = 30.0  # a phase stopped early: vLLM's engine core given this long to go
 ENGINE_START_TIMEOUT_S = 300.0
 
 
 def spawn_phase(module: str, phase: str, flags: list[str], timeout_s: float = PHASE_TIMEOUT_S,
-              env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
+                env: dict[str, str] | None = None, cwd: Path | None = None,
+                leftovers: Callable[[], None] | None = None) -> dict:
     """One phase in its own process (``env``: its whole environment, None: ours; ``cwd``:
-    where it runs, None: the repository); the figures it wrote."""
+    where it runs, None: the repository); the figures it wrote.  Its process group (vLLM's
+    engine core with it) is stopped however this returns, and ``leftovers()`` then run
+    (``tools/lib/processes.py``).  Unbuffered, so its log reaches our stderr as it is written."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     cmd = [sys.executable, "-m", module, "--phase", phase, "--phase-out", out, *flags]
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    proc = processes.start(cmd, label=f"{module} phase {phase}", stop_timeout_s=PHASE_STOP_TIMEOUT_S,
+                           leftovers=leftovers, cwd=cwd or ROOT, stdout=sys.stderr, env=env)
     try:
-        subprocess.run(cmd, check=True, cwd=cwd or ROOT, stdout=sys.stderr, timeout=timeout_s, env=env)
+        try:
+            returncode = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise subprocess.TimeoutExpired(cmd, timeout_s) from None
+        if returncode:
+            raise subprocess.CalledProcessError(returncode, cmd)
         return json.loads(Path(out).read_text())
     finally:
+        processes.stop(proc)
         Path(out).unlink(missing_ok=True)
 
 

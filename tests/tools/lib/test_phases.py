@@ -1,4 +1,4 @@
-"""tools/phase_process.py: a bench's phase in a process of its own, and the engine its phases
+"""tools/lib/phases.py: a bench's phase in a process of its own, and the engine its phases
 attach to (a real child process; the engine faked)."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 import tools.engine_process
-from tools.phase_process import ENGINE_START_TIMEOUT_S, ROOT, engine_unless_named, spawn_phase
+from tools.lib import processes
+from tools.lib.phases import ENGINE_START_TIMEOUT_S, ROOT, engine_unless_named, spawn_phase
 
 PHASE = textwrap.dedent("""
     import argparse, os, sys
-    from tools.phase_process import add_phase_args, write_phase
+    from tools.lib.phases import add_phase_args, write_phase
     p = argparse.ArgumentParser()
     p.add_argument("--seed", type=int)
     add_phase_args(p, ["pegaflow", "broken"])
@@ -55,12 +56,12 @@ def test_spawn_phase_returns_what_the_phase_wrote_and_removes_its_file(phase_dir
 
 def test_spawn_phase_that_fails_raises_and_leaves_no_file(phase_dir, monkeypatch):
     made = []
-    real_run = subprocess.run
+    real_start = processes.start
 
-    def run(cmd, **kwargs):
+    def start(cmd, **kwargs):
         made.append(cmd[cmd.index("--phase-out") + 1])
-        return real_run(cmd, **kwargs)
-    monkeypatch.setattr(subprocess, "run", run)
+        return real_start(cmd, **kwargs)
+    monkeypatch.setattr(processes, "start", start)
     with pytest.raises(subprocess.CalledProcessError) as failed:
         spawn_phase("fake_phase", "broken", [], timeout_s=60, cwd=phase_dir)
     assert failed.value.returncode == 3 and failed.value.cmd[:3] == [sys.executable, "-m", "fake_phase"]

@@ -1,0 +1,169 @@
+"""engine/issuing.py: a long SAVE or LOAD issued a slice per loop turn, other clients served in
+between, and its own client's next command only after it (the held in-memory dispatcher,
+whose backend holds each copy until the test ends it; then a real engine process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.copy.base import CopyDone
+from pegaflow.platform.wire import Opcode, Status, encode_hashes, hash_keys
+from tests.engine.test_dispatcher import _held_dispatcher, _save_payload, _stored
+
+NAMESPACE = 7  # the in-memory clients' commands' namespace
+HASHES = [bytes([65 + i]) * 32 for i in range(6)]
+KEYS = [(NAMESPACE, k) for k in hash_keys(encode_hashes(HASHES))]
+
+
+@pytest.fixture
+def sliced(monkeypatch):
+    """The held dispatcher issuing one step a turn: chunks of 2 blocks, LOAD ops of 2."""
+    import engine.pending
+    import engine.transfers
+    monkeypatch.setattr(engine.pending, "FIRST_CHUNK", 2)
+    monkeypatch.setattr(engine.transfers, "LOAD_OP_BLOCKS", 2)
+    h = _held_dispatcher()
+    h.issuing = h.dispatcher.transfers.issuing
+    h.issuing.slice_s = 0.0
+    return h
+
+
+def _stored_whole(h) -> None:
+    """The six blocks stored (issued in one go), then back to a step a turn."""
+    h.issuing.slice_s = float("inf")
+    _stored(h, 1, range(6), HASHES)
+    h.issuing.slice_s = 0.0
+
+
+def _land(h) -> None:
+    for token in list(h.backend.held):
+        h.backend.held.remove(token)
+        h.dispatcher.on_copy_done(CopyDone(token))
+
+
+def test_issuing_a_long_save_goes_a_chunk_a_turn_with_other_clients_served_between(sliced):
+    h = sliced
+    other = h.add_client(1)
+    # 1. A SAVE of three chunks: only its first is issued by its handling; it is not answered,
+    #    and counts in its client's commands in flight (its memory stays registered).
+    h.send(1, Opcode.SAVE, _save_payload(range(6), HASHES), 6)
+    assert len(h.backend.ops) == 1 and h.issuing.is_issuing(h.client) and h.client.num_inflight == 2
+    assert h.issuing.is_issuing_save(h.client, NAMESPACE) and not h.issuing.is_issuing_save(h.client, 8)
+    assert [k in h.dispatcher.index.entries for k in KEYS] == [True, True, False, False, False, False]
+    # 2. Another client's PING is answered meanwhile.
+    other.send(1, Opcode.PING)
+    assert other.completions.try_get().status == Status.OK
+    # 3. A turn issues the next chunk, the next the last; the copies land: answered once, whole.
+    h.issuing.more()
+    assert len(h.backend.ops) == 2 and h.completions.try_get() is None
+    h.issuing.more()
+    assert len(h.backend.ops) == 3 and not h.issuing
+    _land(h)
+    answer = h.completions.try_get()
+    assert (answer.status, answer.value) == (Status.OK, 6) and h.completions.try_get() is None
+    assert all(h.dispatcher.index.get_ready(k) is not None for k in KEYS) and h.client.num_inflight == 0
+
+
+def test_issuing_a_long_load_pins_every_block_before_any_copy_then_an_op_a_turn(sliced):
+    h = sliced
+    _stored_whole(h)
+    # 1. A LOAD of six blocks (three chunks) builds its keys a chunk a turn, finds and pins
+    #    its blocks a chunk a turn, no copy issued yet; then issues an op of two blocks a turn.
+    num_saves = len(h.backend.ops)
+    h.send(2, Opcode.LOAD, _save_payload(range(8, 14), HASHES), 6)
+    num_ops = [len(h.backend.ops) - num_saves]
+    while h.issuing:
+        h.issuing.more()
+        num_ops.append(len(h.backend.ops) - num_saves)
+    assert num_ops == [0, 0, 0, 0, 1, 2, 3]
+    assert not h.issuing and h.completions.try_get() is None
+    assert [h.dispatcher.index.entries[k].refs for k in KEYS] == [1] * 6
+    _land(h)
+    answer = h.completions.try_get()
+    assert (answer.status, answer.value) == (Status.OK, 6)
+    assert [h.dispatcher.index.entries[k].refs for k in KEYS] == [0] * 6 and h.client.num_inflight == 0
+
+
+def test_issuing_a_load_whose_block_is_gone_by_a_later_turn_copies_nothing(sliced):
+    # 1. Six blocks stored; a LOAD of them is issued a step a turn; before it reaches the
+    #    fifth block, that block is dropped.
+    h = sliced
+    _stored_whole(h)
+    num_saves = len(h.backend.ops)
+    h.send(2, Opcode.LOAD, _save_payload(range(8, 14), HASHES), 6)
+    h.issuing.more()
+    h.dispatcher.index.drop_entry(KEYS[4])
+    while h.issuing:
+        h.issuing.more()
+    # 2. Answered MISSING_BLOCK, no copy issued, no block left pinned.
+    assert h.completions.try_get().status == Status.MISSING_BLOCK
+    assert len(h.backend.ops) == num_saves and h.client.num_inflight == 0
+    assert all(e.refs == 0 for e in h.dispatcher.index.entries.values())
+
+
+def test_issuing_stops_for_a_client_that_left(sliced):
+    # A client gone while its SAVE is issued: the rest is not issued, the chunk in flight
+    # ends, and the client holds nothing in flight after (its slot may be reclaimed).
+    h = sliced
+    h.send(1, Opcode.SAVE, _save_payload(range(6), HASHES), 6)
+    h.client.is_attached = False
+    h.issuing.more()
+    assert not h.issuing and len(h.backend.ops) == 1
+    _land(h)
+    assert h.client.num_inflight == 0 and h.completions.try_get().status == Status.COPY_FAILED
+    assert not any(k in h.dispatcher.index.writing for k in KEYS)
+
+
+def test_issuing_holds_back_the_clients_next_command_until_its_save_is_issued(engine_factory, kv_client, rng,
+                                                                             make_hashes):
+    # 1. One client sends a SAVE of 10,000 blocks (issued over several loop turns) and, without
+    #    waiting, a LOOKUP of the same blocks.
+    engine = engine_factory(pool_size="256MiB", extra=("--lookup-wait-ms", "10000"))
+    kv = kv_client(engine)
+    num_blocks = 10_000
+    hashes = make_hashes(num_blocks)
+    ids = np.arange(num_blocks) % kv.NUM_BLOCKS
+    kv.fill(rng, range(kv.NUM_BLOCKS))
+    save = kv.client.submit_save(0x1551, ids, hashes)
+    lookup = kv.client.submit_lookup(0x1551, hashes)
+    # 2. The LOOKUP was read only once the SAVE was issued whole: it finds (or waits for) every
+    #    block, none missing because the SAVE had not reached it yet.
+    assert kv.client.wait(save, 60).value == num_blocks
+    assert kv.client.wait(lookup, 60).result.num_hit_blocks == num_blocks
+
+
+def test_issuing_a_long_chains_eviction_order_is_given_over_turns_tail_first(sliced, monkeypatch):
+    # 1. A SAVE of six blocks lands; its chain's eviction order is given two keys a turn.
+    import engine.issuing
+    monkeypatch.setattr(engine.issuing, "TOUCH_STEP", 2)
+    h = sliced
+    h.issuing.slice_s = float("inf")
+    h.send(1, Opcode.SAVE, _save_payload(range(6), HASHES), 6)
+    h.issuing.slice_s = 0.0
+    _land(h)
+    assert h.completions.try_get().status == Status.OK
+    order = h.dispatcher.index.policy._order
+    # 2. At its answer, its tail's two keys; a turn later the next two; then the head, which
+    #    ends the most recently used (a chain is evicted from its tail).
+    assert list(order)[-2:] == [KEYS[5], KEYS[4]] and h.issuing
+    h.issuing.more()
+    assert list(order)[-4:] == [KEYS[5], KEYS[4], KEYS[3], KEYS[2]]
+    h.issuing.more()
+    assert list(order) == KEYS[::-1] and not h.issuing
+
+
+def test_issuing_two_commands_of_one_client_each_go_to_their_end(sliced):
+    # A LOAD parked on the disk tier's reads is resumed while its client's later SAVE is
+    # still being issued (the dispatcher handles it then, whatever the server reads): both
+    # are issued to their end and each is answered once.
+    h = sliced
+    _stored_whole(h)
+    h.send(2, Opcode.SAVE, _save_payload(range(6), [b"s" * 31 + bytes([i]) for i in range(6)]), 6)
+    h.send(3, Opcode.LOAD, _save_payload(range(8, 14), HASHES), 6)
+    assert len(h.issuing.items) == 2 and h.issuing.slots == {0: 2}
+    while h.issuing:
+        h.issuing.more()
+    _land(h)
+    answers = sorted((a.request_id, a.status, a.value) for a in iter(h.completions.try_get, None))
+    assert answers == [(2, Status.OK, 6), (3, Status.OK, 6)] and h.client.num_inflight == 0

@@ -1,0 +1,150 @@
+"""tools/lib/processes.py with real processes: a child's whole group stopped, the segments a
+stopped process left removed (and no other), a bench's signal stopping every child, the
+phase lines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.lib import processes
+
+ROOT = Path(__file__).resolve().parents[3]
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(map(_alive, pids)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_processes_stop_ends_the_childs_whole_group_and_runs_its_leftovers(tmp_path):
+    # 1. A child that starts a process of its own and ignores the stop signal.
+    script = ("import signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              f"core = subprocess.Popen({SLEEPER!r})\n"
+              f"open({str(tmp_path / 'core')!r}, 'w').write(str(core.pid))\n"
+              "time.sleep(600)\n")
+    cleared = []
+    proc = processes.start([sys.executable, "-c", script], label="stand-in", stop_timeout_s=1.0,
+                           leftovers=lambda: cleared.append(True))
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "core").exists() or not (tmp_path / "core").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    core = int((tmp_path / "core").read_text())
+    assert "stand-in" in processes.running()
+    # 2. Stopped: killed past its timeout, the process it started with it, leftovers run once.
+    assert processes.stop(proc) == -signal.SIGKILL
+    assert _wait_gone([proc.pid, core]) and cleared == [True]
+    assert "stand-in" not in processes.running()
+
+
+def test_processes_new_segments_since_removes_only_the_unheld_ones_made_after(tmp_path):
+    shm = processes.SHM_DIR
+    tag = f"pegaflow-test-{os.getpid()}"
+    before_path = shm / f"{tag}-before"
+    before_path.write_bytes(b"x")
+    try:
+        sweep = processes.new_segments_since(processes.shm_snapshot())
+        # 1. Made after: one held open by a live process, one no process holds.
+        held, loose = shm / f"{tag}-held", shm / f"{tag}-loose"
+        held.write_bytes(b"x")
+        loose.write_bytes(b"x")
+        holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(held)!r}); import time; time.sleep(600)"])
+        try:
+            deadline = time.monotonic() + 30
+            while f"{tag}-held" not in processes._held_shm_names():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            # 2. The sweep removes the loose one only; the one from before stays too.
+            sweep()
+            assert not loose.exists() and held.exists() and before_path.exists()
+        finally:
+            holder.kill()
+            holder.wait()
+        # 3. Once its holder is gone, it goes too.
+        sweep()
+        assert not held.exists() and before_path.exists()
+    finally:
+        for path in shm.glob(f"{tag}-*"):
+            path.unlink()
+
+
+BENCH = textwrap.dedent("""
+    import subprocess, sys, time
+    from tools.lib import processes
+    processes.handle_signals()
+    child = processes.start({sleeper!r}, label="server")
+    with processes.phase("stand-in", "workload"):
+        print(child.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGHUP, 128 + signal.SIGHUP),
+                                         (signal.SIGINT, -signal.SIGINT)])
+def test_processes_handle_signals_stops_every_child_and_says_where_it_was(sig, status):
+    # 1. A bench with one registered child, mid-phase.
+    bench = subprocess.Popen([sys.executable, "-c", BENCH.format(sleeper=SLEEPER)], cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    child = int(bench.stdout.readline())
+    try:
+        # 2. The signal: the child is stopped, the bench exits (SIGINT: as Python exits on its
+        #    KeyboardInterrupt, by SIGINT).
+        bench.send_signal(sig)
+        assert bench.wait(60) == status
+        assert _wait_gone([child])
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+        bench.kill()
+        bench.wait()
+    err = bench.stderr.read()
+    # 3. What it stopped and which phase it was in, each on a time-stamped line.
+    assert f"{signal.Signals(sig).name}: stopping server" in err
+    assert "stand-in: phase workload started" in err and "stand-in: phase workload failed after" in err
+
+
+def test_processes_phase_logs_its_start_and_its_end(capsys):
+    with processes.phase("bench_x", "cold"):
+        pass
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].endswith("bench_x: phase cold started")
+    assert " bench_x: phase cold ended after " in lines[1] and lines[1][:4].isdigit()
+    with pytest.raises(KeyError), processes.phase("bench_x", "warm"):
+        raise KeyError("gone")
+    assert "bench_x: phase warm failed after" in capsys.readouterr().err
+
+
+def test_processes_a_child_stops_when_the_bench_is_killed_outright():
+    # SIGKILL leaves the bench no say: its child's parent-death signal stops it.
+    bench = subprocess.Popen([sys.executable, "-c", BENCH.format(sleeper=SLEEPER)], cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+    child = int(bench.stdout.readline())
+    try:
+        bench.kill()
+        bench.wait()
+        assert _wait_gone([child])
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
