@@ -83,8 +83,9 @@ class Dispatcher:
             Opcode.ATTACH: self._attach, Opcode.DETACH: self._detach, Opcode.PING: self._ping,
             Opcode.REGISTER: self._register, Opcode.UNREGISTER: self._unregister,
             Opcode.REGISTER_EVENTS: self._register_events, Opcode.LOOKUP: self.lookups.lookup,
-            Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save, Opcode.LOAD: self.transfers.load,
-            Opcode.DROP: self._drop, Opcode.RELEASE_CLAIM: self.claims.release,
+            Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save,
+            Opcode.LOAD: self.transfers.load, Opcode.DROP: self._drop,
+            Opcode.RELEASE_CLAIM: self.claims.release,  # compute once (prefill_claims.py)
         }
         assert set(self.handlers) == set(COMMANDS), "every command needs a handler"
         self._routes = {opcode: (handler, DECODERS[opcode]) for opcode, handler in self.handlers.items()}

@@ -151,7 +151,8 @@ class SchedulerSide:
         self._running = {new.req_id for new in scheduler_output.scheduled_new_reqs} | set(cached.req_ids)
         for req_id in meta.preempted_req_ids:
             if (state := self.requests.get(req_id)) is not None:
-                state.block_ids, state.has_saves = [[]], False  # the workers wait for its saves first
+                state.block_ids = [[]]
+                state.has_saves = False  # the workers wait for them before the blocks are reused
                 self.lookups.release_claims(state, state.num_saved_blocks)  # compute once: none past those
         return meta
 
