@@ -13,7 +13,8 @@ them again (docs/replicas.md, "Compute once").
                 counted)
     holds       whether a parked LOOKUP's stop is still claimed: it waits on while it is
     ends        a claim ends when
-                  - its blocks are READY in its namespace (``sweep``),
+                  - each of its blocks is saved, or being saved, in its namespace (``sweep``,
+                    at housekeeping: a waiter then waits for those still being saved as any),
                   - its instance sends RELEASE_CLAIM for the blocks its request will not
                     compute (aborted, preempted, finished short: ``release``; the rest stand),
                   - its client goes (``release_slot``: a dead one reclaimed),
