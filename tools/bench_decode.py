@@ -21,8 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.gpu import gpu_name
 from tools.lib.decode import KINDS, decode_llm, random_prompts
+from tools.lib.gpu import gpu_name
 from tools.lib.phases import add_phase_args, engine_unless_named, spawn_phase, write_phase
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,7 +37,7 @@ from pegaflow.platform import shm
 from pegaflow.platform.values import format_size, parse_size
 from pegaflow.stats.engine_stats import read_stats
 from tools.engine_process import LARGE_POOL_STOP_S, ROOT, EngineProcess
-from tools.gpu import NO_GPU, gpu_name
+from tools.lib.gpu import NO_GPU, gpu_name
 
 POLL_S = 5e-3
 FAULT_METHODS = ("write faulted", "touch", "fallocate+touch", "populate", "populate+huge", "map_populate")

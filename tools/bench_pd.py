@@ -32,9 +32,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tools.engine_process import EngineProcess
-from tools.gpu import gpu_name
+from tools.lib.gpu import gpu_name
+from tools.lib.serving_setup import pegaflow_transfer_args
 from tools.lib.vllm_serve import Server, complete, external_hit_tokens, server_command
-from tools.serving_setup import pegaflow_transfer_args
 from tools.serving_workload import RequestResult, cacheable_tokens, percentile, poisson_offsets
 
 ROOT = Path(__file__).resolve().parent.parent

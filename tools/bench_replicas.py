@@ -50,9 +50,9 @@ from tools.lib import peers, processes
 from tools.lib.evidence import serving_requests
 from tools.lib.fleet import BLOCK_SIZE, Fleet, send_all
 from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
+from tools.lib.serving_setup import PEGAFLOW_CONFIGS, side_processes
 from tools.lib.vllm_serve import complete, hits_of
 from tools.replica_router import ROUTERS, Routed, Router, replica_figures
-from tools.serving_setup import PEGAFLOW_CONFIGS, side_processes
 from tools.serving_workload import cacheable_tokens, conversations, shared_prefix_prompts, summarize
 
 ROOT = Path(__file__).resolve().parent.parent

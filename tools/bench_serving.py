@@ -35,6 +35,12 @@ from tools import step_timeline
 from tools.lib import peers, processes
 from tools.lib.evidence import serving_requests
 from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
+from tools.lib.serving_setup import (
+    PEGAFLOW_CONFIGS,
+    peer_leftovers,
+    side_processes,
+    vllm_settings,
+)
 from tools.lib.vllm_serve import (
     Server,
     counters,
@@ -43,12 +49,6 @@ from tools.lib.vllm_serve import (
     reset_gpu_cache,
     run_all,
     server_command,
-)
-from tools.serving_setup import (
-    PEGAFLOW_CONFIGS,
-    peer_leftovers,
-    side_processes,
-    vllm_settings,
 )
 from tools.serving_workload import (
     RequestResult,

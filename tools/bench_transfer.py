@@ -39,7 +39,7 @@ from engine.copy.cuda import CudaBackend  # noqa: E402
 from engine.fault_in import default_threads, fault_in  # noqa: E402
 from pegaflow.platform import shm  # noqa: E402
 from pegaflow.platform.cuda import driver  # noqa: E402
-from tools.gpu import gpu_name  # noqa: E402
+from tools.lib.gpu import gpu_name  # noqa: E402
 
 NUM_LAYERS, KV_HEADS, HEAD, DTYPE_BYTES = 32, 8, 128, 2
 TOKEN_BYTES = KV_HEADS * 2 * HEAD * DTYPE_BYTES  # K and V of one token in one layer: 4 KiB

@@ -21,7 +21,7 @@ running one; a started engine is stopped before the native and peer phases (thei
 would otherwise sit beside its pool).  The native and peer phases keep vLLM's prefix caching
 on, as their users run them.  Before every warm pass vLLM's GPU prefix cache is emptied (the
 reset retried while saves hold blocks), and a warm pass that vLLM counted any GPU prefix-cache
-hit in is reported invalid, not as a figure (``tools/warm_pass.py``).
+hit in is reported invalid, not as a figure (``tools/lib/warm_pass.py``).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.gpu import gpu_name
 from tools.lib import peers, processes
+from tools.lib.gpu import gpu_name
 from tools.lib.phases import PHASE_TIMEOUT_S, add_phase_args, engine_unless_named, spawn_phase, write_phase
+from tools.lib.ttft_configs import config_rows
 from tools.lib.ttft_figures import backend_figures, summarize_disk, summarize_tpot, table_figures
 from tools.lib.ttft_phase import load_modes, run_phase
-from tools.ttft_configs import config_rows
-from tools.warm_pass import (
+from tools.lib.warm_pass import (
     SCRUB_ENV,
     GpuCacheNotEmptyError,
 )

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tools.lib import peers, processes
 from tools.lib.phases import spawn_phase
-from tools.warm_pass import SCRUB_ENV
+from tools.lib.warm_pass import SCRUB_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 

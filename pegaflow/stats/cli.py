@@ -158,6 +158,9 @@ def live(name: str, interval_s: float, stale_after_s: float = STALE_AFTER_S) -> 
             prev, waiting = None, type(exc)
             time.sleep(interval_s)
             continue
+        if not cur["start_ns"]:  # an engine this moment starting: its stats not yet written
+            time.sleep(interval_s)
+            continue
         if prev is None or cur["start_ns"] != prev["start_ns"]:  # first, back, or another engine
             print(_live_header(), flush=True)
             num_rows = 0

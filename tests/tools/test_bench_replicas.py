@@ -108,7 +108,7 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
     assert run["later_rounds"]["requests"] == 6 and run["docs"]["requests"] == 6
     # Before the shared documents every replica's GPU cache was emptied, each reset retried
     # past its first refusal: one wait per replica at least.
-    from tools.warm_pass import RESET_POLL_S
+    from tools.lib.warm_pass import RESET_POLL_S
     assert run["docs_reset_wait_s"] >= len(fleet.servers) * RESET_POLL_S
     # 2. Each replica's external hits over the later rounds are its own requests' (100 each).
     per = run["chat"]["per_replica"]

@@ -275,7 +275,7 @@ def test_main_runs_every_configuration_with_the_peers_end_to_end(tmp_path, monke
 
 def test_main_a_peer_failing_at_run_time_is_a_row_and_the_bench_goes_on(tmp_path, monkeypatch, capsys):
     from tools.lib import peers
-    from tools.warm_pass import GpuCacheNotEmptyError
+    from tools.lib.warm_pass import GpuCacheNotEmptyError
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
     monkeypatch.setattr(bench_serving, "measured_on", lambda args: ("fake-gpu", args.model))
 

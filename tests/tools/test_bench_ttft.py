@@ -195,8 +195,8 @@ class _FakeLLM:
 def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_served():
     # 1. Saves still hold blocks: the first two resets are refused; the warm pass starts only
     #    once vLLM has reset its GPU prefix cache.
+    from tools.lib.ttft_configs import row
     from tools.lib.ttft_phase import _timed_warm
-    from tools.ttft_configs import row
     llm, prompts = _FakeLLM(held=2, cached=48), [[1] * 50, [2] * 50]
     result = {"cold_tokens": [[1], [2]], "cacheable_tokens": 96}
     _timed_warm(result, llm, prompts)
@@ -210,8 +210,8 @@ def test_bench_ttft_warm_pass_waits_for_an_empty_gpu_cache_and_counts_what_was_s
 
 
 def test_bench_ttft_warm_pass_that_hit_the_gpu_is_reported_invalid():
+    from tools.lib.ttft_configs import row
     from tools.lib.ttft_phase import _timed_warm
-    from tools.ttft_configs import row
     llm = _FakeLLM(held=0, cached=48, gpu_hits=True)
     result = {"cold_tokens": [[1]], "cacheable_tokens": 48}
     _timed_warm(result, llm, [[1] * 50])
@@ -251,7 +251,7 @@ def test_bench_ttft_phase_whose_reset_never_succeeds_writes_a_failed_row(tmp_pat
     import sys
 
     import tools.bench_ttft as bench
-    from tools.warm_pass import GpuCacheNotEmptyError
+    from tools.lib.warm_pass import GpuCacheNotEmptyError
 
     def never_empty(args):
         raise GpuCacheNotEmptyError("vLLM refused to reset its GPU prefix cache 1500 times in 300 s")
@@ -265,8 +265,8 @@ def test_bench_ttft_phase_whose_reset_never_succeeds_writes_a_failed_row(tmp_pat
 def test_bench_ttft_figures_leave_out_a_configuration_without_figures(monkeypatch, capsys):
     # 1. native's warm pass hit the GPU: the top-level native figures are left out, its row
     #    says why, one line on stderr.
+    from tools.lib.ttft_configs import config_rows
     from tools.lib.ttft_figures import table_figures
-    from tools.ttft_configs import config_rows
     peg, native, none = _phases()
     for phase, served in ((peg, 20), (native, 20)):
         phase.update(warm_cached_tokens=[served, served], cacheable_tokens=40, reset_wait_s=0.0,

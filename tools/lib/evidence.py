@@ -8,7 +8,7 @@ differ", "logprobs differ") can be checked again from the file alone, without th
   on a warm pass after the GPU cache was emptied, what the host cache served) and the first
   token's top-5 ``[token id, logprob]``.
 - ``recheck_ttft(rows)``: each configuration's ``outputs_identical`` and ``logprobs_identical``
-  worked out again from those requests alone, by bench_ttft's rules (``tools/ttft_configs.py``).
+  worked out again from those requests alone, by bench_ttft's rules (``tools/lib/ttft_configs.py``).
 - ``serving_requests(results)``: bench_serving and bench_replicas, per request: its key, its
   tokens' hash and vLLM's ``cached_tokens`` (its prompt tokens not computed, from the GPU cache
   or a connector).

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 from tools import step_timeline
 from tools.lib import processes
+from tools.lib.serving_setup import PEGAFLOW_CONFIGS, peer_leftovers, vllm_settings
 from tools.lib.vllm_serve import Server, complete, counters, reset_gpu_cache, server_command
-from tools.serving_setup import PEGAFLOW_CONFIGS, peer_leftovers, vllm_settings
 from tools.serving_workload import RequestResult
 
 BLOCK_SIZE = 16

@@ -18,7 +18,8 @@ SIGINT, SIGTERM or SIGHUP (``timeout`` sends SIGTERM), with what each left in /d
   At exit every child still registered is stopped too.
 - ``new_segments_since(before)`` (with ``shm_snapshot()``): a ``leftovers`` for a process whose
   segment names are not known beforehand (a peer's server): the /dev/shm entries made since
-  ``before``, ours, that no live process holds open or mapped.
+  ``before`` that its own group held when stopped, ours, and that no live process holds then
+  (``SegmentsMade``); what other processes made meanwhile is never touched.
 - ``phase(bench, name)``: one time-stamped line on stderr when a phase starts and one when it
   ends (how long it took, or the error that ended it), so a run cut short says where it was.
 """
@@ -117,6 +118,8 @@ def stop_all() -> None:
 def _stop_group(proc: subprocess.Popen, sig: int, timeout_s: float,
                 leftovers: Callable[[], None] | None) -> None:
     if proc.poll() is None:
+        if isinstance(leftovers, SegmentsMade):
+            leftovers.note_group(proc.pid)
         _signal_group(proc.pid, sig)
         try:
             proc.wait(timeout_s)
@@ -161,20 +164,39 @@ def shm_snapshot() -> frozenset[str]:
     return frozenset(os.listdir(SHM_DIR)) if SHM_DIR.is_dir() else frozenset()
 
 
-def new_segments_since(before: frozenset[str]) -> Callable[[], None]:
-    """A ``leftovers``: remove the /dev/shm entries made since ``before`` that are ours and that
-    no live process holds (open or mapped)."""
-    def remove() -> None:
-        made = [name for name in shm_snapshot() - before if _is_ours(SHM_DIR / name)]
+class SegmentsMade:
+    """A ``leftovers`` for a process whose segment names are not known beforehand (a peer's
+    server, a peer's vLLM): the /dev/shm entries made since ``before`` that its own process group
+    held (open or mapped) when it was stopped, ours, and that no live process holds once it is
+    gone.  An entry someone else made meanwhile (another bench, a test's engine, a crashed
+    engine's kept pool) is never a candidate, held or not.  A group that exited before its stop
+    leaves nothing known to be its: whatever it made is logged, not removed."""
+
+    def __init__(self, before: frozenset[str]) -> None:
+        self.before = before
+        self.group_held: set[str] | None = None
+
+    def note_group(self, pgid: int) -> None:
+        """What ``pgid``'s processes hold now: called just before they are signalled."""
+        self.group_held = _held_shm_names(pgid)
+
+    def __call__(self) -> None:
+        made = {name for name in shm_snapshot() - self.before if _is_ours(SHM_DIR / name)}
         if not made:
             return
+        if self.group_held is None:
+            logger.warning("left in /dev/shm since the process started, not known to be its (it had exited): %s",
+                           ", ".join(sorted(made)))
+            return
         held = _held_shm_names()
-        for name in made:
-            if name not in held:
-                with contextlib.suppress(FileNotFoundError):
-                    (SHM_DIR / name).unlink()
-                logger.info("removed /dev/shm/%s, left by a stopped process", name)
-    return remove
+        for name in sorted(made & self.group_held - held):
+            with contextlib.suppress(FileNotFoundError):
+                (SHM_DIR / name).unlink()
+            logger.info("removed /dev/shm/%s, left by a stopped process", name)
+
+
+def new_segments_since(before: frozenset[str]) -> SegmentsMade:
+    return SegmentsMade(before)
 
 
 def _is_ours(path: Path) -> bool:
@@ -184,11 +206,14 @@ def _is_ours(path: Path) -> bool:
         return False
 
 
-def _held_shm_names() -> set[str]:
-    """Names under /dev/shm that some live process has open or mapped (those it can read)."""
+def _held_shm_names(pgid: int | None = None) -> set[str]:
+    """Names under /dev/shm that some live process (of group ``pgid``, if given) has open or
+    mapped (those it can read)."""
     held: set[str] = set()
     prefix = str(SHM_DIR) + "/"
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        if pgid is not None and not _in_group(int(pid), pgid):
+            continue
         with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
@@ -200,6 +225,13 @@ def _held_shm_names() -> set[str]:
                     if (at := line.find(prefix)) >= 0:
                         held.add(line[at + len(prefix):].strip().removesuffix(" (deleted)"))
     return held
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pgid
+    except ProcessLookupError:
+        return False
 
 
 def _now() -> str:

@@ -12,8 +12,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.gpu import gpu_name
 from tools.lib import peers
+from tools.lib.gpu import gpu_name
 from tools.serving_workload import RequestResult, identical_share
 
 

@@ -1,6 +1,6 @@
 """bench_ttft's figures from its phases' measurements: the headline (pegaflow against native and
 no connector, TPOT), the disk tier's, each copy path's or engine variant's, and ``--tpot-only``'s.
-The rows per configuration are ``tools/ttft_configs.py``'s.
+The rows per configuration are ``tools/lib/ttft_configs.py``'s.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import statistics
 import sys
 
-from tools.ttft_configs import NO_FIGURES, logprobs_match
-from tools.ttft_configs import stats as _stats
-from tools.warm_pass import invalid_reason
+from tools.lib.ttft_configs import NO_FIGURES, logprobs_match
+from tools.lib.ttft_configs import stats as _stats
+from tools.lib.warm_pass import invalid_reason
 
 
 def summarize_disk(peg: dict, disks: dict[str, dict], none: dict) -> dict:

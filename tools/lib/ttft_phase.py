@@ -12,8 +12,8 @@ import json
 import time
 
 from tools.lib import peers
-from tools.ttft_configs import cacheable_tokens
-from tools.warm_pass import by_source_delta, empty_gpu_cache, scrub_gpu_kv, tokens_by_source, top_logprobs
+from tools.lib.ttft_configs import cacheable_tokens
+from tools.lib.warm_pass import by_source_delta, empty_gpu_cache, scrub_gpu_kv, tokens_by_source, top_logprobs
 
 
 def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
@@ -156,7 +156,7 @@ def _timed(result: dict, name: str, timings: tuple[list[float], list[list[int]]]
 
 
 def _timed_warm(result: dict, llm, prompts: list[list[int]]) -> None:
-    """The warm pass, on a GPU prefix cache emptied first (tools/warm_pass.py): per request the
+    """The warm pass, on a GPU prefix cache emptied first (tools/lib/warm_pass.py): per request the
     prompt tokens vLLM did not compute, and vLLM's split of the pass's prompt tokens by source."""
     result["reset_wait_s"] = empty_gpu_cache(llm.reset_prefix_cache)
     result["scrubbed_kv_bytes"] = scrub_gpu_kv(llm)

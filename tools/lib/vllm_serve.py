@@ -24,9 +24,9 @@ import urllib.request
 from pathlib import Path
 
 from tools.lib import processes
-from tools.serving_setup import PEGAFLOW_CONFIGS, pegaflow_transfer_args
+from tools.lib.serving_setup import PEGAFLOW_CONFIGS, pegaflow_transfer_args
+from tools.lib.warm_pass import BY_SOURCE, SOURCES, empty_gpu_cache
 from tools.serving_workload import RequestResult
-from tools.warm_pass import BY_SOURCE, SOURCES, empty_gpu_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "bench"
@@ -130,7 +130,7 @@ def by_source_of_counters(found: dict[str, float]) -> dict[str, int] | None:
 
 def reset_gpu_cache(port: int) -> float:
     """Empty the server's GPU prefix cache: ``POST /reset_prefix_cache`` until it answers
-    ``{"success": true}`` (it refuses while a connector's saves hold blocks; tools/warm_pass.py);
+    ``{"success": true}`` (it refuses while a connector's saves hold blocks; tools/lib/warm_pass.py);
     the seconds that took."""
     return empty_gpu_cache(lambda: json.loads(_get(port, "/reset_prefix_cache", method="POST"))["success"])
 

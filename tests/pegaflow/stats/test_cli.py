@@ -372,3 +372,26 @@ def test_stat_cli_live_view_says_once_that_a_stopped_engine_does_not_respond_the
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     assert proc.returncode == 0
+
+
+def test_stat_cli_live_view_of_an_engine_whose_stats_are_not_yet_written_prints_one_header(engine, monkeypatch,
+                                                                                            capsys):
+    # 1. What an engine shows in the moment it starts: its stats zeroed, start_ns not yet set;
+    #    then its first written snapshot, then another.
+    from pegaflow.stats import cli
+    from pegaflow.stats.engine_stats import read_stats
+    written = read_stats(engine.name)
+    snapshots = iter([written | {"start_ns": 0}, written, written])
+
+    def read_live(name, stale_after_s):
+        try:
+            return next(snapshots)
+        except StopIteration:
+            raise KeyboardInterrupt from None
+    monkeypatch.setattr(cli, "_read_live", read_live)
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    # 2. One header, then a row: the unwritten snapshot is no engine of its own.
+    with pytest.raises(KeyboardInterrupt):
+        cli.live(engine.name, 0.01)
+    lines = capsys.readouterr().out.splitlines()
+    assert [("saved blk/s" in line) for line in lines] == [True, False]

@@ -58,32 +58,42 @@ def test_processes_stop_ends_the_childs_whole_group_and_runs_its_leftovers(tmp_p
     assert "stand-in" not in processes.running()
 
 
-def test_processes_new_segments_since_removes_only_the_unheld_ones_made_after(tmp_path):
+def _holder(path: Path, ready: Path) -> list[str]:
+    """A process that makes ``path`` and keeps it open (as a server keeps its segment)."""
+    return [sys.executable, "-c", f"f = open({str(path)!r}, 'w'); open({str(ready)!r}, 'w').close(); "
+                                  "import time; time.sleep(600)"]
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_processes_new_segments_since_removes_what_the_stopped_group_held_and_nothing_else(tmp_path, caplog):
     shm = processes.SHM_DIR
     tag = f"pegaflow-test-{os.getpid()}"
     before_path = shm / f"{tag}-before"
     before_path.write_bytes(b"x")
     try:
+        # 1. A child (a server) makes a segment and holds it; meanwhile another process of this
+        #    host makes one it does not hold (a crashed engine's leftovers, another bench's).
         sweep = processes.new_segments_since(processes.shm_snapshot())
-        # 1. Made after: one held open by a live process, one no process holds.
-        held, loose = shm / f"{tag}-held", shm / f"{tag}-loose"
-        held.write_bytes(b"x")
-        loose.write_bytes(b"x")
-        holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(held)!r}); import time; time.sleep(600)"])
-        try:
-            deadline = time.monotonic() + 30
-            while f"{tag}-held" not in processes._held_shm_names():
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            # 2. The sweep removes the loose one only; the one from before stays too.
-            sweep()
-            assert not loose.exists() and held.exists() and before_path.exists()
-        finally:
-            holder.kill()
-            holder.wait()
-        # 3. Once its holder is gone, it goes too.
-        sweep()
-        assert not held.exists() and before_path.exists()
+        its, others = shm / f"{tag}-its", shm / f"{tag}-others"
+        child = processes.start(_holder(its, tmp_path / "ready"), label="server", leftovers=sweep)
+        _wait_for(tmp_path / "ready")
+        others.write_bytes(b"x")
+        # 2. Stopped: the segment its group held goes; the other one and the one from before stay.
+        processes.stop(child)
+        assert not its.exists() and others.exists() and before_path.exists()
+        # 3. A child that exited by itself before its stop: what is new is logged, not removed.
+        sweep = processes.new_segments_since(processes.shm_snapshot())
+        gone = subprocess.Popen([sys.executable, "-c", f"open({str(its)!r}, 'w').close()"])
+        gone.wait()
+        processes.register(gone, "exited", lambda: sweep())
+        processes.stop(gone)
+        assert its.exists() and any(f"{tag}-its" in r.getMessage() for r in caplog.records)
     finally:
         for path in shm.glob(f"{tag}-*"):
             path.unlink()

@@ -1,11 +1,11 @@
-"""tools/gpu.py: the one place a benchmark reads the GPU's name."""
+"""tools/lib/gpu.py: the one place a benchmark reads the GPU's name."""
 
 from __future__ import annotations
 
 import pytest
 
 import engine.copy
-from tools.gpu import NO_GPU, gpu_name
+from tools.lib.gpu import NO_GPU, gpu_name
 
 
 def test_gpu_name_without_a_usable_driver_is_none(monkeypatch):

@@ -1,4 +1,4 @@
-"""tools/serving_setup.py: what a serving bench's configuration runs beside vLLM, with the
+"""tools/lib/serving_setup.py: what a serving bench's configuration runs beside vLLM, with the
 engine and the peers' servers faked (no GPU)."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import pytest
 
 import pegaflow.stats.engine_stats
 import tools.engine_process
-from tools import serving_setup
-from tools.lib import peers
-from tools.serving_setup import pegaflow_transfer_args, side_processes, vllm_settings
+from tools.lib import peers, serving_setup
+from tools.lib.serving_setup import pegaflow_transfer_args, side_processes, vllm_settings
 
 
 class _FakeEngine:

@@ -1,11 +1,11 @@
-"""tools.warm_pass: the GPU prefix cache emptied before a warm pass, and the pass's prompt
+"""tools.lib.warm_pass: the GPU prefix cache emptied before a warm pass, and the pass's prompt
 tokens split by source, on a fake clock and fake vLLM metrics."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from tools.warm_pass import (
+from tools.lib.warm_pass import (
     SCRUB_VALUE,
     GpuCacheNotEmptyError,
     by_source_delta,

@@ -1,6 +1,6 @@
 """bench_ttft's row per configuration: warm TTFT, served share, outputs against no connector's."""
 
-from tools.ttft_configs import cacheable_tokens, config_rows, served_share
+from tools.lib.ttft_configs import cacheable_tokens, config_rows, served_share
 
 
 def test_ttft_configs_cacheable_tokens_are_full_blocks_short_of_the_last_token():
@@ -85,7 +85,7 @@ def test_ttft_configs_a_warm_pass_that_hit_the_gpu_is_invalid_with_no_figures():
 
 
 def test_ttft_configs_logprobs_compared_with_the_gpu_hit_where_the_same_tokens_were_cached():
-    from tools.ttft_configs import logprobs_match
+    from tools.lib.ttft_configs import logprobs_match
     none = {"gpu_hit_top5": [[[5, -0.25], [6, -1.5]], [[8, -0.5]]], "gpu_hit_cached_tokens": [48, 48]}
     same = {"warm_top5": [[[5, -0.25], [6, -1.5]], [[8, -0.5]]], "warm_cached_tokens": [48, 48]}
     assert logprobs_match(same, none) == (True, 2)

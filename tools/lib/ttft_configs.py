@@ -2,7 +2,7 @@
 its host cache served on the warm pass, and whether its outputs equal no connector's.
 
 A prompt's cacheable tokens are its full blocks short of its last token (vLLM computes at
-least that one).  The warm pass runs on an emptied GPU prefix cache (``tools/warm_pass.py``),
+least that one).  The warm pass runs on an emptied GPU prefix cache (``tools/lib/warm_pass.py``),
 so the prompt tokens vLLM did not compute in it (``RequestOutput.num_cached_tokens``, summed)
 are the ones served from outside the GPU, whatever the connector.  A warm pass that vLLM
 counted any GPU prefix-cache hit in (or whose hits it could not split by source) is
@@ -17,7 +17,7 @@ bit for bit).  A request whose cached-token count differs from the hit's is not 
 ``logprobs_compared`` says how many were, None where nothing could be (also where vLLM ran the
 two phases under different CUDA graph modes: a connector can make it piecewise only, and
 attention then splits its work otherwise).  The warm pass ran on a
-scrubbed GPU cache (``tools/warm_pass.py``): a page a connector left out changes the logprobs.
+scrubbed GPU cache (``tools/lib/warm_pass.py``): a page a connector left out changes the logprobs.
 Every row that ran (``none``'s and ``invalid`` ones too) keeps ``requests``: per request, each
 pass's tokens hash, served tokens and first-token top-5 (``tools/lib/evidence.py``, whose
 ``recheck_ttft`` works both marks out again from them), and ``cudagraph_mode``.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 
 from tools.lib.evidence import ttft_requests
-from tools.warm_pass import invalid_reason
+from tools.lib.warm_pass import invalid_reason
 
 NO_FIGURES = ("skipped", "failed", "invalid")
 
