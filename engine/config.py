@@ -72,6 +72,7 @@ class EngineConfig:
     remote_publish: str = "all"
     remote_timeout_s: float = 0.04  # a LOOKUP's remote existence check, at most
     lookup_wait_s: float = 0.04  # a LOOKUP's wait for the saves in flight its prefix goes on with
+    compute_once: bool = True  # claims on blocks being prefilled, waited for by other instances
     remote_start_timeout_s: float = 5.0  # the store's setup at start, at most
 
     def __post_init__(self) -> None:

@@ -47,6 +47,7 @@ from ..clients.registration import register_events, register_region
 from ..copy.base import CopyBackend, CopyDone
 from ..stats import StatsWriter
 from .lookup import Lookups
+from .prefill_claims import PrefillClaims
 from .received import LATER, Received, new_received, untimed
 from .slow_commands import RefusedCommands
 from .transfers import Transfers
@@ -64,10 +65,12 @@ _DONE = Done()
 
 class Dispatcher:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter, lookup_wait_s: float = 0.0,
-                 *, disk=None, remote=None, clients: Callable[[], tuple] = tuple, own_pid_is_client: bool = False):
+                 *, disk=None, remote=None, clients: Callable[[], tuple] = tuple, own_pid_is_client: bool = False,
+                 compute_once: bool = True):
         """``disk``, ``remote``: the tiers (``engine/disk/tier.py``, ``engine/remote/tier.py``),
         where the engine has them; ``clients``: the attached clients now (whose rings a waiting
-        LOOKUP reads past); ``own_pid_is_client``: the engine runs in its clients' process (tests)."""
+        LOOKUP reads past); ``own_pid_is_client``: the engine runs in its clients' process (tests);
+        ``compute_once``: a LOOKUP may claim what it misses (``prefill_claims.py``)."""
         self.index = index
         self.backend = backend
         self.stats = stats
@@ -76,9 +79,10 @@ class Dispatcher:
         self.gauges_stale = True
         self.disk, self.remote = disk, remote
         self.own_pid_is_client = own_pid_is_client
-        self.transfers = Transfers(index, backend, stats, self.answer)
+        self.claims = PrefillClaims(index, stats, compute_once)  # compute once (prefill_claims.py)
+        self.transfers = Transfers(index, backend, stats, self.answer, self.claims)
         self.lookups = Lookups(index, stats, self.answer_later, lookup_wait_s,
-                               self.transfers.issuing.is_issuing_save, clients, remote)
+                               self.transfers.issuing.is_issuing_save, clients, remote, self.claims)
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
         self.refusals = RefusedCommands()  # refused setup commands, logged at a bounded rate
         self.handlers: dict[Opcode, Callable] = {
@@ -87,6 +91,7 @@ class Dispatcher:
             Opcode.REGISTER_EVENTS: self._register_events, Opcode.LOOKUP: self.lookups.lookup,
             Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save,
             Opcode.LOAD: self.transfers.load, Opcode.DROP: self._drop,
+            Opcode.RELEASE_CLAIM: self.claims.release,  # compute once (prefill_claims.py)
         }
         assert set(self.handlers) == set(COMMANDS), "every command needs a handler"
 
@@ -253,6 +258,7 @@ class Dispatcher:
         self.gauges_stale = True
         assert client.num_inflight == 0, "release_client with copies in flight"
         self.index.release_slot(client.slot)
+        self.claims.release_slot(client.slot)  # compute once: its claims end
         self.voters.leave(client.namespace, client.slot)
         self.backend.unregister_client(client.slot)
         client.layers.clear()

@@ -3,6 +3,9 @@
     lookup          the index's prefix, now; or parked (``lookup_waits.py``) while it
                     stops at a block being saved, answered when the saves land or at its
                     wait's end (the LOOKUP's ``wait_ms``, else the engine's --lookup-wait-ms)
+    (compute once)  a LOOKUP with a ``Prefill`` claims what it misses for its instance, and
+                    is parked while its prefix reaches blocks another instance claimed
+                    (``prefill_claims.py``), if that wait looks no longer than computing
     continue_on     then through the remote store, if the engine has one (``remote/store_lookups.py``
                     answers it through ``answer_remote`` once the store says)
 
@@ -22,6 +25,7 @@ from ..blocks.index import BlockIndex
 from ..config import MAX_LOOKUP_WAIT_S
 from ..stats import StatsWriter
 from .lookup_waits import WaitingLookup, WaitingLookups, writing_stop
+from .prefill_claims import PrefillClaims
 from .received import LATER, Received
 
 logger = logging.getLogger(__name__)
@@ -29,15 +33,18 @@ logger = logging.getLogger(__name__)
 
 class Lookups:
     def __init__(self, index: BlockIndex, stats: StatsWriter, answer_later: Callable, lookup_wait_s: float,
-                 is_issuing_save: Callable[[object, int], bool], clients: Callable[[], tuple] = tuple, remote=None):
+                 is_issuing_save: Callable[[object, int], bool], clients: Callable[[], tuple] = tuple, remote=None,
+                 claims: PrefillClaims | None = None):
         """``answer_later``: the dispatcher's answer to a LOOKUP that waited (``Dispatcher.answer_later``);
         ``is_issuing_save``: whether a SAVE of (client, namespace) is being issued in slices
-        (``Issuing.is_issuing_save``); ``remote``: the remote tier (``engine/remote/tier.py``), if any."""
+        (``Issuing.is_issuing_save``); ``remote``: the remote tier (``engine/remote/tier.py``), if any;
+        ``claims``: compute once's claims (``prefill_claims.py``; None: a table that claims nothing)."""
         self.index, self.stats, self.answer_later = index, stats, answer_later
+        self.claims = claims if claims is not None else PrefillClaims(index, stats, False)
         # LOOKUPs waiting for saves in flight: by default for at most ``lookup_wait_s`` (0:
         # never), and ``clients`` says whose rings may hold a SAVE not read yet (the
         # server's attached clients)
-        self.waiting = WaitingLookups(self.index, self._answer_waiting, self.stats, is_issuing_save)
+        self.waiting = WaitingLookups(self.index, self._answer_waiting, self.stats, is_issuing_save, self.claims)
         self.lookup_wait_s = lookup_wait_s
         self.clients = clients
         self.remote = remote
@@ -47,8 +54,12 @@ class Lookups:
         num_hits, lease_id = self.index.lookup(client.slot, keys, client.instance)
         wait_s = self.lookup_wait_s if lookup.wait_ms is None else min(lookup.wait_ms / 1e3, MAX_LOOKUP_WAIT_S)
         is_reading = lease_id and self.index.leases[lease_id].num_disk  # (the disk tier has the rest)
-        if wait_s > 0 and num_hits < len(keys) and not is_reading and self.waiting.try_park(
-                received, keys, num_hits, wait_s, self.clients()):
+        # compute once: the wait for another instance's claim, then this one's claim
+        claim_until = None if is_reading else self.claims.wait_until(client, keys, num_hits, lookup.prefill)
+        self.claims.claim(client, keys, num_hits, lookup.prefill)
+        claim_wait = None if claim_until is None else (claim_until, lookup.prefill)
+        if (wait_s > 0 or claim_wait) and num_hits < len(keys) and not is_reading and self.waiting.try_park(
+                received, keys, num_hits, wait_s, self.clients(), claim_wait):
             if lease_id:  # answered once the saves land (or at the deadline), with a fresh lookup
                 self.index.release(lease_id)
             return LATER
@@ -69,11 +80,15 @@ class Lookups:
         """A LOOKUP whose wait for saves in flight is over: the index walked again, answered."""
         received = waiting.received
         client = received.client
-        self._count_wait(waiting)
+        if waiting.prefill is None:  # (a wait for a claim is counted as one: count_wait)
+            self._count_wait(waiting)
         status, answer = Status.OK, ()
         if client.is_attached:
             try:
                 num_hits, lease_id = self.index.lookup(client.slot, waiting.keys, client.instance)
+                if waiting.prefill is not None:  # compute once: what its wait for a claim gained
+                    self.claims.count_wait(max(0, num_hits - waiting.num_ready), waiting.prefill,
+                                           time.monotonic() - waiting.parked_at)
                 answer = self.continue_on(received, waiting.keys, num_hits, lease_id)
             except Exception:  # boundary, as in the server's loop: answered, the engine goes on
                 logger.exception("slot %d: internal error answering a waiting LOOKUP", client.slot)

@@ -32,6 +32,10 @@ of one client at most MAX_WAITING_PER_CLIENT (MAX_WAITING_KEYS_PER_CLIENT hashes
 past them is not parked: it is answered at once with its READY prefix, as with the wait
 off, and counted in ``lookup_waits_refused``.
 
+A LOOKUP that reaches blocks another vLLM instance claimed (compute once,
+``prefill_claims.py``) is parked here too, with the deadline the claim gives it, and waits
+while its prefix stops at a block still being written or still claimed.
+
 A parked LOOKUP counts in its client's ``num_inflight`` (its slot stays until answered).
 """
 
@@ -67,6 +71,7 @@ class WaitingLookup:
     wake_at: float = float("inf")  # its next look without other work: the deadline, or sooner
     #                                when the block it stops at counts as abandoned
     is_late: bool = False  # its deadline ended the wait (a timeout)
+    prefill: object = None  # compute once: the asker's ``Prefill`` while it waits for a claim
 
     def __post_init__(self) -> None:
         self.num_usable = max(self.num_usable, self.num_ready)
@@ -131,29 +136,34 @@ def _is_behind(client, end: int, namespace: int, is_issuing: Callable[[object, i
 
 class WaitingLookups:
     def __init__(self, index, answer: Callable[[WaitingLookup], None], stats,
-                 is_issuing: Callable[[object, int], bool]) -> None:
+                 is_issuing: Callable[[object, int], bool], claims=None) -> None:
         self.index = index
         self.answer = answer  # the dispatcher's: walks the index again and answers
         self.stats = stats
         self.is_issuing = is_issuing  # (client, namespace): a SAVE of it is being issued in slices
+        self.claims = claims  # compute once's (``prefill_claims.py``), if any
         self.items: list[WaitingLookup] = []
         self.num_keys = 0  # hashes of the parked LOOKUPs
         self.by_client: dict[int, list[int]] = {}  # client uid -> [LOOKUPs parked, their hashes]
 
-    def try_park(self, received, keys: list[Key], num_ready: int, wait_s: float, clients) -> bool:
+    def try_park(self, received, keys: list[Key], num_ready: int, wait_s: float, clients,
+                 claim_wait: tuple[float, object] | None = None) -> bool:
         """Park this LOOKUP, whose READY prefix is ``num_ready`` blocks (the index's lookup
         walked it), if it stops at a block being saved, or at one the index does not know
-        while other ``clients`` have a SAVE of its namespace to read (True); else, or past
-        the bounds, it is answered now."""
+        while other ``clients`` have a SAVE of its namespace to read, or if ``claim_wait`` (a
+        deadline and the asker's ``Prefill``: it waits for another instance's claim) (True);
+        else, or past the bounds, it is answered now."""
         client, now, stop = received.client, time.monotonic(), keys[num_ready]
         _, why = writing_stop(self.index, [stop], now)  # the block it stops at
         marks = unread_marks(clients, client, stop[0], self.is_issuing) if why == "absent" else []
-        if why != "writing" and not marks:
+        if why != "writing" and not marks and claim_wait is None:
             return False
         if not self.has_room(client, len(keys)):
             self.stats.add("lookup_waits_refused")
             return False
-        waiting = WaitingLookup(client, received, keys, now + wait_s, now, num_ready, marks)
+        deadline, prefill = (now + wait_s, None) if claim_wait is None else (max(claim_wait[0], now + wait_s),
+                                                                             claim_wait[1])
+        waiting = WaitingLookup(client, received, keys, deadline, now, num_ready, marks, prefill=prefill)
         if why == "writing":
             waiting.wake_at = min(waiting.deadline, abandoned_at(self.index, stop))
         self.park(waiting)
@@ -167,6 +177,8 @@ class WaitingLookups:
 
     def next_deadline(self) -> float:
         """When the loop must look again though nothing else happened."""
+        if self.items and self.claims is not None and self.claims.has_ended:  # a claim ended: now
+            return 0.0
         return min((w.wake_at for w in self.items), default=float("inf"))
 
     def park(self, waiting: WaitingLookup) -> None:
@@ -179,6 +191,8 @@ class WaitingLookups:
 
     def resume(self, now: float) -> int:
         """Answer each LOOKUP whose wait is over; returns how many were answered."""
+        if self.claims is not None:
+            self.claims.note_seen()
         if not self.items:
             return 0
         done, still = [], []
@@ -226,4 +240,6 @@ class WaitingLookups:
         if why == "writing":
             waiting.wake_at = min(waiting.deadline, abandoned_at(self.index, waiting.keys[waiting.num_usable]))
             return False
+        if waiting.prefill is not None and why == "absent":  # a block another instance claimed?
+            return not self.claims.holds(waiting.keys[waiting.num_usable], waiting.client.instance)
         return True

@@ -47,8 +47,9 @@ LOAD_OP_BLOCKS = 4096  # a LOAD's copies, an op at most (a fenced one: all in on
 
 class Transfers:
     def __init__(self, index: BlockIndex, backend: CopyBackend, stats: StatsWriter,
-                 answer: Callable[..., None]):
+                 answer: Callable[..., None], claims=None):
         self.index = index
+        self.claims = claims  # compute once's (``prefill_claims.py``): told of SAVEs that failed
         self.backend = backend
         self.stats = stats
         self.answer = answer  # the dispatcher's: the one way a command is answered
@@ -269,6 +270,8 @@ class Transfers:
         # After the answer (nothing else runs before it is done): the eviction order only.
         if pending.chain and pending.error is None:  # stored or deduplicated: head kept longest
             self.issuing.touch_chain(pending.chain)
+        if pending.chain and (pending.error or pending.num_dropped) and self.claims is not None:
+            self.claims.save_failed(pending.chain)  # compute once: waiters for them compute them
         if pending.is_timed:
             pending.log_timing(logger)
 

@@ -112,6 +112,11 @@ OPTIONS: tuple[Option, ...] = (
            "prefill vLLM, a replica right after its twin); past it the READY part is served; 0: "
            "never wait; keep it below the connector's lookup_timeout_ms (500)",
            lambda text: float(text) / 1e3),
+    Option("compute-once", "compute_once", "on", "a prefix several vLLMs are sent at once is "
+           "computed by one of them: a LOOKUP that misses claims the blocks its vLLM will compute, "
+           "and another vLLM's LOOKUP that reaches them waits for their saves if that looks no "
+           "longer than computing them (docs/replicas.md); off: every vLLM computes its own",
+           lambda text: as_bool("--compute-once", text), is_switch=True),
     Option("keep-pool", "keep_pool", "off", "leave the pool and its table in /dev/shm when the "
            "engine stops (or dies), and take in the blocks a kept pool of the same size holds at "
            "start: the cache outlives an engine restart; the pool's memory stays in use while no "

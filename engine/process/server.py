@@ -81,7 +81,8 @@ class EngineServer:
         self.dispatcher = Dispatcher(self.index, self.backend, self.stats, config.lookup_wait_s,
                                      disk=self.disk, remote=self.remote,
                                      clients=lambda: self.table.attached,  # rings a waiting LOOKUP reads past
-                                     own_pid_is_client=serve_own_process)
+                                     own_pid_is_client=serve_own_process,
+                                     compute_once=config.compute_once)
         self.table = ClientTable(config.name, self.segments, self.stats, self.dispatcher.release_client,
                                  self.backend.drop_held, own_pid_is_client=serve_own_process)
         self.is_stopping = False
@@ -253,6 +254,7 @@ class EngineServer:
         self.index.expire_leases(now)
         self.slow.report(now)
         self.index.drop_stale_writes(now - self.config.lease_ttl_s)
+        self.dispatcher.claims.sweep(now)  # compute once: claims saved or past their deadline end
         self.table.check_alive()
         if self.dispatcher.waiting.items:  # a dead saver's half-written blocks just dropped
             self.dispatcher.waiting.resume(now)

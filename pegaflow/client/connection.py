@@ -37,9 +37,11 @@ from pegaflow.platform.protocol import (
     Load,
     Lookup,
     Ping,
+    Prefill,
     Register,
     RegisterEvents,
     Release,
+    ReleaseClaim,
     Save,
     Voters,
     encode,
@@ -325,17 +327,22 @@ class EngineClient:
         return checked(_PING_OP, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
     def lookup(self, namespace: int, hashes, timeout_s: float | None = None,
-               wait_ms: int | None = None) -> LookupResult:
+               wait_ms: int | None = None, prefill: Prefill | None = None) -> LookupResult:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = checked(_LOOKUP_OP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms),
+        done = checked(_LOOKUP_OP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms, prefill),
                                                  timeout_s))
         return done.result
 
     def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None,
-                      wait_ms: int | None = None) -> int:
+                      wait_ms: int | None = None, prefill: Prefill | None = None) -> int:
         """``wait_ms``: the most the engine waits for blocks of the prefix still being saved
-        (None: the engine's --lookup-wait-ms; 0: no wait)."""
-        return self.submit(Lookup(namespace, hash_records(hashes), wait_ms), timeout_s=timeout_s)
+        (None: the engine's --lookup-wait-ms; 0: no wait).  ``prefill``: this instance takes
+        part in compute once (it claims what it misses, waits for what another claimed)."""
+        return self.submit(Lookup(namespace, hash_records(hashes), wait_ms, prefill), timeout_s=timeout_s)
+
+    def release_claim_nowait(self, hashes) -> None:
+        """End this instance's claims on ``hashes`` (compute once), fire and forget."""
+        self.answers.ignore(self.submit(ReleaseClaim(hash_records(hashes))))
 
     def release(self, lease_id: int) -> int:
         """End a lease; returns the command id to wait on."""

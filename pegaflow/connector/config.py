@@ -22,6 +22,7 @@ from pegaflow.platform.wire import KvRole
 ENV_VARS = CONNECTOR_ENV_VARS
 KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")
 LOAD_MODES = ("layerwise", "async", "auto")
+MAX_COMPUTE_ONCE_WAIT_MS = 10_000.0  # the engine's claims last no longer (engine/prefill_claims.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,12 @@ class ConnectorConfig:
     num_load_slots: int = 64
     disk_load_mode: str = "async"  # how a hit the engine reads from its disk tier first loads
     lookup_wait_ms: float = -1.0  # a LOOKUP's wait for blocks still being saved (<0: the engine's)
+    # Compute once (docs/replicas.md): a miss claims the blocks this vLLM computes; a lookup
+    # that reaches another vLLM's claim waits for them, at most compute_once_wait_ms, and only
+    # where that looks no longer than computing them at prefill_tokens_per_s
+    compute_once: bool = True
+    compute_once_wait_ms: float = 3000.0
+    prefill_tokens_per_s: float = 10000.0
     kv_role: str = "kv_both"  # vLLM's, not an extra-config key
 
     def __post_init__(self) -> None:
@@ -56,6 +63,11 @@ class ConnectorConfig:
             raise ConfigError(f"kv_role={self.kv_role!r}: choose one of {', '.join(KV_ROLES)}")
         if self.kv_role == "kv_producer" and self.enable_load:
             raise ConfigError("kv_role kv_producer never loads: enable_load must be off")
+        if not 0 <= self.compute_once_wait_ms <= MAX_COMPUTE_ONCE_WAIT_MS:
+            raise ConfigError(f"compute_once_wait_ms must lie in [0, {MAX_COMPUTE_ONCE_WAIT_MS:g}], "
+                              f"got {self.compute_once_wait_ms}")
+        if not 1 <= self.prefill_tokens_per_s < 2**32:  # (nan fails too)
+            raise ConfigError(f"prefill_tokens_per_s must lie in [1, 2**32), got {self.prefill_tokens_per_s}")
         if self.lookup_wait_ms >= self.lookup_timeout_ms:
             raise ConfigError(f"lookup_wait_ms={self.lookup_wait_ms:g} must stay below lookup_timeout_ms="
                               f"{self.lookup_timeout_ms:g}: the engine must answer before the connector gives up")
@@ -84,6 +96,17 @@ class ConnectorConfig:
     def lookup_wait_arg(self) -> int | None:
         """What a LOOKUP asks the engine to wait for saves in flight (None: its default)."""
         return None if self.lookup_wait_ms < 0 else int(self.lookup_wait_ms)
+
+    @property
+    def is_claiming(self) -> bool:
+        """Whether its lookups take part in compute once: it claims only what it will save."""
+        return self.compute_once and self.enable_save and self.enable_load
+
+    @property
+    def lookup_deadline_ms(self) -> float:
+        """How long a lookup may go unanswered before it is a miss: a wait for another
+        vLLM's claim comes on top of the usual deadline."""
+        return self.lookup_timeout_ms + (self.compute_once_wait_ms if self.is_claiming else 0.0)
 
     @property
     def is_async_load(self) -> bool:

@@ -1,6 +1,12 @@
 """The scheduler side's lookups: one LOOKUP per rank for the blocks vLLM has not computed,
 their answers collected within a short wait per call (vLLM asks again next step while they
-are on their way), and every lease they bring given back unless a load takes it."""
+are on their way), and every lease they bring given back unless a load takes it.
+
+Under compute once (``ConnectorConfig.is_claiming``, docs/replicas.md) each LOOKUP carries a
+``Prefill``: the engine claims for this vLLM what it misses, or parks it while another vLLM
+computes the same blocks.  Such a lookup may stay out longer (``lookup_deadline_ms``); vLLM
+asks again every step meanwhile, and only its first ask waits for the answer at all.  The
+claims are released when the request finishes or is preempted (``release_claims``)."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.link import EngineLink
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.platform.errors import EngineTimeoutError, PegaflowError
+from pegaflow.platform.protocol import Prefill
 from pegaflow.platform.wire import Opcode, encode_hashes
 
 logger = logging.getLogger(__name__)
@@ -34,6 +41,8 @@ class PendingLookup:
     hashes: tuple[bytes, ...] = ()  # (a hybrid SSM model's: its state lookups follow)
     num_run: int = -1  # the stored run's blocks on every rank, once its state lookups are out
     state_ids: dict[int, tuple[int, ...]] = field(default_factory=dict)  # position -> a LOOKUP per rank
+    is_claiming: bool = False  # compute once: it may wait for another vLLM's prefill
+    num_asks: int = 0  # vLLM's asks so far: the first waits FIRST_WAIT_S, a claiming one's later ones poll
 
 
 class Lookups:
@@ -58,15 +67,21 @@ class Lookups:
         if not hashes or (client := self.link.client()) is None:
             return
         self.release_orphans(client)
+        config = self.config
+        prefill = Prefill(self.block_size, int(config.prefill_tokens_per_s),
+                          int(config.compute_once_wait_ms)) if config.is_claiming else None
         try:
             records = encode_hashes(hashes)
-            wait_ms = self.config.lookup_wait_arg
-            ids = tuple(client.submit_lookup(namespace, records, wait_ms=wait_ms) for namespace in self.namespaces)
+            wait_ms = config.lookup_wait_arg
+            ids = tuple(client.submit_lookup(namespace, records, wait_ms=wait_ms, prefill=prefill)
+                        for namespace in self.namespaces)
         except PegaflowError as exc:
             self.link.fail(exc)
             return
         state.lookup = PendingLookup(client, ids, len(hashes), time.monotonic(),
-                                     hashes=tuple(hashes) if self.has_states else ())
+                                     hashes=tuple(hashes) if self.has_states else (), is_claiming=prefill is not None)
+        if prefill is not None:  # what the engine may have claimed for this request
+            state.claimed.update(zip(range(first, first + len(hashes)), hashes))
 
     def finish(self, state) -> bool:
         """Collect the answers if they are in (True), or give up after the deadline (True)."""
@@ -74,8 +89,11 @@ class Lookups:
         if client is None or client is not pending.client:  # reconnected: those ids are void
             state.lookup = None
             return True
-        deadline = pending.started_at + self.config.lookup_timeout_ms / 1e3
-        wait_until = min(deadline, time.monotonic() + FIRST_WAIT_S)  # for all ranks' answers
+        timeout_ms = self.config.lookup_deadline_ms if pending.is_claiming else self.config.lookup_timeout_ms
+        deadline = pending.started_at + timeout_ms / 1e3
+        is_polled = pending.is_claiming and pending.num_asks > 0  # (a wait on each ask would add up)
+        pending.num_asks += 1
+        wait_until = min(deadline, time.monotonic() + (0.0 if is_polled else FIRST_WAIT_S))  # all ranks' answers
         try:
             self._collect(client, pending, pending.command_ids, wait_until)
             if pending.hashes and pending.num_run < 0:
@@ -140,6 +158,27 @@ class Lookups:
             for done in client.take_orphans():
                 if done.opcode == Opcode.LOOKUP and done.is_ok and done.result.lease_id:
                     client.release_nowait(done.result.lease_id)
+        except PegaflowError as exc:
+            self.link.fail(exc)
+
+    def release_request(self, state, request) -> None:
+        """A request finished (or was aborted): its leases and its claims given back."""
+        self.release_leases(state)
+        if state.claimed:
+            self.release_claims(state, max(state.num_saved_blocks, request.num_computed_tokens // self.block_size))
+
+    def release_claims(self, state, num_computed_blocks: int) -> None:
+        """Compute once: the blocks the engine may hold claimed for this request past its
+        first ``num_computed_blocks`` (it finished, was aborted or preempted: those will not
+        come from it) are claimed no more.  The computed ones' saves are planned: their claims
+        end as they land, or fail."""
+        claimed, state.claimed = state.claimed, {}
+        hashes = [h for i, h in claimed.items() if i >= num_computed_blocks]
+        client = self.link.client() if hashes else None
+        if client is None:
+            return  # the engine ends a gone client's claims itself
+        try:
+            client.release_claim_nowait(hashes)
         except PegaflowError as exc:
             self.link.fail(exc)
 

@@ -28,3 +28,4 @@ class RequestState:
     is_async_hit: bool = False  # how its hit loads, as last told to vLLM
     has_failed_load: bool = False  # a hybrid load of it failed: vLLM recomputes it, no hit again
     lookup: PendingLookup | None = None
+    claimed: dict[int, bytes] = field(default_factory=dict)  # compute once: block index -> hash it may hold claimed

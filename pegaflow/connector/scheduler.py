@@ -153,6 +153,7 @@ class SchedulerSide:
             if (state := self.requests.get(req_id)) is not None:
                 state.block_ids = [[]]
                 state.has_saves = False  # the workers wait for them before the blocks are reused
+                self.lookups.release_claims(state, state.num_saved_blocks)  # compute once: none past those
         return meta
 
     def _plan_saves(self, meta: PegaConnectorMetadata, scheduler_output) -> set[int]:
@@ -225,7 +226,7 @@ class SchedulerSide:
         state = self.requests.get(request.request_id)
         if state is None:
             return False, None
-        self.lookups.release_leases(state)
+        self.lookups.release_request(state, request)  # its leases, and its claims (compute once)
         if (client := self.link.client()) is not None:
             self.lookups.release_orphans(client)
         has_finish_save = not state.is_async_loading and self._plan_finish_save(state, request, block_ids)

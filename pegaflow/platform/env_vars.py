@@ -10,4 +10,6 @@ CONNECTOR_ENV_VARS = {
     "lookup_timeout_ms": "PEGAFLOW_LOOKUP_TIMEOUT_MS", "command_timeout_ms": "PEGAFLOW_COMMAND_TIMEOUT_MS",
     "reconnect_interval_s": "PEGAFLOW_RECONNECT_INTERVAL_S", "num_load_slots": "PEGAFLOW_NUM_LOAD_SLOTS",
     "disk_load_mode": "PEGAFLOW_DISK_LOAD_MODE", "lookup_wait_ms": "PEGAFLOW_LOOKUP_WAIT_MS",
+    "compute_once": "PEGAFLOW_COMPUTE_ONCE", "compute_once_wait_ms": "PEGAFLOW_COMPUTE_ONCE_WAIT_MS",
+    "prefill_tokens_per_s": "PEGAFLOW_PREFILL_TOKENS_PER_S",
 }

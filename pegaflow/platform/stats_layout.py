@@ -48,6 +48,13 @@ _STATS_COUNTERS = [
     # time waited, and LOOKUPs answered at once because too many were waiting
     "lookup_waits", "lookup_wait_blocks", "lookup_wait_timeouts", "lookup_wait_ns",
     "lookup_waits_refused",
+    # compute once (``engine/prefill_claims.py``): claims made and the blocks they claimed;
+    # LOOKUPs that waited for another instance's claim, the blocks and tokens that wait served
+    # them (computed once, not again), the time waited; LOOKUPs that reached a claim and did
+    # not wait (longer than computing); claims past their deadline; claims that ended before
+    # their blocks were saved (claimer gone, request aborted or preempted, a save failed)
+    "claims", "claim_blocks", "claim_waits", "claim_wait_blocks", "claim_tokens_saved", "claim_wait_ns",
+    "claim_declines", "claim_timeouts", "claims_dropped",
 ]
 NUM_OPCODE_COUNTERS = 16
 NUM_STATUS_COUNTERS = 16

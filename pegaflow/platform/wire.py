@@ -22,6 +22,12 @@ voter for the same computation: the scheduler's step and the block's request).  
 ``num_voters`` > 1 a block is READY once its layers are in and every voter has saved it
 under the tag of its first SAVE; a SAVE under another tag leaves a block that is not
 READY yet alone (a miss later, never a wrong byte).
+
+Compute once (several vLLMs sent one new prefix at once): a LOOKUP with CLAIM ends its
+payload with one PREFILL record; the engine claims for the asker's instance the blocks it
+is about to compute, and parks another instance's CLAIM LOOKUP that reaches them until
+they are saved or the claim ends.  RELEASE_CLAIM's payload is HASH records: the asker's
+instance's claims on them end (its request finished, was aborted or preempted).
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from pegaflow.platform.stats_layout import (
 )
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 14  # 14: the records' request_id is command_id; 13: the stats count LOOKUP waits refused
+WIRE_VERSION = 15  # 15: the records' request_id is command_id; 14: compute once (a LOOKUP's CLAIM and
+#                  its PREFILL record, RELEASE_CLAIM); 13: the stats count LOOKUP waits refused; 12: ATTACH
+#                  carries the kv_role, LOOKUP its wait
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -64,6 +72,7 @@ class Opcode(IntEnum):
     LOAD = 9
     PING = 10
     DROP = 11
+    RELEASE_CLAIM = 12
 
 
 class Status(IntEnum):
@@ -137,6 +146,7 @@ class CommandFlag(IntFlag):
     LAYER_GROUP = 8    # Save/Load.group (carried in ``layer``)
     LEASE_HELD = 16    # Load.lease_id without ends_lease
     VOTE_TAGS = 32     # Save.tags (after the hashes; module docstring: voting)
+    CLAIM = 64         # Lookup.prefill (one PREFILL record after the hashes; compute once)
 
 
 CONTROL_HEADER = struct_dtype([
@@ -225,6 +235,15 @@ LAYER = struct_dtype([
 
 EVENT_HANDLE = struct_dtype([("handle", f"V{IPC_HANDLE_BYTES}", 0)], IPC_HANDLE_BYTES)
 
+# What a LOOKUP that takes part in compute once says of its vLLM (``engine/prefill_claims.py``):
+# the tokens of a block, the prefill rate it expects, the most it waits for another's claim.
+PREFILL = struct_dtype([
+    ("block_tokens", "<u4", 0),
+    ("tokens_per_s", "<u4", 4),
+    ("wait_ms", "<u4", 8),
+    ("reserved", "<u4", 12),
+], 16)
+
 BLOCK_ID = np.dtype("<i4")
 TAG = np.dtype("<u8")  # one per block at the end of a VOTE_TAGS SAVE's payload
 
@@ -234,7 +253,7 @@ def _fingerprint() -> int:
         *([(m.name, int(m)) for m in kind] for kind in (Opcode, Status, SlotState, RegionKind,
                                                          CommandFlag, ClientRole, KvRole)),
         *(d.descr for d in (CONTROL_HEADER, SLOT, RING_HEADER, SUBMISSION, COMPLETION,
-                            HASH, REGION, LAYER, EVENT_HANDLE, STATS, CLIENT_STATS)),
+                            HASH, REGION, LAYER, EVENT_HANDLE, PREFILL, STATS, CLIENT_STATS)),
     ])
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
@@ -249,6 +268,7 @@ assert COMPLETION.itemsize == 48
 assert HASH.itemsize == 40
 assert REGION.itemsize == 232
 assert LAYER.itemsize == 24
+assert PREFILL.itemsize == 16
 __all__ = ["CLIENT_STATS", "LATENCY_BUCKETS_S", "LATENCY_OPCODES", "NUM_LATENCY_BUCKETS",  # (stats_layout.py's)
            "NUM_OPCODE_COUNTERS", "NUM_STATUS_COUNTERS", "STATS", "STATS_COUNTER_NAMES", "struct_dtype"]
 

@@ -69,6 +69,7 @@ def format_once(s: dict) -> str:
                 if s.get("save_votes") or s.get("save_vote_conflicts") else ""),
              f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
              f"lookups {s['lookups']}: {s['lookup_hit_blocks']} of {s['lookup_blocks']} blocks hit",
+             *claim_lines(s),
              f"commands {s['commands']}, errors {s['errors']}"]
     answered = [f"{op} p50 {_ms(latency_quantile(h, 0.5))} p99 {_ms(latency_quantile(h, 0.99))} "
                 f"({sum(h['counts'])})" for op, h in s["latency"].items() if sum(h["counts"])]
@@ -102,6 +103,17 @@ def disk_lines(s: dict) -> list[str]:
             f"thread), read back {s['disk_blocks_read']} ({_gbps(s['disk_bytes_read'], s['disk_read_ns'])} "
             f"per thread); {s['disk_checksum_failures']} corrupt, {s['disk_io_errors']} I/O errors, "
             f"{s['disk_writes_refused']} writes refused (no room)"]
+
+
+def claim_lines(s: dict) -> list[str]:
+    """Compute once, once a claim was made: the claims, the lookups that waited for them, and
+    what the waits saved (docs/replicas.md#compute-once)."""
+    if not s.get("claims"):
+        return []
+    return [f"claims  {s['claims']} ({s['claim_blocks']} blocks); {s['claim_waits']} lookups waited "
+            f"{s['claim_wait_ns'] / 1e9:.1f} s for them and were served {s['claim_wait_blocks']} blocks "
+            f"({s['claim_tokens_saved']} tokens not computed again); {s['claim_declines']} declined, "
+            f"{s['claim_timeouts']} past their deadline, {s['claims_dropped']} dropped"]
 
 
 def remote_lines(s: dict) -> list[str]:

@@ -96,6 +96,15 @@ METRICS = {
     "lookup_wait_timeouts": (True, "waiting LOOKUPs answered at --lookup-wait-ms with the READY part"),
     "lookup_wait_ns": (True, "seconds LOOKUPs waited for saves in flight (summed)"),
     "lookup_waits_refused": (True, "LOOKUPs not let wait (too many waiting): answered at once with the READY part"),
+    "claims": (True, "compute once: claims made on blocks a vLLM was about to compute"),
+    "claim_blocks": (True, "blocks those claims named"),
+    "claim_waits": (True, "LOOKUPs that waited for blocks another vLLM claimed"),
+    "claim_wait_blocks": (True, "blocks those LOOKUPs were served because they waited (not computed again)"),
+    "claim_tokens_saved": (True, "prompt tokens those blocks hold: prefill computed once instead of twice"),
+    "claim_wait_ns": (True, "seconds LOOKUPs waited for other vLLMs' claims (summed)"),
+    "claim_declines": (True, "LOOKUPs that reached a claim and computed instead: the wait looked longer"),
+    "claim_timeouts": (True, "claims past their deadline before their blocks were saved"),
+    "claims_dropped": (True, "claims ended unsaved: claimer gone, request aborted or preempted, save failed"),
 }
 
 

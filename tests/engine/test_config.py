@@ -241,7 +241,7 @@ _SAMPLES = {  # flag -> (what a person writes, the value it means)
     "remote-protocol": ("rdma", "rdma"), "remote-device": ("mlx5_0", "mlx5_0"),
     "remote-host": ("10.0.0.2", "10.0.0.2"), "remote-segment-size": ("2GiB", 2 << 30),
     "remote-publish": ("reused", "reused"), "remote-timeout-ms": ("20", 20e-3),
-    "lookup-wait-ms": ("15", 15e-3), "remote-start-timeout": ("3", 3.0),
+    "lookup-wait-ms": ("15", 15e-3), "remote-start-timeout": ("3", 3.0), "compute-once": ("off", False),
 }
 
 
@@ -252,7 +252,8 @@ def test_options_each_env_var_and_flag_set_their_field(clean_env, option):
     default = getattr(EngineConfig(), option.field)
     # 2. Its env var alone sets its field to the value the sample means, and so does its flag.
     from_env = getattr(config_from_args([], environ={option.env: sample}), option.field)
-    argv = [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", sample]
+    switch = f"--no-{option.flag}" if default is True else f"--{option.flag}"  # (a switch on by default)
+    argv = [switch] if option.is_switch else [f"--{option.flag}", sample]
     from_flag = getattr(config_from_args(argv, environ={}), option.field)
     expected = pytest.approx(meant, rel=1e-12) if isinstance(meant, float) else meant
     assert from_env == expected and from_flag == expected

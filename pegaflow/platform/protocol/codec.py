@@ -19,6 +19,7 @@ from pegaflow.platform.wire import (
     HASH_BYTES,
     LAYER,
     NO_EVENT,
+    PREFILL,
     REGION,
     TAG,
     WIRE_VERSION,
@@ -37,9 +38,11 @@ from .commands import (
     Load,
     Lookup,
     Ping,
+    Prefill,
     Register,
     RegisterEvents,
     Release,
+    ReleaseClaim,
     Save,
     Unregister,
     Voters,
@@ -179,12 +182,22 @@ def _decode_events(rec, payload: np.ndarray) -> RegisterEvents:
 def _encode_lookup(c: Lookup) -> Encoded:
     records = hash_records(c.hashes)
     wait = 0 if c.wait_ms is None else 1 + max(0, int(c.wait_ms))  # 0 on the wire: the engine's
-    return Encoded(_LOOKUP, 0, ALL_LAYERS, 0, len(records), NO_EVENT, c.namespace, wait, (records,))
+    if c.prefill is None:
+        return Encoded(_LOOKUP, 0, ALL_LAYERS, 0, len(records), NO_EVENT, c.namespace, wait, (records,))
+    prefill = np.array([(c.prefill.block_tokens, c.prefill.tokens_per_s, c.prefill.wait_ms, 0)], PREFILL)
+    return Encoded(_LOOKUP, int(CommandFlag.CLAIM), ALL_LAYERS, 0, len(records), NO_EVENT, c.namespace,
+                   wait, (records, prefill))
 
 
 def _decode_lookup(rec, payload: np.ndarray) -> Lookup:
-    wait = rec[ARG_AT]
-    return Lookup(rec[NAMESPACE_AT], _hashes(rec, payload, "LOOKUP"), None if wait == 0 else wait - 1)
+    wait, prefill = rec[ARG_AT], None
+    if rec[FLAGS_AT] & CommandFlag.CLAIM:
+        if len(payload) < PREFILL.itemsize:
+            raise CommandError(Status.BAD_PAYLOAD, "CLAIM wants a PREFILL record after the hashes")
+        record = payload[-PREFILL.itemsize:].view(PREFILL)[0]
+        payload = payload[:-PREFILL.itemsize]
+        prefill = Prefill(int(record["block_tokens"]), int(record["tokens_per_s"]), int(record["wait_ms"]))
+    return Lookup(rec[NAMESPACE_AT], _hashes(rec, payload, "LOOKUP"), None if wait == 0 else wait - 1, prefill)
 
 
 def _encode_save(c: Save) -> Encoded:
@@ -242,6 +255,11 @@ def _decode_drop(rec, payload: np.ndarray) -> Drop:
     return Drop(rec[NAMESPACE_AT], _hashes(rec, payload, "DROP"), rec[ARG_AT])
 
 
+def _encode_release_claim(c: ReleaseClaim) -> Encoded:
+    records = hash_records(c.hashes)
+    return Encoded(Opcode.RELEASE_CLAIM, num_items=len(records), payload=(records,))
+
+
 _ENCODED_DETACH, _ENCODED_UNREGISTER, _ENCODED_PING = (
     Encoded(Opcode.DETACH), Encoded(Opcode.UNREGISTER), Encoded(Opcode.PING))
 
@@ -257,6 +275,7 @@ ENCODERS: dict[Opcode, Callable[..., Encoded]] = {
     Opcode.LOAD: _encode_load,
     Opcode.PING: lambda c: _ENCODED_PING,
     Opcode.DROP: _encode_drop,
+    Opcode.RELEASE_CLAIM: _encode_release_claim,
 }
 
 DECODERS: dict[Opcode, Callable[..., object]] = {
@@ -271,6 +290,7 @@ DECODERS: dict[Opcode, Callable[..., object]] = {
     Opcode.LOAD: _decode_load,
     Opcode.PING: lambda rec, payload: _PING,
     Opcode.DROP: _decode_drop,
+    Opcode.RELEASE_CLAIM: lambda rec, payload: ReleaseClaim(_hashes(rec, payload, "RELEASE_CLAIM")),
 }
 
 if not set(COMMANDS) == set(Opcode) == set(ENCODERS) == set(DECODERS):

@@ -12,7 +12,10 @@ one encoder and one decoder between it and the fixed SUBMISSION record plus payl
     Register(region_id, region, layers)   a region of KV memory       -> Done
     Unregister()                                                      -> Done
     RegisterEvents(handles)               the client's pool of events -> Done
-    Lookup(namespace, hashes, wait_ms)    the cached prefix, leased   -> LookupAnswer
+    Lookup(namespace, hashes, wait_ms, prefill)  the cached prefix, leased -> LookupAnswer
+                                          (with ``prefill``: a claim on what it misses, or a
+                                          wait for another instance's: compute once)
+    ReleaseClaim(hashes)                  the instance's claims on them end -> Done
     Release(lease_id)                     ends a lease                -> Done
     Save(namespace, block_ids, hashes, ...)   client pages -> pool    -> SaveAnswer
     Load(namespace, block_ids, hashes, ...)   pool -> client pages    -> LoadAnswer
@@ -140,12 +143,23 @@ class RegisterEvents:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefill:
+    """A LOOKUP's part in compute once (``engine/prefill_claims.py``): what its vLLM expects
+    of a prefill, and the most it waits for another instance's claim."""
+
+    block_tokens: int  # tokens per block
+    tokens_per_s: int  # the prefill rate it expects of itself
+    wait_ms: int       # the most it waits for blocks another instance claimed
+
+
+@dataclass(frozen=True, slots=True)
 class Lookup:
     OPCODE: ClassVar[Opcode] = Opcode.LOOKUP
     Answer: ClassVar[type] = LookupAnswer
     namespace: int
     hashes: np.ndarray  # wire.HASH records
     wait_ms: int | None = None  # the most to wait for saves in flight (None: the engine's)
+    prefill: Prefill | None = None  # takes part in compute once (None: claims nothing, waits for none)
 
     def keys(self) -> list[Key]:
         return keys_of(self.namespace, self.hashes)
@@ -156,6 +170,16 @@ class Release:
     OPCODE: ClassVar[Opcode] = Opcode.RELEASE
     Answer: ClassVar[type] = Done
     lease_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseClaim:
+    OPCODE: ClassVar[Opcode] = Opcode.RELEASE_CLAIM
+    Answer: ClassVar[type] = Done
+    hashes: np.ndarray  # wire.HASH records: the blocks a request of this instance claimed
+
+    def hash_keys(self) -> list[bytes]:
+        return hash_keys(self.hashes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +235,8 @@ class Drop:
         return keys_of(self.namespace, self.hashes)
 
 
-Command = Attach | Detach | Register | Unregister | RegisterEvents | Lookup | Release | Save | Load | Ping | Drop
+Command = (Attach | Detach | Register | Unregister | RegisterEvents | Lookup | Release | Save | Load | Ping | Drop
+           | ReleaseClaim)
 COMMANDS: dict[Opcode, type] = {kind.OPCODE: kind for kind in Command.__args__}
 ANSWERS: dict[Opcode, type] = {opcode: kind.Answer for opcode, kind in COMMANDS.items()}
 

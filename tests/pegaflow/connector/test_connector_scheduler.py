@@ -290,8 +290,10 @@ def test_connector_other_model_same_prompt_no_hit(engine):
 
 def test_connector_slow_engine_lookup_asks_again_then_misses_and_frees_lease(engine):
     # 1. Save; 2. a second vLLM with a 300 ms lookup deadline; the engine is stopped (SIGSTOP).
+    #    (Compute once off: a lookup that may wait for another vLLM's claim has
+    #    compute_once_wait_ms more, test_lookups.py.)
     _warm(engine.name, PROMPT)
-    second = VllmInstance(engine.name, extra={"lookup_timeout_ms": 300})
+    second = VllmInstance(engine.name, extra={"lookup_timeout_ms": 300, "compute_once": False})
     connector = second.scheduler.connector
     try:
         request = make_request("slow", PROMPT)

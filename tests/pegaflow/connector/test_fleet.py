@@ -184,11 +184,12 @@ def test_fleet_instance_alive_across_a_restart_is_served_after_it(name):
 
 def test_fleet_same_prefix_saved_at_once_is_stored_once_and_served_to_both(name):
     # 1. A and B compute the same prompt at once: B's whole first step (lookup: a miss,
-    #    forward, save) runs after A's lookup missed and before A's forward saves.
+    #    forward, save) runs after A's lookup missed and before A's forward saves.  (Compute
+    #    once off: with it, B's lookup would wait for A's claim instead of computing.)
     (prompt,) = _prompts(8, 1)
     num_blocks = len(prompt) // BLOCK
     with _engine(name) as engine:
-        a, b = _instances(name, 2)
+        a, b = _instances(name, 2, extra={"compute_once": False})
         try:
             a.add(make_request("a", prompt))
             b.add(make_request("b", prompt))
@@ -258,43 +259,54 @@ def test_fleet_stat_shows_which_instance_feeds_which(name):
     assert workers[0]["namespace"] == workers[1]["namespace"] == schedulers[0]["namespace"]
 
 
-def _run_together(fleet: list[VllmInstance], max_steps: int = 400) -> None:
-    """Steps every instance in turn until none has a request left, as replicas running side by
-    side do: one instance's saves and another's lookups interleave on the engine."""
-    for _ in range(max_steps):
-        busy = [vllm for vllm in fleet if vllm.scheduler.requests]
-        if not busy:
-            return
-        for vllm in busy:
-            vllm.step()
+def _run_together(fleet: list[VllmInstance], timeout_s: float = 60.0) -> int:
+    """Step each instance in turn until none has a request left; every block loaded is
+    checked, byte for byte, in the step it landed.  Returns how many blocks were loaded."""
+    num_loaded, deadline = 0, time.monotonic() + timeout_s
+    while any(vllm.scheduler.requests for vllm in fleet):
+        assert time.monotonic() < deadline, "requests still running"
+        for vllm in fleet:
+            if vllm.scheduler.requests:
+                for load in vllm.step().landed:
+                    num_loaded += len(load.block_ids)
+                    _assert_pattern(vllm, load)
         time.sleep(1e-3)
-    raise AssertionError("requests still running")
+    return num_loaded
 
 
-@pytest.mark.parametrize("num_instances", [2, 3])
-def test_fleet_conversations_routed_round_robin_are_served_by_every_instance(name, num_instances):
-    # 1. Three users chat for three rounds; each turn goes to another instance than the
-    #    user's previous turn (a router without affinity), all instances running side by side.
-    rng = random.Random(num_instances)
-    histories = [[rng.randrange(10, 30000) for _ in range(4 * BLOCK + 5)] for _ in range(3)]
+def _assert_pattern(vllm: VllmInstance, load) -> None:
+    for block_id, block_hash in zip(load.block_ids, load.hashes):
+        for layer in range(3):
+            assert (vllm.page(layer, block_id) == vllm.pattern(block_hash, layer)).all(), "a loaded byte differs"
+
+
+@pytest.mark.parametrize("compute_once", [True, False], ids=["compute-once", "off"])
+def test_fleet_burst_of_one_new_document_is_prefilled_once(name, compute_once):
+    # 1. Two instances, chunked prefill (two blocks a step), are sent one new 8-block document
+    #    at the same moment, each with its own question (one more block and a few tokens).
+    rng = random.Random(7)
+    document = [rng.randrange(10, 30000) for _ in range(8 * BLOCK)]
+    prompts = [document + [rng.randrange(10, 30000) for _ in range(BLOCK + 4)] for _ in range(2)]
+    extra = {"compute_once": compute_once, "prefill_tokens_per_s": 20}  # (a CPU's rate: claims last)
     with _engine(name):
-        fleet = _instances(name, num_instances)
+        fleet = _instances(name, 2, extra=extra, max_batched_tokens=2 * BLOCK)
         try:
-            for round_ in range(3):
-                expected = [0] * num_instances
-                before = [vllm.served_tokens for vllm in fleet]
-                for vllm in fleet:  # a GPU cache too small to keep a user's turns between rounds
-                    vllm.scheduler.reset_prefix_cache()
-                for user, history in enumerate(histories):
-                    prompt = history + [rng.randrange(10, 30000) for _ in range(BLOCK + 3)]
-                    target = (round_ + user) % num_instances
-                    fleet[target].add(make_request(f"r{round_}u{user}", prompt))
-                    # 2. From the second round on, the instance is served the full blocks of
-                    #    the user's previous prompt, which another instance computed.
-                    expected[target] += len(history) // BLOCK * BLOCK if round_ else 0
-                    histories[user] = prompt
-                _run_together(fleet)
-                assert [v.served_tokens - b for v, b in zip(fleet, before)] == expected, round_
+            for i, vllm in enumerate(fleet):
+                vllm.add(make_request(f"q{i}", prompts[i]))
+            num_loaded = _run_together(fleet)  # (each loaded byte checked as it lands)
+            # prefill tokens computed: prompt tokens less those loaded (each vLLM is new: no local hit)
+            computed = [len(p) - vllm.served_tokens for vllm, p in zip(fleet, prompts)]
         finally:
             for vllm in fleet:
                 vllm.close()
+        stats = read_stats(name)
+    unique = len(document) + 2 * (BLOCK + 4)
+    if not compute_once:  # 2. Off: the second instance computes part of the document again
+        assert sum(computed) > unique and stats["claims"] == 0  # (how much: how the steps fell)
+        return
+    # 2. On: the first instance's miss claimed the document; the second waited for its saves
+    #    and loaded them, computing only its question: the document was prefilled once.
+    claims = {k: v for k, v in stats.items() if k.startswith("claim")}
+    assert sorted(computed) == [BLOCK + 4, len(prompts[0])] and sum(computed) == unique, claims
+    assert num_loaded == 8 and stats["claim_waits"] == 1
+    assert stats["claim_timeouts"] == stats["claims_dropped"] == 0

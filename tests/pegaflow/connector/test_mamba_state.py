@@ -92,7 +92,7 @@ class _Engine:
         self.stored, self.asked, self.released = stored, [], []
         self._answers: dict[int, _Answer] = {}
 
-    def submit_lookup(self, namespace: int, records, wait_ms=None) -> int:
+    def submit_lookup(self, namespace: int, records, wait_ms=None, prefill=None) -> int:
         keys = _keys(records)
         self.asked.append(keys)
         run = next((i for i, k in enumerate(keys) if k not in self.stored), len(keys))
@@ -109,13 +109,16 @@ class _Engine:
     def release_nowait(self, lease_id: int) -> None:
         self.released.append(lease_id)
 
+    def release_claim_nowait(self, hashes) -> None:
+        pass
+
 
 def _lookup(stored: set[bytes], prompt_blocks: int):
     engine = _Engine(stored)
     link = SimpleNamespace(client=lambda: engine, fail=lambda exc: None)
     lookups = Lookups(ConnectorConfig.from_sources({}), [7], 288, link, PegaKVConnectorStats(), has_states=True)
     state = SimpleNamespace(request=SimpleNamespace(request_id="r"), lookup=None, num_hit_tokens=0, lease_ids=(),
-                            is_from_disk=False)
+                            is_from_disk=False, claimed={})
     request = SimpleNamespace(num_tokens=prompt_blocks * 288 + 5, block_hashes=H[:prompt_blocks])
     lookups.start(state, request, 0)
     assert lookups.finish(state)
@@ -143,7 +146,7 @@ def test_mamba_state_lookup_of_a_model_without_states_asks_no_state_key():
     link = SimpleNamespace(client=lambda: engine, fail=lambda exc: None)
     lookups = Lookups(ConnectorConfig.from_sources({}), [7], 288, link, PegaKVConnectorStats())
     state = SimpleNamespace(request=SimpleNamespace(request_id="r"), lookup=None, num_hit_tokens=0, lease_ids=(),
-                            is_from_disk=False)
+                            is_from_disk=False, claimed={})
     lookups.start(state, SimpleNamespace(num_tokens=4 * 288 + 5, block_hashes=H[:4]), 0)
     assert lookups.finish(state) and state.num_hit_tokens == 3 * 288 and len(engine.asked) == 1
 

@@ -28,7 +28,7 @@ class SlowClient:
     def take_orphans(self):
         return []
 
-    def submit_lookup(self, namespace, records, wait_ms=None):
+    def submit_lookup(self, namespace, records, wait_ms=None, prefill=None):
         return next(self._ids)
 
     def wait(self, request_id, timeout_s):
@@ -74,6 +74,7 @@ class AnsweringClient:
 
     def __init__(self):
         self.lookups, self.released, self._ids = 0, [], iter(range(1, 1000))
+        self.prefills, self.claims_released = [], []
 
     def is_engine_up(self):
         return True
@@ -81,8 +82,9 @@ class AnsweringClient:
     def take_orphans(self):
         return []
 
-    def submit_lookup(self, namespace, records, wait_ms=None):
+    def submit_lookup(self, namespace, records, wait_ms=None, prefill=None):
         self.lookups += 1
+        self.prefills.append(prefill)
         return next(self._ids)
 
     def wait(self, request_id, timeout_s):
@@ -90,6 +92,9 @@ class AnsweringClient:
 
     def release_nowait(self, lease_id):
         self.released.append(lease_id)
+
+    def release_claim_nowait(self, hashes):
+        self.claims_released.append(list(hashes))
 
 
 def test_scheduler_lookup_answer_kept_too_long_is_asked_again():
@@ -362,7 +367,7 @@ class LateClient(SlowClient):
     def abandon(self, command_id):
         self.abandoned.append(command_id)
 
-    def submit_lookup(self, namespace, records, wait_ms=None):
+    def submit_lookup(self, namespace, records, wait_ms=None, prefill=None):
         command_id = next(self._ids)
         self.submitted_at[command_id] = time.monotonic()
         return command_id
@@ -392,8 +397,41 @@ def test_scheduler_lookup_answered_late_by_a_busy_engine_is_served_by_default():
     assert _ask_each_step(scheduler, request)[0] == 48
     assert scheduler.stats.data["lookup_timeouts"] == 0 and scheduler.stats.data["lookup_deferrals"] > 1
     # 2. With a 50 ms deadline the same lookup is a miss: the whole prefix is recomputed.
-    scheduler = SchedulerSide(ConnectorConfig(lookup_timeout_ms=50), namespaces=[1], block_size=16)
+    #    (Compute once off: a lookup that may wait for another vLLM's claim has longer.)
+    scheduler = SchedulerSide(ConnectorConfig(lookup_timeout_ms=50, compute_once=False), namespaces=[1],
+                              block_size=16)
     client = LateClient()
     scheduler.link.use(client)
     assert _ask_each_step(scheduler, request)[0] == 0
     assert scheduler.stats.data["lookup_timeouts"] == 1 and client.abandoned == [1]
+
+
+class RecordingLateClient(LateClient):
+    """LateClient that notes how long each wait for an answer was allowed to take."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts, self.prefills = [], []
+
+    def submit_lookup(self, namespace, records, wait_ms=None, prefill=None):
+        self.prefills.append(prefill)
+        return super().submit_lookup(namespace, records, wait_ms, prefill)
+
+    def wait(self, request_id, timeout_s):
+        self.timeouts.append(timeout_s)
+        return super().wait(request_id, timeout_s)
+
+
+def test_scheduler_claiming_lookup_waits_on_its_first_ask_only():
+    # Under compute once a lookup may stay out for another vLLM's whole prefill while vLLM
+    # asks again every step, for every request waiting so: only the first ask waits for the
+    # answer (FIRST_WAIT_S), the later ones look whether it came, so no step is held up.
+    scheduler = SchedulerSide(ConnectorConfig(prefill_tokens_per_s=2000), namespaces=[1], block_size=16)
+    client = RecordingLateClient()
+    scheduler.link.use(client)
+    request = SimpleNamespace(request_id="r", num_tokens=64, block_hashes=[b"h" * 32] * 4)
+    assert _ask_each_step(scheduler, request)[0] == 48
+    assert client.timeouts[0] > 0 and client.timeouts[1:-1] and max(client.timeouts[1:]) == 0
+    # The LOOKUP told the engine this vLLM's block size, rate and the most it waits.
+    (prefill,) = client.prefills
+    assert (prefill.block_tokens, prefill.tokens_per_s, prefill.wait_ms) == (16, 2000, 3000)

@@ -17,9 +17,11 @@ from pegaflow.platform.protocol import (
     Load,
     Lookup,
     Ping,
+    Prefill,
     Register,
     RegisterEvents,
     Release,
+    ReleaseClaim,
     Save,
     Unregister,
     Voters,
@@ -63,12 +65,13 @@ def _samples() -> list:
         Attach(4242, ClientRole.WORKER, KvRole.CONSUMER, 3, 0x1234, 77, Voters(2, 1)),
         Detach(), Register(5, region[0], layers), Unregister(),
         RegisterEvents(np.zeros(4, EVENT_HANDLE)),
-        Lookup(9, _hashes(4), wait_ms=25),
+        Lookup(9, _hashes(4), wait_ms=25), Lookup(9, _hashes(4), prefill=Prefill(16, 40_000, 3000)),
         Release(31),
         Save(9, ids, _hashes(3), group=2, first_event=4, one_event=True, tags=np.array([7, 7, 8], np.uint64)),
         Load(9, ids, _hashes(3, 1), lease_id=12, ends_lease=False, layer=1, first_event=2, after_client=True),
         Ping(),
         Drop(9, _hashes(2), since_command=40),
+        ReleaseClaim(_hashes(5, 2)),
     ]
 
 
@@ -134,6 +137,15 @@ def test_protocol_payload_of_the_wrong_size_is_refused(opcode, payload, num_item
     with pytest.raises(CommandError) as info:
         protocol.DECODERS[opcode](rec, payload)
     assert info.value.status == Status.BAD_PAYLOAD
+
+
+def test_protocol_claim_lookup_without_its_prefill_record_is_refused():
+    # CLAIM says a PREFILL record ends the payload: hashes alone are one record short.
+    rec = _record(Opcode.LOOKUP, num_items=2, flags=int(CommandFlag.CLAIM))
+    with pytest.raises(CommandError) as info:
+        protocol.DECODERS[Opcode.LOOKUP](rec, _hashes(2).view(np.uint8))
+    assert info.value.status == Status.BAD_PAYLOAD
+    assert protocol.encode(Lookup(1, _hashes(1), prefill=Prefill(16, 1000, 10))).flags == CommandFlag.CLAIM
 
 
 def test_protocol_hash_record_of_no_length_is_refused():

@@ -245,6 +245,18 @@ def test_stat_cli_remote_line_only_with_a_remote_tier():
     assert line.startswith("remote  put 10") and "2 lookups asked it (mean 2.0 ms)" in line and "1 corrupt" in line
 
 
+def test_stat_cli_claims_line_once_a_claim_was_made():
+    from pegaflow.platform.wire import STATS_COUNTER_NAMES
+    from pegaflow.stats.cli import claim_lines
+    stats = dict.fromkeys(STATS_COUNTER_NAMES, 0)
+    assert claim_lines(stats) == []
+    stats.update(claims=3, claim_blocks=24, claim_waits=2, claim_wait_ns=5 * 10**8, claim_wait_blocks=16,
+                 claim_tokens_saved=256, claim_declines=1)
+    [line] = claim_lines(stats)
+    assert line.startswith("claims  3 (24 blocks); 2 lookups waited 0.5 s") and "(256 tokens not" in line
+    assert "1 declined" in line
+
+
 def test_stat_cli_client_list_shows_each_kv_role(engine):
     # A prefill vLLM's worker and a decode vLLM's scheduler say their kv_role at ATTACH;
     # the client list (JSON and text) shows it beside their role.
