@@ -18,11 +18,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.commands import prefill_claims
-from engine.clients.client import ClientState
-from engine.copy.base import CopyBackend, CopyDone, LayerPlacement
-from engine.commands.dispatcher import Dispatcher
 from engine.blocks.index import BlockIndex
+from engine.clients.client import ClientState
+from engine.commands import prefill_claims
+from engine.commands.dispatcher import Dispatcher
+from engine.copy.base import CopyBackend, CopyDone, LayerPlacement
 from engine.memory.pool import PagePool
 from engine.stats import StatsWriter
 from pegaflow.client.connection import EngineClient
