@@ -21,6 +21,7 @@ RECORDS = {
     "blocks/entries.py": ["Entry", "Lease", "IndexCounters"],
     "commands/pending_copy.py": ["PendingCopy"],
     "commands/lookup_waits.py": ["WaitingLookup"],
+    "commands/prefill_claims.py": ["Claim"],
     "memory/pool.py": ["_Slab"],
     "disk/store.py": ["DiskCounters", "Block"],
     "remote/workers.py": ["RemoteDone"],

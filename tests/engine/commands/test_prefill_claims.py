@@ -88,7 +88,8 @@ class Harness:
                    if encoded.payload else protocol.NO_PAYLOAD)
         command_id = next(self.ids)
         rec = _make(0, *protocol.record_fields(command_id, encoded, 0, payload.nbytes))
-        self.dispatcher.handle(client.state, rec, payload)
+        client.state.view.arena[:payload.nbytes] = payload.view(np.uint8)  # where the engine reads it
+        self.dispatcher.handle(client.state, rec)
         return command_id
 
     def lookup(self, client, hashes, prefill: Prefill | None = SLOW) -> int:
@@ -114,7 +115,7 @@ class Harness:
 def _answer(client, command_id: int):
     """The answer to ``command_id`` if it came (None: not yet), others' skipped."""
     while (record := client.answers.try_get()) is not None:
-        if int(record["request_id"]) == command_id:
+        if int(record["command_id"]) == command_id:
             return record
     return None
 
