@@ -10,7 +10,8 @@ never wait for a copy; ``unregister_client`` waits for the slot's copies, and
                                (contents unchanged; ``cuda_device.PinnedPool``)
     extend_pool(n)             the pool's first n bytes are pinned: checked to lie at
                                ``pool_base`` + offset on every device, then open to copies
-    register_region(...)       open the client's IPC memory handle (once per allocation)
+    register_region(...)       open the client's IPC memory handle (once per allocation) on the
+                               engine's device of its GPU UUID (``visible_gpus.py``)
     register_events(...)       open the client's pool of IPC events
     submit(op)                 with ``hold_saves``, a SAVE whose client's GPU is still writing
                                its data is held until it is written (``held_saves.py``);
@@ -58,6 +59,7 @@ from .held_saves import HeldSaves, last_wait_event
 from .kernels import StagingRing
 from .paths import op_path
 from .probe import choose_path
+from .visible_gpus import VisibleGpus
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class CudaBackend(CopyBackend):
         if copy_backend == STAGED and not device_staging_bytes:
             raise ConfigError("the staged copy path needs device staging memory (> 0 bytes)")
         driver.init()
+        self._gpus = VisibleGpus.of_driver()
+        logger.info("GPUs this engine sees: %s", self._gpus.describe())
         self.copy_backend = copy_backend
         self.num_ctas = num_ctas
         self.layers_in_flight = layers_in_flight
@@ -150,7 +154,7 @@ class CudaBackend(CopyBackend):
 
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:
         check_region(region)
-        dev = self._device(int(region["device"]))
+        dev = self._device(self._gpus.ordinal_of(region["gpu_uuid"].tobytes(), int(region["client_device"])))
         self._clients.map_region(slot, region_id, region, dev.device)
         if self.copy_backend == AUTO:
             self._choose_path(dev, int(region["page_bytes"]))

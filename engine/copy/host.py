@@ -13,6 +13,7 @@ from pegaflow.platform.errors import ShmError
 from pegaflow.platform.wire import RegionKind
 
 from .base import CopyBackend, CopyDone, CopyOp, Direction
+from .visible_gpus import VisibleGpus
 
 
 class HostBackend(CopyBackend):
@@ -20,6 +21,7 @@ class HostBackend(CopyBackend):
 
     def __init__(self) -> None:
         self._pool: np.ndarray | None = None
+        self._gpus = VisibleGpus.host()
         self._regions: dict[tuple[int, int], tuple[shm.Segment, np.ndarray]] = {}  # at base_offset
         self._done: list[CopyDone] = []
 
@@ -31,6 +33,7 @@ class HostBackend(CopyBackend):
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:
         if int(region["kind"]) != RegionKind.HOST_SHM:
             raise ShmError("the host backend takes host shared-memory regions only")
+        self._gpus.ordinal_of(region["gpu_uuid"].tobytes(), int(region["client_device"]))
         name = bytes(region["shm_name"]).decode()
         segment = shm.attach_segment(name)
         size, base = int(region["alloc_bytes"]), int(region["base_offset"])

@@ -11,7 +11,7 @@ import numpy as np
 
 from pegaflow.platform import shm
 from pegaflow.platform.errors import ShmError
-from pegaflow.platform.wire import LAYER, REGION, SHM_NAME_BYTES, RegionKind
+from pegaflow.platform.wire import HOST_GPU_UUID, LAYER, REGION, SHM_NAME_BYTES, RegionKind
 
 
 class HostKVBuffer:
@@ -35,6 +35,7 @@ class HostKVBuffer:
                       base_offset: int = 0) -> np.ndarray:
         region = np.zeros(1, dtype=REGION)
         region["kind"] = RegionKind.HOST_SHM
+        region["gpu_uuid"] = np.void(HOST_GPU_UUID)
         region["num_layers"], region["num_blocks"] = num_layers, num_blocks
         region["page_bytes"], region["base_offset"] = page_bytes, base_offset
         region["alloc_bytes"] = self.num_bytes

@@ -91,6 +91,11 @@ class CudaError(PegaflowError):
     """A CUDA driver or NVRTC call failed."""
 
 
+class UnknownGpuError(PegaflowError):
+    """A client's memory lives on a GPU the engine does not see (hidden from the engine by its
+    CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES, or on another host): its REGISTER is refused."""
+
+
 class RemoteTierError(PegaflowError):
     """The remote tier (``--remote``) cannot start: its package is not installed, or its
     store refused the setup (master or metadata server unreachable, memory not registered)."""

@@ -50,7 +50,7 @@ from pegaflow.platform.stats_layout import (
 )
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 15  # 15: the records' request_id is command_id; 14: compute once (a LOOKUP's CLAIM and
+WIRE_VERSION = 16  # 16: REGION's gpu_uuid; 15: request_id is command_id; 14: compute once (a LOOKUP's CLAIM and
 #                  its PREFILL record, RELEASE_CLAIM); 13: the stats count LOOKUP waits refused; 12: ATTACH
 #                  carries the kv_role, LOOKUP its wait
 ALL_LAYERS = 0xFFFF
@@ -58,6 +58,9 @@ NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
 IPC_HANDLE_BYTES = 64
 SHM_NAME_BYTES = 128
+GPU_UUID_BYTES = 16
+# REGION.gpu_uuid of host memory (the host backend's one stand-in "GPU"; no GPU has it).
+HOST_GPU_UUID = b"pegaflow-host-kv"
 
 
 class Opcode(IntEnum):
@@ -214,9 +217,12 @@ HASH = struct_dtype([
     ("length", "u1", HASH_BYTES),
 ], 40)
 
+# ``gpu_uuid``: the GPU the memory lives on, by its UUID (cuDeviceGetUuid; HOST_GPU_UUID for host
+# memory): the same in every process, where ordinals are not (each process numbers the GPUs its
+# CUDA_VISIBLE_DEVICES shows it).  ``client_device``: the client's own ordinal, for messages only.
 REGION = struct_dtype([
     ("kind", "<u4", 0),
-    ("device", "<u4", 4),
+    ("client_device", "<u4", 4),
     ("num_layers", "<u4", 8),
     ("num_blocks", "<u4", 12),
     ("page_bytes", "<u8", 16),
@@ -224,7 +230,8 @@ REGION = struct_dtype([
     ("alloc_bytes", "<u8", 32),
     ("handle", f"V{IPC_HANDLE_BYTES}", 40),
     ("shm_name", f"S{SHM_NAME_BYTES}", 104),
-], 232)
+    ("gpu_uuid", f"V{GPU_UUID_BYTES}", 232),
+], 248)
 
 LAYER = struct_dtype([
     ("layer", "<u4", 0),
@@ -266,11 +273,20 @@ assert RING_HEADER.itemsize == 64
 assert SUBMISSION.itemsize == 64
 assert COMPLETION.itemsize == 48
 assert HASH.itemsize == 40
-assert REGION.itemsize == 232
+assert REGION.itemsize == 248
 assert LAYER.itemsize == 24
 assert PREFILL.itemsize == 16
 __all__ = ["CLIENT_STATS", "LATENCY_BUCKETS_S", "LATENCY_OPCODES", "NUM_LATENCY_BUCKETS",  # (stats_layout.py's)
            "NUM_OPCODE_COUNTERS", "NUM_STATUS_COUNTERS", "STATS", "STATS_COUNTER_NAMES", "struct_dtype"]
+
+
+def gpu_uuid_text(uuid: bytes) -> str:
+    """A REGION's ``gpu_uuid`` as ``nvidia-smi -L`` and CUDA_VISIBLE_DEVICES write it
+    (``GPU-8-4-4-4-12`` hex digits), or ``host`` for the host stand-in."""
+    if uuid == HOST_GPU_UUID:
+        return "host"
+    h = uuid.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def encode_hashes(hashes: list[bytes]) -> np.ndarray:

@@ -46,6 +46,19 @@ def device_name(device: int) -> str:
     return raw.split(b"\0", 1)[0].decode()
 
 
+def device_count() -> int:
+    init()
+    return int(check(driver.cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+def device_uuid(device: int) -> bytes:
+    """The 16 bytes of ``device``'s UUID (a MIG instance's own, under MIG): the same in every
+    process, whichever ordinal its CUDA_VISIBLE_DEVICES gives the GPU there."""
+    init()
+    uuid = check(driver.cuDeviceGetUuid(check(driver.cuDeviceGet(device), "cuDeviceGet")), "cuDeviceGetUuid")
+    return bytes(uuid.bytes)
+
+
 def compute_capability(device: int) -> tuple[int, int]:
     dev = check(driver.cuDeviceGet(device))
     attr = driver.CUdevice_attribute

@@ -10,6 +10,10 @@ the most recent record *already issued*, so every use of an event is sequenced t
 the ring: the client records before it submits a SAVE that waits on the event, and
 waits on a LOAD's events only after the engine has accepted (and so recorded) them.
 
+A device is named to the engine by its UUID, not by this process's ordinal for it: under
+CUDA_VISIBLE_DEVICES (a Kubernetes pod's one GPU) this process's device 0 may be the engine's
+device 3.
+
 Pointers and streams are plain ints (``tensor.data_ptr()``, ``stream.cuda_stream``);
 nothing here imports torch.
 """
@@ -33,6 +37,7 @@ class ExportedAllocation(NamedTuple):
     base_offset: int   # ptr - allocation base
     alloc_bytes: int   # size of the whole allocation
     device: int        # device ordinal as this process numbers it
+    gpu_uuid: bytes    # that device's UUID, as every process names it (wire.REGION.gpu_uuid)
 
 
 def export_allocation(ptr: int) -> ExportedAllocation:
@@ -41,7 +46,8 @@ def export_allocation(ptr: int) -> ExportedAllocation:
     device = driver.pointer_device(ptr)
     driver.ensure_context(device)
     base, size = driver.address_range(ptr)
-    return ExportedAllocation(driver.ipc_mem_handle(base), ptr - base, size, device)
+    return ExportedAllocation(driver.ipc_mem_handle(base), ptr - base, size, device,
+                              driver.device_uuid(device))
 
 
 class EventPool:
@@ -98,7 +104,8 @@ def region_record(exported: ExportedAllocation, num_layers: int, num_blocks: int
     """
     region = np.zeros(1, dtype=wire.REGION)
     region["kind"] = wire.RegionKind.CUDA_IPC
-    region["device"] = exported.device
+    region["client_device"] = exported.device
+    region["gpu_uuid"] = np.void(exported.gpu_uuid)
     region["num_layers"], region["num_blocks"] = num_layers, num_blocks
     region["page_bytes"] = page_bytes
     region["base_offset"], region["alloc_bytes"] = exported.base_offset, exported.alloc_bytes

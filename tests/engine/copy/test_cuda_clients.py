@@ -34,7 +34,7 @@ class FakeDriver:
 
 def _region(handle: bytes, offset: int = 0, kind=wire.RegionKind.CUDA_IPC) -> np.void:
     r = np.zeros(1, wire.REGION)[0]
-    r["kind"], r["device"], r["base_offset"], r["alloc_bytes"] = kind, 0, offset, 1 << 20
+    r["kind"], r["client_device"], r["base_offset"], r["alloc_bytes"] = kind, 0, offset, 1 << 20
     r["handle"] = handle.ljust(wire.IPC_HANDLE_BYTES, b"\0")
     return r
 

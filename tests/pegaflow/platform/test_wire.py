@@ -21,7 +21,7 @@ DESCRIPTORS = {
     "SUBMISSION": (wire.SUBMISSION, 64),
     "COMPLETION": (wire.COMPLETION, 48),
     "HASH": (wire.HASH, 40),
-    "REGION": (wire.REGION, 232),
+    "REGION": (wire.REGION, 248),
     "LAYER": (wire.LAYER, 24),
     "EVENT_HANDLE": (wire.EVENT_HANDLE, 64),
 }
