@@ -4,7 +4,8 @@ exactly once, the engine keeps serving, and another client's blocks stay byte-ex
 Hypothesis draws each example's seed, batch size and mix; a numpy generator built from
 them makes the commands (random opcodes, flags, layers, event indices, namespaces, lease
 ids, payloads of random bytes or of well-formed records with random values, bogus payload
-offsets).  25 examples of 400-480 commands: over 10 000 commands a CI run.
+offsets; REGISTERs of the fuzzer's own memory whose GPU is the host's or another value, every
+one of the latter refused).  25 examples of 400-480 commands: over 10 000 commands a CI run.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.process.server import MAX_UNREAD_ANSWERS
-from pegaflow.platform.wire import BLOCK_ID, CommandFlag, Opcode, Status, encode_hashes
+from pegaflow.client.host_memory import layer_records
+from pegaflow.platform.wire import BLOCK_ID, GPU_UUID_BYTES, HOST_GPU_UUID, CommandFlag, Opcode, Status, encode_hashes
 from tests.engine.conftest import KVClient, random_hashes
 
 NUM_EXAMPLES = 25
@@ -44,9 +46,30 @@ def _pick(rng: np.random.Generator, values: list):
     return values[int(rng.integers(len(values)))]  # rng.choice would turn big ints into floats
 
 
-def _command(rng: np.random.Generator, fuzz: KVClient) -> int:
-    """Submit one random command; returns its request id."""
+def _register(rng: np.random.Generator, fuzz: KVClient) -> tuple[int, bool]:
+    """Submit a REGISTER of a well-formed REGION of the fuzzer's own buffer with one new layer,
+    its GPU the host's stand-in or not (random bytes, zeros, all ones, the stand-in a byte off);
+    returns its command id and whether it names another GPU."""
+    off_by_one = bytes([HOST_GPU_UUID[0] ^ 1]) + HOST_GPU_UUID[1:]
+    gpu_uuid = _pick(rng, [HOST_GPU_UUID, rng.bytes(GPU_UUID_BYTES), bytes(GPU_UUID_BYTES),
+                           b"\xff" * GPU_UUID_BYTES, off_by_one])
+    region = fuzz.kv.region_record(fuzz.NUM_BLOCKS, fuzz.PAGE_BYTES, 1)
+    region["gpu_uuid"], region["client_device"] = np.void(gpu_uuid), _pick(rng, [0, 3, 2**32 - 1])
+    layers = layer_records([int(rng.integers(fuzz.NUM_LAYERS, 64))], [0], [fuzz.PAGE_BYTES])
+    command_id = fuzz.client.submit(Opcode.REGISTER, payload=[region, layers], num_items=1,
+                                    region_id=int(rng.integers(1, 65536)))
+    return command_id, gpu_uuid != HOST_GPU_UUID
+
+
+def _command(rng: np.random.Generator, fuzz: KVClient, foreign: set[int]) -> int:
+    """Submit one random command; returns its request id (added to ``foreign`` for a
+    REGISTER whose GPU is not the host's)."""
     opcode = _pick(rng, OPCODES)
+    if opcode == Opcode.REGISTER and rng.random() < 0.5:
+        command_id, is_foreign = _register(rng, fuzz)
+        if is_foreign:
+            foreign.add(command_id)
+        return command_id
     num_items = _pick(rng, [0, 1, 2, 7, 64, 2**31])
     fields = dict(layer=_pick(rng, [0, 1, 3, 0xFFFF, int(rng.integers(65536))]),
                   region_id=_pick(rng, [0, 1, int(rng.integers(65536))]),
@@ -67,12 +90,13 @@ def _command(rng: np.random.Generator, fuzz: KVClient) -> int:
                               payload=payload, num_items=num_items, **fields)
 
 
-def _collect(fuzz: KVClient, seen: dict[int, int], wanted: set[int]) -> None:
-    """Count answers per request id until every id of ``wanted`` has one (or the deadline)."""
+def _collect(fuzz: KVClient, seen: dict[int, list[int]], wanted: set[int]) -> None:
+    """Each answer's status under its request id, until every id of ``wanted`` has one (or
+    the deadline)."""
     deadline = time.monotonic() + ANSWER_TIMEOUT_S
     while True:
         for done in fuzz.client.poll():
-            seen[done.command_id] = seen.get(done.command_id, 0) + 1
+            seen.setdefault(done.command_id, []).append(done.status)
         if wanted <= seen.keys() or time.monotonic() > deadline:
             return
         time.sleep(1e-4)
@@ -100,9 +124,9 @@ def test_fuzz_every_command_is_answered_once_and_others_stay_exact(fuzz_engine, 
         # 2. The fuzzer pipelines its commands, ``batch`` at a time, reading answers after
         #    each batch (never more unread than the engine holds back for it).
         commands_before = fuzz_engine.stats()["commands"]  # the answers the engine sent so far
-        seen, sent = {}, []
+        seen, sent, foreign = {}, [], set()
         for start in range(0, num_commands, batch):
-            ids = [_command(rng, fuzz) for _ in range(min(batch, num_commands - start))]
+            ids = [_command(rng, fuzz, foreign) for _ in range(min(batch, num_commands - start))]
             sent += ids
             _collect(fuzz, seen, set(ids))
             assert set(ids) <= seen.keys(), sorted(set(ids) - seen.keys())
@@ -114,7 +138,9 @@ def test_fuzz_every_command_is_answered_once_and_others_stay_exact(fuzz_engine, 
         _collect(fuzz, seen, set())
         num_answered = fuzz_engine.stats()["commands"] - commands_before  # (counted before answered)
         assert num_answered == len(sent) + 1  # and the PING
-        assert sorted(seen) == sorted(sent) and set(seen.values()) == {1}
+        assert sorted(seen) == sorted(sent) and {len(statuses) for statuses in seen.values()} == {1}
+        # A REGISTER of memory on a GPU the engine does not see is never taken.
+        assert [seen[i] for i in sorted(foreign) if seen[i] != [Status.BAD_ARGUMENT]] == []
         # 4. A DETACH with commands pipelined behind it: each is answered once, the DETACH
         #    OK, the rest NOT_ATTACHED (the slot is not freed under them).
         detach = fuzz.client.submit(Opcode.DETACH)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pegaflow.platform import protocol
+from pegaflow.platform.cuda.ipc import ExportedAllocation, region_record
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
     Attach,
@@ -37,6 +38,7 @@ from pegaflow.platform.wire import (
     CommandFlag,
     KvRole,
     Opcode,
+    RegionKind,
     Status,
     encode_hashes,
 )
@@ -49,9 +51,13 @@ def _hashes(n: int, seed: int = 0) -> np.ndarray:
     return encode_hashes([rng.bytes(32) for _ in range(n)])
 
 
+GPU_UUID = bytes.fromhex("5e1f0c2a9b7d4e61a3c8f0d2b4e6a8c0")
+
+
 def _region_and_layers() -> tuple[np.ndarray, np.ndarray]:
-    region = np.zeros(1, REGION)
-    region[0]["num_blocks"], region[0]["page_bytes"] = 16, 4096
+    """A REGION as a CUDA client writes it (its device 2 is GPU_UUID) and two LAYERs."""
+    exported = ExportedAllocation(bytes(range(64)), 512, 1 << 20, 2, GPU_UUID)
+    region = region_record(exported, 2, 16, 4096)
     layers = np.zeros(2, LAYER)
     layers["layer"], layers["group"], layers["block_stride_bytes"] = [0, 1], [0, 1], 4096
     return region, layers
@@ -113,6 +119,16 @@ def test_protocol_command_decodes_as_it_was_encoded(command):
     for field in fields(command):
         mine, theirs = getattr(command, field.name), getattr(back, field.name)
         assert _same(mine, theirs), field.name
+
+
+def test_protocol_register_carries_the_clients_gpu_uuid_and_ordinal_byte_for_byte():
+    # 1. A client's REGISTER, through the codec as the engine receives it.
+    region, layers = _region_and_layers()
+    back = _round_trip(Register(5, region[0], layers))
+    # 2. The engine reads the GPU's UUID the client exported, and the client's own ordinal.
+    assert back.region["gpu_uuid"].tobytes() == GPU_UUID
+    assert int(back.region["client_device"]) == 2
+    assert back.region["kind"] == RegionKind.CUDA_IPC and back.region.dtype == REGION
 
 
 def test_protocol_load_flags_say_what_the_load_means():

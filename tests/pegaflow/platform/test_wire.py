@@ -103,6 +103,7 @@ CHANGED_DTYPES = {
     "completion_value3_signed": ("COMPLETION", dict(field="value3", fmt="<i8")),
     "hash_length_u2": ("HASH", dict(field="length", fmt="<u2")),
     "region_name_shorter": ("REGION", dict(field="shm_name", fmt="S64")),
+    "region_gpu_uuid_moved": ("REGION", dict(field="gpu_uuid", offset=240, itemsize=256)),
     "slot_claim_ns_moved": ("SLOT", dict(field="claim_ns", offset=24)),
     "control_header_grown": ("CONTROL_HEADER", dict(itemsize=256)),
     "stats_pid_signed": ("STATS", dict(field="engine_pid", fmt="<i8")),
@@ -139,6 +140,20 @@ def test_wire_fingerprint_changes_when_a_wire_enum_is_renumbered(enum_name, monk
     monkeypatch.setattr(wire, enum_name, _renumbered(getattr(wire, enum_name)))
     # 2. So renumbering one must change the fingerprint, or two versions attach silently.
     assert wire._fingerprint() != wire.FINGERPRINT
+
+
+def test_wire_region_names_its_gpu_by_uuid_and_keeps_the_clients_ordinal_for_messages_only():
+    # 1. No field a reader could take for the engine's device number (v16: it was ``device``).
+    assert "device" not in wire.REGION.names and "client_device" in wire.REGION.names
+    # 2. The UUID's 16 raw bytes, and a host stand-in of that size that prints as such.
+    assert wire.REGION.fields["gpu_uuid"][0] == np.dtype(f"V{wire.GPU_UUID_BYTES}") and wire.GPU_UUID_BYTES == 16
+    assert len(wire.HOST_GPU_UUID) == wire.GPU_UUID_BYTES and wire.gpu_uuid_text(wire.HOST_GPU_UUID) == "host"
+    assert wire.WIRE_VERSION >= 16
+
+
+def test_wire_gpu_uuid_text_is_written_as_nvidia_smi_and_cuda_visible_devices_write_it():
+    uuid = bytes.fromhex("5e1f0c2a9b7d4e61a3c8f0d2b4e6a8c0")
+    assert wire.gpu_uuid_text(uuid) == "GPU-5e1f0c2a-9b7d-4e61-a3c8-f0d2b4e6a8c0"
 
 
 # -- hash records ---------------------------------------------------------------------------
