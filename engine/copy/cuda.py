@@ -48,6 +48,7 @@ import numpy as np
 
 from pegaflow.platform.cuda import driver
 from pegaflow.platform.errors import ConfigError, CudaError
+from pegaflow.platform.wire import gpu_uuid_text
 
 from . import staged
 from .base import AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, PATHS, STAGED, CopyBackend, CopyDone, CopyOp
@@ -154,8 +155,11 @@ class CudaBackend(CopyBackend):
 
     def register_region(self, slot: int, region_id: int, region: np.void) -> None:
         check_region(region)
-        dev = self._device(self._gpus.ordinal_of(region["gpu_uuid"].tobytes(), int(region["client_device"])))
+        gpu_uuid, client_device = region["gpu_uuid"].tobytes(), int(region["client_device"])
+        dev = self._device(self._gpus.ordinal_of(gpu_uuid, client_device))
         self._clients.map_region(slot, region_id, region, dev.device)
+        logger.info("slot %d region %d: on %s, the client's device %d, this engine's device %d", slot,
+                    region_id, gpu_uuid_text(gpu_uuid), client_device, dev.device)
         if self.copy_backend == AUTO:
             self._choose_path(dev, int(region["page_bytes"]))
 

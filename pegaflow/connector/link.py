@@ -153,8 +153,9 @@ class EngineLink:
         if not self.is_down or is_refused != self._is_refused:
             if is_refused:
                 logger.error("%s: engine %r refused this process (%s); the engine's log says why "
-                             "(e.g. a KV block larger than its --slab-size, or GPU memory offered "
-                             "to a --backend host engine); serving without the cache, trying again "
+                             "(e.g. a KV block larger than its --slab-size, GPU memory offered "
+                             "to a --backend host engine, or a GPU the engine does not see); "
+                             "serving without the cache, trying again "
                              "every %.0fs", self.who, self.engine_name, exc,
                              max(self.reconnect_interval_s, REFUSED_RETRY_S))
             else:

@@ -1,9 +1,13 @@
-"""CudaBackend.register_region on a stand-in driver (no GPU needed): a region is opened on the
-engine's device of the GPU its UUID names, not on the client's ordinal, and so are the client's
-events; a GPU the engine does not see refuses the REGISTER (BAD_ARGUMENT, nothing opened)."""
+"""CudaBackend.register_region: a region is opened on the engine's device of the GPU its UUID
+names, not on the client's ordinal, and so are the client's events; a GPU the engine does not
+see refuses the REGISTER (BAD_ARGUMENT, nothing opened).  On a stand-in driver (no GPU needed),
+then on GPUs with a client process that sees one GPU (on a host of two or more: not the
+engine's device 0), by the backend and through a real engine."""
 
 from __future__ import annotations
 
+import os
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,15 +15,18 @@ import pytest
 
 from engine.clients.client import ClientState
 from engine.clients.registration import register_region
-from engine.copy import cuda_clients
-from engine.copy.base import KERNEL
+from engine.copy import cuda_clients, cuda_unusable_reason
+from engine.copy.base import KERNEL, CopyDone, CopyOp, Direction, LayerPlacement
 from engine.copy.visible_gpus import VisibleGpus
 from engine.memory.pool import PagePool
 from pegaflow.client.host_memory import layer_records
-from pegaflow.platform import wire
+from pegaflow.platform import shm, wire
+from pegaflow.platform.cuda import driver
+from pegaflow.platform.cuda.ipc import export_allocation, region_record
 from pegaflow.platform.errors import CommandError, UnknownGpuError
 from pegaflow.platform.protocol import Register
 from tests.engine.copy.test_visible_gpus import NODE
+from tests.spawn import start_child, stop_child
 
 cuda = pytest.importorskip("engine.copy.cuda")
 
@@ -94,3 +101,125 @@ def test_cuda_backend_register_of_an_unseen_gpu_is_refused_with_its_uuid_and_not
     assert info.value.status == wire.Status.BAD_ARGUMENT
     assert wire.gpu_uuid_text(NODE[3]) in str(info.value) and f"1: {wire.gpu_uuid_text(NODE[1])}" in str(info.value)
     assert client.layers == {} and client.region_blocks == {} and client.page_bytes == 0
+
+
+# -- on GPUs: a client that sees one GPU, as a Kubernetes pod given one does -------------------
+
+NUM_LAYERS, NUM_BLOCKS, GPU_PAGE = 2, 16, 8192
+LAYER_BYTES = NUM_BLOCKS * GPU_PAGE
+POOL_BYTES = 2 << 20  # 64 entries of NUM_LAYERS pages
+TIMEOUT_S = 120.0
+needs_gpu = pytest.mark.skipif(cuda_unusable_reason() is not None, reason="needs an NVIDIA GPU")
+
+
+def _exporter_main(conn) -> None:
+    """A client whose parent set its CUDA_VISIBLE_DEVICES: random KV bytes on its device 0,
+    exported with their bytes; then it waits for None (its memory stays mapped till then)."""
+    import torch
+    torch.cuda.set_device(0)
+    raw = torch.randint(0, 256, (NUM_LAYERS * LAYER_BYTES,), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    conn.send((export_allocation(raw.data_ptr()), raw.cpu().numpy()))
+    conn.recv()
+
+
+def _engine_client_main(conn, engine_name: str) -> None:
+    """A client whose parent set its CUDA_VISIBLE_DEVICES, of a real engine: saves random blocks,
+    loads them into other blocks, sends (its device, its GPU's UUID, whether the bytes match)."""
+    import torch
+
+    from pegaflow.client.connection import EngineClient
+    from pegaflow.client.host_memory import layer_major_records
+    from pegaflow.platform.cuda.ipc import EventPool
+    torch.cuda.set_device(0)
+    raw = torch.randint(0, 256, (NUM_LAYERS * LAYER_BYTES,), dtype=torch.uint8, device="cuda")
+    pages, events = raw.view(NUM_LAYERS, NUM_BLOCKS, GPU_PAGE), EventPool(NUM_LAYERS)
+    torch.cuda.synchronize()
+    exported = export_allocation(raw.data_ptr())
+    client = EngineClient.connect(engine_name, timeout_s=TIMEOUT_S)
+    client.register_region(0, region_record(exported, NUM_LAYERS, NUM_BLOCKS, GPU_PAGE),
+                           layer_major_records(NUM_LAYERS, NUM_BLOCKS, GPU_PAGE))
+    client.register_events(events.handles())
+    hashes = [bytes([i + 1]) * 32 for i in range(4)]
+    assert client.wait(client.submit_save(7, [0, 1, 2, 3], hashes, layer=wire.ALL_LAYERS)).is_ok
+    found = client.lookup(7, hashes)
+    pages[:, 8:12] = 0
+    torch.cuda.synchronize()
+    assert client.wait(client.submit_load(7, [8, 9, 10, 11], hashes, lease_id=found.lease_id, event_index=0)).is_ok
+    events.wait(range(NUM_LAYERS), torch.cuda.current_stream().cuda_stream)
+    is_equal = bool(torch.equal(pages[:, 8:12], pages[:, 0:4]))
+    client.close()
+    events.close()
+    conn.send((exported.device, exported.gpu_uuid, found.num_hit_blocks == 4 and is_equal))
+    conn.recv()
+
+
+def _start_seeing_only(monkeypatch, engine_device: int, target, *args):
+    """``target`` in a child process that sees only the engine's ``engine_device`` (named by
+    UUID, so whatever this process's own CUDA_VISIBLE_DEVICES is): its device 0."""
+    with monkeypatch.context() as env:
+        env.setenv("CUDA_VISIBLE_DEVICES", wire.gpu_uuid_text(driver.device_uuid(engine_device)))
+        return start_child(target, *args)
+
+
+def _answer(conn):
+    assert conn.poll(TIMEOUT_S), "the client process did not answer"
+    return conn.recv()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_backend_region_of_a_client_seeing_one_gpu_opens_on_the_engines_ordinal_of_it(monkeypatch):
+    # 1. This process (the engine) sees every GPU; the client sees only the last of them,
+    #    which it calls device 0 (with two GPUs: the client's 0 is the engine's 1).
+    pytest.importorskip("torch")
+    engine_device = driver.device_count() - 1
+    conn, proc = _start_seeing_only(monkeypatch, engine_device, _exporter_main)
+    pool = shm.create_segment(shm.ipc_name("gputest", f"regions{os.getpid()}"), POOL_BYTES)
+    backend = None
+    try:
+        exported, before = _answer(conn)
+        assert exported.device == 0 and exported.gpu_uuid == driver.device_uuid(engine_device)
+        # 2. Registered, the region is opened on the engine's ordinal of that GPU.
+        backend = cuda.CudaBackend(copy_backend="copy-engine")
+        backend.attach_pool(pool)
+        backend.register_region(0, 0, region_record(exported, NUM_LAYERS, NUM_BLOCKS, GPU_PAGE)[0])
+        assert backend._clients.regions[(0, 0)].device == engine_device
+        # 3. A SAVE of four blocks copies exactly the client's bytes (read on that device).
+        block_ids, entries = np.array([3, 5, 8, 13]), np.arange(4)
+        layers = [LayerPlacement(i, 0, i * LAYER_BYTES, GPU_PAGE) for i in range(NUM_LAYERS)]
+        backend.submit(CopyOp(1, Direction.SAVE, 0, layers, GPU_PAGE, block_ids.astype(np.int64),
+                              entries.astype(np.int64) * NUM_LAYERS * GPU_PAGE))
+        deadline, done = time.monotonic() + TIMEOUT_S, []
+        while not done:
+            done = backend.poll()
+            assert time.monotonic() < deadline, "the SAVE never completed"
+        assert done == [CopyDone(1)]
+        saved = pool.array(np.uint8, POOL_BYTES).reshape(-1, NUM_LAYERS, GPU_PAGE)[:4]
+        expected = before.reshape(NUM_LAYERS, NUM_BLOCKS, GPU_PAGE)[:, block_ids].transpose(1, 0, 2)
+        np.testing.assert_array_equal(saved, expected)
+    finally:
+        if backend is not None:
+            backend.close()
+        pool.close()
+        pool.unlink()
+        stop_child(conn, proc, TIMEOUT_S)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_engine_process_client_seeing_one_gpu_is_served_on_the_engines_ordinal_of_it(monkeypatch, engine_factory):
+    # 1. A real engine (--backend cuda) that sees every GPU; a client that sees only the last.
+    pytest.importorskip("torch")
+    engine_device = driver.device_count() - 1
+    engine = engine_factory(pool_size="64MiB", slab_size="1MiB", extra=("--backend", "cuda"))
+    conn, proc = _start_seeing_only(monkeypatch, engine_device, _engine_client_main, engine.name)
+    try:
+        # 2. Its blocks save and load back exactly, and the engine says which of its devices
+        #    the client's device 0 is.
+        client_device, gpu_uuid, is_exact = _answer(conn)
+        assert (client_device, gpu_uuid, is_exact) == (0, driver.device_uuid(engine_device), True)
+        assert (f"on {wire.gpu_uuid_text(gpu_uuid)}, the client's device 0, this engine's device "
+                f"{engine_device}") in engine.stderr_text()
+    finally:
+        stop_child(conn, proc, TIMEOUT_S)
