@@ -11,7 +11,7 @@ import pytest
 from pegaflow.client import slots
 from pegaflow.client.slots import open_control
 from pegaflow.platform import shm
-from pegaflow.platform.errors import EngineNotRunningError, EngineStartingError
+from pegaflow.platform.errors import EngineNotRunningError, EngineStartingError, WireVersionError
 from pegaflow.platform.wire import CONTROL_HEADER, FINGERPRINT, MAGIC, WIRE_VERSION
 
 
@@ -25,10 +25,22 @@ def blank_control():
     segment.close()
 
 
-def _write_header(segment) -> None:
+def _write_header(segment, version: int = WIRE_VERSION) -> None:
     header = segment.array(CONTROL_HEADER, 1)
-    header["version"], header["fingerprint"], header["engine_pid"] = WIRE_VERSION, FINGERPRINT, os.getpid()
+    header["version"], header["fingerprint"], header["engine_pid"] = version, FINGERPRINT, os.getpid()
     header["magic"] = MAGIC  # last, as the engine writes it
+
+
+def test_open_control_engine_of_the_previous_wire_version_is_refused_naming_both(blank_control):
+    # 1. An engine of the version before ours (a client upgraded first, its engine not yet).
+    name, segment = blank_control
+    _write_header(segment, WIRE_VERSION - 1)
+    # 2. Refused at once, saying which version each side speaks and what to do.
+    with pytest.raises(WireVersionError) as info:
+        open_control(name, None)
+    text = str(info.value)
+    assert f"engine speaks wire version {WIRE_VERSION - 1} " in text
+    assert f"this client speaks {WIRE_VERSION} " in text and "run a matching pegaflow on both sides" in text
 
 
 def test_open_control_waits_for_a_header_written_meanwhile(blank_control):
