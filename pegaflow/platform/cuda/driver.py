@@ -53,9 +53,12 @@ def device_count() -> int:
 
 def device_uuid(device: int) -> bytes:
     """The 16 bytes of ``device``'s UUID (a MIG instance's own, under MIG): the same in every
-    process, whichever ordinal its CUDA_VISIBLE_DEVICES gives the GPU there."""
+    process, whichever ordinal its CUDA_VISIBLE_DEVICES gives the GPU there.  cuda-python 12
+    has both ``cuDeviceGetUuid`` and ``cuDeviceGetUuid_v2`` (the one that answers a MIG
+    instance's own), 13 only the first, which does: a client and its engine on either agree."""
     init()
-    uuid = check(driver.cuDeviceGetUuid(check(driver.cuDeviceGet(device), "cuDeviceGet")), "cuDeviceGetUuid")
+    get_uuid = getattr(driver, "cuDeviceGetUuid_v2", driver.cuDeviceGetUuid)
+    uuid = check(get_uuid(check(driver.cuDeviceGet(device), "cuDeviceGet")), "cuDeviceGetUuid")
     return bytes(uuid.bytes)
 
 
