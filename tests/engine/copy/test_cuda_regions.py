@@ -124,8 +124,9 @@ def _exporter_main(conn) -> None:
 
 
 def _engine_client_main(conn, engine_name: str) -> None:
-    """A client whose parent set its CUDA_VISIBLE_DEVICES, of a real engine: saves random blocks,
-    loads them into other blocks, sends (its device, its GPU's UUID, whether the bytes match)."""
+    """A client whose parent set its CUDA_VISIBLE_DEVICES, of a real engine: saves four random
+    blocks, loads them into four others; sends what it saw (its device, its GPU's UUID, the
+    answers, whether the loaded bytes are the saved ones)."""
     import torch
 
     from pegaflow.client.connection import EngineClient
@@ -141,16 +142,17 @@ def _engine_client_main(conn, engine_name: str) -> None:
                            layer_major_records(NUM_LAYERS, NUM_BLOCKS, GPU_PAGE))
     client.register_events(events.handles())
     hashes = [bytes([i + 1]) * 32 for i in range(4)]
-    assert client.wait(client.submit_save(7, [0, 1, 2, 3], hashes, layer=wire.ALL_LAYERS)).is_ok
+    saved = client.wait(client.submit_save(7, [0, 1, 2, 3], hashes, layer=wire.ALL_LAYERS))
     found = client.lookup(7, hashes)
     pages[:, 8:12] = 0
     torch.cuda.synchronize()
-    assert client.wait(client.submit_load(7, [8, 9, 10, 11], hashes, lease_id=found.lease_id, event_index=0)).is_ok
+    loaded = client.wait(client.submit_load(7, [8, 9, 10, 11], hashes, lease_id=found.lease_id, event_index=0))
     events.wait(range(NUM_LAYERS), torch.cuda.current_stream().cuda_stream)
-    is_equal = bool(torch.equal(pages[:, 8:12], pages[:, 0:4]))
+    is_exact = bool(torch.equal(pages[:, 8:12], pages[:, 0:4]))
     client.close()
     events.close()
-    conn.send((exported.device, exported.gpu_uuid, found.num_hit_blocks == 4 and is_equal))
+    conn.send({"device": exported.device, "gpu_uuid": exported.gpu_uuid, "saved": saved.is_ok,
+               "hits": found.num_hit_blocks, "loaded": loaded.is_ok, "is_exact": is_exact})
     conn.recv()
 
 
@@ -217,8 +219,9 @@ def test_engine_process_client_seeing_one_gpu_is_served_on_the_engines_ordinal_o
     try:
         # 2. Its blocks save and load back exactly, and the engine says which of its devices
         #    the client's device 0 is.
-        client_device, gpu_uuid, is_exact = _answer(conn)
-        assert (client_device, gpu_uuid, is_exact) == (0, driver.device_uuid(engine_device), True)
+        gpu_uuid = driver.device_uuid(engine_device)
+        assert _answer(conn) == {"device": 0, "gpu_uuid": gpu_uuid, "saved": True, "hits": 4, "loaded": True,
+                                 "is_exact": True}
         assert (f"on {wire.gpu_uuid_text(gpu_uuid)}, the client's device 0, this engine's device "
                 f"{engine_device}") in engine.stderr_text()
     finally:
