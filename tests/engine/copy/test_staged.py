@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from engine.copy import staged, staged_groups
+from engine.copy import staged
 from engine.copy.base import CopyOp, Direction, LayerPlacement
 from engine.copy.checks import Region
 
@@ -123,7 +123,6 @@ class Inflight:
 def gpu(monkeypatch):
     fake = FakeGpu()
     monkeypatch.setattr(staged, "driver", fake)
-    monkeypatch.setattr(staged_groups, "driver", fake)
     return fake
 
 
