@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 
 import numpy as np
 
@@ -53,7 +52,7 @@ from .base import AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, PATHS, STAGED
 from .checks import Region, check_op
 from .cuda_clients import ClientMappings, check_region
 from .cuda_device import Device, PinnedPool
-from .cuda_layers import Inflight, copy_layer, drain, issue_layers, release, stage_ids
+from .cuda_layers import Inflight, LayerCopier
 from .held_saves import HeldSaves, last_wait_event
 from .kernels import StagingRing
 from .paths import op_path
@@ -85,8 +84,6 @@ class CudaBackend(CopyBackend):
         driver.init()
         self.copy_backend = copy_backend
         self.num_ctas = num_ctas
-        self.layers_in_flight = layers_in_flight
-        self.dma_layers_in_flight = dma_layers_in_flight
         self.device_staging_bytes = device_staging_bytes
         self.load_layer_groups = load_layer_groups
         self._devices: dict[int, Device] = {}
@@ -96,6 +93,7 @@ class CudaBackend(CopyBackend):
         self._usable_bytes = 0  # the pool's first bytes pinned and open to copies
         self._device(device)
         self._staging = StagingRing(staging_words)
+        self._layers = LayerCopier(self._staging, layers_in_flight, dma_layers_in_flight)
         self._clients = ClientMappings()
         self._inflight: list[Inflight] = []
         self._ready: list[CopyDone] = []
@@ -246,10 +244,10 @@ class CudaBackend(CopyBackend):
         path = op_path(self.copy_backend, dev, op, regions)
         staging = None
         if path == KERNEL:
-            staging = stage_ids(self._staging, op)
+            staging = self._layers.stage_ids(op)
         elif path == STAGED:
-            staging = stage_ids(self._staging, op, staged.local_offsets(op, dev.staging.buffer_bytes,
-                                                                        dev.staging.groups_of(op)))
+            staging = self._layers.stage_ids(op, staged.local_offsets(op, dev.staging.buffer_bytes,
+                                                                      dev.staging.groups_of(op)))
         if path in (KERNEL, STAGED) and staging is None:
             path = COPY_ENGINE  # staging ring full: DMA needs none
         inflight = Inflight(op.token, op.slot, dev.device, staging)
@@ -269,16 +267,15 @@ class CudaBackend(CopyBackend):
                          self._staging.address(f.staging[0]), events, dev.event, f,
                          self._pinned.unit)
         else:
-            issue_layers(dev, op, regions, path, f, events, self._staging, self.layers_in_flight,
-                         self.dma_layers_in_flight)
+            self._layers.issue(dev, op, regions, path, f, events)
 
     def _drain(self, f: Inflight) -> None:
         """After a failed enqueue: let what was issued finish, then recycle."""
-        drain(f)
+        f.drain()
         self._release(f)
 
     def _release(self, f: Inflight) -> None:
-        release(self._devices[f.device], f, self._staging)
+        self._layers.release(self._devices[f.device], f)
 
     def _validate(self, op: CopyOp) -> list[Region]:
         """Every region known, every page inside its allocation and the pool's open part."""
@@ -286,6 +283,5 @@ class CudaBackend(CopyBackend):
                         self._clients.num_events(op.slot))
 
     def _choose_path(self, dev: Device, page_bytes: int) -> None:
-        ring = self._staging
-        choose_path(dev, page_bytes, self._usable_bytes, self._inflight, partial(copy_layer, ring),
-                    partial(stage_ids, ring), ring.free, self.probes)
+        choose_path(dev, page_bytes, self._usable_bytes, self._inflight, self._layers.copy_layer,
+                    self._layers.stage_ids, self._staging.free, self.probes)
