@@ -48,7 +48,7 @@ from pegaflow.platform.cuda import driver
 from pegaflow.platform.errors import ConfigError, CudaError
 
 from . import staged
-from .base import AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, PATHS, STAGED, CopyBackend, CopyDone, CopyOp
+from .base import AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, STAGED, CopyBackend, CopyDone, CopyOp
 from .checks import Region, check_op
 from .cuda_clients import ClientMappings, check_region
 from .cuda_device import Device, PinnedPool
@@ -70,17 +70,9 @@ class CudaBackend(CopyBackend):
                  dma_layers_in_flight: int = 4, staging_words: int = 1 << 20, device: int = 0,
                  device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False,
                  load_layer_groups: int = 1) -> None:
-        if copy_backend not in PATHS:
-            raise ConfigError(f"copy backend {copy_backend!r}: use one of {', '.join(PATHS)}")
         if num_ctas < 1 or layers_in_flight < 1 or dma_layers_in_flight < 1:
             raise ConfigError("num_ctas, layers_in_flight and dma_layers_in_flight must be at "
                               "least 1")
-        if load_layer_groups < 1:
-            raise ConfigError(f"load_layer_groups {load_layer_groups}: must be at least 1")
-        if device_staging_bytes < 0:
-            raise ConfigError(f"device staging of {device_staging_bytes} bytes: must be >= 0")
-        if copy_backend == STAGED and not device_staging_bytes:
-            raise ConfigError("the staged copy path needs device staging memory (> 0 bytes)")
         driver.init()
         self.copy_backend = copy_backend
         self.num_ctas = num_ctas

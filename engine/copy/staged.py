@@ -85,8 +85,6 @@ class DeviceStaging:
     """``total_bytes`` of device memory on the current device, half per direction."""
 
     def __init__(self, total_bytes: int, load_groups: int = 1) -> None:
-        if load_groups < 1:
-            raise CudaError(f"load_groups {load_groups}: must be at least 1")
         self.load_groups = load_groups
         buffer_bytes = total_bytes // (2 * BUFFERS_PER_DIRECTION) // 256 * 256
         if buffer_bytes <= 0:
