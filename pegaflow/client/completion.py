@@ -4,7 +4,6 @@ that is not OK."""
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 from pegaflow.platform.errors import CommandError
@@ -13,8 +12,7 @@ from pegaflow.platform.wire import Opcode, Status
 
 
 class Completion(NamedTuple):
-    """One answer (a named tuple: built on every round trip, and a frozen dataclass costs
-    about a microsecond to build)."""
+    """One answer, as the engine wrote it."""
 
     command_id: int  # the client's count of its commands, echoed by the engine
     opcode: Opcode | int
@@ -26,7 +24,7 @@ class Completion(NamedTuple):
 
     @property
     def is_ok(self) -> bool:
-        return self.status == _OK
+        return self.status == Status.OK
 
     @property
     def result(self):
@@ -39,23 +37,21 @@ class Completion(NamedTuple):
 LookupResult = LookupAnswer
 
 
-_OK = Status.OK  # read once: the hot loop compares against a plain name
 _opcode_of = {int(m): m for m in Opcode}.get
 _status_of = {int(m): m for m in Status}.get
-_new_completion = functools.partial(tuple.__new__, Completion)
 
 
 def completion_of(record) -> Completion:
     """A COMPLETION record (in field order) as a Completion; an opcode or status this
     client does not know stays a number."""
     _, command_id, opcode, status, num_items, value, value2, value3 = record
-    return _new_completion((command_id, _opcode_of(opcode, opcode), _status_of(status, status),
-                            num_items, value, value2, value3))
+    return Completion(command_id, _opcode_of(opcode, opcode), _status_of(status, status), num_items,
+                      value, value2, value3)
 
 
 def checked(opcode: Opcode | int, completion: Completion) -> Completion:
     """``completion`` if OK; else CommandError."""
-    if completion.status != _OK:
+    if completion.status != Status.OK:
         name = getattr(completion.status, "name", completion.status)
         raise CommandError(completion.status, f"{getattr(opcode, 'name', opcode)} failed: {name}")
     return completion

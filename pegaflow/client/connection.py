@@ -59,7 +59,6 @@ logger = logging.getLogger(__name__)
 
 _DETACH = Detach()
 _PING = Ping()
-_PING_OP, _LOOKUP_OP = Opcode.PING, Opcode.LOOKUP  # read once: an enum member's lookup is slow
 
 
 class _HeaderWords:
@@ -324,13 +323,13 @@ class EngineClient:
 
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""
-        return checked(_PING_OP, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
+        return checked(Opcode.PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
     def lookup(self, namespace: int, hashes, timeout_s: float | None = None,
                wait_ms: int | None = None, prefill: Prefill | None = None) -> LookupResult:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = checked(_LOOKUP_OP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms, prefill),
-                                                 timeout_s))
+        done = checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms, prefill),
+                                                timeout_s))
         return done.result
 
     def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None,

