@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pegaflow.platform.errors import CommandError
-from pegaflow.platform.protocol import ANSWERS, LookupAnswer
+from pegaflow.platform.protocol import ANSWERS
 from pegaflow.platform.wire import Opcode, Status
 
 
@@ -33,8 +33,6 @@ class Completion(NamedTuple):
         kind = ANSWERS.get(self.opcode)
         return kind(*(self.value, self.value2, self.value3)[:len(kind._fields)]) if kind else ()
 
-
-LookupResult = LookupAnswer
 
 
 _opcode_of = {int(m): m for m in Opcode}.get

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from pegaflow.client.answers import Answers
-from pegaflow.client.completion import Completion, LookupResult, checked, completion_of
+from pegaflow.client.completion import Completion, checked, completion_of
 from pegaflow.client.slots import claim_slot, give_back_slot, open_control, wait_slot_active
 from pegaflow.platform import shm
 from pegaflow.platform.arena import PayloadArena
@@ -36,6 +36,7 @@ from pegaflow.platform.protocol import (
     Drop,
     Load,
     Lookup,
+    LookupAnswer,
     Ping,
     Prefill,
     Register,
@@ -326,7 +327,7 @@ class EngineClient:
         return checked(Opcode.PING, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
     def lookup(self, namespace: int, hashes, timeout_s: float | None = None,
-               wait_ms: int | None = None, prefill: Prefill | None = None) -> LookupResult:
+               wait_ms: int | None = None, prefill: Prefill | None = None) -> LookupAnswer:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
         done = checked(Opcode.LOOKUP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms, prefill),
                                                 timeout_s))
