@@ -191,7 +191,7 @@ def test_transfers_save_sharing_a_layer_in_flight_leaves_the_block_to_it():
 def test_transfers_load_takes_over_its_lookups_lease(loaded):
     # 1. Three blocks stored and leased by a lookup.
     from engine.copy.base import CopyDone
-    from pegaflow.client.completion import completion_of as _completion
+    from pegaflow.platform.protocol import completion_of as _completion
     h = held_dispatcher()
     hashes = [bytes([i + 1]) * 32 for i in range(3)]
     h.send(1, Opcode.SAVE, save_payload([1, 2, 3], hashes), 3)
