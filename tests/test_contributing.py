@@ -1,5 +1,5 @@
-"""docs/contributing.md: its layout names every module of pegaflow/ and engine/, and no module
-that is gone."""
+"""docs/contributing.md: its layout names every module of pegaflow/, engine/ and tools/, and no
+module that is gone."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _listed() -> set[str]:
     text = (ROOT / "docs" / "contributing.md").read_text()
-    return set(re.findall(r"^    ((?:pegaflow|engine)/\S+\.py)\s", text, re.M))
+    return set(re.findall(r"^    ((?:pegaflow|engine|tools)/\S+\.py)\s", text, re.M))
 
 
 def _modules() -> set[str]:
-    return {str(p.relative_to(ROOT)) for package in ("pegaflow", "engine")
+    return {str(p.relative_to(ROOT)) for package in ("pegaflow", "engine", "tools")
             for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py"}
 
 

@@ -48,7 +48,7 @@ from ..copy.base import CopyBackend, CopyDone
 from ..stats import StatsWriter
 from .lookup import Lookups
 from .prefill_claims import PrefillClaims
-from .received import LATER, Received, new_received, untimed
+from .received import LATER, Received, untimed
 from .slow_commands import RefusedCommands
 from .transfers import Transfers
 
@@ -56,7 +56,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["NO_PAYLOAD", "Dispatcher"]
 
-_OK, _ATTACH, _DETACH = Status.OK, Opcode.ATTACH, Opcode.DETACH  # the hot loop compares plain names
 _READ_ONLY = frozenset({Opcode.PING, Opcode.ATTACH})  # commands that leave the index (and gauges) be
 _SETUP = frozenset({Opcode.ATTACH, Opcode.REGISTER, Opcode.REGISTER_EVENTS})
 _OPCODES = frozenset(Opcode)
@@ -151,12 +150,12 @@ class Dispatcher:
         handler and answer it (now, or once its work ends); True: an accepted DETACH."""
         payload = read_payload(client.view.arena, rec) if rec[PAYLOAD_BYTES_AT] else NO_PAYLOAD  # None: past it
         command_id, opcode, num_items = envelope(rec)
-        received = new_received((client, command_id, opcode, num_items, perf_counter()))
+        received = Received(client, command_id, opcode, num_items, perf_counter())
         if opcode not in _READ_ONLY:
             self.gauges_stale = True
         try:
             opcode = check_envelope(rec)
-            if not client.is_attached and opcode is not _ATTACH:
+            if not client.is_attached and opcode is not Opcode.ATTACH:
                 raise CommandError(Status.NOT_ATTACHED, "ATTACH first")
             if payload is None:
                 raise payload_past_arena(rec)
@@ -165,8 +164,8 @@ class Dispatcher:
             self._refused(received, exc)
             return False
         if answer is not LATER:
-            self.answer(received, _OK, answer)
-        return opcode is _DETACH and client.is_detached
+            self.answer(received, Status.OK, answer)
+        return client.is_detached and opcode is Opcode.DETACH
 
     def _run(self, received: Received, command) -> None:
         """A command decoded before (a parked LOAD): its handler run, and answered."""
@@ -176,7 +175,7 @@ class Dispatcher:
             self._refused(received, exc)
             return
         if answer is not LATER:
-            self.answer(received, _OK, answer)
+            self.answer(received, Status.OK, answer)
 
     def _refused(self, received: Received, exc: CommandError) -> None:
         opcode, client = received.opcode, received.client  # setup refusals stop a client caching: say why
@@ -191,13 +190,13 @@ class Dispatcher:
         """A handler failed with a bug: the command is answered INTERNAL (``rec`` as received)."""
         command_id, opcode, _ = envelope(rec)
         logger.exception("slot %d: internal error on opcode %d", client.slot, opcode)
-        self.answer(new_received((client, command_id, opcode, 0, 0.0)), Status.INTERNAL)
+        self.answer(Received(client, command_id, opcode, 0, 0.0), Status.INTERNAL)
 
     @staticmethod
     def received_unread(client: ClientState, rec) -> Received:
         """A command still on the ring at a stop, to be answered SHUTTING_DOWN."""
         command_id, opcode, _ = envelope(rec)
-        return new_received((client, command_id, opcode, 0, 0.0))
+        return Received(client, command_id, opcode, 0, 0.0)
 
     def answer_stopping(self, received: Received) -> None:
         self.answer(untimed(received), Status.SHUTTING_DOWN)

@@ -10,7 +10,7 @@ then, or when its last copy ends (``engine/commands/received.py``).
 Meanwhile the server reads none of that client's further commands (``is_issuing``), so
 each finds its SAVE or LOAD whole, as when it was issued at once; other clients' commands
 are answered in between.  A LOOKUP that may wait for a SAVE being issued follows it
-(``is_issuing_save``, ``waiting_lookups.py``).  A command being issued counts in its
+(``is_issuing_save``, ``lookup_waits.py``).  A command being issued counts in its
 client's ``num_inflight`` (its memory stays registered); one whose client left is not
 issued further.  A stored chain's eviction order is given the same way, TOUCH_STEP keys a
 step after its SAVE's answer (``touch_chain``).  At a stop, every one is issued to its end

@@ -6,7 +6,7 @@ them again (docs/replicas.md, "Compute once").
                 hits that no entry holds and no live claim names is claimed for its
                 instance, with a deadline from the prefill it expects (its blocks, its rate)
     wait_until  another instance's LOOKUP whose prefix, past its READY and WRITING blocks,
-                reaches a claimed block: parked (``waiting_lookups.py``) until the deadline
+                reaches a claimed block: parked (``lookup_waits.py``) until the deadline
                 this gives, if the claimer's blocks still to come up to the last one the
                 asker wants, at the claimer's rate, take no longer than the asker's own
                 blocks from its READY prefix on at its rate; else answered now (a decline,

@@ -13,7 +13,6 @@ answered twice and none is forgotten.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 
@@ -23,9 +22,6 @@ class Received(NamedTuple):
     opcode: int          # as sent (a number no opcode has is answered BAD_OPCODE)
     num_items: int       # as sent: echoed in the answer
     received_at: float   # time.perf_counter() at receipt (0.0: not timed)
-
-
-new_received = functools.partial(tuple.__new__, Received)  # (a hot path: no keyword parsing)
 
 
 class _Later:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 
 import numpy as np
 
@@ -51,11 +50,11 @@ from pegaflow.platform.errors import ConfigError, CudaError
 from pegaflow.platform.wire import gpu_uuid_text
 
 from . import staged
-from .base import AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, PATHS, STAGED, CopyBackend, CopyDone, CopyOp
+from .base import AUTO, COPY_ENGINE, DEVICE_STAGING_BYTES, KERNEL, STAGED, CopyBackend, CopyDone, CopyOp
 from .checks import Region, check_op
 from .cuda_clients import ClientMappings, check_region
 from .cuda_device import Device, PinnedPool
-from .cuda_layers import Inflight, copy_layer, drain, issue_layers, release, stage_ids
+from .cuda_layers import Inflight, LayerCopier
 from .held_saves import HeldSaves, last_wait_event
 from .kernels import StagingRing
 from .paths import op_path
@@ -74,24 +73,14 @@ class CudaBackend(CopyBackend):
                  dma_layers_in_flight: int = 4, staging_words: int = 1 << 20, device: int = 0,
                  device_staging_bytes: int = DEVICE_STAGING_BYTES, hold_saves: bool = False,
                  load_layer_groups: int = 1) -> None:
-        if copy_backend not in PATHS:
-            raise ConfigError(f"copy backend {copy_backend!r}: use one of {', '.join(PATHS)}")
         if num_ctas < 1 or layers_in_flight < 1 or dma_layers_in_flight < 1:
             raise ConfigError("num_ctas, layers_in_flight and dma_layers_in_flight must be at "
                               "least 1")
-        if load_layer_groups < 1:
-            raise ConfigError(f"load_layer_groups {load_layer_groups}: must be at least 1")
-        if device_staging_bytes < 0:
-            raise ConfigError(f"device staging of {device_staging_bytes} bytes: must be >= 0")
-        if copy_backend == STAGED and not device_staging_bytes:
-            raise ConfigError("the staged copy path needs device staging memory (> 0 bytes)")
         driver.init()
         self._gpus = VisibleGpus.of_driver()
         logger.info("GPUs this engine sees: %s", self._gpus.describe())
         self.copy_backend = copy_backend
         self.num_ctas = num_ctas
-        self.layers_in_flight = layers_in_flight
-        self.dma_layers_in_flight = dma_layers_in_flight
         self.device_staging_bytes = device_staging_bytes
         self.load_layer_groups = load_layer_groups
         self._devices: dict[int, Device] = {}
@@ -101,6 +90,7 @@ class CudaBackend(CopyBackend):
         self._usable_bytes = 0  # the pool's first bytes pinned and open to copies
         self._device(device)
         self._staging = StagingRing(staging_words)
+        self._layers = LayerCopier(self._staging, layers_in_flight, dma_layers_in_flight)
         self._clients = ClientMappings()
         self._inflight: list[Inflight] = []
         self._ready: list[CopyDone] = []
@@ -254,10 +244,10 @@ class CudaBackend(CopyBackend):
         path = op_path(self.copy_backend, dev, op, regions)
         staging = None
         if path == KERNEL:
-            staging = stage_ids(self._staging, op)
+            staging = self._layers.stage_ids(op)
         elif path == STAGED:
-            staging = stage_ids(self._staging, op, staged.local_offsets(op, dev.staging.buffer_bytes,
-                                                                        dev.staging.groups_of(op)))
+            staging = self._layers.stage_ids(op, staged.local_offsets(op, dev.staging.buffer_bytes,
+                                                                      dev.staging.groups_of(op)))
         if path in (KERNEL, STAGED) and staging is None:
             path = COPY_ENGINE  # staging ring full: DMA needs none
         inflight = Inflight(op.token, op.slot, dev.device, staging)
@@ -277,16 +267,15 @@ class CudaBackend(CopyBackend):
                          self._staging.address(f.staging[0]), events, dev.event, f,
                          self._pinned.unit)
         else:
-            issue_layers(dev, op, regions, path, f, events, self._staging, self.layers_in_flight,
-                         self.dma_layers_in_flight)
+            self._layers.issue(dev, op, regions, path, f, events)
 
     def _drain(self, f: Inflight) -> None:
         """After a failed enqueue: let what was issued finish, then recycle."""
-        drain(f)
+        f.drain()
         self._release(f)
 
     def _release(self, f: Inflight) -> None:
-        release(self._devices[f.device], f, self._staging)
+        self._layers.release(self._devices[f.device], f)
 
     def _validate(self, op: CopyOp) -> list[Region]:
         """Every region known, every page inside its allocation and the pool's open part."""
@@ -294,6 +283,5 @@ class CudaBackend(CopyBackend):
                         self._clients.num_events(op.slot))
 
     def _choose_path(self, dev: Device, page_bytes: int) -> None:
-        ring = self._staging
-        choose_path(dev, page_bytes, self._usable_bytes, self._inflight, partial(copy_layer, ring),
-                    partial(stage_ids, ring), ring.free, self.probes)
+        choose_path(dev, page_bytes, self._usable_bytes, self._inflight, self._layers.copy_layer,
+                    self._layers.stage_ids, self._staging.free, self.probes)

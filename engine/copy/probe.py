@@ -83,8 +83,8 @@ def drain_all(inflight: list, wait_s: float) -> bool:
 def measure_paths(dev, pool_bytes: int, page_bytes: int, copy, stage,
                   unstage) -> dict[Direction, tuple[float, float]]:
     """GB/s of (kernel, copy engine) each way on ``dev`` (a ``cuda_device.Device``);
-    ``copy``, ``stage`` and ``unstage`` are the backend's (``cuda_layers.copy_layer`` and
-    ``stage_ids`` bound to its staging ring, and the ring's ``free``).  Empty if the pool
+    ``copy``, ``stage`` and ``unstage`` are the backend's (its ``LayerCopier``'s ``copy_layer``
+    and ``stage_ids``, and its staging ring's ``free``).  Empty if the pool
     holds no page of this size."""
     num_pages = min(PROBE_MAX_PAGES, PROBE_BYTES // page_bytes, pool_bytes // page_bytes)
     if num_pages == 0:

@@ -22,11 +22,21 @@ gather); a LOAD's scatter waits for its client event.  A LOAD whose client waits
 by layer on our events is staged too (``paths.py``): every layer's event is recorded
 after the last sub-chunk's scatter, so no layer is ready before the whole load.  With
 ``load_groups`` > 1 (``--load-layer-groups``) such a fenced LOAD goes a group of consecutive
-layers at a time instead, each group's events recorded as it lands (``staged_groups.py``).  Such
-loads share the direction's one stream pair with the unfenced (asynchronous) ones.  What
-is not staged: an op over one
-layer or over layers that are not consecutive in the pool entry, and an entry larger
-than a buffer.
+layers at a time instead (``StagedOp.issue_grouped``), so vLLM's first layers run while the
+rest is on its way: per group and sub-chunk, one copy per entry moves the group's slice of the
+entry (its layers are back to back in it) into a buffer, the kernel scatters it to the
+client's layers, and once the group's last sub-chunk is scattered its layers' events are
+recorded, before the next group starts.  In a buffer every entry takes the room of the
+largest group (``slot_bytes``), so one list of local offsets serves every group::
+
+    LOAD by groups, per group, per sub-chunk:
+      copy stream     [wait: the buffer's last use]  pool slices -> buffer, a copy per entry   record landed
+      gather stream   wait landed                    scatter kernel -> client                 record buffer free
+    after the group:  gather stream records the group's layer events
+
+Such loads share the direction's one stream pair with the unfenced (asynchronous) ones.
+What is not staged: an op over one layer or over layers that are not consecutive in the
+pool entry, and an entry larger than a buffer.
 """
 
 from __future__ import annotations
@@ -40,7 +50,6 @@ from pegaflow.platform.protocol import layer_event
 from .base import CopyOp, Direction
 from .checks import Region
 from .cuda_device import release_all
-from .staged_groups import issue_grouped, slot_bytes
 
 BUFFERS_PER_DIRECTION = 2  # the gather of one sub-chunk runs while the other crosses PCIe
 # ``auto`` stages pages up to this size: staged is ahead of (or level with) the copy engine
@@ -76,8 +85,6 @@ class DeviceStaging:
     """``total_bytes`` of device memory on the current device, half per direction."""
 
     def __init__(self, total_bytes: int, load_groups: int = 1) -> None:
-        if load_groups < 1:
-            raise CudaError(f"load_groups {load_groups}: must be at least 1")
         self.load_groups = load_groups
         buffer_bytes = total_bytes // (2 * BUFFERS_PER_DIRECTION) // 256 * 256
         if buffer_bytes <= 0:
@@ -114,6 +121,11 @@ class DeviceStaging:
         """Streams and memory given back, each even if another fails (the first error raised)."""
         release_all([(driver.destroy_stream, s) for side in self.sides.values() for s in side.streams()]
                     + [(driver.device_free, self._memory)])
+
+
+def slot_bytes(op: CopyOp, groups: list[range]) -> int:
+    """The room one entry of ``op`` takes in a staging buffer by groups: its largest group's pages."""
+    return max(len(group) for group in groups) * op.page_bytes
 
 
 def run_bytes(op: CopyOp) -> int:
@@ -168,11 +180,11 @@ def issue(staging: DeviceStaging, kernel, op: CopyOp, regions: list[Region], poo
     kernel), followed by its ``local_offsets``.  ``new_event()`` gives an engine event;
     every one used goes to ``inflight.events``, and ``inflight.done`` is recorded after
     the last copy.  ``split_bytes``: the pool's pinned chunks (``entry_runs``)."""
-    _StagedOp(staging, kernel, op, regions, pool_base, ids_address, client_events, new_event,
-              inflight, split_bytes).issue()
+    StagedOp(staging, kernel, op, regions, pool_base, ids_address, client_events, new_event,
+             inflight, split_bytes).issue()
 
 
-class _StagedOp:
+class StagedOp:
     """One op through the staging buffers: per sub-chunk, the kernel packs (or scatters)
     its pages in a staging buffer and the copy engine moves the buffer in runs."""
 
@@ -191,7 +203,7 @@ class _StagedOp:
         self.gather, self.copy = self.side.gather_stream, self.side.copy_stream
         inflight.streams += [self.gather, self.copy]
         self.groups = staging.groups_of(op)
-        if len(self.groups) > 1:  # staged_groups.py moves each entry's group slice: no runs
+        if len(self.groups) > 1:  # issue_grouped moves each entry's group slice: no runs
             return
         self.starts, self.counts = entry_runs(op.entry_offsets, self.step, split_bytes)
         self.run_of = np.repeat(np.arange(len(self.starts)), self.counts)
@@ -199,7 +211,7 @@ class _StagedOp:
 
     def issue(self) -> None:
         if len(self.groups) > 1:
-            issue_grouped(self, self.groups)
+            self.issue_grouped()
             return
         op, side, save, gather, copy = self.op, self.side, self.save, self.gather, self.copy
         for j, start in enumerate(range(0, len(op.block_ids), self.per_buffer)):
@@ -265,3 +277,47 @@ class _StagedOp:
             self.kernel.launch(gather, ids, self.local_offsets_address, count,
                                region.base + layer.offset_bytes, layer.block_stride_bytes,
                                buffer + k * op.page_bytes, op.page_bytes, self.save)
+
+    def issue_grouped(self) -> None:
+        """A fenced LOAD enqueued group by group, each group's layer events recorded as it lands."""
+        op, side, gather, copy = self.op, self.side, self.gather, self.copy
+        slot = slot_bytes(op, self.groups)
+        per_buffer = self.staging.buffer_bytes // slot
+        first = True
+        for group in self.groups:
+            for start in range(0, len(op.block_ids), per_buffer):
+                count = min(per_buffer, len(op.block_ids) - start)
+                index = side.next_buffer()
+                buffer = side.buffers[index]
+                if side.free_events[index] is not None:
+                    driver.wait(copy, side.free_events[index])
+                entries = op.entry_offsets[start:start + count]
+                src = self.pool_base + entries + (op.layers[0].layer + group.start) * op.page_bytes
+                dst = buffer + np.arange(count, dtype=np.int64) * slot
+                driver.memcpy_batch_async(dst, src, len(group) * op.page_bytes, copy)
+                driver.wait(gather, self.recorded(copy))
+                self.scatter_group(group, start, count, buffer, first)
+                first = False
+                side.free_events[index] = self.recorded(gather)
+            for k in group:  # the group is in: its layers may run
+                driver.record(self.client_events[layer_event(op.record_events, k)], gather)
+        self.inflight.done = self.recorded(gather)
+
+    def scatter_group(self, group: range, start: int, count: int, buffer: int, first: bool) -> None:
+        """The kernel's part for one group: its pages from the buffer to the client's layers (the
+        LOAD's first scatter waits for the client's event first, with AFTER_CLIENT)."""
+        op, regions, gather = self.op, self.regions, self.gather
+        if first and op.wait_event is not None:
+            driver.wait(gather, self.client_events[op.wait_event])
+        ids = self.ids_address + 8 * start
+        offsets = self.local_offsets_address
+        if self.layer_step is not None:
+            a = group.start
+            self.kernel.launch(gather, ids, offsets, count, regions[a].base + op.layers[a].offset_bytes,
+                               op.layers[a].block_stride_bytes, buffer, op.page_bytes, False, len(group),
+                               self.layer_step, op.page_bytes)
+            return
+        for k in group:
+            self.kernel.launch(gather, ids, offsets, count, regions[k].base + op.layers[k].offset_bytes,
+                               op.layers[k].block_stride_bytes, buffer + (k - group.start) * op.page_bytes,
+                               op.page_bytes, False)

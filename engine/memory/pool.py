@@ -41,8 +41,6 @@ class PagePool:
                  ready_bytes: int | None = None):
         """``max_per_slab``: the most entries a slab may hold (the pool table's records);
         ``ready_bytes``: how much of the pool may be handed out now (None: all of it)."""
-        if slab_bytes > pool_bytes:
-            raise ConfigError(f"slab of {slab_bytes} bytes exceeds the {pool_bytes}-byte pool")
         self.slab_bytes = slab_bytes
         self.max_per_slab = max_per_slab
         self.num_slabs = pool_bytes // slab_bytes

@@ -105,8 +105,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("lease-ttl", "lease_ttl_s", "120", "seconds a lookup's lease pins its blocks if never "
            f"used, in (0, {MAX_LEASE_TTL_S:g}]", float, old_env="PEGAFLOW_LEASE_TTL_S"),
     Option("idle-spin-ms", "idle_spin_s", "2", "after its last work the engine polls this long "
-           "before sleeping: a command arriving later first wakes it (0.1-2 ms on a VM), one "
-           "arriving sooner costs a busy core meanwhile", lambda text: float(text) / 1e3),
+           "before sleeping: a command arriving later first wakes it, one arriving sooner costs "
+           "a busy core meanwhile", lambda text: float(text) / 1e3),
     Option("lookup-wait-ms", "lookup_wait_s", "40", "the most a LOOKUP whose prefix goes on with "
            "blocks another client is still saving waits for them (a decode vLLM right after its "
            "prefill vLLM, a replica right after its twin); past it the READY part is served; 0: "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from pegaflow.client.completion import Completion
+from pegaflow.platform.protocol import Completion
 
 logger = logging.getLogger(__name__)
 

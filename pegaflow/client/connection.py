@@ -19,7 +19,6 @@ import time
 import numpy as np
 
 from pegaflow.client.answers import Answers
-from pegaflow.client.completion import Completion, LookupResult, checked, completion_of
 from pegaflow.client.slots import claim_slot, give_back_slot, open_control, wait_slot_active
 from pegaflow.platform import shm
 from pegaflow.platform.arena import PayloadArena
@@ -32,10 +31,12 @@ from pegaflow.platform.errors import (
 )
 from pegaflow.platform.protocol import (
     Attach,
+    Completion,
     Detach,
     Drop,
     Load,
     Lookup,
+    LookupAnswer,
     Ping,
     Prefill,
     Register,
@@ -44,6 +45,8 @@ from pegaflow.platform.protocol import (
     ReleaseClaim,
     Save,
     Voters,
+    checked,
+    completion_of,
     encode,
     event_or_none,
     hash_records,
@@ -53,13 +56,12 @@ from pegaflow.platform.protocol import (
 from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView
 from pegaflow.platform.shm import is_pid_alive
 from pegaflow.platform.waits import Doorbell, poll_until
-from pegaflow.platform.wire import ALL_LAYERS, CONTROL_HEADER, NO_EVENT, ClientRole, Opcode
+from pegaflow.platform.wire import ALL_LAYERS, CONTROL_HEADER, NO_EVENT, ClientRole
 
 logger = logging.getLogger(__name__)
 
 _DETACH = Detach()
 _PING = Ping()
-_PING_OP, _LOOKUP_OP = Opcode.PING, Opcode.LOOKUP  # read once: an enum member's lookup is slow
 
 
 class _HeaderWords:
@@ -260,8 +262,7 @@ class EngineClient:
 
     def call(self, command, *, timeout_s: float | None = None, **fields) -> Completion:
         """Submit and wait; a non-OK status raises CommandError."""
-        opcode = command if isinstance(command, int) else command.OPCODE
-        return checked(opcode, self.wait(self.submit(command, timeout_s=timeout_s, **fields), timeout_s))
+        return checked(self.wait(self.submit(command, timeout_s=timeout_s, **fields), timeout_s))
 
     def is_engine_up(self) -> bool:
         """A fast check (a signal-0 syscall, two words of shared memory) that the engine we
@@ -324,13 +325,12 @@ class EngineClient:
 
     def ping(self, timeout_s: float | None = None) -> int:
         """A round trip; returns the engine's number of copies in flight."""
-        return checked(_PING_OP, self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
+        return checked(self.wait(self.submit(_PING, timeout_s=timeout_s), timeout_s)).value
 
     def lookup(self, namespace: int, hashes, timeout_s: float | None = None,
-               wait_ms: int | None = None, prefill: Prefill | None = None) -> LookupResult:
+               wait_ms: int | None = None, prefill: Prefill | None = None) -> LookupAnswer:
         """Length of the cached prefix of ``hashes``, pinned under a lease until released."""
-        done = checked(_LOOKUP_OP, self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms, prefill),
-                                                 timeout_s))
+        done = checked(self.wait(self.submit_lookup(namespace, hashes, timeout_s, wait_ms, prefill), timeout_s))
         return done.result
 
     def submit_lookup(self, namespace: int, hashes, timeout_s: float | None = None,

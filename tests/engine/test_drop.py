@@ -56,8 +56,8 @@ def test_drop_of_other_namespace_or_bad_payload(engine, kv_client, rng):
     assert kv.client.wait(kv.client.submit_drop(4, hashes)).value == 0
     assert kv.num_hits(3, hashes) == 1
     # 2. A payload that is not num_items hash records is refused, changing nothing.
-    request_id = kv.submit_raw(opcode=Opcode.DROP, num_items=2, namespace=3)
-    assert int(kv.take_raw(request_id)["status"]) == Status.BAD_PAYLOAD
+    command_id = kv.submit_raw(opcode=Opcode.DROP, num_items=2, namespace=3)
+    assert int(kv.take_raw(command_id)["status"]) == Status.BAD_PAYLOAD
     assert kv.num_hits(3, hashes) == 1
 
 
@@ -70,8 +70,8 @@ def test_drop_leaves_blocks_another_client_stored_or_saved_before_since(engine, 
     assert second.save(3, [1, 2], theirs).value2 == 2  # both deduplicated
     own = random_hashes(rng, 1)
     second.fill(rng, [5])
-    request_id = second.client.submit_save(3, [5], own)
-    assert second.client.wait(request_id).is_ok
+    command_id = second.client.submit_save(3, [5], own)
+    assert second.client.wait(command_id).is_ok
     # 2. Its DROP of everything it sent takes only its own block.
     done = second.client.wait(second.client.submit_drop(3, theirs + own))
     assert done.value == 1

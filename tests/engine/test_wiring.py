@@ -28,7 +28,7 @@ RECORDS = {
     "copy/base.py": ["CopyOp"],
     "copy/cuda_device.py": ["Device"],
     "copy/cuda_layers.py": ["Inflight"],
-    "copy/staged.py": ["_Side", "_StagedOp"],
+    "copy/staged.py": ["_Side"],
     "copy/kernels.py": ["_CopyArgs"],
 }
 # Objects of other libraries, set the way those libraries are used.

@@ -3,7 +3,19 @@
 goes onto the fixed wire record and back (``codec.py``), and what every record says
 whatever its opcode (``envelope.py``)."""
 
-from .codec import DECODERS, ENCODERS, Encoded, decode, encode, payload_past_arena, raw_submission, record_fields
+from .codec import (
+    DECODERS,
+    ENCODERS,
+    Completion,
+    Encoded,
+    checked,
+    completion_of,
+    decode,
+    encode,
+    payload_past_arena,
+    raw_submission,
+    record_fields,
+)
 from .commands import (
     ANSWERS,
     COMMANDS,
@@ -39,11 +51,11 @@ from .commands import (
 from .envelope import PAYLOAD_BYTES_AT, check_envelope, envelope, read_payload
 
 __all__ = [
-    "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "PAYLOAD_BYTES_AT", "Attach", "Command",
+    "ANSWERS", "COMMANDS", "DECODERS", "ENCODERS", "NO_PAYLOAD", "PAYLOAD_BYTES_AT", "Attach", "Command", "Completion",
     "Detach", "Done", "Drop", "DropAnswer", "Encoded", "Key", "Load", "LoadAnswer", "Lookup", "LookupAnswer",
     "Ping", "PingAnswer", "Prefill", "Register", "RegisterEvents", "Release", "ReleaseClaim", "Save",
     "SaveAnswer", "Unregister",
-    "Voters", "check_envelope", "decode", "encode", "envelope", "hash_records", "keys_of",
+    "Voters", "check_envelope", "checked", "completion_of", "decode", "encode", "envelope", "hash_records", "keys_of",
     "event_or_none", "last_pool_event", "layer_event", "payload_past_arena", "raw_submission", "read_payload",
     "record_fields",
 ]

@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.copy.base import CopyDone
 from pegaflow.platform.wire import CommandFlag, Opcode, Status, encode_hashes, hash_keys
-from tests.engine.commands.test_dispatcher import _held_dispatcher, _save_payload
+from tests.engine.commands.held_dispatcher import held_dispatcher, save_payload
 
 NAMESPACE = 7  # the in-memory clients' commands' namespace
 HASH_A, HASH_B = b"a" * 32, b"b" * 32
@@ -19,7 +19,7 @@ TAG_1, TAG_2 = 0x1111, 0x2222
 
 def _voters(num_voters: int = 2):
     """The held dispatcher with ``num_voters`` clients, each ATTACHed as voter i of them."""
-    h = _held_dispatcher()
+    h = held_dispatcher()
     sides = [h] + [h.add_client(slot) for slot in range(1, num_voters)]
     for voter, side in enumerate(sides):
         _attach(side, voter, num_voters)
@@ -34,7 +34,7 @@ def _attach(side, voter: int, num_voters: int, namespace: int = NAMESPACE, again
 
 
 def _vote(side, request_id: int, ids, hashes, tags) -> None:
-    payload = np.concatenate([_save_payload(ids, hashes), np.asarray(tags, "<u8").view(np.uint8)])
+    payload = np.concatenate([save_payload(ids, hashes), np.asarray(tags, "<u8").view(np.uint8)])
     side.send(request_id, Opcode.SAVE, payload, len(ids), flags=int(CommandFlag.VOTE_TAGS))
 
 
@@ -174,14 +174,14 @@ def test_votes_attach_again_under_another_namespace_leaves_no_stale_voter():
     other = h.add_client(3)
     _attach(other, 0, 5, namespace=8)
     assert other.completions.try_get().status == Status.OK
-    first.send(2, Opcode.SAVE, _save_payload([3], [HASH_A]), 1, namespace=8)
+    first.send(2, Opcode.SAVE, save_payload([3], [HASH_A]), 1, namespace=8)
     _land(h)
     assert first.completions.try_get().status == Status.OK
 
 
 def test_votes_voter_save_without_tags_and_tags_from_a_non_voter_are_refused():
     h, (first, _) = _voters()
-    first.send(1, Opcode.SAVE, _save_payload([3], [HASH_A]), 1)
+    first.send(1, Opcode.SAVE, save_payload([3], [HASH_A]), 1)
     assert first.completions.try_get().status == Status.BAD_ARGUMENT
     plain = h.add_client(2)  # attached without voting
     _vote(plain, 2, [3], [HASH_A], [TAG_1])
@@ -197,7 +197,7 @@ def test_votes_each_kv_cache_group_is_copied_once_and_the_block_ready_after_ever
         side.client.groups = {0: [0], 1: [1]}
     first, second = sides
     group = int(CommandFlag.VOTE_TAGS | CommandFlag.LAYER_GROUP)
-    payload = np.concatenate([_save_payload([3], [HASH_A]), np.asarray([TAG_1], "<u8").view(np.uint8)])
+    payload = np.concatenate([save_payload([3], [HASH_A]), np.asarray([TAG_1], "<u8").view(np.uint8)])
     # 1. Voter 0's SAVE of each group copies that group's layer (the second is not taken
     #    for a vote on the first's copy).
     for request_id, layer in ((1, 0), (2, 1)):

@@ -1,8 +1,10 @@
-"""The dispatcher through a real engine process: SAVE/LOAD/LOOKUP semantics and bad input.
+"""engine.commands.dispatcher: records decoded once and routed to their handlers, bad input
+refused, exactly one answer per command, a DETACH after its copies, refused setup logged.
 
-Every test talks to the engine only through its rings (``KVClient`` in conftest) and
-reads its counters through the stats segment, exactly as vLLM's connector and
-``pegaflow-stat`` would.
+Most tests talk to an engine process only through its rings (``KVClient`` in conftest) and
+read its counters through the stats segment, exactly as vLLM's connector and
+``pegaflow-stat`` would; the rest drive a Dispatcher in process (``held_dispatcher``).
+SAVE and LOAD themselves: ``test_transfers.py`` and ``test_transfers_engine.py``.
 """
 
 from __future__ import annotations
@@ -18,31 +20,11 @@ import pegaflow.client.connection
 import pegaflow.platform.protocol.codec
 from pegaflow.client.host_memory import HostKVBuffer, layer_major_records, layer_records
 from pegaflow.platform.errors import CommandError
-from pegaflow.platform.wire import BLOCK_ID, HASH, HASH_BYTES, CommandFlag, Opcode, Status, encode_hashes, hash_keys
+from pegaflow.platform.wire import BLOCK_ID, HASH, HASH_BYTES, Opcode, Status, encode_hashes
+from tests.engine.commands.held_dispatcher import held_dispatcher, save_payload, store_blocks
 
 NAMESPACE = 0x7E57
 OTHER_NAMESPACE = 0x7E58
-
-
-def test_dispatcher_save_then_load_is_byte_exact(shared_engine, kv_client, rng, make_hashes):
-    kv = kv_client(shared_engine)
-    hashes = make_hashes(16)
-    src = np.arange(16)
-    dst = np.arange(32, 48)
-    # 1. Save 16 blocks of random bytes: all 16 are stored, none deduped or dropped.
-    expected = kv.fill(rng, src)
-    saved = kv.save(NAMESPACE, src, hashes)
-    assert (saved.status, saved.value, saved.value2, saved.value3) == (Status.OK, 16, 0, 0)
-    # 2. Look them up: the whole prefix hits and a lease is handed out.
-    found = kv.client.lookup(NAMESPACE, hashes)
-    assert found.num_hit_blocks == 16 and found.lease_id != 0
-    # 3. Poison other blocks, load into them, and compare every byte of every layer.
-    kv.pages[:, dst] = 0xA5
-    loaded = kv.load(NAMESPACE, dst, hashes, lease_id=found.lease_id)
-    assert loaded.is_ok and loaded.value == 16
-    np.testing.assert_array_equal(kv.pages[:, dst], expected)
-    # 4. The source blocks were not touched by the load.
-    np.testing.assert_array_equal(kv.pages[:, src], expected)
 
 
 def test_dispatcher_lookup_returns_contiguous_prefix_only(shared_engine, kv_client, rng, make_hashes):
@@ -56,37 +38,6 @@ def test_dispatcher_lookup_returns_contiguous_prefix_only(shared_engine, kv_clie
     # 3. A miss first means no hit at all, and no lease.
     found = kv.client.lookup(NAMESPACE, make_hashes(1) + stored)
     assert (found.num_hit_blocks, found.lease_id) == (0, 0)
-
-
-def test_dispatcher_save_same_hashes_twice_stores_once(engine, kv_client, rng, make_hashes):
-    kv = kv_client(engine)
-    hashes = make_hashes(8)
-    # 1. Save 8 blocks; the pool now holds 8 entries.
-    first = kv.fill(rng, range(8))
-    assert kv.save(NAMESPACE, range(8), hashes).value == 8
-    engine.wait_stats(lambda s: s["pool_blocks_used"] == 8 and s["blocks_saved"] == 8)
-    # 2. Save the same hashes again from other blocks with other bytes: all 8 are dedup.
-    kv.fill(rng, range(8, 16))
-    again = kv.save(NAMESPACE, range(8, 16), hashes)
-    assert (again.status, again.value, again.value2, again.value3) == (Status.OK, 0, 8, 0)
-    # 3. Nothing new was stored or counted as saved (gauges from a later housekeeping pass);
-    #    the dedup counter moved by 8.
-    after = engine.fresh_stats()
-    assert after["pool_blocks_used"] == 8 and after["blocks_saved"] == 8
-    assert after["save_dedup_blocks"] == 8
-    # 4. The first copy is the one that stays.
-    assert kv.load(NAMESPACE, range(16, 24), hashes).is_ok
-    np.testing.assert_array_equal(kv.pages[:, 16:24], first)
-
-
-def test_dispatcher_save_duplicate_hash_within_one_command_stores_once(engine, kv_client, rng, make_hashes):
-    kv = kv_client(engine)
-    [h] = make_hashes(1)
-    # 1. One SAVE names the same hash for two blocks: one is stored, one is dedup.
-    kv.fill(rng, range(2))
-    saved = kv.save(NAMESPACE, [0, 1], [h, h])
-    assert (saved.value, saved.value2) == (1, 1)
-    engine.wait_stats(lambda s: s["pool_blocks_used"] == 1 and s["blocks_saved"] == 1)
 
 
 def test_dispatcher_other_namespace_never_hits(shared_engine, kv_client, rng, make_hashes):
@@ -120,22 +71,6 @@ def test_dispatcher_short_hash_is_not_its_zero_padded_long_form(shared_engine, k
     # 2. The 32-byte hash with the same first 16 bytes and zeros after is another block.
     assert kv.num_hits(NAMESPACE, [short + bytes(16)]) == 0
     assert kv.num_hits(NAMESPACE, [short]) == 1
-
-
-def test_dispatcher_block_visible_only_when_every_layer_saved(shared_engine, kv_client, rng, make_hashes):
-    kv = kv_client(shared_engine)
-    hashes = make_hashes(2)
-    expected = kv.fill(rng, [0, 1])
-    # 1. Save layer by layer; until the last layer is in, lookups do not see the blocks.
-    for layer in range(kv.NUM_LAYERS - 1):
-        assert kv.save(NAMESPACE, [0, 1], hashes, layer=layer).is_ok
-        assert kv.num_hits(NAMESPACE, hashes) == 0
-        assert kv.load(NAMESPACE, [8, 9], hashes).status == Status.MISSING_BLOCK
-    # 2. The last layer makes both visible, with every layer's bytes.
-    assert kv.save(NAMESPACE, [0, 1], hashes, layer=kv.NUM_LAYERS - 1).is_ok
-    assert kv.num_hits(NAMESPACE, hashes) == 2
-    assert kv.load(NAMESPACE, [8, 9], hashes).is_ok
-    np.testing.assert_array_equal(kv.pages[:, [8, 9]], expected)
 
 
 def test_dispatcher_pipelined_commands_get_exactly_one_completion_each(shared_engine, kv_client, make_hashes):
@@ -306,125 +241,13 @@ def test_dispatcher_register_page_larger_than_slab_answers_bad_argument(engine_f
         kv.close()
 
 
-def test_dispatcher_refused_load_releases_its_lease(engine, kv_client, rng, make_hashes):
-    kv = kv_client(engine)
-    hashes = make_hashes(3)
-    kv.fill(rng, range(3))
-    assert kv.save(NAMESPACE, range(3), hashes).value == 3
-    # 1. A lookup leases the three blocks; the LOAD meant to use the lease is refused.
-    found = kv.client.lookup(NAMESPACE, hashes)
-    assert found.num_hit_blocks == 3 and engine.stats()["leases_active"] == 1
-    bad = kv.client.submit_load(NAMESPACE, [0, 1, kv.NUM_BLOCKS], hashes, lease_id=found.lease_id)
-    assert kv.client.wait(bad).status == Status.BLOCK_OUT_OF_RANGE
-    # 2. The lease died with it: nothing stays pinned until the lease's expiry.
-    assert engine.stats()["leases_active"] == 0
-    assert kv.release(found.lease_id).status == Status.UNKNOWN_LEASE
-
-
-def test_dispatcher_lease_of_one_vllm_instance_is_refused_to_another(engine, kv_client, rng, make_hashes):
-    # 1. A scheduler of instance 7 looks up three stored blocks and holds their lease.
-    saver = kv_client(engine)
-    hashes = make_hashes(3)
-    saver.fill(rng, range(3))
-    assert saver.save(NAMESPACE, range(3), hashes).value == 3
-    scheduler, other, worker = kv_client(engine, 7), kv_client(engine, 8), kv_client(engine, 7)
-    lease = scheduler.client.lookup(NAMESPACE, hashes).lease_id
-    # 2. A client of instance 8 (a buggy vLLM that kept a stale id) can neither release it
-    #    nor load with it; the lease lives on.
-    assert other.release(lease).status == Status.UNKNOWN_LEASE
-    bad = other.client.submit_load(NAMESPACE, [0, 1, 2], hashes, lease_id=lease)
-    assert other.client.wait(bad).status == Status.UNKNOWN_LEASE
-    assert engine.stats()["leases_active"] == 1
-    # 3. A worker of instance 7 loads with it (the scheduler-to-worker handoff), ending it.
-    done = worker.client.wait(worker.client.submit_load(NAMESPACE, [3, 4, 5], hashes, lease_id=lease))
-    assert done.is_ok and engine.stats()["leases_active"] == 0
-
-
-def _held_dispatcher(refuse: bool = False):
-    """A dispatcher on one in-memory client (one layer of 16 blocks, 4 IPC events) whose
-    backend holds every copy until the test ends it with ``on_copy_done`` (or, with
-    ``refuse``, refuses every copy at submit, as the CUDA backend refuses an op that fails
-    its checks)."""
-    from types import SimpleNamespace
-
-    from engine.blocks.index import BlockIndex
-    from engine.clients.client import ClientState
-    from engine.commands.dispatcher import Dispatcher
-    from engine.copy.base import CopyBackend, LayerPlacement
-    from engine.memory.pool import PagePool
-    from engine.stats import StatsWriter
-    from pegaflow.platform.ring import RingConsumer, RingProducer, RingSegmentView, record_type, reset_slots
-    from pegaflow.platform.wire import ALL_LAYERS, COMPLETION, NO_EVENT, STATS, SUBMISSION, WIRE_VERSION
-
-    class HeldBackend(CopyBackend):
-        name = "held"
-
-        def __init__(self):
-            self.held, self.unregistered, self.ops = [], [], {}
-
-        def open_pool(self, pool): pass
-        def register_region(self, *args): pass
-        def register_events(self, *args): pass
-        def unregister_client(self, slot): self.unregistered.append(slot)
-        def submit(self, op):
-            self.ops[op.token] = op
-            if refuse:
-                raise CommandError(Status.BLOCK_OUT_OF_RANGE, "refused at submit")
-            self.held.append(op.token)
-        def num_inflight(self): return len(self.held)
-
-        def poll(self):
-            return []
-
-    class Segment:
-        def __init__(self, size): self.buf, self.name = np.zeros(size, np.uint8), "mem"
-        def array(self, dtype, count, offset=0): return np.frombuffer(self.buf, dtype, count, offset)
-
-    backend = HeldBackend()
-    dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), backend,
-                            StatsWriter(np.zeros(1, STATS)))
-    dispatcher.transfers.issuing.slice_s = float("inf")  # no loop here to issue the rest later
-    make = record_type(SUBMISSION)
-
-    def add_client(slot: int) -> SimpleNamespace:
-        """Another in-memory client of the same dispatcher (same geometry, own ring)."""
-        num_slots, arena = 8, 1 << 16
-        view = RingSegmentView(Segment(64 + num_slots * (SUBMISSION.itemsize + COMPLETION.itemsize)
-                                       + arena), num_slots, arena)
-        reset_slots(view.submissions)
-        reset_slots(view.completions)
-        client = ClientState(slot, view, RingConsumer(view.submissions), RingProducer(view.completions),
-                             pid=os.getpid(), is_attached=True)
-        client.layers = {0: LayerPlacement(0, 0, 0, 4096)}
-        client.region_blocks, client.page_bytes, client.num_events = {0: 16}, 4096, 4
-
-        def send(request_id, opcode, payload=np.zeros(0, np.uint8), num_items=0,
-                 event_index=NO_EVENT, flags=0, arg=0, layer=ALL_LAYERS, namespace=7):
-            view.arena[:payload.nbytes] = payload.view(np.uint8)
-            rec = make(0, request_id, opcode, flags, layer, 0, num_items, event_index, namespace, 0,
-                       payload.nbytes, WIRE_VERSION, arg)
-            dispatcher.handle(client, rec)
-
-        return SimpleNamespace(client=client, view=view, send=send,
-                               completions=RingConsumer(view.completions))
-
-    first = add_client(0)
-    return SimpleNamespace(dispatcher=dispatcher, backend=backend, add_client=add_client,
-                           client=first.client, view=first.view, send=first.send,
-                           completions=first.completions)
-
-
-def _save_payload(ids, hashes: list[bytes]) -> np.ndarray:
-    return np.concatenate([np.asarray(ids, np.int32).view(np.uint8), encode_hashes(hashes).view(np.uint8)])
-
-
 def test_dispatcher_detach_waits_for_copies_then_frees_everything():
     # 1. A dispatcher whose backend holds every copy until released.
     from engine.copy.base import CopyDone
-    h = _held_dispatcher()
+    h = held_dispatcher()
     dispatcher, client, backend, send, completions = h.dispatcher, h.client, h.backend, h.send, h.completions
     # 2. A SAVE is in flight when the client says DETACH.
-    send(1, Opcode.SAVE, _save_payload([1, 2], [b"a" * 32, b"b" * 32]), 2)
+    send(1, Opcode.SAVE, save_payload([1, 2], [b"a" * 32, b"b" * 32]), 2)
     send(2, Opcode.DETACH)
     # 3. No answer to DETACH yet, and its memory is still registered.
     assert completions.try_get() is None and backend.unregistered == []
@@ -433,89 +256,6 @@ def test_dispatcher_detach_waits_for_copies_then_frees_everything():
     answers = [completions.try_get(), completions.try_get()]
     assert [(a.command_id, a.opcode) for a in answers] == [(1, Opcode.SAVE), (2, Opcode.DETACH)]
     assert backend.unregistered == [0] and client.num_inflight == 0
-
-
-def test_dispatcher_revoked_saves_store_nothing():
-    # 1. A SAVE is in flight; then the client revokes its saves (it stopped waiting and may
-    #    reuse the blocks): the copy ends, but nothing is stored and the SAVE fails.
-    from engine.copy.base import CopyDone
-    h = _held_dispatcher()
-    hashes = [b"r" * 32, b"s" * 32]
-    h.send(1, Opcode.SAVE, _save_payload([3, 4], hashes), 2)
-    h.view.header["revoked"] = 1
-    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
-    answer = h.completions.try_get()
-    assert (answer.command_id, answer.status) == (1, Status.COPY_FAILED)
-    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
-    assert all(h.dispatcher.index.get_ready(k) is None for k in keys)
-    assert h.dispatcher.index.pool.num_entries == 0
-    # 2. A SAVE that arrives after the revocation is refused without a copy.
-    h.send(2, Opcode.SAVE, _save_payload([5], [b"t" * 32]), 1)
-    answer = h.completions.try_get()
-    assert (answer.command_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
-
-
-def test_dispatcher_client_that_revoked_its_copies_gets_none_started(shared_engine, kv_client, rng,
-                                                                   make_hashes):
-    kv = kv_client(shared_engine)
-    stored, hashes = make_hashes(1), make_hashes(2)
-    kv.fill(rng, [0, 1, 2])
-    assert kv.save(NAMESPACE, [2], stored).is_ok
-    # 1. The client revokes its copies through its ring segment: a SAVE is refused...
-    kv.client.revoke()
-    assert kv.save(NAMESPACE, [0, 1], hashes).status == Status.BAD_ARGUMENT
-    # 2. ...and so is a LOAD: it would overwrite blocks vLLM may have given to others.
-    kv.pages[:, 3] = 0x77
-    assert kv.load(NAMESPACE, [3], stored).status == Status.BAD_ARGUMENT
-    assert (kv.pages[:, 3] == 0x77).all()
-    # 3. Nothing new was stored; the client still answers pings (it is about to detach).
-    assert kv.num_hits(NAMESPACE, hashes) == 0
-    assert kv.client.ping() == 0
-
-
-def _stored(h, request_id: int, ids, hashes) -> None:
-    """SAVE ``hashes`` from ``ids`` and let the held copy finish."""
-    from engine.copy.base import CopyDone
-    h.send(request_id, Opcode.SAVE, _save_payload(ids, hashes), len(ids))
-    for token in list(h.backend.held):
-        h.backend.held.remove(token)
-        h.dispatcher.on_copy_done(CopyDone(token))
-    assert h.completions.try_get().status == Status.OK
-
-
-def test_dispatcher_fenced_load_is_answered_at_issue_once():
-    # 1. Blocks stored; a LOAD fenced by the client's events (event_index) is answered OK as
-    #    soon as its copy is issued: the events, not the answer, tell the client's GPU.
-    from engine.copy.base import CopyDone
-    h = _held_dispatcher()
-    hashes = [b"f" * 32, b"g" * 32]
-    _stored(h, 1, [1, 2], hashes)
-    h.send(2, Opcode.LOAD, _save_payload([5, 6], hashes), 2, event_index=0)
-    answer = h.completions.try_get()
-    assert (answer.command_id, answer.opcode, answer.status) == (2, Opcode.LOAD, Status.OK)
-    assert len(h.backend.held) == 1
-    # 2. The copy ends: no second answer, and the entries are no longer pinned.
-    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
-    assert h.completions.try_get() is None
-    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
-    assert [h.dispatcher.index.entries[k].refs for k in keys] == [0, 0]
-
-
-def test_dispatcher_fenced_load_refused_at_submit_is_not_answered_ok():
-    # A copy the backend refuses at submit must not be answered OK: the client would wait
-    # on events nobody records.
-    h = _held_dispatcher(refuse=True)
-    hashes = [b"h" * 32]
-    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
-    h.dispatcher.index.reserve_many(keys, 4096, 1, 0)  # stored, without a copy
-    h.dispatcher.index.mark_layers_done(keys, 1)
-    h.send(3, Opcode.LOAD, _save_payload([5], hashes), 1, event_index=0)
-    answer = h.completions.try_get()
-    assert (answer.command_id, answer.status) == (3, Status.COPY_FAILED)
-    assert h.completions.try_get() is None
-    # Nothing of it stays in flight or pinned.
-    assert h.client.num_inflight == 0 and h.dispatcher.pending == {}
-    assert h.dispatcher.index.entries[keys[0]].refs == 0
 
 
 def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client, rng, make_hashes):
@@ -531,94 +271,6 @@ def test_dispatcher_refused_detach_leaves_the_client_attached(engine, kv_client,
     assert engine.stats()["clients_attached"] == 1
     found = kv.client.lookup(NAMESPACE, hashes)
     assert kv.load(NAMESPACE, [1], hashes, lease_id=found.lease_id).is_ok
-
-
-def test_dispatcher_fault_in_the_middle_of_a_save_leaves_no_marks(monkeypatch):
-    # 1. Chunks of 2 blocks; the backend takes the first chunk and fails (a bug, not a
-    #    refusal) on the second.
-    import engine.commands.pending_copy
-    from engine.copy.base import CopyDone
-    monkeypatch.setattr(engine.commands.pending_copy, "FIRST_CHUNK", 2)
-    h = _held_dispatcher()
-    submit = h.backend.submit
-
-    def failing_submit(op):
-        if h.backend.held:
-            raise RuntimeError("backend bug")
-        submit(op)
-
-    monkeypatch.setattr(h.backend, "submit", failing_submit)
-    hashes = [bytes([65 + i]) * 32 for i in range(6)]
-    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
-    # 2. The fault reaches the caller (the server answers the command INTERNAL).
-    with pytest.raises(RuntimeError, match="backend bug"):
-        h.send(1, Opcode.SAVE, _save_payload(range(6), hashes), 6)
-    # 3. The failed chunk's entries are gone (not left "on their way"), the third chunk was
-    #    never reserved; the first chunk's copy is still in flight.
-    index = h.dispatcher.index
-    assert [k in index.entries for k in keys] == [True, True, False, False, False, False]
-    assert h.client.num_inflight == 1
-    # 4. It ends: its blocks are stored, and no second answer is written for the command.
-    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
-    assert h.completions.try_get() is None
-    assert [index.get_ready(k) is not None for k in keys[:2]] == [True, True]
-    assert h.client.num_inflight == 0 and h.dispatcher.pending == {}
-    # 5. The blocks of the failed chunk can be saved again: they are not deduped.
-    monkeypatch.setattr(h.backend, "submit", submit)
-    _stored(h, 2, [2, 3], hashes[2:4])
-    assert [index.get_ready(k) is not None for k in keys[2:4]] == [True, True]
-
-
-def test_dispatcher_fault_at_load_submit_unpins_and_releases_the_lease(monkeypatch):
-    # 1. Two blocks stored and looked up (a lease pins them); the backend fails at the LOAD.
-    h = _held_dispatcher()
-    hashes = [b"u" * 32, b"v" * 32]
-    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
-    _stored(h, 1, [1, 2], hashes)
-    num_hits, lease_id = h.dispatcher.index.lookup(0, keys)
-    assert num_hits == 2 and lease_id
-
-    def failing_submit(op):
-        raise RuntimeError("backend bug")
-
-    monkeypatch.setattr(h.backend, "submit", failing_submit)
-    with pytest.raises(RuntimeError, match="backend bug"):
-        h.send(2, Opcode.LOAD, _save_payload([5, 6], hashes), 2, flags=CommandFlag.RELEASE_LEASE,
-               arg=lease_id)
-    # 2. Nothing stays pinned, the lease is gone, and no answer was written by the dispatcher.
-    assert [h.dispatcher.index.entries[k].refs for k in keys] == [0, 0]
-    assert lease_id not in h.dispatcher.index.leases
-    assert h.completions.try_get() is None and h.client.num_inflight == 0
-
-
-def test_dispatcher_after_client_load_waits_for_the_clients_last_event():
-    from engine.copy.base import CopyDone
-    # 1. A LOAD flagged AFTER_CLIENT: its copy waits for the last event of the client's
-    #    pool (4 events: index 3), which the client recorded where its stream stood.
-    h = _held_dispatcher()
-    hashes = [b"w" * 32]
-    _stored(h, 1, [1], hashes)
-    h.send(2, Opcode.LOAD, _save_payload([5], hashes), 1, flags=CommandFlag.AFTER_CLIENT)
-    (token,) = h.backend.held
-    assert h.backend.ops[token].wait_event == 3 and h.backend.ops[token].direction.name == "LOAD"
-    # 2. Without the flag, no wait.
-    h.dispatcher.on_copy_done(CopyDone(token))
-    h.send(3, Opcode.LOAD, _save_payload([6], hashes), 1)
-    assert h.backend.ops[h.backend.held[-1]].wait_event is None
-
-
-def test_dispatcher_after_client_load_without_events_is_refused():
-    # A client that registered no events cannot be waited on: BAD_ARGUMENT, nothing copied.
-    h = _held_dispatcher()
-    hashes = [b"x" * 32]
-    _stored(h, 1, [1], hashes)
-    h.client.num_events = 0
-    h.send(2, Opcode.LOAD, _save_payload([5], hashes), 1, flags=CommandFlag.AFTER_CLIENT)
-    answer = h.completions.try_get()
-    assert (answer.command_id, answer.status) == (2, Status.BAD_ARGUMENT) and h.backend.held == []
-    # The stored block is not left pinned (it could never be evicted).
-    keys = [(7, k) for k in hash_keys(encode_hashes(hashes))]
-    assert h.dispatcher.index.entries[keys[0]].refs == 0
 
 
 def test_dispatcher_register_of_a_registered_region_id_is_refused(shared_engine, kv_client, rng,
@@ -641,16 +293,16 @@ def test_dispatcher_register_of_a_registered_region_id_is_refused(shared_engine,
 def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_that_copy_ends():
     # 1. Client A's SAVE is in flight when A says DETACH: its answer waits for the copy.
     from engine.copy.base import CopyDone
-    h = _held_dispatcher()
+    h = held_dispatcher()
     b = h.add_client(1)
-    _stored(h, 1, [1], [b"y" * 32])  # something for B to load
-    h.send(2, Opcode.SAVE, _save_payload([2], [b"z" * 32]), 1)
+    store_blocks(h, 1, [1], [b"y" * 32])  # something for B to load
+    h.send(2, Opcode.SAVE, save_payload([2], [b"z" * 32]), 1)
     h.send(3, Opcode.DETACH)
     (save_token,) = h.backend.held
     assert h.completions.try_get() is None  # neither the SAVE nor the DETACH is answered yet
     # 2. B's fenced LOAD goes ahead as usual meanwhile (answered at once: its events fence
     #    the data) and leaves A's copy alone: A still waits, its memory still registered.
-    b.send(4, Opcode.LOAD, _save_payload([5], [b"y" * 32]), 1, event_index=0)
+    b.send(4, Opcode.LOAD, save_payload([5], [b"y" * 32]), 1, event_index=0)
     assert b.completions.try_get().status == Status.OK
     assert h.completions.try_get() is None and h.backend.unregistered == []
     # 3. A's copy ends: its SAVE and DETACH are answered, and A's memory let go.
@@ -663,98 +315,6 @@ def test_dispatcher_detach_waiting_on_a_copy_is_answered_when_that_copy_ends():
     assert h.backend.unregistered == [0] and h.client.num_inflight == 0
     for token in list(h.backend.held):
         h.dispatcher.on_copy_done(CopyDone(token))
-
-
-def test_dispatcher_full_pool_evicts_a_saved_chain_from_its_tail(engine_factory, kv_client, rng,
-                                                                 make_hashes):
-    # 1. A pool of 16 entries; a 16-block chain saved in one SAVE fills it.
-    engine = engine_factory(pool_size="256KiB", slab_size="64KiB")
-    kv = kv_client(engine)
-    chain = make_hashes(16)
-    kv.fill(rng, range(17))
-    assert kv.save(NAMESPACE, range(16), chain).value == 16
-    # 2. One more block evicts the chain's last block, not its first: 15 blocks still hit
-    #    (a lookup stops at the first miss: without its head the chain would be lost whole).
-    assert kv.save(NAMESPACE, [16], make_hashes(1)).value == 1
-    assert kv.num_hits(NAMESPACE, chain) == 15
-
-
-def test_dispatcher_debug_log_says_where_a_saves_time_went(caplog):
-    # 1. DEBUG logging on; a SAVE of two blocks whose copy ends when released.
-    from engine.copy.base import CopyDone
-    h = _held_dispatcher()
-    with caplog.at_level(logging.DEBUG, logger="engine.commands.transfers"):
-        h.send(1, Opcode.SAVE, _save_payload([1, 2], [b"t" * 32, b"u" * 32]), 2)
-        assert "SAVE of" not in caplog.text  # not done yet
-        h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
-    # 2. One line at its end: blocks, bytes, and each mark since it was received.
-    [line] = [r.getMessage() for r in caplog.records if "SAVE of" in r.getMessage()]
-    assert line.startswith("slot 0: SAVE of 2 blocks (0.0 MB): first copy handed to the backend after ")
-    assert "all after " in line and "done after " in line and "nan" not in line
-
-
-def test_dispatcher_save_sharing_a_layer_in_flight_leaves_the_block_to_it():
-    # 1. Two clients of a two-layer geometry; the first saves layer 0 of a block (held).
-    from engine.copy.base import LayerPlacement
-    h = _held_dispatcher()
-    second = h.add_client(1)
-    for c in (h.client, second.client):
-        c.layers = {0: LayerPlacement(0, 0, 0, 4096), 1: LayerPlacement(1, 0, 16 * 4096, 4096)}
-    block = [b"k" * 32]
-    h.send(1, Opcode.SAVE, _save_payload([3], block), 1, layer=0)
-    [first_op] = h.backend.held
-    # 2. The second saves every layer of it: layer 0 is in flight, so it copies nothing.
-    second.send(2, Opcode.SAVE, _save_payload([5], block), 1)
-    assert h.backend.held == [first_op]
-    answer = second.completions.try_get()
-    assert (answer.command_id, answer.status, answer.value2) == (2, Status.OK, 1)  # deduplicated
-
-
-@pytest.mark.parametrize("loaded", [[0, 1, 2], [1, 2], [0, 2]], ids=["whole", "run", "not-a-run"])
-def test_dispatcher_load_takes_over_its_lookups_lease(loaded):
-    # 1. Three blocks stored and leased by a lookup.
-    from engine.copy.base import CopyDone
-    from pegaflow.client.completion import completion_of as _completion
-    h = _held_dispatcher()
-    hashes = [bytes([i + 1]) * 32 for i in range(3)]
-    h.send(1, Opcode.SAVE, _save_payload([1, 2, 3], hashes), 3)
-    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
-    h.send(2, Opcode.LOOKUP, encode_hashes(hashes).view(np.uint8), 3)
-    answers = [_completion(h.completions.try_get()) for _ in range(2)]
-    lease_id = answers[1].value2
-    assert answers[1].value == 3 and lease_id in h.dispatcher.index.leases
-    entries = list(h.dispatcher.index.entries.values())  # in the order saved
-    # 2. A LOAD that names the lease: while its copy runs, each loaded block is pinned once
-    #    (a run of the lease's blocks: the lease's pins, the lease gone, the others free;
-    #    otherwise its own pins beside the lease's, the lease kept until the load ends).
-    h.send(3, Opcode.LOAD, _save_payload([5, 6, 7][:len(loaded)], [hashes[i] for i in loaded]),
-           len(loaded), flags=CommandFlag.RELEASE_LEASE, arg=lease_id)
-    is_run = loaded != [0, 2]
-    expected = [int(i in loaded) + (0 if is_run else 1) for i in range(3)]
-    assert [e.refs for e in entries] == expected
-    assert (lease_id in h.dispatcher.index.leases) is not is_run
-    offsets = h.backend.ops[h.backend.held[-1]].entry_offsets.tolist()
-    assert offsets == [entries[i].offset for i in loaded]
-    # 3. The copy ends: answered OK, nothing pinned, no lease left.
-    h.dispatcher.on_copy_done(CopyDone(h.backend.held.pop()))
-    done = _completion(h.completions.try_get())
-    assert (done.command_id, done.status, done.value) == (3, Status.OK, len(loaded))
-    assert [e.refs for e in entries] == [0, 0, 0] and not h.dispatcher.index.leases
-
-
-def test_dispatcher_one_event_save_waits_for_that_event_in_every_layer():
-    # 1. A SAVE of every layer waiting on event 0: without the flag, layer k waits for
-    #    event k (the client recorded one per layer as vLLM wrote them)...
-    h = _held_dispatcher()
-    h.send(1, Opcode.SAVE, _save_payload([1], [b"y" * 32]), 1, event_index=0)
-    op = h.backend.ops[h.backend.held[-1]]
-    assert (op.wait_event, op.wait_per_layer) == (0, True)
-    # 2. ...with ONE_EVENT (a full CUDA graph replay ran no per-layer hook, and the client
-    #    recorded one event after the forward) every layer waits for event 0 alone.
-    h.send(2, Opcode.SAVE, _save_payload([2], [b"z" * 32]), 1, event_index=0,
-           flags=CommandFlag.ONE_EVENT)
-    op = h.backend.ops[h.backend.held[-1]]
-    assert (op.wait_event, op.wait_per_layer) == (0, False)
 
 
 @pytest.mark.parametrize("page_bytes, stride, what", [
@@ -784,28 +344,10 @@ def test_dispatcher_register_of_absurd_geometry_answers_bad_argument(engine_fact
         kv.close()
 
 
-def test_dispatcher_group_save_waits_for_one_event_per_layer_of_that_group():
-    # 1. Three layers in two KV cache groups: layers 0 and 2 are group 0, layer 1 group 1.
-    from engine.copy.base import LayerPlacement
-    h = _held_dispatcher()
-    h.client.layers = {i: LayerPlacement(i, 0, i * 16 * 4096, 4096) for i in range(3)}
-    h.client.groups = {0: [0, 2], 1: [1]}
-    # 2. A SAVE of group 0 copies its two layers only, the k-th waiting for event 2 + k.
-    h.send(1, Opcode.SAVE, _save_payload([1], [b"g" * 32]), 1, event_index=2,
-           flags=CommandFlag.LAYER_GROUP, layer=0)
-    op = h.backend.ops[h.backend.held[-1]]
-    assert [p.layer for p in op.layers] == [0, 2] and (op.wait_event, op.wait_per_layer) == (2, True)
-    # 3. Events 3 and 4 for its two layers: past the client's 4 events, refused.
-    h.send(2, Opcode.SAVE, _save_payload([2], [b"h" * 32]), 1, event_index=3,
-           flags=CommandFlag.LAYER_GROUP, layer=0)
-    answer = h.completions.try_get()
-    assert (answer.command_id, answer.status) == (2, Status.BAD_ARGUMENT)
-
-
 def test_dispatcher_has_a_handler_for_every_opcode():
     # An opcode added to the wire's enum without a handler here fails (and the engine's
     # dispatcher refuses to start).
-    h = _held_dispatcher()
+    h = held_dispatcher()
     assert set(h.dispatcher.handlers) == set(Opcode)
 
 
@@ -817,7 +359,7 @@ def test_dispatcher_refused_setup_commands_are_logged_once_per_client_and_opcode
     from engine.commands.slow_commands import REFUSAL_EVERY_S
     now = [100.0]
     monkeypatch.setattr(engine.commands.dispatcher, "monotonic", lambda: now[0])
-    h = _held_dispatcher()
+    h = held_dispatcher()
     other = h.add_client(1)
     bad_attach = np.zeros(3, "<u8").view(np.uint8)
     with caplog.at_level(logging.WARNING, logger="engine"):

@@ -9,7 +9,7 @@ import pytest
 
 from engine.copy.base import CopyDone
 from pegaflow.platform.wire import Opcode, Status, encode_hashes, hash_keys
-from tests.engine.commands.test_dispatcher import _held_dispatcher, _save_payload, _stored
+from tests.engine.commands.held_dispatcher import held_dispatcher, save_payload, store_blocks
 
 NAMESPACE = 7  # the in-memory clients' commands' namespace
 HASHES = [bytes([65 + i]) * 32 for i in range(6)]
@@ -23,7 +23,7 @@ def sliced(monkeypatch):
     import engine.commands.transfers
     monkeypatch.setattr(engine.commands.pending_copy, "FIRST_CHUNK", 2)
     monkeypatch.setattr(engine.commands.transfers, "LOAD_OP_BLOCKS", 2)
-    h = _held_dispatcher()
+    h = held_dispatcher()
     h.issuing = h.dispatcher.transfers.issuing
     h.issuing.slice_s = 0.0
     return h
@@ -32,7 +32,7 @@ def sliced(monkeypatch):
 def _stored_whole(h) -> None:
     """The six blocks stored (issued in one go), then back to a step a turn."""
     h.issuing.slice_s = float("inf")
-    _stored(h, 1, range(6), HASHES)
+    store_blocks(h, 1, range(6), HASHES)
     h.issuing.slice_s = 0.0
 
 
@@ -47,7 +47,7 @@ def test_issuing_a_long_save_goes_a_chunk_a_turn_with_other_clients_served_betwe
     other = h.add_client(1)
     # 1. A SAVE of three chunks: only its first is issued by its handling; it is not answered,
     #    and counts in its client's commands in flight (its memory stays registered).
-    h.send(1, Opcode.SAVE, _save_payload(range(6), HASHES), 6)
+    h.send(1, Opcode.SAVE, save_payload(range(6), HASHES), 6)
     assert len(h.backend.ops) == 1 and h.issuing.is_issuing(h.client) and h.client.num_inflight == 2
     assert h.issuing.is_issuing_save(h.client, NAMESPACE) and not h.issuing.is_issuing_save(h.client, 8)
     assert [k in h.dispatcher.index.entries for k in KEYS] == [True, True, False, False, False, False]
@@ -71,7 +71,7 @@ def test_issuing_a_long_load_pins_every_block_before_any_copy_then_an_op_a_turn(
     # 1. A LOAD of six blocks (three chunks) builds its keys a chunk a turn, finds and pins
     #    its blocks a chunk a turn, no copy issued yet; then issues an op of two blocks a turn.
     num_saves = len(h.backend.ops)
-    h.send(2, Opcode.LOAD, _save_payload(range(8, 14), HASHES), 6)
+    h.send(2, Opcode.LOAD, save_payload(range(8, 14), HASHES), 6)
     num_ops = [len(h.backend.ops) - num_saves]
     while h.issuing:
         h.issuing.more()
@@ -91,7 +91,7 @@ def test_issuing_a_load_whose_block_is_gone_by_a_later_turn_copies_nothing(slice
     h = sliced
     _stored_whole(h)
     num_saves = len(h.backend.ops)
-    h.send(2, Opcode.LOAD, _save_payload(range(8, 14), HASHES), 6)
+    h.send(2, Opcode.LOAD, save_payload(range(8, 14), HASHES), 6)
     h.issuing.more()
     h.dispatcher.index.drop_entry(KEYS[4])
     while h.issuing:
@@ -106,7 +106,7 @@ def test_issuing_stops_for_a_client_that_left(sliced):
     # A client gone while its SAVE is issued: the rest is not issued, the chunk in flight
     # ends, and the client holds nothing in flight after (its slot may be reclaimed).
     h = sliced
-    h.send(1, Opcode.SAVE, _save_payload(range(6), HASHES), 6)
+    h.send(1, Opcode.SAVE, save_payload(range(6), HASHES), 6)
     h.client.is_attached = False
     h.issuing.more()
     assert not h.issuing and len(h.backend.ops) == 1
@@ -139,7 +139,7 @@ def test_issuing_a_long_chains_eviction_order_is_given_over_turns_tail_first(sli
     monkeypatch.setattr(engine.commands.issuing, "TOUCH_STEP", 2)
     h = sliced
     h.issuing.slice_s = float("inf")
-    h.send(1, Opcode.SAVE, _save_payload(range(6), HASHES), 6)
+    h.send(1, Opcode.SAVE, save_payload(range(6), HASHES), 6)
     h.issuing.slice_s = 0.0
     _land(h)
     assert h.completions.try_get().status == Status.OK
@@ -159,8 +159,8 @@ def test_issuing_two_commands_of_one_client_each_go_to_their_end(sliced):
     # are issued to their end and each is answered once.
     h = sliced
     _stored_whole(h)
-    h.send(2, Opcode.SAVE, _save_payload(range(6), [b"s" * 31 + bytes([i]) for i in range(6)]), 6)
-    h.send(3, Opcode.LOAD, _save_payload(range(8, 14), HASHES), 6)
+    h.send(2, Opcode.SAVE, save_payload(range(6), [b"s" * 31 + bytes([i]) for i in range(6)]), 6)
+    h.send(3, Opcode.LOAD, save_payload(range(8, 14), HASHES), 6)
     assert len(h.issuing.items) == 2 and h.issuing.slots == {0: 2}
     while h.issuing:
         h.issuing.more()

@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.blocks.index import BlockIndex
 from engine.commands.lookup import Lookups
-from engine.commands.received import LATER, new_received
+from engine.commands.received import LATER, Received
 from engine.memory.pool import PagePool
 from engine.stats import StatsWriter
 from pegaflow.platform.protocol import Lookup, LookupAnswer, hash_records
@@ -44,7 +44,7 @@ def test_lookup_answers_the_ready_prefix_leased_and_counted():
     keys = LOOKUP.keys()
     _store(index, keys[0])
     _store(index, keys[1])
-    answer = lookups.lookup(new_received((client, 1, Opcode.LOOKUP, 3, 0.0)), LOOKUP)
+    answer = lookups.lookup(Received(client, 1, Opcode.LOOKUP, 3, 0.0), LOOKUP)
     assert answer == LookupAnswer(2, answer.lease_id, 0) and answer.lease_id in index.leases
     assert (stats_row["lookups"][0], stats_row["lookup_hit_blocks"][0]) == (1, 2) and answered == []
 
@@ -56,7 +56,7 @@ def test_lookup_stopped_by_a_block_being_saved_waits_and_is_answered_when_it_lan
     _store(index, keys[0])
     _store(index, keys[1])
     _store(index, keys[2], is_done=False)
-    assert lookups.lookup(new_received((client, 4, Opcode.LOOKUP, 3, 0.0)), LOOKUP) is LATER
+    assert lookups.lookup(Received(client, 4, Opcode.LOOKUP, 3, 0.0), LOOKUP) is LATER
     assert index.leases == {} and client.num_inflight == 1 and answered == []
     # 2. Its save lands: the LOOKUP is answered with all three, through answer_later.
     index.mark_layers_done([keys[2]], 0b11)
@@ -70,7 +70,7 @@ def test_lookup_of_a_client_gone_while_it_waited_is_answered_without_a_lease():
     index, lookups, answered, client, _ = _parts(lookup_wait_s=30.0)
     keys = LOOKUP.keys()
     _store(index, keys[0], is_done=False)
-    assert lookups.lookup(new_received((client, 5, Opcode.LOOKUP, 3, 0.0)), LOOKUP) is LATER
+    assert lookups.lookup(Received(client, 5, Opcode.LOOKUP, 3, 0.0), LOOKUP) is LATER
     client.is_attached = False
     index.mark_layers_done([keys[0]], 0b11)
     lookups.waiting.resume(time.monotonic())

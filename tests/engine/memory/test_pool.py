@@ -121,12 +121,6 @@ def test_pool_tail_smaller_than_slab_unused():
     assert all(o + 512 <= 4 * SLAB for o in alloc_all(pool, 512))
 
 
-def test_pool_slab_larger_than_pool_raises_config_error():
-    # 1. A slab must fit in the pool.
-    with pytest.raises(ConfigError, match="slab"):
-        PagePool(SLAB, 2 * SLAB)
-
-
 @pytest.mark.parametrize("entry_bytes", [0, -256, SLAB + 1])
 def test_pool_check_entry_bytes_outside_slab_raises_config_error(entry_bytes):
     pool = make_pool()

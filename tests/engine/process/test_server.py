@@ -139,14 +139,14 @@ def test_server_sigterm_with_a_queued_command_answers_it_once_and_exits_0(engine
         wait_until_asleep(engine)
         os.kill(engine.pid, signal.SIGSTOP)
         wait_until_stopped(engine.pid)
-        request_id = client.submit(Opcode.PING)
+        command_id = client.submit(Opcode.PING)
         os.kill(engine.pid, signal.SIGTERM)
         os.kill(engine.pid, signal.SIGCONT)
         # 2. The engine exits 0, and the PING got exactly one answer: SHUTTING_DOWN, or OK if
         #    the engine handled it before it noticed the signal (the in-process test below
         #    pins the SHUTTING_DOWN path down).
         assert engine.proc.wait(SIGTERM_EXIT_S) == 0
-        assert client.wait(request_id, timeout_s=1.0).status in (Status.SHUTTING_DOWN, Status.OK)
+        assert client.wait(command_id, timeout_s=1.0).status in (Status.SHUTTING_DOWN, Status.OK)
         assert client.poll() == []
     finally:
         if engine.proc.poll() is None:
@@ -420,8 +420,8 @@ def test_server_pipelined_lookups_through_a_small_arena_get_their_own_answers(
         in_flight.append((kv.client.submit(Opcode.LOOKUP, payload=[records], num_items=80,
                                            namespace=NAMESPACE), expected))
         if len(in_flight) > 8 or i == 3999:
-            for request_id, want in in_flight[:len(in_flight) - 8 if i < 3999 else None]:
-                done = kv.client.wait(request_id)
+            for command_id, want in in_flight[:len(in_flight) - 8 if i < 3999 else None]:
+                done = kv.client.wait(command_id)
                 if (done.status, done.value) != (Status.OK, want):
                     wrong.append((done.status.name, done.value, want))
             in_flight = in_flight[-8:] if i < 3999 else []

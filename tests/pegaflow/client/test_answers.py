@@ -1,7 +1,7 @@
 import numpy as np
 
 from pegaflow.client.answers import Answers
-from pegaflow.client.completion import completion_of
+from pegaflow.platform.protocol import completion_of
 from pegaflow.platform.wire import COMPLETION, Status
 
 

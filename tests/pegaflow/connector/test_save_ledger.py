@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pegaflow.client.completion import Completion
 from pegaflow.connector.save_ledger import SaveLedger
 from pegaflow.connector.stats import PegaKVConnectorStats
+from pegaflow.platform.protocol import Completion
 from pegaflow.platform.wire import Opcode, Status
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from pegaflow.client.completion import Completion
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.prefix_lookups import FIRST_WAIT_S
 from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.platform.errors import EngineTimeoutError
+from pegaflow.platform.protocol import Completion
 from pegaflow.platform.wire import Opcode, Status
 
 

@@ -224,8 +224,7 @@ def test_wire_encode_hashes_empty_list_gives_no_records():
 
 def test_wire_every_named_result_fits_a_completion_and_decodes_by_name():
     # Each opcode's named values fit the three value words, and a Completion decodes them.
-    from pegaflow.client.completion import Completion
-    from pegaflow.platform.protocol import ANSWERS
+    from pegaflow.platform.protocol import ANSWERS, Completion
     from pegaflow.platform.wire import Opcode, Status
     RESULT_FIELDS = {opcode: answer._fields for opcode, answer in ANSWERS.items() if answer._fields}
     assert all(1 <= len(fields) <= 3 for fields in RESULT_FIELDS.values())
