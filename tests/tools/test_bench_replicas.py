@@ -353,3 +353,13 @@ def test_parse_args_burst_needs_no_chat_but_restart_does():
         parse_args(["--users", "0", "--restart"])
     with pytest.raises(SystemExit):
         parse_args(["--burst-docs", "-1"])
+
+
+def test_headline_compares_a_burst_only_run_with_the_none_run_of_the_burst(fleet):
+    # A merge of a chat run of none, a burst-only run of none and a burst-only run of pegaflow:
+    # each answer is compared with the none run that has it, not with the chat's (no match).
+    chat_none = bench_replicas._workloads("none", _args(), fleet, "a") | {"engine": None}
+    table = headline([chat_none, _burst_run("none"), _burst_run("pegaflow")])
+    assert table["pegaflow"]["outputs_identical"] is True and table["pegaflow"]["identical_share"] == 1.0
+    assert table["none"]["later_rounds_wall_s"] == chat_none["later_rounds_wall_s"]
+    assert table["pegaflow"]["burst_identical_share"] == 1.0 and "later_rounds_wall_s" not in table["pegaflow"]

@@ -36,8 +36,14 @@ def _as_results(run: dict) -> list[RequestResult]:
 def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
     """One row per configuration (in the order they first ran): the median of each of
     ``figures_of(its runs)`` and their spread, its failed requests (``errors_of``), and
-    whether every answer equals the first ``none`` run's."""
-    reference = next((_as_results(r) for r in runs if r["config"] == "none"), None)
+    whether every answer equals the first ``none`` run's that has its request (merged files
+    may hold ``none`` runs of different workloads: bench_replicas's chat and its burst)."""
+    firsts: dict = {}
+    for run in runs:
+        if run["config"] == "none":
+            for result in _as_results(run):
+                firsts.setdefault(result.key, result)
+    reference = list(firsts.values()) or None
     out = {}
     for config in dict.fromkeys(r["config"] for r in runs):
         mine = [r for r in runs if r["config"] == config]
