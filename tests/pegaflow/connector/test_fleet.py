@@ -331,6 +331,14 @@ def _claimer_child(conn, name: str, prompt: list[int], extra: dict) -> None:
     time.sleep(3600)
 
 
+def _remove_buffers_of(pid: int) -> None:
+    """The KV buffers in /dev/shm of a killed process (it could not remove them itself)."""
+    from pegaflow.platform import shm
+    for entry in os.listdir("/dev/shm"):
+        if shm.is_private_buffer_of(f"/{entry}", pid):
+            shm.unlink_segment(f"/{entry}")
+
+
 def test_fleet_claimer_killed_mid_prefill_leaves_the_waiter_its_saved_chunks_and_the_rest_to_compute(name):
     from tests.spawn import start_child
     rng = random.Random(11)
@@ -359,6 +367,7 @@ def test_fleet_claimer_killed_mid_prefill_leaves_the_waiter_its_saved_chunks_and
         finally:
             proc.kill()
             proc.join(30.0)
+            _remove_buffers_of(proc.pid)
             waiter.close()
         stats = read_stats(name)
     assert num_loaded == NUM_CHUNK_BLOCKS and served == NUM_CHUNK_BLOCKS * BLOCK
