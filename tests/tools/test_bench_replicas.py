@@ -363,3 +363,8 @@ def test_headline_compares_a_burst_only_run_with_the_none_run_of_the_burst(fleet
     assert table["pegaflow"]["outputs_identical"] is True and table["pegaflow"]["identical_share"] == 1.0
     assert table["none"]["later_rounds_wall_s"] == chat_none["later_rounds_wall_s"]
     assert table["pegaflow"]["burst_identical_share"] == 1.0 and "later_rounds_wall_s" not in table["pegaflow"]
+    # A chat run of pegaflow beside only a burst run of none: nothing to compare it with, so
+    # no verdict (not "differs").
+    chat_pegaflow = bench_replicas._workloads("pegaflow", _args(), fleet, "b") | {"engine": None}
+    table = headline([_burst_run("none"), chat_pegaflow])
+    assert "identical_share" not in table["pegaflow"] and "outputs_identical" not in table["pegaflow"]

@@ -54,8 +54,11 @@ def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
         # dropped requests is seen for what it is.
         row["errors"] = errors_of(mine)
         row["runs"] = len(mine)
-        if reference is not None:
-            shares = [identical_share(_as_results(r), reference) for r in mine]
+        keys = {result.key for result in reference or ()}
+        # (a run none of whose requests a none run sent has nothing to be compared with)
+        shares = [identical_share(_as_results(r), reference) for r in mine
+                  if any(key in keys for key, _, _ in r["results"])]
+        if shares:
             row["identical_share"] = min(shares)
             row["outputs_identical"] = all(s == 1.0 for s in shares)
         out[config] = row
