@@ -333,8 +333,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--burst-docs", type=int, default=0, metavar="N",
                    help="then the burst: N new documents, each sent at once to every replica with a "
                         "question of its own (0: no burst)")
-    p.add_argument("--burst-doc-tokens", type=int, default=8000)
-    p.add_argument("--burst-question-tokens", type=int, default=64)
+    p.add_argument("--burst-doc-tokens", type=int, default=8000, help="each burst document's tokens")
+    p.add_argument("--burst-question-tokens", type=int, default=64, help="each burst request's own question")
     p.add_argument("--restart", action="store_true", help="then restart replica 0 and run one more round")
     p.add_argument("--restart-warmup", type=int, default=1, metavar="N",
                    help="short requests sent to the restarted replica before its round (a readiness "
