@@ -16,12 +16,19 @@ compilation (CUDA graphs on) unless ``--eager``.
 
 Workloads, in this order:
 
-1. multi-round chat: ``--users`` users, each with a ``--context-tokens`` context, ``--rounds``
-   rounds, every turn routed (``tools/serving_workload.py``'s conversations);
+1. multi-round chat: ``--users`` users (0: no chat), each with a ``--context-tokens`` context,
+   ``--rounds`` rounds, every turn routed (``tools/serving_workload.py``'s conversations);
 2. shared documents (``--doc-requests`` > 0): many users asking about ``--docs`` long documents,
    at most ``--concurrency`` in flight, each request routed (after every replica's GPU prefix
    cache is reset);
-3. rolling restart (``--restart``): replica 0 is stopped and started again, as an upgrade does,
+3. burst (``--burst-docs`` N > 0; compute once, docs/replicas.md): N new documents of
+   ``--burst-doc-tokens``, each sent at the same moment to every replica with a question of its
+   own, no router (``tools/lib/burst.py``): the burst's wall time, TTFT p50/p99, the prompt tokens
+   the replicas computed (``prefill_tokens_computed``, from each answer's ``cached_tokens``)
+   against ``unique_prompt_tokens``, each answer's hash against ``none``'s; for pegaflow the
+   engine's compute-once counters over it (``pegaflow-no-compute-once``: the engine's
+   ``--no-compute-once`` and the connector's ``compute_once: false``);
+4. rolling restart (``--restart``): replica 0 is stopped and started again, as an upgrade does,
    sent ``--restart-warmup`` short requests as a readiness check does, and one more chat round
    follows.  Its time to ready and its requests' TTFT in that round are measured beside its
    warm rounds' (the chat's later rounds).
@@ -46,7 +53,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.lib import peers, processes
+from tools.lib import burst, peers, processes
 from tools.lib.evidence import serving_requests
 from tools.lib.fleet import BLOCK_SIZE, Fleet, send_all
 from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
@@ -135,18 +142,51 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                         peer_pool_bytes=(args.host_gib << 30) // split, engine_start_timeout_s=600,
                         num_vllms=1 if split > 1 else args.replicas) as sides:
         fleet = Fleet(config, args, name, log_dir, tag, sides.plan)
+        claims = (lambda: burst.claim_counters(sides.engine_name)) if sides.has_engine else None
         try:
-            result = _workloads(config, args, fleet, tag) | {"engine": sides.engine_stats()}
+            result = _workloads(config, args, fleet, tag, claims) | {"engine": sides.engine_stats()}
         finally:
             fleet.close()
         # every replica's process is gone: its trace is whole (each process's clock is the host's)
-        return result | {"step_timeline": fleet.step_timelines(tuple(result["later_window"])),
+        return result | {"step_timeline": fleet.step_timelines(tuple(result.get("later_window", (0.0, 0.0)))),
                          "warnings": fleet.warnings()}
 
 
-def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
+def _workloads(config: str, args, fleet: Fleet, tag: str, claim_counters=None) -> dict:
+    """Every workload the arguments ask for, in order; ``claim_counters``: the engine's
+    compute-once counters now (pegaflow), read around the burst."""
     router = Router(args.router, args.replicas, seed=args.seed)
-    chat = Chat(args, router)
+    out: dict = {"config": config, "tag": tag, "time_to_ready_s": list(fleet.ready_s)}
+    chat, rounds, after = Chat(args, router), [], None
+    if args.users:
+        rounds, after = _chat(out, chat, fleet, args, tag)
+    later = [x for rnd in rounds[1:] for x in rnd]
+    docs: list[Routed] = []
+    if args.doc_requests:
+        out["docs_reset_wait_s"] = fleet.reset_prefix_caches()
+        # (a reset changes no counter: the chat's last scrape serves)
+        before = after if after is not None else fleet.counters()
+        with processes.phase(None, f"{tag} shared documents"):
+            docs = shared_docs(fleet, args, router)
+        after = fleet.counters()
+        out["docs"] = replica_figures(docs, _delta(after, before, "host_hit_tokens"), args.replicas) | \
+            {"wall_s": summarize([x.result for x in docs])["wall_s"]}
+    bursts: list[Routed] = []
+    if args.burst_docs:
+        out["burst"], bursts = _burst(fleet, args, tag, claim_counters)
+    restart: list[Routed] = []
+    if args.restart:
+        out["restart"], restart = _restart(fleet, args, tag, chat, later)
+    every = [x for rnd in rounds for x in rnd] + docs + bursts + restart
+    out["results"] = [[x.result.key, x.result.tokens, x.result.error] for x in every]
+    # per request: its tokens' hash, the prompt tokens vLLM did not compute, where it was routed
+    out["requests"] = [record | {"replica": x.replica}
+                       for record, x in zip(serving_requests([x.result for x in every]), every)]
+    return out
+
+
+def _chat(out: dict, chat: Chat, fleet: Fleet, args, tag: str) -> tuple[list[list[Routed]], dict]:
+    """The multi-round chat; its figures into ``out``; its rounds and the counters after them."""
     with processes.phase(None, f"{tag} chat round 0"):
         rounds: list[list[Routed]] = [chat.round(fleet, 0)]
     before = fleet.counters()
@@ -157,48 +197,56 @@ def _workloads(config: str, args, fleet: Fleet, tag: str) -> dict:
     later = [x for rnd in rounds[1:] for x in rnd]
     per_round = [summarize([x.result for x in rnd]) for rnd in rounds]
     started = [x.result.started_s for x in later]
-    out = {"config": config, "tag": tag, "time_to_ready_s": list(fleet.ready_s),
-           "later_window": [min(started, default=0.0), max((x.result.done_s for x in later), default=0.0)],
-           "rounds": per_round,
-           "later_rounds": summarize([x.result for x in later]),
-           "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
-           "chat": replica_figures(later, _delta(after, before, "host_hit_tokens"), args.replicas),
-           "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values()),
-           "chat_connector": _connector_delta(after, before)}
-    docs: list[Routed] = []
-    if args.doc_requests:
-        out["docs_reset_wait_s"] = fleet.reset_prefix_caches()
-        before = after  # (a reset changes no counter: the chat's last scrape serves)
-        with processes.phase(None, f"{tag} shared documents"):
-            docs = shared_docs(fleet, args, router)
-        after = fleet.counters()
-        out["docs"] = replica_figures(docs, _delta(after, before, "host_hit_tokens"), args.replicas) | \
-            {"wall_s": summarize([x.result for x in docs])["wall_s"]}
-    restart: list[Routed] = []
-    if args.restart:
-        fleet.stop(0)
-        ready_s = fleet.start(0)
-        warmup = warm_up(fleet.port(0), args.restart_warmup, args.seed)
-        before = fleet.counters()
-        with processes.phase(None, f"{tag} restart round"):
-            restart = chat.round(fleet, args.rounds)
-        after = fleet.counters()
-        mine = [x for x in restart if x.replica == 0]
-        warm = [x for x in later if x.replica == 0]
-        # The replicas that kept running, in the same round and in their warm rounds: whether
-        # the round was slower for everyone (the load on the host) or for the restarted one.
-        others = [x for x in restart if x.replica != 0]
-        others_warm = [x for x in later if x.replica != 0]
-        out["restart"] = {"time_to_ready_s": ready_s, "warmup_s": warmup,
-                          "first_round": replica_figures(mine, {0: _delta(after, before, "host_hit_tokens")[0]}, 1),
-                          "warm_rounds_ttft_p50_ms": _ttft_p50(warm),
-                          "others_ttft_p50_ms": _ttft_p50(others), "others_warm_ttft_p50_ms": _ttft_p50(others_warm)}
-    every = [x for rnd in rounds for x in rnd] + docs + restart
-    out["results"] = [[x.result.key, x.result.tokens, x.result.error] for x in every]
-    # per request: its tokens' hash, the prompt tokens vLLM did not compute, where it was routed
-    out["requests"] = [record | {"replica": x.replica}
-                       for record, x in zip(serving_requests([x.result for x in every]), every)]
-    return out
+    out.update({"later_window": [min(started, default=0.0), max((x.result.done_s for x in later), default=0.0)],
+                "rounds": per_round,
+                "later_rounds": summarize([x.result for x in later]),
+                "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
+                "chat": replica_figures(later, _delta(after, before, "host_hit_tokens"), args.replicas),
+                "chat_gpu_hit_tokens": sum(_delta(after, before, "gpu_hit_tokens").values()),
+                "chat_connector": _connector_delta(after, before)})
+    return rounds, after
+
+
+def _burst(fleet: Fleet, args, tag: str, claim_counters) -> tuple[dict, list[Routed]]:
+    """The burst (tools/lib/burst.py): every replica warmed by one short request of its own
+    first (a fresh vLLM's first requests pay one-time costs), then every document to every
+    replica at once.  Its figures, with the connector's and the engine's counters over it."""
+    for replica in range(args.replicas):
+        warm_up(fleet.port(replica), 1, args.seed + 100 + replica)
+    requests = burst.burst_requests(args.burst_docs, args.burst_doc_tokens, args.replicas,
+                                    args.burst_question_tokens, seed=args.seed + 2000)
+    before, engine_before = fleet.counters(), claim_counters() if claim_counters else None
+    with processes.phase(None, f"{tag} burst"):
+        results = burst.send_burst(fleet.port, requests, args.answer_tokens)
+    after = fleet.counters()
+    unique = burst.unique_prompt_tokens(args.burst_docs, args.burst_doc_tokens, args.replicas,
+                                        args.burst_question_tokens)
+    figures = burst.burst_figures(requests, results, args.replicas, unique)
+    figures["connector"] = _connector_delta(after, before)
+    if claim_counters:
+        figures["engine_claims"] = {k: v - engine_before[k] for k, v in claim_counters().items()}
+    return figures, [Routed(r, q.replica, 0, False) for q, r in zip(requests, results)]
+
+
+def _restart(fleet: Fleet, args, tag: str, chat: Chat, later: list[Routed]) -> tuple[dict, list[Routed]]:
+    """Replica 0 stopped and started again, warmed up, then one more chat round."""
+    fleet.stop(0)
+    ready_s = fleet.start(0)
+    warmup = warm_up(fleet.port(0), args.restart_warmup, args.seed)
+    before = fleet.counters()
+    with processes.phase(None, f"{tag} restart round"):
+        restart = chat.round(fleet, args.rounds)
+    after = fleet.counters()
+    mine = [x for x in restart if x.replica == 0]
+    warm = [x for x in later if x.replica == 0]
+    # The replicas that kept running, in the same round and in their warm rounds: whether
+    # the round was slower for everyone (the load on the host) or for the restarted one.
+    others = [x for x in restart if x.replica != 0]
+    others_warm = [x for x in later if x.replica != 0]
+    return {"time_to_ready_s": ready_s, "warmup_s": warmup,
+            "first_round": replica_figures(mine, {0: _delta(after, before, "host_hit_tokens")[0]}, 1),
+            "warm_rounds_ttft_p50_ms": _ttft_p50(warm),
+            "others_ttft_p50_ms": _ttft_p50(others), "others_warm_ttft_p50_ms": _ttft_p50(others_warm)}, restart
 
 
 def _ttft_p50(routed: list[Routed]) -> float | None:
@@ -207,26 +255,31 @@ def _ttft_p50(routed: list[Routed]) -> float | None:
 
 def headline(runs: list[dict]) -> dict:
     """Per configuration, the median over repeats (and the spread) of each figure; outputs
-    identical: every answer equals the first ``none`` run's."""
-    return headline_rows(runs, _figures, lambda mine: sum(r["chat"]["errors"] + r.get("docs", {}).get("errors", 0)
-                                                          for r in mine))
+    identical: every answer equals the first ``none`` run's (``burst_identical_share``: the
+    burst's answers alone)."""
+    table = headline_rows(runs, _figures, lambda mine: sum(r.get(part, {}).get("errors", 0) for r in mine
+                                                           for part in ("chat", "docs", "burst")))
+    burst.mark_identical(table, runs)
+    return table
 
 
 def _figures(mine: list[dict]) -> dict[str, list]:
-    return {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in mine],
-               "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in mine],
-               "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in mine],
-               "served_share": [r["chat"]["served_share"] or 0.0 for r in mine],
-               "moved_share": [r["chat"]["moved_share"] or 0.0 for r in mine],
-               "cached_share": [c for r in mine if (c := r["chat"].get("cached_share")) is not None],
-               "time_to_ready_s": [statistics.median(r["time_to_ready_s"]) for r in mine],
-               "docs_wall_s": [r["docs"]["wall_s"] for r in mine if "docs" in r],
-               "docs_served_share": [r["docs"]["served_share"] or 0.0 for r in mine if "docs" in r],
-               "restart_time_to_ready_s": [r["restart"]["time_to_ready_s"] for r in mine if "restart" in r],
-               "restart_first_round_ttft_p50_ms": [r["restart"]["first_round"]["ttft_p50_ms"]
-                                                   for r in mine if "restart" in r],
-               "restart_warm_ttft_p50_ms": [r["restart"]["warm_rounds_ttft_p50_ms"]
-                                            for r in mine if "restart" in r]}
+    chats = [r for r in mine if "chat" in r]
+    return {"later_rounds_wall_s": [r["later_rounds_wall_s"] for r in chats],
+            "ttft_p50_ms": [r["later_rounds"]["ttft_p50_ms"] for r in chats],
+            "ttft_p99_ms": [r["later_rounds"]["ttft_p99_ms"] for r in chats],
+            "served_share": [r["chat"]["served_share"] or 0.0 for r in chats],
+            "moved_share": [r["chat"]["moved_share"] or 0.0 for r in chats],
+            "cached_share": [c for r in chats if (c := r["chat"].get("cached_share")) is not None],
+            "time_to_ready_s": [statistics.median(r["time_to_ready_s"]) for r in mine],
+            "docs_wall_s": [r["docs"]["wall_s"] for r in mine if "docs" in r],
+            "docs_served_share": [r["docs"]["served_share"] or 0.0 for r in mine if "docs" in r],
+            "restart_time_to_ready_s": [r["restart"]["time_to_ready_s"] for r in mine if "restart" in r],
+            "restart_first_round_ttft_p50_ms": [r["restart"]["first_round"]["ttft_p50_ms"]
+                                                for r in mine if "restart" in r],
+            "restart_warm_ttft_p50_ms": [r["restart"]["warm_rounds_ttft_p50_ms"]
+                                         for r in mine if "restart" in r],
+            **burst.headline_figures(mine)}
 
 
 COLUMNS = (("later rounds s", "later_rounds_wall_s", "{:.2f}"), ("TTFT p50", "ttft_p50_ms", "{:.0f}"),
@@ -239,10 +292,16 @@ COLUMNS = (("later rounds s", "later_rounds_wall_s", "{:.2f}"), ("TTFT p50", "tt
 
 
 def print_table(table: dict) -> None:
-    print(f"{'config':<12}" + "".join(f"{title:>16}" for title, _, _ in COLUMNS))
-    for config, row in table.items():
-        cells = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in COLUMNS]
-        print(f"{config:<12}" + "".join(f"{c:>16}" for c in cells))
+    """The chat's, documents' and restart's table; then the burst's, where one ran."""
+    bursts = {config: row for config, row in table.items() if "burst_wall_s" in row}
+    chats = {config: row for config, row in table.items() if "later_rounds_wall_s" in row or not bursts}
+    for columns, rows in ((COLUMNS, chats), (burst.COLUMNS, bursts)):
+        if not rows:
+            continue
+        print(f"{'config':<26}" + "".join(f"{title:>16}" for title, _, _ in columns))
+        for config, row in rows.items():
+            cells = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in columns]
+            print(f"{config:<26}" + "".join(f"{c:>16}" for c in cells))
     print_failures(table)
 
 
@@ -271,6 +330,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--doc-tokens", type=int, default=6000)
     p.add_argument("--doc-requests", type=int, default=32, help="0: no shared-documents workload")
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--burst-docs", type=int, default=0, metavar="N",
+                   help="then the burst: N new documents, each sent at once to every replica with a "
+                        "question of its own (0: no burst)")
+    p.add_argument("--burst-doc-tokens", type=int, default=8000, help="each burst document's tokens")
+    p.add_argument("--burst-question-tokens", type=int, default=64, help="each burst request's own question")
     p.add_argument("--restart", action="store_true", help="then restart replica 0 and run one more round")
     p.add_argument("--restart-warmup", type=int, default=1, metavar="N",
                    help="short requests sent to the restarted replica before its round (a readiness "
@@ -290,18 +354,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.replicas < 1:
         p.error(f"--replicas must be at least 1, not {args.replicas}")
+    if args.restart and not args.users:
+        p.error("--restart runs one more chat round: it needs --users")
+    if min(args.burst_docs, args.burst_doc_tokens, args.burst_question_tokens) < 0:
+        p.error("--burst-docs, --burst-doc-tokens and --burst-question-tokens cannot be negative")
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = round(0.85 / args.replicas, 3)
     return args
 
 
+def _progress(run: dict) -> dict:
+    """The line printed after each configuration's run."""
+    line = {k: run[k] for k in ("tag", "later_rounds_wall_s", "time_to_ready_s") if k in run}
+    if "chat" in run:
+        line |= {"ttft_p50_ms": run["later_rounds"]["ttft_p50_ms"], "served_share": run["chat"]["served_share"]}
+    if "burst" in run:
+        line |= {f"burst_{k}": run["burst"][k] for k in ("wall_s", "ttft_p99_ms", "prefill_tokens_computed")}
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     processes.handle_signals()  # SIGTERM / timeout: every engine, server and vLLM stopped
-    runs = collect_runs(args, run_config, write_json,
-                        lambda run: {k: run[k] for k in ("tag", "later_rounds_wall_s", "time_to_ready_s")} |
-                        {"ttft_p50_ms": run["later_rounds"]["ttft_p50_ms"],
-                         "served_share": run["chat"]["served_share"]})
+    runs = collect_runs(args, run_config, write_json, _progress)
     table = headline(runs)
     print_table(table)
     if args.json:

@@ -135,6 +135,12 @@ REPLICA_LABELS = {"none": "no offload", "native": "vLLM native offload", "pegafl
                   "pegaflow-hold": "pegaflow --hold-saves"}
 
 
+def chat_runs(result: dict) -> dict:
+    """``result`` with only its runs that ran bench_replicas's chat (a burst-only run merged
+    into the file has no rounds to draw)."""
+    return result | {"runs": [run for run in _field(result, "runs") if "rounds" in run]}
+
+
 def replicas_ttft(result: dict) -> dict[str, float]:
     """The later rounds' TTFT p50 (ms) of each configuration's headline row."""
     ttft = {REPLICA_LABELS.get(config, config): float(_field(result[config], "ttft_p50_ms"))
@@ -145,6 +151,7 @@ def replicas_ttft(result: dict) -> dict[str, float]:
 
 
 def draw_replicas(result: dict, axes_of: Callable) -> object:
+    result = chat_runs(result)
     rounds, ttft = serving_rounds(result, REPLICA_LABELS), replicas_ttft(result)
     figure, axes = axes_of(2)
     _draw_rounds(axes[0], rounds)

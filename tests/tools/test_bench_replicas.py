@@ -285,3 +285,86 @@ def test_compile_cache_warm_looks_in_vllms_cache_root(monkeypatch, tmp_path):
     assert not fleet_module.compile_cache_warm()
     (tmp_path / "torch_compile_cache" / "0123abcd").mkdir()
     assert fleet_module.compile_cache_warm()
+
+
+def _burst_args(*extra: str):
+    from tests.tools.lib.test_burst import DOC_TOKENS, QUESTION_TOKENS
+    return parse_args(["--users", "0", "--doc-requests", "0", "--replicas", "2", "--answer-tokens", "4",
+                       "--burst-docs", "3", "--burst-doc-tokens", str(DOC_TOKENS),
+                       "--burst-question-tokens", str(QUESTION_TOKENS), *extra])
+
+
+def _burst_run(config: str, claims=None) -> dict:
+    from tests.tools.lib.test_burst import BurstFleet
+    fleet = BurstFleet(2, expected=3 * 2)
+    fleet.ready_s = [1.0, 1.0]
+    try:
+        run = bench_replicas._workloads(config, _burst_args(), fleet, config, claims)
+        assert [s.warmups for s in fleet.servers] == [1, 1]  # each replica warmed once, before the burst
+        return run | {"engine": None}
+    finally:
+        fleet.close()
+
+
+def test_workloads_burst_alone_sends_every_document_to_every_replica_and_counts_the_engines_claims():
+    # 1. --users 0 --doc-requests 0: the burst alone, no chat figures.
+    counted = iter([{"claims": 5, "claim_waits": 0}, {"claims": 8, "claim_waits": 3}])
+    run = _burst_run("pegaflow", claims=lambda: next(counted))
+    assert "chat" not in run and "docs" not in run and "restart" not in run
+    # 2. Six requests, one per (document, replica); the fake replicas' shared cache had each
+    #    document computed once: computed = unique = 3 x 64 + 6 x 8.
+    figures = run["burst"]
+    assert figures["requests"] == 6 and figures["errors"] == 0
+    assert figures["prefill_tokens_computed"] == figures["unique_prompt_tokens"] == 240
+    # 3. The engine's compute-once counters over the burst alone (read before and after it).
+    assert figures["engine_claims"] == {"claims": 3, "claim_waits": 3}
+    # 4. Its answers are the run's results, each at the replica it was sent to.
+    assert sorted(r["key"] for r in run["requests"]) == sorted(f"b{d}r{r}" for d in range(3) for r in range(2))
+    assert all(r["replica"] == int(r["key"][-1]) for r in run["requests"])
+
+
+def test_headline_burst_rows_compare_with_none_and_survive_merge(tmp_path, capsys):
+    # 1. none, pegaflow (the same answers) and a run with one burst answer changed.
+    none, same = _burst_run("none"), _burst_run("pegaflow")
+    wrong = json.loads(json.dumps(same)) | {"config": "pegaflow-no-compute-once"}
+    wrong["burst"]["answers"][2]["tokens_sha256"] = "0" * 16
+    table = headline([none, same, wrong])
+    assert table["pegaflow"]["burst_identical_share"] == 1.0
+    assert table["pegaflow-no-compute-once"]["burst_identical_share"] == pytest.approx(5 / 6)
+    assert table["none"]["prefill_tokens_computed"] == 240 and table["none"]["unique_prompt_tokens"] == 240
+    assert "later_rounds_wall_s" not in table["none"] and table["none"]["errors"] == 0
+    # 2. Split over two calls: each call's --json, then --merge: the same rows, and the burst's table.
+    paths = []
+    for i, runs_of_call in enumerate(([none], [same, wrong])):
+        paths.append(tmp_path / f"call{i}.json")
+        bench_replicas.write_json(_burst_args("--json", str(paths[-1])), runs_of_call)
+    merged = tmp_path / "merged.json"
+    assert bench_replicas.main(["--merge", *map(str, paths), "--json", str(merged)]) == 0
+    written = json.loads(merged.read_text())
+    assert written["pegaflow-no-compute-once"]["burst_identical_share"] == pytest.approx(5 / 6)
+    assert written["pegaflow"]["prefill_tokens_computed"] == 240 and len(written["runs"]) == 3
+    out = capsys.readouterr().out
+    assert "computed/unique" in out and "pegaflow-no-compute-once" in out
+
+
+def test_parse_args_burst_needs_no_chat_but_restart_does():
+    assert _burst_args().burst_docs == 3 and _burst_args().users == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--users", "0", "--restart"])
+    with pytest.raises(SystemExit):
+        parse_args(["--burst-docs", "-1"])
+
+
+def test_headline_compares_a_burst_only_run_with_the_none_run_of_the_burst(fleet):
+    # A merge of a chat run of none, a burst-only run of none and a burst-only run of pegaflow:
+    # each answer is compared with the none run that has it, not with the chat's (no match).
+    chat_none = bench_replicas._workloads("none", _args(), fleet, "a") | {"engine": None}
+    table = headline([chat_none, _burst_run("none"), _burst_run("pegaflow")])
+    assert table["pegaflow"]["outputs_identical"] is True and table["pegaflow"]["identical_share"] == 1.0
+    assert table["none"]["later_rounds_wall_s"] == chat_none["later_rounds_wall_s"]
+    assert table["pegaflow"]["burst_identical_share"] == 1.0 and "later_rounds_wall_s" not in table["pegaflow"]
+    # A chat run of pegaflow beside only a burst run of none: nothing to compare it with, so
+    # no verdict (not "differs").
+    chat_pegaflow = bench_replicas._workloads("pegaflow", _args(), fleet, "b") | {"engine": None}
+    table = headline([_burst_run("none"), chat_pegaflow])
+    assert "identical_share" not in table["pegaflow"] and "outputs_identical" not in table["pegaflow"]

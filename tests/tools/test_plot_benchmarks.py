@@ -7,6 +7,7 @@ from tools.plot_benchmarks import (
     DEFAULT_DIR,
     PLOTS,
     PlotDataError,
+    chat_runs,
     replicas_ttft,
     serving_rounds,
     transfer_series,
@@ -71,6 +72,12 @@ def test_plot_benchmarks_reads_each_figure_from_its_json():
     # the replicas' later-round TTFT per configuration, labelled, in the order they ran
     assert replicas_ttft(_replicas()) == {"pegaflow": 396.0, "vLLM native offload": 579.0,
                                           "no offload": 1504.0}
+    # a burst-only run merged into the file (no chat, no rounds, no TTFT row) is left out
+    with_burst = _replicas()
+    with_burst["runs"].append({"config": "pegaflow-no-compute-once", "burst": {"wall_s": 1.0}})
+    with_burst["pegaflow-no-compute-once"] = {"burst_wall_s": 1.0}
+    assert chat_runs(with_burst)["runs"] == _replicas()["runs"]
+    assert replicas_ttft(chat_runs(with_burst)) == replicas_ttft(_replicas())
     series, limit = transfer_series(_transfer(), "d2h")
     assert limit == 55.1
     assert [(one.xs, one.ys) for one in series] == [((1024, 10000), (49.0, 49.0)), ((1024, 10000), (52.0, 52.0)),

@@ -36,8 +36,14 @@ def _as_results(run: dict) -> list[RequestResult]:
 def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
     """One row per configuration (in the order they first ran): the median of each of
     ``figures_of(its runs)`` and their spread, its failed requests (``errors_of``), and
-    whether every answer equals the first ``none`` run's."""
-    reference = next((_as_results(r) for r in runs if r["config"] == "none"), None)
+    whether every answer equals the first ``none`` run's that has its request (merged files
+    may hold ``none`` runs of different workloads: bench_replicas's chat and its burst)."""
+    firsts: dict = {}
+    for run in runs:
+        if run["config"] == "none":
+            for result in _as_results(run):
+                firsts.setdefault(result.key, result)
+    reference = list(firsts.values()) or None
     out = {}
     for config in dict.fromkeys(r["config"] for r in runs):
         mine = [r for r in runs if r["config"] == config]
@@ -48,8 +54,11 @@ def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
         # dropped requests is seen for what it is.
         row["errors"] = errors_of(mine)
         row["runs"] = len(mine)
-        if reference is not None:
-            shares = [identical_share(_as_results(r), reference) for r in mine]
+        keys = {result.key for result in reference or ()}
+        # (a run none of whose requests a none run sent has nothing to be compared with)
+        shares = [identical_share(_as_results(r), reference) for r in mine
+                  if any(key in keys for key, _, _ in r["results"])]
+        if shares:
             row["identical_share"] = min(shares)
             row["outputs_identical"] = all(s == 1.0 for s in shares)
         out[config] = row

@@ -24,10 +24,11 @@ from tools.lib import peers, processes
 # pegaflow's configurations: the connector's options beyond the engine's name
 PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},
                     "pegaflow-layerwise": {"load_mode": "layerwise"}, "pegaflow-hold": {}, "pegaflow-groups4": {},
-                    "pegaflow-hold-groups4": {}}
+                    "pegaflow-hold-groups4": {}, "pegaflow-no-compute-once": {"compute_once": False}}
 # configurations that are the engine's flags (an A/B of a flag in one run of a bench)
 ENGINE_FLAGS = {"pegaflow-hold": ["--hold-saves"], "pegaflow-groups4": ["--load-layer-groups=4"],
-                "pegaflow-hold-groups4": ["--hold-saves", "--load-layer-groups=4"]}
+                "pegaflow-hold-groups4": ["--hold-saves", "--load-layer-groups=4"],
+                "pegaflow-no-compute-once": ["--no-compute-once"]}
 ENGINE_STATS = ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions",
                 "latency")  # its LOOKUP / LOAD / SAVE latency histograms, receipt to answer
 

@@ -64,10 +64,10 @@ class _Memory:
 class Harness:
     """One dispatcher; ``client(instance)`` adds an attached client of that vLLM instance."""
 
-    def __init__(self, compute_once: bool = True):
+    def __init__(self, compute_once: bool = True, pool_bytes: int = 1 << 20):
         self.backend = HeldBackend()
         self.stats = StatsWriter(np.zeros(1, STATS))
-        self.dispatcher = Dispatcher(BlockIndex(PagePool(1 << 20, 1 << 20), 60.0), self.backend, self.stats,
+        self.dispatcher = Dispatcher(BlockIndex(PagePool(pool_bytes, pool_bytes), 60.0), self.backend, self.stats,
                                      lookup_wait_s=0.04, compute_once=compute_once)
         self.ids = iter(range(1, 10_000))
 
@@ -128,7 +128,10 @@ def _hashes(count: int, tag: bytes = b"d") -> list[bytes]:
 def burst():
     """A harness, a claimer (instance 1) whose LOOKUP of 4 new blocks missed and claimed
     them, and a waiter (instance 2) whose LOOKUP of the same blocks is parked."""
-    h = Harness()
+    return _burst(Harness())
+
+
+def _burst(h: Harness) -> SimpleNamespace:
     claimer, waiter = h.client(0, instance=1), h.client(1, instance=2)
     hashes = _hashes(4)
     found = _answer(claimer, h.lookup(claimer, hashes))
@@ -199,6 +202,24 @@ def test_prefill_claims_waiter_of_a_failed_save_is_answered_with_what_is_ready(b
     # 2. The claim ends with the failure: the waiter gets the two READY blocks, computes the rest.
     h.resume()
     found = _answer(burst.waiter, burst.waited)
+    assert found["status"] == Status.OK and found["value"] == 2
+    assert h.stat("claims_dropped") == 1 and h.stat("claim_wait_blocks") == 2
+
+
+def test_prefill_claims_waiter_of_a_save_that_found_no_room_is_answered_with_what_is_ready():
+    # 1. A pool of two pages: the claimer's SAVE of its four blocks stores the first two and
+    #    drops the last two (no room, nothing evictable: the two are being written).
+    b = _burst(Harness(pool_bytes=2 * 4096))
+    h = b.h
+    h.save(b.claimer, b.hashes)
+    h.resume()
+    assert _answer(b.waiter, b.waited) is None
+    # 2. The SAVE is done with two blocks dropped: the claim ends (those two will not come);
+    #    the waiter gets the two stored blocks and computes the rest.
+    h.finish_saves()
+    assert h.stat("save_dropped_blocks") == 2
+    h.resume()
+    found = _answer(b.waiter, b.waited)
     assert found["status"] == Status.OK and found["value"] == 2
     assert h.stat("claims_dropped") == 1 and h.stat("claim_wait_blocks") == 2
 

@@ -310,3 +310,68 @@ def test_fleet_burst_of_one_new_document_is_prefilled_once(name, compute_once):
     assert sorted(computed) == [BLOCK + 4, len(prompts[0])] and sum(computed) == unique, claims
     assert num_loaded == 8 and stats["claim_waits"] == 1
     assert stats["claim_timeouts"] == stats["claims_dropped"] == 0
+
+
+NUM_CHUNK_BLOCKS = 4  # of the 8-block document, what the killed claimer computed and saved
+
+
+def _claimer_child(conn, name: str, prompt: list[int], extra: dict) -> None:
+    """A vLLM instance that is sent ``prompt``, computes its first NUM_CHUNK_BLOCKS blocks (two
+    a step), says so once their saves are READY, then stops stepping until it is killed."""
+    vllm = VllmInstance(name, extra=extra, max_batched_tokens=2 * BLOCK)
+    vllm.add(make_request("claimer", prompt))
+    deadline = time.monotonic() + 60.0
+    while vllm.requests["claimer"].num_computed_tokens < NUM_CHUNK_BLOCKS * BLOCK:
+        assert time.monotonic() < deadline, "the claimer's prefill never started"
+        vllm.step()
+    while read_stats(name)["blocks_saved"] < NUM_CHUNK_BLOCKS:
+        assert time.monotonic() < deadline, "the claimer's first chunks were never saved"
+        time.sleep(1e-3)
+    conn.send(vllm.requests["claimer"].num_computed_tokens)
+    time.sleep(3600)
+
+
+def _remove_buffers_of(pid: int) -> None:
+    """The KV buffers in /dev/shm of a killed process (it could not remove them itself)."""
+    from pegaflow.platform import shm
+    for entry in os.listdir("/dev/shm"):
+        if shm.is_private_buffer_of(f"/{entry}", pid):
+            shm.unlink_segment(f"/{entry}")
+
+
+def test_fleet_claimer_killed_mid_prefill_leaves_the_waiter_its_saved_chunks_and_the_rest_to_compute(name):
+    from tests.spawn import start_child
+    rng = random.Random(11)
+    document = [rng.randrange(10, 30000) for _ in range(8 * BLOCK)]
+    prompt = document + [rng.randrange(10, 30000) for _ in range(BLOCK + 4)]
+    extra = {"prefill_tokens_per_s": 20}  # (a CPU's rate: the claim lives MAX_CLAIM_S, 10 s)
+    with _engine(name):
+        (waiter,) = _instances(name, 1, extra=extra, max_batched_tokens=2 * BLOCK)
+        conn, proc = start_child(_claimer_child, name, document + [1] * (BLOCK + 4), extra)
+        try:
+            # 1. Another vLLM (a process) claimed the document and computed its first four
+            #    blocks, saved; it is killed mid-prefill, its last four blocks still claimed.
+            assert conn.poll(120.0), "the claimer never reached the middle of its prefill"
+            assert conn.recv() >= NUM_CHUNK_BLOCKS * BLOCK
+            # 2. The waiter is sent the document with its own question: its lookup reaches the
+            #    claim and is parked (vLLM keeps it waiting).
+            waiter.add(make_request("w", prompt))
+            for _ in range(5):
+                assert not waiter.step().output.scheduled_new_reqs, "the waiter did not wait for the claim"
+                time.sleep(0.01)
+            os.kill(proc.pid, signal.SIGKILL)
+            # 3. The engine reclaims the dead claimer: its claim ends; the waiter loads the four
+            #    saved blocks (each byte checked as it lands) and computes the rest: no hang.
+            num_loaded = _run_together([waiter])
+            served = waiter.served_tokens
+        finally:
+            proc.kill()
+            proc.join(30.0)
+            _remove_buffers_of(proc.pid)
+            waiter.close()
+        stats = read_stats(name)
+    assert num_loaded == NUM_CHUNK_BLOCKS and served == NUM_CHUNK_BLOCKS * BLOCK
+    # 4. The claim ended with its claimer (dropped, unsaved blocks), not at its deadline.
+    assert stats["claims_dropped"] == 1 and stats["claim_timeouts"] == 0, stats
+    # (the four blocks were READY before it waited: the wait itself gained none)
+    assert stats["claim_waits"] == 1 and stats["claim_wait_blocks"] == 0

@@ -127,3 +127,17 @@ def test_vllm_settings_of_a_peer_and_of_none(tmp_path, monkeypatch):
     args, env, cwd = vllm_settings(plan)
     assert args == plan.serve_args() and env == plan.env and env is not plan.env and cwd == plan.cwd
     assert env["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "4"
+
+
+def test_pegaflow_no_compute_once_turns_it_off_in_the_engine_and_the_connector(fakes, tmp_path):
+    # The engine started with --no-compute-once, the connector told compute_once false: neither
+    # claims nor waits, and a lookup's deadline is the plain one.
+    from engine.process.options import config_from_args
+    from pegaflow.connector.config import ConnectorConfig
+    with _sides("pegaflow-no-compute-once", tmp_path):
+        (engine,) = _FakeEngine.made
+        assert config_from_args(list(engine.flags), environ={}).compute_once is False
+    _, text = pegaflow_transfer_args("bench7", **serving_setup.PEGAFLOW_CONFIGS["pegaflow-no-compute-once"])
+    connector = ConnectorConfig.from_sources(json.loads(text)["kv_connector_extra_config"], environ={})
+    assert connector.is_claiming is False and connector.lookup_deadline_ms == connector.lookup_timeout_ms
+    assert config_from_args([], environ={}).compute_once is True  # (pegaflow's: on)
