@@ -12,7 +12,7 @@ import pytest
 from tools import bench_replicas
 from tools.bench_replicas import headline, parse_args
 from tools.lib import fleet as fleet_module
-from tools.lib import runs, vllm_serve
+from tools.lib import replica_workloads, runs, vllm_serve
 
 
 class _Replica(BaseHTTPRequestHandler):
@@ -100,9 +100,9 @@ def _args(*extra: str):
 
 def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
     p50_of = []  # the routed results each restart TTFT p50 is taken over
-    ttft_p50 = bench_replicas._ttft_p50
-    monkeypatch.setattr(bench_replicas, "_ttft_p50", lambda routed: p50_of.append(routed) or ttft_p50(routed))
-    run = bench_replicas._workloads("none", _args("--restart"), fleet, "t")
+    ttft_p50 = replica_workloads.ttft_p50
+    monkeypatch.setattr(replica_workloads, "ttft_p50", lambda routed: p50_of.append(routed) or ttft_p50(routed))
+    run = replica_workloads.run_workloads("none", _args("--restart"), fleet, "t")
     # 1. Three rounds of three users, the two later rounds timed; six shared-document requests.
     assert [r["requests"] for r in run["rounds"]] == [3, 3, 3]
     assert run["later_rounds"]["requests"] == 6 and run["docs"]["requests"] == 6
@@ -144,8 +144,8 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
 
 def test_headline_compares_every_answer_with_the_none_run(fleet):
     args = _args()
-    reference = bench_replicas._workloads("none", args, fleet, "a") | {"engine": None}
-    same = bench_replicas._workloads("pegaflow", args, fleet, "b") | {"engine": None}
+    reference = replica_workloads.run_workloads("none", args, fleet, "a") | {"engine": None}
+    same = replica_workloads.run_workloads("pegaflow", args, fleet, "b") | {"engine": None}
     wrong = json.loads(json.dumps(same)) | {"config": "native"}
     wrong["results"][4][1] = [9, 9, 9, 9]  # one answer of one request differs
     table = headline([reference, same, wrong])
