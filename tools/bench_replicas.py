@@ -49,7 +49,15 @@ from pathlib import Path
 from tools.lib import peers, processes
 from tools.lib.fleet import Fleet
 from tools.lib.replica_workloads import Chat, run_workloads  # noqa: F401  (tests/e2e import Chat from here)
-from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
+from tools.lib.runs import (
+    add_chat_args,
+    add_run_args,
+    collect_runs,
+    headline_rows,
+    measured_on,
+    print_failures,
+    recorded_args,
+)
 from tools.lib.serving_setup import PEGAFLOW_CONFIGS, side_processes
 from tools.replica_router import ROUTERS
 
@@ -117,9 +125,9 @@ def print_table(table: dict) -> None:
 
 def write_json(args, runs: list[dict]) -> None:
     gpu, model = measured_on(args)
-    table = headline(runs)
-    Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model, "replicas": args.replicas,
-                                           "router": args.router, "args": vars(args), **table, "runs": runs},
+    table, recorded = headline(runs), recorded_args(args)
+    Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model, "replicas": recorded["replicas"],
+                                           "router": recorded["router"], "args": recorded, **table, "runs": runs},
                                           indent=1))
 
 

@@ -33,7 +33,15 @@ from pathlib import Path
 
 from tools import step_timeline
 from tools.lib import peers, processes
-from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
+from tools.lib.runs import (
+    add_chat_args,
+    add_run_args,
+    collect_runs,
+    headline_rows,
+    measured_on,
+    print_failures,
+    recorded_args,
+)
 from tools.lib.serving_run import measure, record
 from tools.lib.serving_setup import (
     PEGAFLOW_CONFIGS,
@@ -188,7 +196,7 @@ def write_json(args, runs: list[dict]) -> None:
     """Every figure and every run."""
     gpu, model = measured_on(args)
     Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model,
-                                           "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
+                                           "args": recorded_args(args),
                                            **headline(runs), "runs": runs}, indent=1))
 
 if __name__ == "__main__":

@@ -47,9 +47,11 @@ class Fleet:
     replica 0 starts alone first (it fills the cache) and the rest together after it.
     ``one-by-one`` starts each after the previous one is up."""
 
-    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None):
+    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None,
+                 extra_args: tuple[str, ...] = ()):
         self.config, self.args, self.engine_name, self.log_dir, self.tag = config, args, engine_name, log_dir, tag
         self.plan = plan  # a peer's settings (tools/lib/peers.py), shared by every replica
+        self.extra_args = extra_args  # more ``vllm serve`` arguments, the same for every replica
         self.servers: list[Server | None] = [None] * args.replicas
         self.ready_s: list[float] = [0.0] * args.replicas
         try:
@@ -89,7 +91,7 @@ class Fleet:
             logging_path = self.log_dir / f"{self.tag}.r{replica}.logging.json"
             logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
             env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
-        cmd = server_command(self.config, one, self.engine_name, peer_args)
+        cmd = server_command(self.config, one, self.engine_name, peer_args) + list(self.extra_args)
         if a.start == "together":
             cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(a.model, a.gpu_blocks))]
         self.servers[replica] = Server(cmd, one.port, log_path, env, cwd, wait=False,
@@ -138,8 +140,9 @@ class Fleet:
         return sum(reset_gpu_cache(self.port(replica)) for replica in range(self.args.replicas))
 
     def close(self) -> None:
-        for replica in range(self.args.replicas):
-            self.stop(replica)
+        """Every replica stopped, all at once (each waits for its vLLM to exit)."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.args.replicas)) as pool:
+            list(pool.map(self.stop, range(self.args.replicas)))
 
     def warnings(self, most: int = 20) -> dict[int, list[str]]:
         """Per replica, the first ``most`` WARNING or ERROR lines of its log that name pegaflow."""
