@@ -1,33 +1,33 @@
 """Every shared cache on every workload, one fleet per configuration (GPU): two ``vllm serve``
-replicas behind a round-robin router serve the replicas chat ``--repeat`` times, the rolling
-restart, the scrubbed warm TTFT and the multi-round serving, one after another.
+replicas serve the multi-round serving, the scrubbed warm TTFT, then the replicas chat behind a
+round-robin router ``--repeat`` times and the rolling restart, one after another.
 
     python -m tools.bench_peers --configs none --repeat 1 --out-dir $OUT       # one call each
     python -m tools.bench_peers --configs pegaflow --restart --out-dir $OUT
-    python -m tools.bench_peers --merge-ttft ttft/*.ttft.json --json ttft.json  # then, anywhere
+    python -m tools.bench_peers --merge-ttft out/*.ttft.json --json ttft.json   # then, anywhere
 
 Per configuration (``tools/lib/peers.py`` for the peers), in one set of processes (its side process
-first: pegaflow's engine or the peer's server, with ``--host-gib``; then the replicas, started
-together, each ``--gpu-blocks`` of GPU cache, ``--worker-extension-cls`` for the scrub):
+first: pegaflow's engine or the peer's server, with ``--host-gib``; then the replicas, all started
+at once, each ``--gpu-blocks`` of GPU cache and ``--worker-extension-cls`` for the scrub):
 
-1. the chat of ``bench_replicas`` (``tools/lib/replica_workloads.py``: ``--users`` users, ``--rounds``
-   rounds, every turn routed), ``--repeat`` times with the same prompts, every cache emptied
-   between two repeats (``tools/lib/cache_reset.py`` says how, per configuration); each repeat's
-   round 0 must be served nothing from any cache (``round0_hit_tokens``); ``--restart``: after the
-   last repeat, replica 0 stopped, started again and sent one more round;
-2. every cache emptied, then the warm TTFT on replica 0 (``tools/lib/served_ttft.py``:
-   ``--ttft-prompts`` prompts of ``--ttft-prompt-tokens``, cold, then on a scrubbed GPU cache, the
-   first token's top-5 logprobs kept);
-3. the GPU prefix caches and every host cache that one call empties (pegaflow's is not: that
-   takes an engine restart, and its pool holds the TTFT's blocks beside the serving's without
-   evicting, none of them a hit), then ``bench_serving``'s multi-round chat and shared prefix on
-   replica 0 (``tools/lib/serving_run.py``: ``--serving-users`` users, seed ``--seed`` + 1).
+1. ``bench_serving``'s multi-round chat and shared prefix on replica 0, a fresh server as that
+   bench's are (``tools/lib/serving_run.py``: ``--serving-users`` users, seed ``--seed`` + 1);
+2. the GPU prefix caches and every host cache that one call empties (``tools/lib/cache_reset.py``;
+   pegaflow's is not: that takes an engine restart, and its pool holds the serving's blocks beside
+   the TTFT's without evicting, none of them a hit), then the warm TTFT on replica 0
+   (``tools/lib/served_ttft.py``: ``--ttft-prompts`` prompts of ``--ttft-prompt-tokens``, cold, then
+   on a scrubbed GPU cache, the first token's top-5 logprobs kept);
+3. the chat of ``bench_replicas`` (``tools/lib/replica_workloads.py``: ``--users`` users, ``--rounds``
+   rounds, every turn routed), ``--repeat`` times with the same prompts, every cache emptied before
+   each (``tools/lib/cache_reset.py`` says how, per configuration); each repeat's round 0 must be
+   served nothing from any cache (``round0_hit_tokens``); ``--restart``: after the last repeat,
+   replica 0 stopped, started again and sent one more round.
 
 After each step the configuration's files in ``--out-dir`` are rewritten (a call cut short keeps
-what it finished): ``CONFIG.replicas.json`` (``bench_replicas --merge`` reads it: one run per
-repeat), ``CONFIG.serving.json`` (``bench_serving --merge``) and ``CONFIG.ttft.json``
-(``--merge-ttft`` turns the files of every configuration into bench_ttft's rows for
-``tools/peers_table.py``).  A configuration that fails keeps ``failed`` in its files; the next goes on.
+what it finished): ``CONFIG.serving.json`` (``bench_serving --merge`` reads it),
+``CONFIG.ttft.json`` (``--merge-ttft`` turns the files of every configuration into bench_ttft's
+rows for ``tools/peers_table.py``) and ``CONFIG.replicas.json`` (``bench_replicas --merge``: one
+run per repeat).  A peer that fails keeps ``failed`` in ``CONFIG.failed.json``; the next goes on.
 """
 
 from __future__ import annotations
@@ -78,23 +78,29 @@ def run_config(config: str, args, out_dir: Path, log_dir: Path) -> None:
                         num_vllms=args.replicas // split) as sides:
         fleet = Fleet(config, args, name, log_dir, config, sides.plan, SERVE_ARGS)
         try:
-            if "chat" in args.workloads:
-                _chat(config, args, fleet, sides, files)
+            if "serving" in args.workloads:  # a fresh server, as bench_serving's
+                one = serving_args(args)
+                run = record(config, f"{config}-serving", one, measure(fleet.port(0), one, f"{config} serving"),
+                             sides.engine_stats(), None)
+                files.write("serving", {"runs": [run]}, one)
             if "ttft" in args.workloads:
-                reset = cache_reset.empty_caches(config, fleet, sides, args.seed + RESET_SEED + 100)
+                # pegaflow's engine keeps the serving's blocks: no prompt of the TTFT's can hit them, and
+                # its pool holds both without evicting (an engine restart would cost ~30 s)
+                reset = cache_reset.empty_caches(config, fleet, sides, args.seed + RESET_SEED, restart_engine=False)
                 with processes.phase(None, f"{config} warm TTFT"):
                     phase = served_ttft.measure(fleet.port(0), config, _ttft_prompts(args))
                 files.write("ttft", {"phase": phase | {"reset_before": reset}})
-            if "serving" in args.workloads:
-                _serving(config, args, fleet, sides, files)
+            if "chat" in args.workloads:
+                _chat(config, args, fleet, sides, files)
         finally:
             fleet.close()
 
 
 def _chat(config: str, args, fleet: Fleet, sides, files: Files) -> None:
+    """The chat ``--repeat`` times, every cache emptied before each (the same prompts each time)."""
     runs = []
     for k in range(args.repeat):
-        reset = cache_reset.empty_caches(config, fleet, sides, args.seed + RESET_SEED + 10 * k) if k else None
+        reset = cache_reset.empty_caches(config, fleet, sides, args.seed + RESET_SEED + 10 * (k + 1))
         one = SimpleNamespace(**vars(args) | {"restart": args.restart and k == args.repeat - 1})
         run = run_workloads(config, one, fleet, f"{config}-k{k}")
         runs.append(run | {"engine": sides.engine_stats(), "repeat": k, "reset_before": reset})
@@ -102,14 +108,6 @@ def _chat(config: str, args, fleet: Fleet, sides, files: Files) -> None:
                           "ttft_p50_ms": run["later_rounds"]["ttft_p50_ms"],
                           "round0_hit_tokens": run["round0_hit_tokens"]}), flush=True)
         files.write("replicas", {"replicas": args.replicas, "router": args.router, "runs": runs})
-
-
-def _serving(config: str, args, fleet: Fleet, sides, files: Files) -> None:
-    reset = cache_reset.empty_caches(config, fleet, sides, args.seed + RESET_SEED + 200, restart_engine=False)
-    one = serving_args(args)
-    measured = measure(fleet.port(0), one, f"{config} serving")
-    run = record(config, f"{config}-serving", one, measured, sides.engine_stats(), None)
-    files.write("serving", {"runs": [run | {"reset_before": reset}]}, one)
 
 
 def serving_args(args) -> SimpleNamespace:
@@ -169,7 +167,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-gib", type=int, default=64, help="the host cache, in all (native: split evenly)")
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--port", type=int, default=8011, help="replica i listens on port + i")
-    p.add_argument("--start", choices=("together", "one-by-one"), default="together")
+    p.add_argument("--start", choices=("at-once", "together", "one-by-one"), default="at-once",
+                   help="at-once: every replica launched together even while vLLM's compile cache is cold "
+                        "(each configuration compiles its own graphs; they write the same cache safely)")
     p.add_argument("--ttft-prompts", type=int, default=8)
     p.add_argument("--ttft-prompt-tokens", type=int, default=10000)
     # 20 users of 8 000 tokens: 2.6x one replica's 4 000 GPU blocks (bench_serving: 12 users, 2 500 blocks)

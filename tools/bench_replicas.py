@@ -158,9 +158,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="each replica's share of the GPU (default: 0.85 / replicas)")
     p.add_argument("--port", type=int, default=8011, help="replica i listens on port + i")
-    p.add_argument("--start", choices=("together", "one-by-one"), default="together",
+    p.add_argument("--start", choices=("together", "at-once", "one-by-one"), default="together",
                    help="launch the replicas at once (each its KV cache given, no memory profile of the "
-                        "others) or each after the previous one is up")
+                        "others; replica 0 first, alone, while vLLM's compile cache is empty; at-once: "
+                        "not even then) or each after the previous one is up")
     p.add_argument("--trace", action="store_true",
                    help="pegaflow: each replica's step timeline of the steps that load in the later rounds")
     add_run_args(p, "/tmp/bench_replicas")

@@ -221,12 +221,14 @@ def test_bench_peers_repeats_in_one_fleet_each_start_from_empty_caches(fakes, tm
         assert ["restart" in r for r in runs] == [False, False, True]
         # 3. Each repeat's round 0 was served nothing from any cache: emptied between repeats.
         assert all(r["round0_hit_tokens"] == {"gpu_hit_tokens": 0, "host_hit_tokens": 0} for r in runs), config
-        assert runs[0]["reset_before"] is None and runs[1]["reset_before"]["how"].startswith(
+        assert runs[0]["reset_before"]["how"] == runs[2]["reset_before"]["how"]
+        assert runs[1]["reset_before"]["how"].startswith(
             {"none": "POST /reset_prefix_cache on", "native": "POST /reset_prefix_cache?reset_external",
              "pegaflow": "GPU prefix caches reset, then the engine", "lmcache-mp": "GPU prefix caches reset, then POST "
              "/cache/clear", "pegaflow-rs": "GPU prefix caches reset, then POST /cache/memory"}[config])
     # 4. The later rounds of a shared cache are served from it; each emptying came its own way:
-    #    two between repeats, one before the TTFT, and (not pegaflow's engine) one before serving.
+    #    one before the TTFT (not pegaflow's engine: its pool keeps the serving's blocks) and one
+    #    before each of the three repeats.
     later = json.loads((out / "pegaflow.replicas.json").read_text())["runs"][1]
     assert later["chat"]["served_share"] > 0
     assert fakes.caches["pegaflow"].cleared == ["engine restart"] * 3

@@ -256,11 +256,13 @@ class _LaunchLog:
 @pytest.mark.parametrize("start,warm,expected", [
     ("together", True, ["launch 0", "launch 1", "launch 2", "wait 0", "wait 1", "wait 2"]),
     ("together", False, ["launch 0", "wait 0", "launch 1", "launch 2", "wait 1", "wait 2"]),
+    ("at-once", False, ["launch 0", "launch 1", "launch 2", "wait 0", "wait 1", "wait 2"]),
     ("one-by-one", True, ["launch 0", "wait 0", "launch 1", "wait 1", "launch 2", "wait 2"])])
 def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypatch, tmp_path, start, warm,
                                                                           expected):
     # 1. Together: every replica launched before any is waited for, unless vLLM's compile
-    #    cache is empty (then replica 0 first, alone); one-by-one: each after the previous.
+    #    cache is empty (then replica 0 first, alone; at-once: not even then); one-by-one: each
+    #    after the previous.
     # 2. Together, each replica's KV cache is given in bytes (the 8B shape's 2 MiB a block),
     #    beside the block count; one-by-one leaves vLLM's memory profile as it is.
     _LaunchLog.events = []
@@ -271,7 +273,7 @@ def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypa
     assert [f"{kind} {port - 9000}" for kind, port in _LaunchLog.events] == expected
     assert fleet.ready_s == [12.35] * 3
     cmd = fleet.servers[2].cmd
-    if start == "together":
+    if start != "one-by-one":
         assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(1000 * 2 << 20)
     else:
         assert "--kv-cache-memory-bytes" not in cmd

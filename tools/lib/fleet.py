@@ -45,6 +45,9 @@ class Fleet:
     (``--kv-cache-memory-bytes`` beside ``--num-gpu-blocks-override``) so that no replica's
     memory profile counts another's allocations; where vLLM's compile cache is still empty,
     replica 0 starts alone first (it fills the cache) and the rest together after it.
+    ``at-once`` launches them together even then (each compiles; the cache is keyed by what
+    changes the graphs, so configurations may need their own entries anyway: a connector that
+    makes vLLM run piecewise CUDA graphs, native offloading's settings).
     ``one-by-one`` starts each after the previous one is up."""
 
     def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None,
@@ -70,7 +73,7 @@ class Fleet:
                 self.start(replica)
             return
         rest = range(a.replicas)
-        if not (a.eager or compile_cache_warm()):  # replica 0 fills vLLM's compile cache alone
+        if a.start == "together" and not (a.eager or compile_cache_warm()):  # replica 0 fills the cache alone
             self.start(0)
             rest = range(1, a.replicas)
         with processes.phase(None, f"{self.tag} replicas {list(rest)} start"):
@@ -92,7 +95,7 @@ class Fleet:
             logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
             env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
         cmd = server_command(self.config, one, self.engine_name, peer_args) + list(self.extra_args)
-        if a.start == "together":
+        if a.start != "one-by-one":
             cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(a.model, a.gpu_blocks))]
         self.servers[replica] = Server(cmd, one.port, log_path, env, cwd, wait=False,
                                        leftovers=peer_leftovers(self.plan))
