@@ -10,8 +10,9 @@ Per configuration (``tools/lib/peers.py`` for the peers), in one set of processe
 first: pegaflow's engine or the peer's server, with ``--host-gib``; then the replicas, all started
 at once, each ``--gpu-blocks`` of GPU cache and ``--worker-extension-cls`` for the scrub):
 
-1. ``bench_serving``'s multi-round chat and shared prefix on replica 0, a fresh server as that
-   bench's are (``tools/lib/serving_run.py``: ``--serving-users`` users, seed ``--seed`` + 1);
+1. ``bench_serving``'s multi-round chat (and shared prefix, ``--prefix-requests``) on replica 0, a
+   fresh server as that bench's are (``tools/lib/serving_run.py``: ``--serving-users`` users, seed
+   ``--seed`` + 1);
 2. the GPU prefix caches and every host cache that one call empties (``tools/lib/cache_reset.py``;
    pegaflow's is not: that takes an engine restart, and its pool holds the serving's blocks beside
    the TTFT's without evicting, none of them a hit), then the warm TTFT on replica 0
@@ -174,9 +175,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttft-prompt-tokens", type=int, default=10000)
     # 20 users of 8 000 tokens: 2.6x one replica's 4 000 GPU blocks (bench_serving: 12 users, 2 500 blocks)
     p.add_argument("--serving-users", type=int, default=20)
-    p.add_argument("--prefixes", type=int, default=16)
+    # 26 x 4 000 tokens: 1.6x a replica's GPU cache, as bench_serving's 16 over 2 500 blocks
+    p.add_argument("--prefixes", type=int, default=26)
     p.add_argument("--prefix-tokens", type=int, default=4000)
-    p.add_argument("--prefix-requests", type=int, default=64, help="0: no shared-prefix workload")
+    p.add_argument("--prefix-requests", type=int, default=0, help="shared-prefix requests after the "
+                   "multi-round chat (0: none; 104 keeps bench_serving's 4 a prefix)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG")
