@@ -128,7 +128,7 @@ def run_or_fail(config: str, args, out_dir: Path, log_dir: Path) -> None:
     from pegaflow.platform.errors import PeerError
     try:
         run_config(config, args, out_dir, log_dir)
-    except (PeerError, RuntimeError) as exc:
+    except (PeerError, RuntimeError, OSError) as exc:  # (OSError: a server's HTTP call)
         if config not in peers.PEERS:
             raise
         print(f"bench_peers: {config} failed: {exc}", file=sys.stderr, flush=True)

@@ -271,12 +271,27 @@ def test_bench_peers_files_merge_into_the_benches_tables(fakes, tmp_path, capsys
     assert "| replicas, later rounds |" in capsys.readouterr().out
 
 
-def test_bench_peers_a_server_that_keeps_blocks_fails_its_configuration_and_the_next_runs(fakes, tmp_path):
-    fakes.kept = 3  # pegaflow-rs says 3 blocks stayed referenced after its cleanup
-    out = _run(tmp_path, "pegaflow-rs", "none", extra=("--repeat", "2"))
-    failed = json.loads((out / "pegaflow-rs.failed.json").read_text())["failed"]
-    assert "kept 3 blocks" in failed
-    assert [r["repeat"] for r in json.loads((out / "none.replicas.json").read_text())["runs"]] == [0, 1]
+def test_bench_peers_a_server_that_keeps_blocks_is_asked_again_and_its_answer_kept(fakes, tmp_path, monkeypatch,
+                                                                                   capsys):
+    from tools.lib import cache_reset
+    monkeypatch.setattr(cache_reset, "CLEAR_RETRY_S", 0.3)
+    monkeypatch.setattr(cache_reset, "CLEAR_POLL_S", 0.1)
+    fakes.kept = 3  # pegaflow-rs says 3 blocks stayed referenced after each cleanup
+    out = _run(tmp_path, "pegaflow-rs", extra=("--repeat", "2"))
+    runs = json.loads((out / "pegaflow-rs.replicas.json").read_text())["runs"]
+    answer = runs[1]["reset_before"]["server_answer"]
+    assert answer["still_referenced_blocks"] == 3 and answer["tries"] >= 2
+    assert "still holds 3 referenced blocks" in capsys.readouterr().err
+
+
+def test_bench_peers_a_peer_failing_leaves_its_error_and_the_next_configuration_runs(fakes, tmp_path, monkeypatch):
+    def broken(config, *args, **kwargs):
+        raise ConnectionRefusedError("no server")
+    monkeypatch.setattr(bench_peers, "side_processes", lambda config, *a, **k: (broken if config == "lmcache-mp"
+                                                                               else _side_processes)(config, *a, **k))
+    out = _run(tmp_path, "lmcache-mp", "none", extra=("--repeat", "1"))
+    assert "no server" in json.loads((out / "lmcache-mp.failed.json").read_text())["failed"]
+    assert [r["repeat"] for r in json.loads((out / "none.replicas.json").read_text())["runs"]] == [0]
 
 
 def test_bench_peers_refuses_repeats_where_a_cache_cannot_be_emptied():

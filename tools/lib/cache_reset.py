@@ -12,7 +12,8 @@ How each configuration's cache is emptied (``HOW``, kept in each run's record):
   engine at its next call and registers again (``pegaflow/connector/link.py``);
 - ``lmcache-mp``: ``POST /cache/clear`` to the ``lmcache server`` (its L1, every object);
 - ``pegaflow-rs``: ``POST /cache/memory/cleanup`` to ``pegaflow-server`` (every resident block
-  evicted); an answer with ``still_referenced_blocks`` above 0 is an error: a block stayed.
+  evicted), asked again for a while if it says some stay referenced (the answer is kept, and a
+  line says so).
 
 ``lmcache`` (in vLLM's process) has no such call: its cache goes only with the process, and a
 bench must not repeat it in one fleet (``can_empty``).  Afterwards each replica is sent one short
@@ -25,6 +26,7 @@ before, must be served nothing from any cache (``round0_hit_tokens``, tools/lib/
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 
@@ -42,6 +44,7 @@ HOW = {"none": "POST /reset_prefix_cache on each replica (vLLM's GPU prefix cach
        "lmcache-mp": "GPU prefix caches reset, then POST /cache/clear to the lmcache server (its L1)",
        "pegaflow-rs": "GPU prefix caches reset, then POST /cache/memory/cleanup to pegaflow-server"}
 CLEAR_TIMEOUT_S = 60.0
+CLEAR_RETRY_S, CLEAR_POLL_S = 10.0, 0.5
 
 
 def can_empty(config: str) -> bool:
@@ -76,11 +79,18 @@ def empty_caches(config: str, fleet: Fleet, sides: Sides, seed: int, restart_eng
 
 
 def _clear(url: str) -> dict:
-    request = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=CLEAR_TIMEOUT_S) as response:
-        answer = json.loads(response.read() or b"{}")
-    if answer.get("still_referenced_blocks"):
-        from pegaflow.platform.errors import PeerError
-        raise PeerError(f"{url} kept {answer['still_referenced_blocks']} blocks still referenced: "
-                                   f"{answer}")
-    return answer
+    """The server's answer to its "drop every block" call, asked again (within ``CLEAR_RETRY_S``)
+    while it says blocks stay referenced (leases of requests just finished); its last answer."""
+    deadline, tries = time.monotonic() + CLEAR_RETRY_S, 0
+    while True:
+        tries += 1
+        request = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=CLEAR_TIMEOUT_S) as response:
+            answer = json.loads(response.read() or b"{}")
+        if not answer.get("still_referenced_blocks") or time.monotonic() >= deadline:
+            break
+        time.sleep(CLEAR_POLL_S)
+    if answer.get("still_referenced_blocks"):  # the next run's round 0 shows whether they were hit
+        print(f"cache_reset: {url} still holds {answer['still_referenced_blocks']} referenced blocks "
+              f"after {tries} tries", file=sys.stderr, flush=True)
+    return answer | {"tries": tries}
