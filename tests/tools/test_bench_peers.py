@@ -30,7 +30,8 @@ class _Caches:
     def __init__(self, config: str, replicas: int):
         self.config = config
         self.gpu = [set() for _ in range(replicas)]
-        self.host = [set() for _ in range(replicas)] if config == "native" else [set()] * replicas
+        private = config in ("native", "lmcache")  # a cache in each vLLM process
+        self.host = [set() for _ in range(replicas)] if private else [set()] * replicas
         self.cleared = []  # how each emptying came (engine restart, server clear...)
 
     def serve(self, replica: int, prompt: list[int]) -> tuple[int, int]:
@@ -172,9 +173,12 @@ _FAKES = _Fakes()
 @contextlib.contextmanager
 def _side_processes(config, name, engine_args, host_gib, log_dir, tag, *, peer_pool_bytes,
                     engine_start_timeout_s, num_vllms=1):
-    caches = _FAKES.caches[config] = _Caches(config, num_vllms)
+    caches = _FAKES.caches[config] = _Caches(config, 2)
     if config == "pegaflow":
         yield Sides(name, True, None, lambda: caches.clear_host("engine restart") or 1.5)
+        return
+    if config == "lmcache":  # in vLLM's process: no server, nothing that empties it
+        yield Sides(name, False, peers.Plan(config, {}, {}, None))
         return
     if config in peers.PEERS:
         server = _http(_Clear, caches=caches, kept=_FAKES.kept)
@@ -297,4 +301,11 @@ def test_bench_peers_a_peer_failing_leaves_its_error_and_the_next_configuration_
 def test_bench_peers_refuses_repeats_where_a_cache_cannot_be_emptied():
     with pytest.raises(SystemExit):
         bench_peers.parse_args(["--configs", "pegaflow", "lmcache", "--out-dir", "x"])
-    assert bench_peers.parse_args(["--configs", "none", "--repeat", "1", "--out-dir", "x"]).repeat == 1
+    assert bench_peers.parse_args(["--configs", "lmcache", "--repeat", "1", "--out-dir", "x"]).repeat == 1
+
+
+def test_bench_peers_in_process_lmcache_runs_once_its_gpu_caches_reset_only(fakes, tmp_path):
+    out = _run(tmp_path, "lmcache", extra=("--repeat", "1"))
+    (run,) = json.loads((out / "lmcache.replicas.json").read_text())["runs"]
+    assert run["reset_before"]["how"].startswith("GPU prefix caches reset only")
+    assert "server_answer" not in run["reset_before"] and "engine_restart_s" not in run["reset_before"]

@@ -15,8 +15,9 @@ How each configuration's cache is emptied (``HOW``, kept in each run's record):
   evicted), asked again for a while if it says some stay referenced (the answer is kept, and a
   line says so).
 
-``lmcache`` (in vLLM's process) has no such call: its cache goes only with the process, and a
-bench must not repeat it in one fleet (``can_empty``).  Afterwards each replica is sent one short
+``lmcache`` (in vLLM's process) has no such call: its cache goes only with the process, so only
+the GPU prefix caches are reset, and a bench must not repeat a workload in one fleet for it
+(``can_empty``).  Afterwards each replica is sent one short
 request (a readiness check's; its prompt new each time), every configuration alike: it makes
 pegaflow's connectors attach to the new engine before the next run's first round.  Whether the
 caches were empty shows in the next run itself: its round 0, whose prompts no replica computed
@@ -43,6 +44,7 @@ HOW = {"none": "POST /reset_prefix_cache on each replica (vLLM's GPU prefix cach
                    "name, its pool pinned whole; the replicas reconnect",
        "lmcache-mp": "GPU prefix caches reset, then POST /cache/clear to the lmcache server (its L1)",
        "pegaflow-rs": "GPU prefix caches reset, then POST /cache/memory/cleanup to pegaflow-server"}
+NOT_EMPTIED = "GPU prefix caches reset only: this cache lives in vLLM's process, with no call that empties it"
 CLEAR_TIMEOUT_S = 60.0
 CLEAR_RETRY_S, CLEAR_POLL_S = 10.0, 0.5
 
@@ -56,14 +58,13 @@ def how(config: str) -> str:
 
 
 def empty_caches(config: str, fleet: Fleet, sides: Sides, seed: int, restart_engine: bool = True) -> dict:
-    """Every cache of ``config``'s replicas emptied, then one short request to each; what was
-    done, how long it took and what the server answered (``seed``: the short requests' prompts).
-    ``restart_engine`` False: pegaflow's engine keeps its blocks (the record says so)."""
-    if not can_empty(config):
-        raise ValueError(f"{config}'s cache cannot be emptied without restarting its vLLMs")
+    """Every cache of ``config``'s replicas emptied (only the GPU's where ``can_empty`` is False),
+    then one short request to each; what was done, how long it took and what the server answered
+    (``seed``: the short requests' prompts).  ``restart_engine`` False: pegaflow's engine keeps
+    its blocks (the record says so)."""
     started = time.monotonic()
     replicas = range(fleet.args.replicas)
-    out = {"how": how(config),
+    out = {"how": how(config) if can_empty(config) else NOT_EMPTIED,
            "gpu_reset_wait_s": round(sum(reset_gpu_cache(fleet.port(r), external=config == "native")
                                          for r in replicas), 3)}
     if sides.restart_engine is not None and not restart_engine:
