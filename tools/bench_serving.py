@@ -33,59 +33,31 @@ from pathlib import Path
 
 from tools import step_timeline
 from tools.lib import peers, processes
-from tools.lib.evidence import serving_requests
-from tools.lib.runs import add_chat_args, add_run_args, collect_runs, headline_rows, measured_on, print_failures
+from tools.lib.runs import (
+    add_chat_args,
+    add_run_args,
+    collect_runs,
+    headline_rows,
+    measured_on,
+    print_failures,
+    recorded_args,
+)
+from tools.lib.serving_run import measure, record
 from tools.lib.serving_setup import (
     PEGAFLOW_CONFIGS,
     peer_leftovers,
     side_processes,
     vllm_settings,
 )
-from tools.lib.vllm_serve import (
+from tools.lib.vllm_serve import (  # noqa: F401  (tests/e2e import external_hit_tokens and run_all from here)
     Server,
-    counters,
-    external_hit_tokens,  # noqa: F401  (tests/e2e import it from here)
-    hits_of,
-    reset_gpu_cache,
+    external_hit_tokens,
     run_all,
     server_command,
 )
-from tools.serving_workload import (
-    RequestResult,
-    conversations,
-    later_rounds_cacheable,
-    poisson_offsets,
-    shared_prefix_prompts,
-    summarize,
-)
+from tools.serving_workload import RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def multi_round(port: int, args) -> list[list[RequestResult]]:
-    users = conversations(args.users, args.context_tokens, args.question_tokens, seed=args.seed)
-    rounds = []
-    for r in range(args.rounds):
-        prompts = [u.next_prompt() for u in users]
-        offsets = poisson_offsets(len(users), args.arrival_rate, seed=args.seed + r)
-        results = run_all(port, [(f"r{r}u{u.user}", p, at) for u, p, at in zip(users, prompts, offsets)],
-                          args.answer_tokens, len(users))
-        for user, prompt, result in zip(users, prompts, results):
-            user.record(prompt, result.tokens)
-        rounds.append(results)
-    return rounds
-
-
-def shared_prefix(port: int, args) -> list[RequestResult]:
-    prompts = shared_prefix_prompts(args.prefixes, args.prefix_tokens, args.prefix_requests,
-                                    args.question_tokens, seed=args.seed + 1000)
-    offsets = poisson_offsets(len(prompts), args.arrival_rate, seed=args.seed + 2000)
-    return run_all(port, [(f"p{i}", p, at) for i, (p, at) in enumerate(zip(prompts, offsets))],
-                   args.answer_tokens, args.concurrency)
-
-
-def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
 def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
@@ -104,21 +76,14 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
             server = Server(server_command(config, args, name, peer_args), args.port, log_dir / f"{tag}.log",
                             extra_env, cwd, leftovers=peer_leftovers(sides.plan))
         try:
-            counts0 = counters(args.port)
-            with processes.phase("bench_serving", f"{tag} multi_round"):
-                rounds = multi_round(args.port, args)
-            counts1 = counters(args.port)
-            reset_wait_s = reset_gpu_cache(args.port)
-            with processes.phase("bench_serving", f"{tag} shared_prefix"):
-                prefix = shared_prefix(args.port, args) if args.prefix_requests else []
-            counts2 = counters(args.port)
+            measured = measure(args.port, args, tag, "bench_serving")
         finally:
             server.stop()
         engine_stats = sides.engine_stats()
-    later = [r for rnd in rounds[1:] for r in rnd]
-    phases = {"multi_round": _delta(counts1, counts0), "shared_prefix": _delta(counts2, counts1)}
     timeline = None
     if tracing:  # the steps that loaded, by phase (every process's monotonic clock is the host's)
+        rounds, prefix = measured.rounds, measured.prefix
+        later = [r for rnd in rounds[1:] for r in rnd]
         lines = trace_path.read_text().splitlines() if trace_path.exists() else []
         steps = step_timeline.parse(lines)
         schedule = step_timeline.parse_schedule(lines)
@@ -126,26 +91,7 @@ def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
                     "shared_prefix": step_timeline.summarize(steps, *_window(prefix)),
                     "first_admission_ms": [step_timeline.first_admission_ms(schedule, _window(rnd)[0])
                                            if rnd else None for rnd in rounds[1:]]}
-    per_round = [summarize(rnd) for rnd in rounds]
-    return {"config": config, "tag": tag, "rounds": per_round,
-            "later_rounds": summarize(later),
-            "later_rounds_wall_s": round(sum(r["wall_s"] for r in per_round[1:]), 4),
-            "shared_prefix": summarize(prefix) if prefix else None,
-            "host_hit_tokens": {phase: hits_of(d)["host_hit_tokens"] for phase, d in phases.items()},
-            "cacheable_tokens": {"multi_round": later_rounds_cacheable(
-                args.users, args.context_tokens, args.question_tokens, args.seed,
-                [[r.tokens for r in rnd] for rnd in rounds])},
-            "reset_wait_s": reset_wait_s,
-            "counters": phases,
-            "engine": engine_stats,
-            "step_timeline": timeline,
-            "results": [[r.key, r.tokens, r.error] for rnd in rounds for r in rnd] +
-                       [[r.key, r.tokens, r.error] for r in prefix],
-            # per request: its tokens' hash and the prompt tokens vLLM did not compute
-            "requests": serving_requests([r for rnd in rounds for r in rnd] + prefix),
-            # sent, first token, done (monotonic s, the clock of the step timeline's lines)
-            "timings": [[r.key, round(r.started_s, 6), round(r.first_token_s, 6), round(r.done_s, 6)]
-                        for rnd in rounds for r in rnd]}
+    return record(config, tag, args, measured, engine_stats, timeline)
 
 
 def run_or_fail(config: str, args, log_dir: Path, tag: str) -> dict:
@@ -250,7 +196,7 @@ def write_json(args, runs: list[dict]) -> None:
     """Every figure and every run."""
     gpu, model = measured_on(args)
     Path(args.json).write_text(json.dumps({"gpu": gpu, "model": model,
-                                           "args": vars(args) | {"arrival_rate": str(args.arrival_rate)},
+                                           "args": recorded_args(args),
                                            **headline(runs), "runs": runs}, indent=1))
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 from tools import bench_replicas
 from tools.bench_replicas import headline, parse_args
 from tools.lib import fleet as fleet_module
-from tools.lib import runs, vllm_serve
+from tools.lib import replica_workloads, runs, vllm_serve
 
 
 class _Replica(BaseHTTPRequestHandler):
@@ -100,9 +100,9 @@ def _args(*extra: str):
 
 def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
     p50_of = []  # the routed results each restart TTFT p50 is taken over
-    ttft_p50 = bench_replicas._ttft_p50
-    monkeypatch.setattr(bench_replicas, "_ttft_p50", lambda routed: p50_of.append(routed) or ttft_p50(routed))
-    run = bench_replicas._workloads("none", _args("--restart"), fleet, "t")
+    ttft_p50 = replica_workloads.ttft_p50
+    monkeypatch.setattr(replica_workloads, "ttft_p50", lambda routed: p50_of.append(routed) or ttft_p50(routed))
+    run = replica_workloads.run_workloads("none", _args("--restart"), fleet, "t")
     # 1. Three rounds of three users, the two later rounds timed; six shared-document requests.
     assert [r["requests"] for r in run["rounds"]] == [3, 3, 3]
     assert run["later_rounds"]["requests"] == 6 and run["docs"]["requests"] == 6
@@ -144,8 +144,8 @@ def test_workloads_route_every_turn_and_count_each_replica(fleet, monkeypatch):
 
 def test_headline_compares_every_answer_with_the_none_run(fleet):
     args = _args()
-    reference = bench_replicas._workloads("none", args, fleet, "a") | {"engine": None}
-    same = bench_replicas._workloads("pegaflow", args, fleet, "b") | {"engine": None}
+    reference = replica_workloads.run_workloads("none", args, fleet, "a") | {"engine": None}
+    same = replica_workloads.run_workloads("pegaflow", args, fleet, "b") | {"engine": None}
     wrong = json.loads(json.dumps(same)) | {"config": "native"}
     wrong["results"][4][1] = [9, 9, 9, 9]  # one answer of one request differs
     table = headline([reference, same, wrong])
@@ -256,11 +256,13 @@ class _LaunchLog:
 @pytest.mark.parametrize("start,warm,expected", [
     ("together", True, ["launch 0", "launch 1", "launch 2", "wait 0", "wait 1", "wait 2"]),
     ("together", False, ["launch 0", "wait 0", "launch 1", "launch 2", "wait 1", "wait 2"]),
+    ("at-once", False, ["launch 0", "launch 1", "launch 2", "wait 0", "wait 1", "wait 2"]),
     ("one-by-one", True, ["launch 0", "wait 0", "launch 1", "wait 1", "launch 2", "wait 2"])])
 def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypatch, tmp_path, start, warm,
                                                                           expected):
     # 1. Together: every replica launched before any is waited for, unless vLLM's compile
-    #    cache is empty (then replica 0 first, alone); one-by-one: each after the previous.
+    #    cache is empty (then replica 0 first, alone; at-once: not even then); one-by-one: each
+    #    after the previous.
     # 2. Together, each replica's KV cache is given in bytes (the 8B shape's 2 MiB a block),
     #    beside the block count; one-by-one leaves vLLM's memory profile as it is.
     _LaunchLog.events = []
@@ -271,7 +273,7 @@ def test_fleet_starts_replicas_together_after_the_compile_cache_is_warm(monkeypa
     assert [f"{kind} {port - 9000}" for kind, port in _LaunchLog.events] == expected
     assert fleet.ready_s == [12.35] * 3
     cmd = fleet.servers[2].cmd
-    if start == "together":
+    if start != "one-by-one":
         assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(1000 * 2 << 20)
     else:
         assert "--kv-cache-memory-bytes" not in cmd
@@ -299,7 +301,7 @@ def _burst_run(config: str, claims=None) -> dict:
     fleet = BurstFleet(2, expected=3 * 2)
     fleet.ready_s = [1.0, 1.0]
     try:
-        run = bench_replicas._workloads(config, _burst_args(), fleet, config, claims)
+        run = replica_workloads.run_workloads(config, _burst_args(), fleet, config, claims)
         assert [s.warmups for s in fleet.servers] == [1, 1]  # each replica warmed once, before the burst
         return run | {"engine": None}
     finally:
@@ -358,13 +360,13 @@ def test_parse_args_burst_needs_no_chat_but_restart_does():
 def test_headline_compares_a_burst_only_run_with_the_none_run_of_the_burst(fleet):
     # A merge of a chat run of none, a burst-only run of none and a burst-only run of pegaflow:
     # each answer is compared with the none run that has it, not with the chat's (no match).
-    chat_none = bench_replicas._workloads("none", _args(), fleet, "a") | {"engine": None}
+    chat_none = replica_workloads.run_workloads("none", _args(), fleet, "a") | {"engine": None}
     table = headline([chat_none, _burst_run("none"), _burst_run("pegaflow")])
     assert table["pegaflow"]["outputs_identical"] is True and table["pegaflow"]["identical_share"] == 1.0
     assert table["none"]["later_rounds_wall_s"] == chat_none["later_rounds_wall_s"]
     assert table["pegaflow"]["burst_identical_share"] == 1.0 and "later_rounds_wall_s" not in table["pegaflow"]
     # A chat run of pegaflow beside only a burst run of none: nothing to compare it with, so
     # no verdict (not "differs").
-    chat_pegaflow = bench_replicas._workloads("pegaflow", _args(), fleet, "b") | {"engine": None}
+    chat_pegaflow = replica_workloads.run_workloads("pegaflow", _args(), fleet, "b") | {"engine": None}
     table = headline([_burst_run("none"), chat_pegaflow])
     assert "identical_share" not in table["pegaflow"] and "outputs_identical" not in table["pegaflow"]

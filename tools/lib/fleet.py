@@ -45,11 +45,16 @@ class Fleet:
     (``--kv-cache-memory-bytes`` beside ``--num-gpu-blocks-override``) so that no replica's
     memory profile counts another's allocations; where vLLM's compile cache is still empty,
     replica 0 starts alone first (it fills the cache) and the rest together after it.
+    ``at-once`` launches them together even then (each compiles; the cache is keyed by what
+    changes the graphs, so configurations may need their own entries anyway: a connector that
+    makes vLLM run piecewise CUDA graphs, native offloading's settings).
     ``one-by-one`` starts each after the previous one is up."""
 
-    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None):
+    def __init__(self, config: str, args, engine_name: str, log_dir: Path, tag: str, plan=None,
+                 extra_args: tuple[str, ...] = ()):
         self.config, self.args, self.engine_name, self.log_dir, self.tag = config, args, engine_name, log_dir, tag
         self.plan = plan  # a peer's settings (tools/lib/peers.py), shared by every replica
+        self.extra_args = extra_args  # more ``vllm serve`` arguments, the same for every replica
         self.servers: list[Server | None] = [None] * args.replicas
         self.ready_s: list[float] = [0.0] * args.replicas
         try:
@@ -68,7 +73,7 @@ class Fleet:
                 self.start(replica)
             return
         rest = range(a.replicas)
-        if not (a.eager or compile_cache_warm()):  # replica 0 fills vLLM's compile cache alone
+        if a.start == "together" and not (a.eager or compile_cache_warm()):  # replica 0 fills the cache alone
             self.start(0)
             rest = range(1, a.replicas)
         with processes.phase(None, f"{self.tag} replicas {list(rest)} start"):
@@ -89,8 +94,8 @@ class Fleet:
             logging_path = self.log_dir / f"{self.tag}.r{replica}.logging.json"
             logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
             env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_path)
-        cmd = server_command(self.config, one, self.engine_name, peer_args)
-        if a.start == "together":
+        cmd = server_command(self.config, one, self.engine_name, peer_args) + list(self.extra_args)
+        if a.start != "one-by-one":
             cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(a.model, a.gpu_blocks))]
         self.servers[replica] = Server(cmd, one.port, log_path, env, cwd, wait=False,
                                        leftovers=peer_leftovers(self.plan))
@@ -138,8 +143,9 @@ class Fleet:
         return sum(reset_gpu_cache(self.port(replica)) for replica in range(self.args.replicas))
 
     def close(self) -> None:
-        for replica in range(self.args.replicas):
-            self.stop(replica)
+        """Every replica stopped, all at once (each waits for its vLLM to exit)."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.args.replicas)) as pool:
+            list(pool.map(self.stop, range(self.args.replicas)))
 
     def warnings(self, most: int = 20) -> dict[int, list[str]]:
         """Per replica, the first ``most`` WARNING or ERROR lines of its log that name pegaflow."""

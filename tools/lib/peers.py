@@ -109,6 +109,7 @@ class Plan:
     server_argv: tuple[str, ...] = ()
     health_url: str = ""
     server_env: dict[str, str] = field(default_factory=dict)
+    clear_url: str = ""  # POST: the server drops every block it holds (tools/lib/cache_reset.py)
 
     def serve_args(self) -> list[str]:
         return ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
@@ -193,7 +194,8 @@ def plan(config: str, pool_bytes: int, num_vllms: int = 1) -> Plan:
         extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port}
         return Plan(config, {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
                              "kv_connector_extra_config": extra}, env, cwd, server,
-                    f"http://127.0.0.1:{http_port}/healthcheck", process_env(config))
+                    f"http://127.0.0.1:{http_port}/healthcheck", process_env(config),
+                    f"http://127.0.0.1:{http_port}/cache/clear")
     if config == "pegaflow-rs":
         # its pool size in bytes: its "gb" is a GiB, a plain number is bytes
         server = (sys.executable, "-m", "pegaflow._server", "--addr", f"127.0.0.1:{port}",
@@ -202,7 +204,8 @@ def plan(config: str, pool_bytes: int, num_vllms: int = 1) -> Plan:
         extra = {"pegaflow.host": "http://127.0.0.1", "pegaflow.port": port}
         return Plan(config, {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
                              "kv_role": "kv_both", "kv_connector_extra_config": extra}, env, cwd, server,
-                    f"http://127.0.0.1:{http_port}/health", process_env(config))
+                    f"http://127.0.0.1:{http_port}/health", process_env(config),
+                    f"http://127.0.0.1:{http_port}/cache/memory/cleanup")
     raise AssertionError(f"a configuration of PEERS without a plan: {config}")
 
 

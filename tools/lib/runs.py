@@ -113,6 +113,15 @@ def print_failures(table: dict) -> None:
                                               if row["errors"]), file=sys.stderr)
 
 
+def recorded_args(args) -> dict:
+    """The arguments the runs were measured with: a merge's, its first file's (a merge's own
+    command line says nothing of the workload; a file that kept none: ours); else ours."""
+    ours = vars(args) | {key: str(value) for key, value in vars(args).items() if value == float("inf")}
+    if args.merge:
+        return json.loads(Path(args.merge[0]).read_text()).get("args") or ours
+    return ours
+
+
 def measured_on(args) -> tuple[str, str]:
     """The GPU and model of a run; merged runs keep those they were measured with."""
     if args.merge:

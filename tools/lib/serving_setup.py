@@ -6,7 +6,8 @@ one way for ``bench_serving``, ``bench_replicas`` and ``bench_pd``.
 - ``side_processes(...)``: a context manager that starts what the configuration needs: a fresh
   pegaflow engine (``PEGAFLOW_CONFIGS``), or a peer's plan and its server (``tools/lib/peers.py``);
   it yields a ``Sides`` and stops them on exit, the engine last (a large pool takes its time
-  to give its memory back: waited for, not killed);
+  to give its memory back: waited for, not killed); ``Sides.restart_engine`` empties pegaflow's
+  cache between two runs in one set of vLLMs (``tools/lib/cache_reset.py``);
 - ``vllm_settings(plan)``: a vLLM process's extra arguments, environment and working directory
   for a peer's plan (none of them without one).
 """
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,9 @@ class Sides:
     engine_name: str
     has_engine: bool
     plan: peers.Plan | None
+    # pegaflow's engine stopped and a fresh one started under its name, its pool pinned whole:
+    # every block gone (the vLLMs attached reconnect by themselves); its seconds.  None: no engine.
+    restart_engine: Callable[[], float] | None = None
 
     def engine_stats(self) -> dict | None:
         """The engine's block counters now (None without an engine)."""
@@ -82,20 +87,36 @@ def side_processes(config: str, engine_name: str, engine_args: list[str], host_g
     or the peer's plan for ``peer_pool_bytes`` and ``num_vllms`` vLLMs and its server
     (``<tag>.peer.log``), or nothing."""
     from tools import engine_process  # here, not at the top: it imports this repo's pegaflow
-    engine = None
-    if config in PEGAFLOW_CONFIGS:
+    engine, num_starts = None, 0
+
+    def start_engine():
+        nonlocal num_starts
+        log = log_dir / (f"{tag}.engine.log" if not num_starts else f"{tag}.engine{num_starts}.log")
+        num_starts += 1
         with processes.phase(None, f"{tag} engine start"):
-            engine = engine_process.EngineProcess(
+            return engine_process.EngineProcess(
                 engine_name, *engine_args, *ENGINE_FLAGS.get(config, []), backend="cuda",
                 pool_size=f"{host_gib}GiB", start_timeout_s=engine_start_timeout_s, log_level="INFO",
-                stderr_path=log_dir / f"{tag}.engine.log")
+                stderr_path=log)
+
+    def restart_engine() -> float:
+        nonlocal engine
+        started = time.monotonic()
+        engine.stop(timeout_s=engine_process.LARGE_POOL_STOP_S)
+        engine = None
+        engine = start_engine()
+        engine.wait_pool_pinned()
+        return time.monotonic() - started
+
+    if config in PEGAFLOW_CONFIGS:
+        engine = start_engine()
     try:
         plan = peers.plan(config, peer_pool_bytes, num_vllms) if config in peers.PEERS else None
         with contextlib.ExitStack() as server:
             if plan is not None:
                 with processes.phase(None, f"{tag} peer server start"):
                     server.enter_context(peers.side_process(plan, log_dir / f"{tag}.peer.log"))
-            yield Sides(engine_name, engine is not None, plan)
+            yield Sides(engine_name, engine is not None, plan, restart_engine if engine is not None else None)
     finally:
         if engine is not None:
             engine.stop(timeout_s=engine_process.LARGE_POOL_STOP_S)

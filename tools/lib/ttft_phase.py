@@ -16,7 +16,7 @@ from tools.lib.ttft_configs import cacheable_tokens
 from tools.lib.warm_pass import by_source_delta, empty_gpu_cache, scrub_gpu_kv, tokens_by_source, top_logprobs
 
 
-def _prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
+def random_prompts(seed: int, count: int, length: int, vocab: int) -> list[list[int]]:
     import random
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab - 10) for _ in range(length)] for _ in range(count)]
@@ -170,10 +170,10 @@ def run_phase(args) -> dict:
     """One vLLM process: what ``--phase`` names; returns its measurements."""
     from transformers import AutoConfig
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    prompts = _prompts(1, args.num_prompts, args.prompt_tokens, vocab)
-    decode_prompts = _prompts(2, args.decode_prompts, args.prompt_tokens // 10, vocab)
+    prompts = random_prompts(1, args.num_prompts, args.prompt_tokens, vocab)
+    decode_prompts = random_prompts(2, args.decode_prompts, args.prompt_tokens // 10, vocab)
     llm = _llm(args, args.phase)
-    _time_each(llm, _prompts(3, 1, 512, vocab), 1)  # warm-up: kernels, allocator
+    _time_each(llm, random_prompts(3, 1, 512, vocab), 1)  # warm-up: kernels, allocator
     # (a connector may make vLLM run piecewise CUDA graphs only: attention then splits its work
     # otherwise, and logprobs are compared only between phases of the same mode)
     result = {"cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)}
@@ -185,7 +185,7 @@ def run_phase(args) -> dict:
         _timed(result, "disk", _time_each(llm, alone, 1))
         # Its own seed per mode: the engine of an earlier mode wrote its new request to disk.
         seed = 5 + load_modes().index(args.disk_load_mode)
-        result["beside"] = _beside(llm, _prompts(seed, 1, args.prompt_tokens // 10, vocab)[0], last, args)
+        result["beside"] = _beside(llm, random_prompts(seed, 1, args.prompt_tokens // 10, vocab)[0], last, args)
         result["disk_tokens"].append(result["beside"].pop("hit_tokens"))
         _timed(result, "pool", _time_each(llm, prompts, 1))  # read back into its pool by then
         return result
@@ -207,6 +207,6 @@ def run_phase(args) -> dict:
     else:
         _timed(result, "gpu_hit", _time_each(llm, prompts, 1))  # vLLM's prefix cache alone
         result["tpot_ms"] = _tpot_ms(llm, decode_prompts, args)
-        result["cold_batch_ms"] = _time_batch(llm, _prompts(4, args.num_prompts, args.prompt_tokens, vocab), 1)
+        result["cold_batch_ms"] = _time_batch(llm, random_prompts(4, args.num_prompts, args.prompt_tokens, vocab), 1)
     return result
 

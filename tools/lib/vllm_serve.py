@@ -128,11 +128,13 @@ def by_source_of_counters(found: dict[str, float]) -> dict[str, int] | None:
     return {source: int(found.get(f"{BY_SOURCE}:{source}", 0.0)) for source in SOURCES}
 
 
-def reset_gpu_cache(port: int) -> float:
+def reset_gpu_cache(port: int, external: bool = False) -> float:
     """Empty the server's GPU prefix cache: ``POST /reset_prefix_cache`` until it answers
     ``{"success": true}`` (it refuses while a connector's saves hold blocks; tools/lib/warm_pass.py);
-    the seconds that took."""
-    return empty_gpu_cache(lambda: json.loads(_get(port, "/reset_prefix_cache", method="POST"))["success"])
+    the seconds that took.  ``external``: its connector's cache too (``?reset_external=true``:
+    vLLM calls the connector's ``reset_cache``; native offloading's CPU cache is emptied)."""
+    path = "/reset_prefix_cache?reset_external=true" if external else "/reset_prefix_cache"
+    return empty_gpu_cache(lambda: json.loads(_get(port, path, method="POST"))["success"])
 
 
 def hits_of(found: dict[str, float]) -> dict[str, float]:

@@ -25,6 +25,9 @@ class _FakeEngine:
     def stop(self, timeout_s=None):
         self.stopped_with = timeout_s
 
+    def wait_pool_pinned(self):
+        self.pinned = True
+
 
 @pytest.fixture
 def fakes(monkeypatch):
@@ -95,6 +98,21 @@ def test_side_processes_pegaflow_groups_configurations_add_their_engine_flags(fa
     assert config.hold_saves is True and config.load_layer_groups == 4
     for flags in serving_setup.ENGINE_FLAGS.values():
         config_from_args(flags, environ={})
+
+
+def test_side_processes_restart_engine_stops_it_and_starts_an_empty_one_under_its_name(fakes, tmp_path):
+    with _sides("pegaflow-hold", tmp_path) as sides:
+        # 1. The engine stopped (a large pool's time given), a fresh one started with the same
+        #    name and flags, its log a file of its own, and waited for until its pool is pinned.
+        assert sides.restart_engine() >= 0.0
+        first, second = _FakeEngine.made
+        assert first.stopped_with == tools.engine_process.LARGE_POOL_STOP_S and second.stopped_with is None
+        assert (second.name, second.flags) == (first.name, first.flags) and second.pinned
+        assert second.kwargs["stderr_path"] == tmp_path / "t0.engine1.log"
+    # 2. On the way out the engine stopped is the one running then.
+    assert second.stopped_with == tools.engine_process.LARGE_POOL_STOP_S
+    with _sides("none", tmp_path) as sides:
+        assert sides.restart_engine is None
 
 
 def test_side_processes_stops_the_engine_when_the_run_fails(fakes, tmp_path):
