@@ -1,6 +1,7 @@
 """A command's answer as a client reads it: a ``Completion``, its values by name (the
 opcode's answer type in ``pegaflow.platform.protocol``), and CommandError for an answer
-that is not OK."""
+that is not OK.  WAIT_REFUSED is OK's twin: a LOOKUP answered at once, its values as OK's
+(the READY prefix, leased), the wait it asked for refused by the engine's bounds."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class Completion(NamedTuple):
 
     @property
     def is_ok(self) -> bool:
-        return self.status == _OK
+        """OK, or WAIT_REFUSED: its values hold (a LOOKUP's lease to use or give back)."""
+        return self.status == _OK or self.status == _WAIT_REFUSED
 
     @property
     def result(self):
@@ -39,7 +41,7 @@ class Completion(NamedTuple):
 LookupResult = LookupAnswer
 
 
-_OK = Status.OK  # read once: the hot loop compares against a plain name
+_OK, _WAIT_REFUSED = Status.OK, Status.WAIT_REFUSED  # read once: the hot loop compares against a plain name
 _opcode_of = {int(m): m for m in Opcode}.get
 _status_of = {int(m): m for m in Status}.get
 _new_completion = functools.partial(tuple.__new__, Completion)
@@ -54,8 +56,8 @@ def completion_of(record) -> Completion:
 
 
 def checked(opcode: Opcode | int, completion: Completion) -> Completion:
-    """``completion`` if OK; else CommandError."""
-    if completion.status != _OK:
+    """``completion`` if OK (or WAIT_REFUSED); else CommandError."""
+    if completion.status != _OK and completion.status != _WAIT_REFUSED:
         name = getattr(completion.status, "name", completion.status)
         raise CommandError(completion.status, f"{getattr(opcode, 'name', opcode)} failed: {name}")
     return completion
