@@ -2,7 +2,9 @@
 
     lookup          the index's prefix, now; or parked (``lookup_waits.py``) while it
                     stops at a block being saved, answered when the saves land or at its
-                    wait's end (the LOOKUP's ``wait_ms``, else the engine's --lookup-wait-ms)
+                    wait's end (the LOOKUP's ``wait_ms``, else the engine's --lookup-wait-ms);
+                    past the bounds on parked LOOKUPs, answered now under WAIT_REFUSED
+                    (one the remote tier goes on with is answered OK by it)
     (compute once)  a LOOKUP with a ``Prefill`` claims what it misses for its instance, and
                     is parked while its prefix reaches blocks another instance claimed
                     (``prefill_claims.py``), if that wait looks no longer than computing
@@ -24,7 +26,7 @@ from pegaflow.platform.wire import Status
 from ..blocks.index import BlockIndex
 from ..config import MAX_LOOKUP_WAIT_S
 from ..stats import StatsWriter
-from .lookup_waits import WaitingLookup, WaitingLookups, writing_stop
+from .lookup_waits import Parked, WaitingLookup, WaitingLookups, writing_stop
 from .prefill_claims import PrefillClaims
 from .received import LATER, Received
 
@@ -58,12 +60,18 @@ class Lookups:
         claim_until = None if is_reading else self.claims.wait_until(client, keys, num_hits, lookup.prefill)
         self.claims.claim(client, keys, num_hits, lookup.prefill)
         claim_wait = None if claim_until is None else (claim_until, lookup.prefill)
-        if (wait_s > 0 or claim_wait) and num_hits < len(keys) and not is_reading and self.waiting.try_park(
-                received, keys, num_hits, wait_s, self.clients(), claim_wait):
+        parked = Parked.NO
+        if (wait_s > 0 or claim_wait) and num_hits < len(keys) and not is_reading:
+            parked = self.waiting.try_park(received, keys, num_hits, wait_s, self.clients(), claim_wait)
+        if parked is Parked.YES:
             if lease_id:  # answered once the saves land (or at the deadline), with a fresh lookup
                 self.index.release(lease_id)
             return LATER
-        return self.continue_on(received, keys, num_hits, lease_id)
+        answer = self.continue_on(received, keys, num_hits, lease_id)
+        if parked is Parked.REFUSED and answer is not LATER:  # past the bounds: its asker is told
+            self.answer_later(received, Status.WAIT_REFUSED, answer)
+            return LATER
+        return answer
 
     def continue_on(self, received: Received, keys: list[Key], num_hits: int, lease_id: int):
         """The rest of a LOOKUP whose local prefix is leased: through the remote store, if any."""

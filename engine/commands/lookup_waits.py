@@ -29,8 +29,9 @@ such SAVE.
 
 Bounds (memory): at most MAX_WAITING LOOKUPs (MAX_WAITING_KEYS hashes) are parked at once,
 of one client at most MAX_WAITING_PER_CLIENT (MAX_WAITING_KEYS_PER_CLIENT hashes).  A LOOKUP
-past them is not parked: it is answered at once with its READY prefix, as with the wait
-off, and counted in ``lookup_waits_refused``.
+past them is not parked (``Parked.REFUSED``): it is answered at once with its READY prefix,
+as with the wait off, under the status WAIT_REFUSED (its values as OK's), and counted in
+``lookup_waits_refused``.
 
 A LOOKUP that reaches blocks another vLLM instance claimed (compute once,
 ``prefill_claims.py``) is parked here too, with the deadline the claim gives it, and waits
@@ -44,6 +45,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -56,6 +58,14 @@ MAX_WAITING_PER_CLIENT = 256       # LOOKUPs of one client parked at once
 MAX_WAITING_KEYS_PER_CLIENT = 1 << 18  # and their hashes (a LOOKUP's whole chain counts)
 MAX_WAITING = 1024                 # every client's together
 MAX_WAITING_KEYS = 1 << 20         # (a parked hash takes about 60 bytes of the engine's memory)
+
+
+class Parked(Enum):
+    """What ``WaitingLookups.try_park`` did with a LOOKUP."""
+
+    YES = "parked"        # answered later, from here
+    NO = "no wait"        # nothing to wait for: answered now, OK
+    REFUSED = "refused"   # it would wait, past the bounds: answered now, WAIT_REFUSED
 
 
 @dataclass(slots=True)
@@ -147,27 +157,27 @@ class WaitingLookups:
         self.by_client: dict[int, list[int]] = {}  # client uid -> [LOOKUPs parked, their hashes]
 
     def try_park(self, received, keys: list[Key], num_ready: int, wait_s: float, clients,
-                 claim_wait: tuple[float, object] | None = None) -> bool:
+                 claim_wait: tuple[float, object] | None = None) -> Parked:
         """Park this LOOKUP, whose READY prefix is ``num_ready`` blocks (the index's lookup
         walked it), if it stops at a block being saved, or at one the index does not know
         while other ``clients`` have a SAVE of its namespace to read, or if ``claim_wait`` (a
-        deadline and the asker's ``Prefill``: it waits for another instance's claim) (True);
-        else, or past the bounds, it is answered now."""
+        deadline and the asker's ``Prefill``: it waits for another instance's claim) (YES);
+        else it is answered now (NO), and past the bounds too (REFUSED, counted)."""
         client, now, stop = received.client, time.monotonic(), keys[num_ready]
         _, why = writing_stop(self.index, [stop], now)  # the block it stops at
         marks = unread_marks(clients, client, stop[0], self.is_issuing) if why == "absent" else []
         if why != "writing" and not marks and claim_wait is None:
-            return False
+            return Parked.NO
         if not self.has_room(client, len(keys)):
             self.stats.add("lookup_waits_refused")
-            return False
+            return Parked.REFUSED
         deadline, prefill = (now + wait_s, None) if claim_wait is None else (max(claim_wait[0], now + wait_s),
                                                                              claim_wait[1])
         waiting = WaitingLookup(client, received, keys, deadline, now, num_ready, marks, prefill=prefill)
         if why == "writing":
             waiting.wake_at = min(waiting.deadline, abandoned_at(self.index, stop))
         self.park(waiting)
-        return True
+        return Parked.YES
 
     def has_room(self, client, num_keys: int) -> bool:
         """Whether a LOOKUP of ``num_keys`` hashes of ``client`` may be parked (the bounds)."""

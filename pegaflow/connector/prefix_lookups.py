@@ -20,13 +20,14 @@ from pegaflow.connector.link import EngineLink
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.platform.errors import EngineTimeoutError, PegaflowError
 from pegaflow.platform.protocol import Prefill
-from pegaflow.platform.wire import Opcode, encode_hashes
+from pegaflow.platform.wire import Opcode, Status, encode_hashes
 
 logger = logging.getLogger(__name__)
 
 LOOKUP_MAX_AGE_S = 30.0  # an answer kept longer is asked again: its lease (default TTL
 #                          120 s) may expire, and the blocks with it, while vLLM cannot
 #                          allocate the request yet
+REFUSED_LOG_EVERY = 100  # answers refused a wait (WAIT_REFUSED): one logged a WARNING per this many
 FIRST_WAIT_S = 2e-3  # per call, all ranks' answers together: a lookup is usually answered in
 #                     ~0.1 ms; past this, vLLM asks again
 
@@ -55,6 +56,7 @@ class Lookups:
         self.link = link
         self.stats = stats
         self.num_late = 0
+        self.num_refused = 0  # answers past the engine's bounds on waiting LOOKUPs (WAIT_REFUSED)
 
     def start(self, state, request, num_computed_tokens: int) -> None:
         """Send one LOOKUP per rank for the blocks vLLM has not computed (one token left over)."""
@@ -107,6 +109,7 @@ class Lookups:
             return True
         state.lookup = None
         answers = [pending.answers[i] for i in pending.command_ids]
+        self._note_refused(state, answers)
         leases = tuple(a.result.lease_id for a in answers)
         num_hits = _num_hits(pending.num_blocks, answers)
         if pending.hashes:  # only as far as the last stored Mamba state in that run
@@ -129,6 +132,20 @@ class Lookups:
         for command_id in command_ids:
             if command_id not in pending.answers:
                 pending.answers[command_id] = client.wait(command_id, max(0.0, wait_until - time.monotonic()))
+
+    def _note_refused(self, state, answers) -> None:
+        """Answers the engine gave at once, past its bounds on parked LOOKUPs (WAIT_REFUSED):
+        their READY prefix is used as any answer's, the rest computed; counted, and logged
+        one in REFUSED_LOG_EVERY."""
+        num_refused = sum(a.status == Status.WAIT_REFUSED for a in answers)
+        if not num_refused:
+            return
+        self.num_refused += num_refused
+        self.stats.add("lookup_waits_refused", num_refused)
+        log = logger.warning if self.num_refused % REFUSED_LOG_EVERY == 1 else logger.debug
+        log("pegaflow: lookup for %s was answered without waiting for blocks being saved: the "
+            "engine holds too many waiting lookups (%d so far; blocks not yet saved are computed)",
+            state.request.request_id, self.num_refused)
 
     def _late(self, state, client, deadline: float) -> bool:
         if time.monotonic() < deadline:

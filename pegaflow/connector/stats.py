@@ -10,6 +10,7 @@ periodic "KV Transfer metrics" log line (``reduce``).
 | lookups, lookup_tokens, lookup_hit_tokens | scheduler | lookups answered, the tokens they asked for and found |
 | lookup_deferrals | scheduler | times a lookup's answer was not in at once and vLLM asked again next step |
 | lookup_timeouts | scheduler | lookups past ``lookup_timeout_ms``, served as misses |
+| lookup_waits_refused | scheduler | answers given at once, too many LOOKUPs waiting (WAIT_REFUSED): the rest computed |
 | load_blocks, loaded_blocks, load_failed_blocks | worker | blocks planned, loaded, and failed (recomputed) |
 | saved_blocks, save_dropped_blocks | worker | blocks SAVEs stored, and those the engine could not take |
 
@@ -28,8 +29,8 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 COUNTS = ("lookups", "lookup_tokens", "lookup_hit_tokens", "lookup_deferrals", "lookup_timeouts",
-          "load_blocks", "loaded_blocks", "load_failed_blocks", "saved_blocks", "save_dropped_blocks",
-          "engine_up_reports", "engine_down_reports")
+          "lookup_waits_refused", "load_blocks", "loaded_blocks", "load_failed_blocks", "saved_blocks",
+          "save_dropped_blocks", "engine_up_reports", "engine_down_reports")
 LATENCIES = ("lookup_s", "load_s", "save_s")
 MAX_SAMPLES = 4096  # latencies kept per interval; the counts stay exact past it
 
@@ -111,6 +112,9 @@ _COUNTERS = {  # metric -> (help, value of a step's data)
                                        lambda d: d["lookup_deferrals"]),
     "vllm:pegaflow_lookup_timeouts": ("lookups past lookup_timeout_ms, served as misses",
                                       lambda d: d["lookup_timeouts"]),
+    "vllm:pegaflow_lookup_waits_refused": ("lookups the engine answered at once, too many waiting for saves "
+                                           "(the blocks not yet saved are computed)",
+                                           lambda d: d["lookup_waits_refused"]),
     "vllm:pegaflow_loaded_blocks": ("KV blocks loaded from pegaflow (per worker rank, summed over ranks)",
                                     lambda d: d["loaded_blocks"]),
     "vllm:pegaflow_load_failed_blocks": ("KV blocks whose load failed and were recomputed (per worker "

@@ -50,7 +50,8 @@ from pegaflow.platform.stats_layout import (
 )
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 16  # 16: REGION's gpu_uuid; 15: request_id is command_id; 14: compute once (a LOOKUP's CLAIM and
+WIRE_VERSION = 16  # 16: REGION's gpu_uuid, LOOKUP's WAIT_REFUSED; 15: request_id is command_id;
+#                  14: compute once (a LOOKUP's CLAIM and
 #                  its PREFILL record, RELEASE_CLAIM); 13: the stats count LOOKUP waits refused; 12: ATTACH
 #                  carries the kv_role, LOOKUP its wait
 ALL_LAYERS = 0xFFFF
@@ -93,6 +94,8 @@ class Status(IntEnum):
     COPY_FAILED = 11
     INTERNAL = 12
     BAD_VERSION = 13
+    WAIT_REFUSED = 14  # not an error: a LOOKUP answered at once with its READY prefix (values as OK's,
+    #                    leased), the wait it would have had refused by the bounds on parked LOOKUPs
 
 
 class SlotState(IntEnum):

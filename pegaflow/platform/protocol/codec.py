@@ -75,7 +75,7 @@ from .envelope import (
 # unpacking.  Everything else reads plainly.
 _DETACH, _UNREGISTER, _PING = Detach(), Unregister(), Ping()  # no fields: one value each
 _LOOKUP, _RELEASE, _SAVE, _LOAD, _DROP = Opcode.LOOKUP, Opcode.RELEASE, Opcode.SAVE, Opcode.LOAD, Opcode.DROP
-_OK = Status.OK
+_OK, _WAIT_REFUSED = Status.OK, Status.WAIT_REFUSED
 _opcode_of = {int(m): m for m in Opcode}.get
 _status_of = {int(m): m for m in Status}.get
 
@@ -323,7 +323,9 @@ class Completion(NamedTuple):
 
     @property
     def is_ok(self) -> bool:
-        return self.status == _OK
+        """OK, or WAIT_REFUSED (OK's twin: a LOOKUP answered at once, its values as OK's, the
+        wait it asked for refused by the engine's bounds): its values hold."""
+        return self.status == _OK or self.status == _WAIT_REFUSED
 
     @property
     def result(self):
@@ -345,8 +347,8 @@ def completion_of(record) -> Completion:
 
 
 def checked(completion: Completion) -> Completion:
-    """``completion`` if OK; else CommandError naming its opcode and status."""
-    if completion.status != _OK:
+    """``completion`` if OK (or WAIT_REFUSED); else CommandError naming its opcode and status."""
+    if completion.status != _OK and completion.status != _WAIT_REFUSED:
         opcode, status = completion.opcode, completion.status
         raise CommandError(status, f"{getattr(opcode, 'name', opcode)} failed: {getattr(status, 'name', status)}")
     return completion

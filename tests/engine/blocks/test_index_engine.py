@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from pegaflow.platform.wire import Status
+from tests.conftest import STATS_TIMEOUT_S
 
 NAMESPACE = 0x1DE7
 POOL_SIZE = "256KiB"
@@ -79,7 +80,7 @@ def test_index_lease_expiry_makes_blocks_evictable(engine_factory, kv_client, rn
     assert (dropped.value, dropped.value3) == (0, 1)
     engine.wait_stats(lambda s: s["leases_active"] == 1)
     # 3. After the TTL the engine expires the lease on its own.
-    stats = engine.wait_stats(lambda s: s["leases_active"] == 0, timeout_s=lease_ttl_s + 5)
+    stats = engine.wait_stats(lambda s: s["leases_active"] == 0, timeout_s=lease_ttl_s + STATS_TIMEOUT_S)
     assert stats["lease_expiries"] == 1
     # 4. Now new blocks evict the formerly leased ones (the chain's tail first).
     saved = kv.save(NAMESPACE, range(capacity, capacity + 4), make_hashes(4))

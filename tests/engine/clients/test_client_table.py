@@ -136,35 +136,58 @@ def _save_then_wait(conn, engine_name: str) -> None:
     conn.recv()
 
 
-def test_client_table_client_killed_while_its_save_is_held_is_reclaimed():
-    # 1. An engine whose backend holds every SAVE until its client's GPU has written the data
-    #    (--hold-saves), and that data never comes: the client's process is killed meanwhile.
-    import threading
+def _holding_backend(monkeypatch):
+    """The host backend with --hold-saves as the cuda backend has it: each SAVE held in a real
+    ``HeldSaves`` (engine/copy/held_saves.py) on a stand-in driver whose client work never
+    ends (its marker never fires), and ended by ``CudaBackend.drop_held`` itself."""
+    from types import SimpleNamespace
 
-    from engine.copy.base import CopyDone, Direction
+    from engine.copy.base import Direction
     from engine.copy.host import HostBackend
-    from pegaflow.platform import shm
-    from tests.spawn import start_child
+    cuda = pytest.importorskip("engine.copy.cuda")  # (held_saves, like it, needs cuda-python)
+    held_saves = pytest.importorskip("engine.copy.held_saves")
+    let_go = []  # streams and markers the driver was told to destroy
+    for call, stand_in in (("use_device", lambda device: None), ("event_done", lambda event: False),
+                           ("create_stream", lambda low_priority=True: "gate"), ("wait", lambda s, e: None),
+                           ("record", lambda event, stream: None), ("destroy_stream", let_go.append),
+                           ("destroy_event", let_go.append)):
+        monkeypatch.setattr(held_saves.driver, call, stand_in)
 
     class HoldingBackend(HostBackend):
+        drop_held = cuda.CudaBackend.drop_held  # (the product's: its ended SAVEs into ``_ready``)
+        _ready = property(lambda self: self._done, lambda self, done: setattr(self, "_done", done))
+
         def __init__(self):
             super().__init__()
-            self.held = []
+            self.held, self.let_go = held_saves.HeldSaves(), let_go
+            self._held = self.held
+            self.dev = SimpleNamespace(device=0, idle_events=[], event=lambda: "marker")
 
         def submit(self, op):
             if op.direction != Direction.SAVE:
                 return super().submit(op)
-            self.held.append(op)
+            self.held.hold(self.dev, op, [], [])
 
-        def drop_held(self, slot):
-            self._done += [CopyDone(op.token, "client gone") for op in self.held if op.slot == slot]
-            self.held = [op for op in self.held if op.slot != slot]
+        def poll(self):
+            self.held.issue_ready(lambda held: HostBackend.submit(self, held.op), self._done)
+            return super().poll()
 
         def num_inflight(self):
             return super().num_inflight() + len(self.held)
 
+    return HoldingBackend()
+
+
+def test_client_table_client_killed_while_its_save_is_held_is_reclaimed(monkeypatch):
+    # 1. An engine whose backend holds every SAVE until its client's GPU has written the data
+    #    (--hold-saves), and that data never comes: the client's process is killed meanwhile.
+    import threading
+
+    from pegaflow.platform import shm
+    from tests.spawn import start_child
+
     name = f"t{os.getpid()}_held{next(_names)}"
-    backend = HoldingBackend()
+    backend = _holding_backend(monkeypatch)
     server = EngineServer(EngineConfig(name=name, backend="host", pool_bytes=4 << 20, slab_bytes=1 << 20,
                                        num_slots=2), backend=backend)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -175,7 +198,7 @@ def test_client_table_client_killed_while_its_save_is_held_is_reclaimed():
         assert conn.poll(30), "the client never saved"
         kv_name = conn.recv()
         deadline = time.monotonic() + 30
-        while not backend.held:
+        while not len(backend.held):
             assert time.monotonic() < deadline, "the SAVE never reached the backend"
             time.sleep(0.01)
         child.kill()
@@ -185,7 +208,8 @@ def test_client_table_client_killed_while_its_save_is_held_is_reclaimed():
         while server.table.clients or backend.num_inflight():
             assert time.monotonic() < deadline, "the killed client's slot was never reclaimed"
             time.sleep(0.01)
-        assert not backend.held and server.dispatcher.pending == {}
+        assert not len(backend.held) and server.dispatcher.pending == {}
+        assert backend.let_go == ["gate", "marker"]  # let go without waiting for the client's GPU
     finally:
         if child.is_alive():
             child.kill()

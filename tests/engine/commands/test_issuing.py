@@ -9,6 +9,7 @@ import pytest
 
 from engine.copy.base import CopyDone
 from pegaflow.platform.wire import Opcode, Status, encode_hashes, hash_keys
+from tests.conftest import shm_leftovers
 from tests.engine.commands.held_dispatcher import held_dispatcher, save_payload, store_blocks
 
 NAMESPACE = 7  # the in-memory clients' commands' namespace
@@ -167,3 +168,74 @@ def test_issuing_two_commands_of_one_client_each_go_to_their_end(sliced):
     _land(h)
     answers = sorted((a.command_id, a.status, a.value) for a in iter(h.completions.try_get, None))
     assert answers == [(2, Status.OK, 6), (3, Status.OK, 6)] and h.client.num_inflight == 0
+
+
+def test_issuing_chunks_are_bounded_contiguous_and_cover_every_block():
+    # A step of a SAVE or LOAD handles one chunk: none is longer than MAX_CHUNK, the first and
+    # the last at most FIRST_CHUNK, and together they are every block once, in order (up to
+    # the largest SAVE measured, 190,650 blocks).
+    from engine.commands.pending_copy import FIRST_CHUNK, MAX_CHUNK, chunk_bounds
+    for num_blocks in (1, FIRST_CHUNK, FIRST_CHUNK + 1, 2 * FIRST_CHUNK + 1, 5000, 190_650):
+        chunks = list(chunk_bounds(num_blocks))
+        assert [start for start, _ in chunks] == [0] + [end for _, end in chunks[:-1]]
+        assert chunks[-1][1] == num_blocks and all(end > start for start, end in chunks)
+        assert max(end - start for start, end in chunks) <= MAX_CHUNK
+        assert chunks[0][1] <= FIRST_CHUNK and chunks[-1][1] - chunks[-1][0] <= FIRST_CHUNK
+    assert len(list(chunk_bounds(190_650))) > 190_650 // MAX_CHUNK  # (a long one is many steps)
+
+
+def test_issuing_the_loop_answers_another_clients_ping_between_a_long_saves_chunks(rng, make_hashes):
+    # 1. An engine served in this process by a thread until both clients are in, then a loop
+    #    turn only when the test takes one; each turn issues one step (one chunk) of a SAVE.
+    import os
+    import threading
+    import time
+
+    from engine.commands.pending_copy import chunk_bounds
+    from engine.config import EngineConfig
+    from engine.process.server import EngineServer
+    from pegaflow.platform.protocol import Ping
+    from tests.engine.conftest import KVClient
+    server = EngineServer(EngineConfig(name=f"t{os.getpid()}_turns", backend="host", pool_bytes=32 << 20,
+                                       slab_bytes=1 << 20, num_slots=3), serve_own_process=True)
+    handed_over = threading.Event()
+
+    def serve() -> None:
+        while not handed_over.is_set():
+            server.run_once(time.monotonic())
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    clients = []
+    try:
+        saver, pinger = KVClient(server.config.name), KVClient(server.config.name)
+        clients += [saver, pinger]
+        handed_over.set()
+        thread.join(30)
+        server.dispatcher.transfers.issuing.slice_s = 0.0
+        # 2. A SAVE of 1,000 blocks (five chunks) and another client's PING.
+        num_blocks = 1000
+        saver.fill(rng, range(saver.NUM_BLOCKS))
+        save = saver.client.submit_save(0x7E, np.arange(num_blocks) % saver.NUM_BLOCKS, make_hashes(num_blocks))
+        chunk_ends = [end for _, end in chunk_bounds(num_blocks)]
+        # 3. Each turn answers that turn's PING while the SAVE is still being issued, and
+        #    issues one chunk of it more (the first turn two: its handling's, then the turn's
+        #    slice); the SAVE is answered, whole, once its last chunk is issued and copied.
+        for num_reserved in chunk_ends[1:]:
+            assert server.dispatcher.transfers.issuing or num_reserved == chunk_ends[1]
+            ping = pinger.client.submit(Ping())
+            server.run_once(time.monotonic())
+            assert pinger.take_raw(ping)["status"] == Status.OK
+            assert len(server.index.entries) == num_reserved
+        assert not server.dispatcher.transfers.issuing
+        server.run_once(time.monotonic())
+        assert saver.take_raw(save)["value"] == num_blocks
+    finally:
+        handed_over.set()
+        thread.join(30)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)  # (the clients detach)
+        thread.start()
+        for client in clients:
+            client.close()
+        server.request_stop()
+        thread.join(30)
+    assert not thread.is_alive() and shm_leftovers(server.config.name) == []

@@ -75,3 +75,23 @@ def test_lookup_of_a_client_gone_while_it_waited_is_answered_without_a_lease():
     index.mark_layers_done([keys[0]], 0b11)
     lookups.waiting.resume(time.monotonic())
     assert answered == [(5, Status.OK, ())] and index.leases == {}
+
+
+def test_lookup_past_the_parked_bounds_is_answered_wait_refused_with_its_ready_prefix(monkeypatch):
+    # 1. One LOOKUP of a client may be parked; block 2 is still being written.
+    import engine.commands.lookup_waits as lookup_waits
+    monkeypatch.setattr(lookup_waits, "MAX_WAITING_PER_CLIENT", 1)
+    index, lookups, answered, client, stats_row = _parts(lookup_wait_s=30.0)
+    keys = LOOKUP.keys()
+    _store(index, keys[0])
+    _store(index, keys[1])
+    _store(index, keys[2], is_done=False)
+    assert lookups.lookup(Received(client, 1, Opcode.LOOKUP, 3, 0.0), LOOKUP) is LATER
+    # 2. The next one would wait too: it is answered now, under WAIT_REFUSED, with its READY
+    #    prefix leased (as an OK answer's), and counted.
+    assert lookups.lookup(Received(client, 2, Opcode.LOOKUP, 3, 0.0), LOOKUP) is LATER
+    [(command_id, status, answer)] = answered
+    assert (command_id, status) == (2, Status.WAIT_REFUSED)
+    assert answer == LookupAnswer(2, answer.lease_id, 0) and answer.lease_id in index.leases
+    assert (stats_row["lookup_waits_refused"][0], stats_row["lookups"][0]) == (1, 1)
+    assert client.num_inflight == 1 and len(lookups.waiting.items) == 1  # the first one still waits

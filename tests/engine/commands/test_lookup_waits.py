@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 from engine.blocks.entries import Entry
-from engine.commands.lookup_waits import ABANDONED_WRITE_S, WaitingLookup, WaitingLookups, unread_marks, writing_stop
+from engine.commands.lookup_waits import (
+    ABANDONED_WRITE_S,
+    Parked,
+    WaitingLookup,
+    WaitingLookups,
+    unread_marks,
+    writing_stop,
+)
 from pegaflow.platform.ring import RingConsumer, RingProducer, reset_slots
 from pegaflow.platform.wire import SUBMISSION, Opcode
 
@@ -93,6 +100,28 @@ def test_waiting_lookup_past_its_deadline_is_answered_with_ready_part(engine_fac
     request_id = _submit_lookup_read(consumer, hashes, wait_ms=10_000)
     _save_layers(producer, range(3, 5), hashes[3:], range(1, NUM_LAYERS))
     assert consumer.client.wait(request_id, WAIT_DEADLINE_S).result.num_hit_blocks == 5
+
+
+def test_waiting_lookup_past_the_per_client_bound_is_answered_wait_refused(engine_factory, kv_client, rng,
+                                                                          make_hashes):
+    # 1. Block 0 is whole, block 1 has layer 0 only; the consumer parks as many LOOKUPs of both
+    #    as one client may (MAX_WAITING_PER_CLIENT).
+    from engine.commands.lookup_waits import MAX_WAITING_PER_CLIENT
+    from pegaflow.platform.wire import Status
+    engine, producer, consumer, hashes, _ = _blocks_being_written(
+        engine_factory, kv_client, rng, make_hashes, wait_ms=10_000, num_ready=1, num_writing=1)
+    parked = [consumer.client.submit_lookup(NAMESPACE, hashes) for _ in range(MAX_WAITING_PER_CLIENT)]
+    # 2. One more is answered at once, under its typed status: WAIT_REFUSED, with the READY
+    #    prefix leased as an OK answer's, and counted.
+    refused = consumer.client.wait(consumer.client.submit_lookup(NAMESPACE, hashes), WAIT_DEADLINE_S)
+    assert refused.status is Status.WAIT_REFUSED and refused.is_ok
+    assert refused.result.num_hit_blocks == 1 and refused.result.lease_id
+    assert consumer.client.wait(consumer.client.release(refused.result.lease_id), WAIT_DEADLINE_S).status == Status.OK
+    assert engine.wait_stats(lambda s: s["lookup_waits_refused"] == 1)["lookup_waits"] == 0
+    # 3. The parked ones are answered OK with both blocks once the save lands.
+    _save_layers(producer, [1], hashes[1:], range(1, NUM_LAYERS))
+    answers = [consumer.client.wait(command_id, WAIT_DEADLINE_S) for command_id in parked]
+    assert {(a.status, a.result.num_hit_blocks) for a in answers} == {(Status.OK, 2)}
 
 
 def test_waiting_lookup_with_wait_off_is_answered_at_once(engine_factory, kv_client, rng, make_hashes):
@@ -286,14 +315,14 @@ def test_waiting_lookup_parks_on_the_block_it_stops_at_not_the_next():
     index.add(keys[0], True)
     index.add(keys[1], False)
     waiting, asker = _waiting(index, answered), _Client()
-    assert waiting.try_park(_received(asker), keys, 1, 60.0, [asker])
+    assert waiting.try_park(_received(asker), keys, 1, 60.0, [asker]) is Parked.YES
     # 2. Block 1 unknown, block 2 being written, nobody else with commands unread: a LOOKUP
     #    that stops at block 1 is answered at once (block 2 is past where it stops).
     index.entries.clear()
     index.writing.clear()
     index.add(keys[0], True)
     index.add(keys[2], False)
-    assert not waiting.try_park(_received(asker), keys, 1, 60.0, [asker])
+    assert waiting.try_park(_received(asker), keys, 1, 60.0, [asker]) is Parked.NO
     assert len(waiting.items) == 1 and asker.num_inflight == 1
 
 
@@ -316,14 +345,14 @@ def test_waiting_lookup_wakes_when_the_block_it_waits_for_counts_as_abandoned():
     started = time.monotonic()
     index.add(keys[0], False, started_at=started)
     waiting, asker = _waiting(index, answered), _Client()
-    assert waiting.try_park(_received(asker), keys, 0, 60.0, [asker])
+    assert waiting.try_park(_received(asker), keys, 0, 60.0, [asker]) is Parked.YES
     assert waiting.next_deadline() == started + ABANDONED_WRITE_S
     # 2. Then it is answered (not late: the wait was over, nobody writes the block).
     assert waiting.resume(started + ABANDONED_WRITE_S - 0.5) == 0
     assert waiting.resume(started + ABANDONED_WRITE_S) == 1 and not answered[0].is_late
     # 3. While a copy fills the block, it is not abandoned: the deadline is the next look.
     index.entries[keys[0]].pending_mask = 0b0010
-    assert waiting.try_park(_received(asker), keys, 0, 60.0, [asker])
+    assert waiting.try_park(_received(asker), keys, 0, 60.0, [asker]) is Parked.YES
     assert waiting.next_deadline() == waiting.items[0].deadline
 
 
@@ -358,7 +387,7 @@ def test_waiting_lookup_catches_up_with_rings_read_after_it(rng):
     saver, asker = _Client(ring), _Client()
     keys = [(1, b"a"), (1, b"b")]
     waiting = _waiting(index, answered)
-    assert waiting.try_park(_received(asker), keys, 0, 60.0, [saver, asker])
+    assert waiting.try_park(_received(asker), keys, 0, 60.0, [saver, asker]) is Parked.YES
     assert waiting.items[0].catch_up == [(saver, 2)]
     now = time.monotonic()
     # 2. Not answered while the saver's commands are unread, even though nothing is written.
@@ -383,7 +412,7 @@ def test_waiting_lookup_stops_following_a_client_the_engine_stopped_reading():
     _publish(producer, Opcode.SAVE, 1)
     stuck, asker = _Client(ring), _Client()
     waiting = _waiting(index, answered)
-    assert waiting.try_park(_received(asker), [(1, b"a")], 0, 60.0, [stuck, asker])
+    assert waiting.try_park(_received(asker), [(1, b"a")], 0, 60.0, [stuck, asker]) is Parked.YES
     assert waiting.resume(time.monotonic()) == 0
     stuck.is_held_back = True
     assert waiting.resume(time.monotonic()) == 1 and not answered[0].is_late
@@ -416,25 +445,25 @@ def test_waiting_lookups_past_their_bound_are_answered_at_once_and_counted(bound
     index.add(writing, False)
     waiting, one, two, three = _waiting(index, answered), _Client(), _Client(), _Client()
 
-    def park(client, num_keys=1) -> bool:
-        return waiting.try_park(_received(client), [writing] + [(1, b"x")] * (num_keys - 1), 0, 60.0, [])
-    # 2. Up to the bound each LOOKUP waits; the next one past it is not parked but answered
-    #    now (the caller's), and counted.
+    def park(client, num_keys=1) -> str:
+        return waiting.try_park(_received(client), [writing] + [(1, b"x")] * (num_keys - 1), 0, 60.0, []).name
+    # 2. Up to the bound each LOOKUP waits; the next one past it is not parked but refused
+    #    (answered now, the caller's, under WAIT_REFUSED), and counted.
     if bound == "per-client":
-        assert park(one) and park(one) and not park(one) and park(two)
+        assert [park(one), park(one), park(one), park(two)] == ["YES", "YES", "REFUSED", "YES"]
     elif bound == "per-client-keys":
-        assert park(one, 5) and not park(one, 2) and park(one, 1) and park(two, 2)
+        assert [park(one, 5), park(one, 2), park(one, 1), park(two, 2)] == ["YES", "REFUSED", "YES", "YES"]
     elif bound == "total":
-        assert park(one) and park(two) and park(three) and not park(three)
+        assert [park(one), park(two), park(three), park(three)] == ["YES", "YES", "YES", "REFUSED"]
     else:
-        assert park(one, 4) and park(two, 4) and not park(three, 1)
+        assert [park(one, 4), park(two, 4), park(three, 1)] == ["YES", "YES", "REFUSED"]
     assert waiting.stats.counts == {"lookup_waits_refused": 1}
     # 3. Once the parked ones are answered, there is room again, and nothing is left counted.
     index.entries[writing].done_mask = 0b1111
     del index.writing[writing]
     assert waiting.resume(time.monotonic()) == len(answered) and waiting.num_keys == 0 and not waiting.by_client
     index.add(writing, False)
-    assert park(one)
+    assert park(one) == "YES"
 
 
 @pytest.mark.parametrize("is_attached", [True, False])

@@ -418,7 +418,7 @@ def test_engine_process_client_killed_while_its_save_is_held_is_reclaimed(engine
         proc.join(TIMEOUT_S)
         # 3. The engine ends the held SAVE and reclaims the slot (its housekeeping, every
         #    second while blocks are half written), long before the event would have come.
-        engine.wait_stats(lambda s: s["clients_attached"] == 0 and s["inflight_copies"] == 0, timeout_s=20)
+        engine.wait_stats(lambda s: s["clients_attached"] == 0 and s["inflight_copies"] == 0)
     finally:
         if proc.is_alive():
             proc.kill()

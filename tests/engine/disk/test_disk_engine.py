@@ -29,7 +29,7 @@ def _files(path: Path) -> list[Path]:
 
 
 def _wait_written(engine, count: int) -> dict:
-    return engine.wait_stats(lambda s: s["disk_blocks_written"] >= count, 10.0)
+    return engine.wait_stats(lambda s: s["disk_blocks_written"] >= count)
 
 
 def _on_disk_then_stopped(engine_factory, kv_client, rng, path: Path, name: str, block_ids: list[int]):
@@ -49,7 +49,7 @@ def test_disk_tier_blocks_evicted_from_the_pool_come_back_byte_exact(engine_fact
     _wait_written(engine, 64)
     # 2. Three more rounds (192 blocks) through the 128-block pool evict the first ones.
     _store_rounds(client, rng, 3)
-    assert engine.wait_stats(lambda s: s["evictions"] >= 64, 10.0)
+    assert engine.wait_stats(lambda s: s["evictions"] >= 64)
     # 3. A lookup finds them all, on disk; the load of its lease brings the saved bytes.
     found, done, loaded = client.look_up_and_load(NAMESPACE, first_hashes)
     assert found.num_hit_blocks == 64 and found.num_disk_blocks > 0
@@ -114,7 +114,7 @@ def test_disk_tier_too_small_for_a_block_refuses_writes_and_keeps_the_pool(engin
     engine = engine_factory(**_disk(tmp_path / "d", "--disk-size", "4KiB"))
     client = kv_client(engine)
     hashes, saved = client.store(rng, NAMESPACE, [0, 1, 2, 3])
-    stats = engine.wait_stats(lambda s: s["disk_writes_refused"] >= 4, 10.0)
+    stats = engine.wait_stats(lambda s: s["disk_writes_refused"] >= 4)
     assert stats["disk_blocks_written"] == 0 and stats["disk_bytes_used"] == 0
     found, done, loaded = client.look_up_and_load(NAMESPACE, hashes)
     assert found.num_hit_blocks == 4 and found.num_disk_blocks == 0

@@ -134,7 +134,7 @@ def test_ownership_engine_blocks_on_disk_are_unreadable_by_another_user(engine_f
     engine = engine_factory(pool_size="2MiB", extra=("--disk-path", str(open_dir / "d"),
                                                      "--disk-admission", "all"))
     kv_client(engine).store(rng, 9, [0, 1])
-    engine.wait_stats(lambda s: s["disk_blocks_written"] >= 2, 10.0)
+    engine.wait_stats(lambda s: s["disk_blocks_written"] >= 2)
     files = sorted((open_dir / "d" / BLOCKS_DIR).rglob("*.blk"))
     assert len(files) == 2
     # 2. Files 0600, directories 0700 (the disk path itself too: the engine made it).

@@ -30,7 +30,7 @@ def _engines(engine_factory, master, hosts, *more: str):
 
 
 def _published(engine, count: int) -> dict:
-    return engine.wait_stats(lambda s: s["remote_blocks_put"] >= count, 10.0)
+    return engine.wait_stats(lambda s: s["remote_blocks_put"] >= count)
 
 
 def test_remote_tier_blocks_saved_on_one_host_are_served_on_the_other_byte_exact(

@@ -12,7 +12,7 @@ from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.layout import derive_sublayers
 from pegaflow.connector.prefix_lookups import Lookups
 from pegaflow.connector.stats import PegaKVConnectorStats
-from pegaflow.platform.wire import HASH, HASH_BYTES
+from pegaflow.platform.wire import HASH, HASH_BYTES, Status
 
 STATES = frozenset({0, 1, 2})  # three Mamba groups, then one full attention group (Qwen3-Next's shape)
 H = [bytes([i]) * 32 for i in range(1, 9)]
@@ -81,7 +81,7 @@ def _keys(records) -> list[bytes]:
 
 class _Answer:
     def __init__(self, num_hit_blocks: int, lease_id: int):
-        self.is_ok = True
+        self.is_ok, self.status = True, Status.OK
         self.result = SimpleNamespace(num_hit_blocks=num_hit_blocks, lease_id=lease_id, num_disk_blocks=0)
 
 

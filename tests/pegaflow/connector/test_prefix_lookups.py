@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.scheduler import SchedulerSide
 from pegaflow.stats.engine_stats import read_stats
@@ -116,3 +118,69 @@ def test_lookups_claiming_lookup_may_stay_out_past_lookup_timeout_ms():
     assert config.is_claiming and config.lookup_deadline_ms == 3500
     consumer = ConnectorConfig.from_sources({"lookup_timeout_ms": 500}, environ={}, kv_role="kv_consumer")
     assert not consumer.is_claiming and consumer.lookup_deadline_ms == 500
+
+
+class _RefusingEngine:
+    """An engine client whose LOOKUPs are all answered at once: WAIT_REFUSED (the engine holds
+    too many waiting LOOKUPs) with a READY prefix of ``num_ready`` blocks, leased."""
+
+    def __init__(self, num_ready: int, status):
+        self.num_ready, self.status, self.released, self.num_asked = num_ready, status, [], 0
+
+    def submit_lookup(self, namespace: int, records, wait_ms=None, prefill=None) -> int:
+        self.num_asked += 1
+        return self.num_asked
+
+    def wait(self, command_id: int, timeout_s: float):
+        from pegaflow.platform.protocol import Completion
+        from pegaflow.platform.wire import Opcode
+        return Completion(command_id, Opcode.LOOKUP, self.status, 4, self.num_ready, 500 + command_id, 0)
+
+    def take_orphans(self):
+        return []
+
+    def release_nowait(self, lease_id: int) -> None:
+        self.released.append(lease_id)
+
+
+def _lookups_of(engine):
+    from pegaflow.connector.prefix_lookups import Lookups
+    from pegaflow.connector.stats import PegaKVConnectorStats
+    link = SimpleNamespace(client=lambda: engine, fail=lambda exc: pytest.fail(f"link failed: {exc}"))
+    lookups = Lookups(ConnectorConfig.from_sources({}), [NAMESPACE], BLOCK, link, PegaKVConnectorStats())
+    return lookups
+
+
+def _state():
+    return SimpleNamespace(request=SimpleNamespace(request_id="r"), lookup=None, num_hit_tokens=0, lease_ids=(),
+                           is_from_disk=False, claimed={})
+
+
+def test_prefix_lookups_wait_refused_uses_the_ready_prefix_counts_and_logs_rate_limited(caplog):
+    from pegaflow.connector import prefix_lookups
+    from pegaflow.platform.wire import Status
+    # 1. Every LOOKUP is answered WAIT_REFUSED with 2 of its 4 blocks READY.
+    engine = _RefusingEngine(2, Status.WAIT_REFUSED)
+    lookups = _lookups_of(engine)
+    caplog.set_level("DEBUG", logger=prefix_lookups.__name__)
+    for i in range(prefix_lookups.REFUSED_LOG_EVERY + 1):
+        state = _state()
+        lookups.start(state, _request(f"r{i}"), 0)
+        # 2. The answer is taken on the first ask (nothing waits on), its prefix used as an
+        #    OK answer's, its lease kept for the load; the rest is vLLM's to compute.
+        assert lookups.finish(state) and state.lookup is None
+        assert state.num_hit_tokens == 2 * BLOCK and state.lease_ids == (engine.num_asked + 500,)
+    assert engine.released == []
+    # 3. Counted, each one; a WARNING for the first and the 101st, the others at DEBUG.
+    assert lookups.stats.data["lookup_waits_refused"] == prefix_lookups.REFUSED_LOG_EVERY + 1
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "without waiting" in r.getMessage()]
+    assert len(warnings) == 2
+
+
+def test_prefix_lookups_ok_answer_is_not_counted_as_refused():
+    from pegaflow.platform.wire import Status
+    engine = _RefusingEngine(2, Status.OK)
+    lookups, state = _lookups_of(engine), _state()
+    lookups.start(state, _request("r"), 0)
+    assert lookups.finish(state) and state.num_hit_tokens == 2 * BLOCK
+    assert lookups.stats.data["lookup_waits_refused"] == 0

@@ -8,7 +8,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from pegaflow.platform import protocol
+from pegaflow.platform import protocol, wire
 from pegaflow.platform.cuda.ipc import ExportedAllocation, region_record
 from pegaflow.platform.errors import CommandError
 from pegaflow.platform.protocol import (
@@ -203,3 +203,34 @@ def test_read_payload_copies_a_payload_inside_the_arena_and_refuses_one_past_it(
         assert payload is None
     # 4. No payload: the shared empty one.
     assert read_payload(arena, rec._replace(payload_bytes=0)) is NO_PAYLOAD
+
+
+# -- an answer as a client reads it: its status typed, which statuses ``checked`` lets through
+
+def _completion_record(status: int, value: int = 0, value2: int = 0):
+    record = np.zeros(1, dtype=wire.COMPLETION)[0]
+    record["command_id"], record["opcode"], record["status"] = 9, int(Opcode.LOOKUP), status
+    record["value"], record["value2"] = value, value2
+    return record
+
+
+def test_protocol_completion_wait_refused_round_trips_typed_with_its_values():
+    # A LOOKUP answered at once past the engine's bounds: WAIT_REFUSED on the wire, read back
+    # as that status (not a bare number), its values those of an OK answer.
+    done = protocol.completion_of(_completion_record(int(Status.WAIT_REFUSED), value=3, value2=41))
+    assert done.status is Status.WAIT_REFUSED and done.is_ok
+    assert (done.result.num_hit_blocks, done.result.lease_id) == (3, 41)
+    assert protocol.checked(done) is done
+
+
+@pytest.mark.parametrize("status", [s for s in Status if s not in (Status.OK, Status.WAIT_REFUSED)])
+def test_protocol_completion_other_statuses_are_errors(status):
+    done = protocol.completion_of(_completion_record(int(status)))
+    assert not done.is_ok
+    with pytest.raises(CommandError):
+        protocol.checked(done)
+
+
+def test_protocol_completion_status_this_client_does_not_know_stays_a_number():
+    done = protocol.completion_of(_completion_record(200))
+    assert done.status == 200 and not isinstance(done.status, Status) and not done.is_ok
