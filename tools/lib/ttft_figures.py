@@ -85,23 +85,32 @@ def table_figures(rows: dict[str, dict], peg: dict, native: dict | None, none: d
 
 
 
-def backend_figures(by_backend: dict[str, dict], none: dict) -> dict:
+def backend_figures(by_backend: dict[str, dict], none: dict, repeats: dict[str, list[dict]] | None = None) -> dict:
     """``--copy-backends`` (or ``--engine-variants``): each one's own warm figures, under keys
     named for it, its first tokens' top-5 logprobs against the GPU hit's among them; one whose
-    warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures."""
+    warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures.
+    ``repeats`` (``--repeat``): each one's phases, its figures over every repeat's prompts and
+    ``warm_pegaflow_ms_repeats_<path>``, each repeat's median (their spread: min and max)."""
     out = {}
     for name, phase in by_backend.items():
-        if "failed" in phase:
+        mine = [p for p in (repeats or {}).get(name, [phase]) if "failed" not in p]
+        if not mine:
             continue
-        if reason := invalid_reason(phase.get("warm_by_source")):
+        if reason := next(filter(None, (invalid_reason(p.get("warm_by_source")) for p in mine)), None):
             out[f"invalid_{name}"] = reason
             print(f"bench_ttft: no warm figures for copy path {name}: {reason}", file=sys.stderr)
             continue
-        warm, warm_p90 = _stats(phase["warm_ms"])
+        warm, warm_p90 = _stats([ms for p in mine for ms in p["warm_ms"]])
         out[f"warm_pegaflow_ms_median_{name}"], out[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
-        out[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]
-        out[f"outputs_identical_{name}"] = phase["cold_tokens"] == phase["warm_tokens"] == none["cold_tokens"]
-        out[f"logprobs_identical_{name}"], out[f"logprobs_compared_{name}"] = logprobs_match(phase, none)
+        out[f"cold_ms_median_{name}"] = _stats([ms for p in mine for ms in p["cold_ms"]])[0]
+        out[f"outputs_identical_{name}"] = all(p["cold_tokens"] == p["warm_tokens"] == none["cold_tokens"]
+                                               for p in mine)
+        matches = [logprobs_match(p, none) for p in mine]
+        out[f"logprobs_identical_{name}"] = None if any(m[0] is None for m in matches) else all(m[0] for m in matches)
+        out[f"logprobs_compared_{name}"] = sum(m[1] for m in matches)
+        if len(mine) > 1:
+            out[f"warm_pegaflow_ms_repeats_{name}"] = each = [_stats(p["warm_ms"])[0] for p in mine]
+            out[f"warm_pegaflow_ms_spread_{name}"] = [min(each), max(each)]
     return out
 
 
