@@ -42,7 +42,7 @@ from tools.lib.engine_variants import variant_name
 from tools.lib.gpu import gpu_name
 from tools.lib.phases import PHASE_TIMEOUT_S, add_phase_args, engine_unless_named, spawn_phase, write_phase
 from tools.lib.ttft_configs import config_rows
-from tools.lib.ttft_figures import backend_figures, summarize_disk, summarize_tpot, table_figures
+from tools.lib.ttft_figures import backend_figures, merged_phases, summarize_disk, summarize_tpot, table_figures
 from tools.lib.ttft_phase import load_modes, run_phase
 from tools.lib.warm_pass import (
     SCRUB_ENV,
@@ -266,19 +266,6 @@ def run_configs(args) -> dict:
         keep(config, result)
     if "none" in args.configs:
         keep("none", _spawn(args, "none"))
-    return phases
-
-
-def merged_phases(paths: list[str]) -> dict:
-    """The phases of several ``--phases-out`` files as one run's (the first file's GPU and model;
-    another GPU in a later file: a warning, the merge goes on)."""
-    files = [json.loads(Path(path).read_text()) for path in paths]
-    phases = dict(files[0])
-    for path, data in zip(paths[1:], files[1:]):
-        if data["gpu"] != phases["gpu"]:
-            print(f"bench_ttft: {path} ran on {data['gpu']}, not {phases['gpu']}", file=sys.stderr)
-        phases.update({k: v for k, v in data.items() if k not in ("gpu", "model", "configs_run")})
-        phases["configs_run"] = list(dict.fromkeys(phases["configs_run"] + data["configs_run"]))
     return phases
 
 

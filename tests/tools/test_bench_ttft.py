@@ -363,3 +363,29 @@ def test_bench_ttft_engine_variants_repeat_interleaved_each_with_a_fresh_engine(
     repeats["default"][2]["warm_tokens"] = [[2]]
     assert backend_figures({"default": repeats["default"][0]}, {"cold_tokens": [[1]]},
                            repeats)["outputs_identical_default"] is False
+
+
+def test_bench_ttft_merge_keeps_every_calls_engine_variants_and_their_repeats(tmp_path):
+    # 1. A sweep split over three calls: none alone, then two calls of pegaflow variants, one
+    #    variant in both (its repeats of both are kept).
+    from tools.lib.ttft_figures import merged_phases
+
+    def phase(ms):
+        return {"warm_ms": [ms]}
+    files = [{"gpu": "H100", "model": "m", "configs_run": ["none"], "none": {"cold_ms": [1.0]}},
+             {"gpu": "H100", "model": "m", "configs_run": ["pegaflow"], "pegaflow": phase(40.0),
+              "pegaflow_variants": {"default": phase(40.0), "hold-saves": phase(41.0)},
+              "pegaflow_repeats": {"default": [phase(40.0), phase(42.0)], "hold-saves": [phase(41.0)]}},
+             {"gpu": "H100", "model": "m", "configs_run": ["pegaflow"], "pegaflow": phase(37.0),
+              "pegaflow_variants": {"load-layer-groups4": phase(37.0), "default": phase(43.0)},
+              "pegaflow_repeats": {"load-layer-groups4": [phase(37.0)], "default": [phase(43.0)]}}]
+    paths = []
+    for i, data in enumerate(files):
+        paths.append(tmp_path / f"t{i}.json")
+        paths[-1].write_text(json.dumps(data))
+    merged = merged_phases([str(p) for p in paths])
+    # 2. Every variant, in the order first run; the table's pegaflow is the first one's first run.
+    assert list(merged["pegaflow_repeats"]) == ["default", "hold-saves", "load-layer-groups4"]
+    assert [p["warm_ms"] for p in merged["pegaflow_repeats"]["default"]] == [[40.0], [42.0], [43.0]]
+    assert merged["pegaflow"] == phase(40.0) and merged["pegaflow_variants"]["load-layer-groups4"] == phase(37.0)
+    assert merged["none"] == {"cold_ms": [1.0]} and merged["configs_run"] == ["none", "pegaflow"]

@@ -1,12 +1,15 @@
 """bench_ttft's figures from its phases' measurements: the headline (pegaflow against native and
-no connector, TPOT), the disk tier's, each copy path's or engine variant's, and ``--tpot-only``'s.
-The rows per configuration are ``tools/lib/ttft_configs.py``'s.
+no connector, TPOT), the disk tier's, each copy path's or engine variant's, and ``--tpot-only``'s;
+the phases of a run split over calls merged first (``merged_phases``).  The rows per
+configuration are ``tools/lib/ttft_configs.py``'s.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+from pathlib import Path
 
 from tools.lib.ttft_configs import NO_FIGURES, logprobs_match
 from tools.lib.ttft_configs import stats as _stats
@@ -124,3 +127,23 @@ def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
             "tpot_ratio_idle_vs_none": med["idle"] / med["none"],
             **{f"tpot_{phase}_ms_each": values for phase, values in tpot.items()}}
 
+
+def merged_phases(paths: list[str]) -> dict:
+    """The phases of several ``--phases-out`` files as one run's (the first file's GPU and model;
+    another GPU in a later file: a warning, the merge goes on).  pegaflow's variants of every
+    file are kept (a sweep split over calls; a variant in two files: its repeats of both), its
+    table's figures the first file's."""
+    files = [json.loads(Path(path).read_text()) for path in paths]
+    phases, repeats = dict(files[0]), {}
+    for path, data in zip(paths, files):
+        if data["gpu"] != phases["gpu"]:
+            print(f"bench_ttft: {path} ran on {data['gpu']}, not {phases['gpu']}", file=sys.stderr)
+        mine = data.get("pegaflow_repeats") or {n: [p] for n, p in data.get("pegaflow_variants", {}).items()}
+        for name, runs in mine.items():
+            repeats[name] = repeats.get(name, []) + runs
+        phases.update({k: v for k, v in data.items() if k not in ("gpu", "model", "configs_run")})
+        phases["configs_run"] = list(dict.fromkeys(phases["configs_run"] + data["configs_run"]))
+    if repeats:
+        phases.update(pegaflow_repeats=repeats, pegaflow_variants={n: runs[0] for n, runs in repeats.items()},
+                      pegaflow=next(iter(repeats.values()))[0])
+    return phases
