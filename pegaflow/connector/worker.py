@@ -16,10 +16,11 @@ this rank's recent saves (``recent_saves.py``).  One step, in the order vLLM cal
     wait_for_save         the step's one SAVE of every layer; collect answers
     get_finished          judge the step's loads; report saves and loads done
 
-vLLM calls ``handle_preemptions`` first thing in its step, before it prepares the step's
-inputs, attention metadata and CUDA graph (``GPUModelRunner.execute_model``), and
-``bind_connector_metadata`` and ``start_load_kv`` with the same plan object just before the
-forward; LOADs sent at ``handle_preemptions`` copy while vLLM prepares.  A plan whose load
+vLLM's V1 model runner calls ``handle_preemptions`` first thing in its step, before it
+prepares the step's inputs, attention metadata and CUDA graph (``GPUModelRunner.execute_model``),
+and ``bind_connector_metadata`` and ``start_load_kv`` with the same plan object just before the
+forward: LOADs sent at ``handle_preemptions`` copy while vLLM prepares.  (Its V2 runner calls
+the three one after another, just before the forward.)  A plan whose load
 blocks vLLM writes while it prepares (``loads_after_input_prep``), and a vLLM that never
 calls ``handle_preemptions``, send them at ``start_load_kv``.
 
