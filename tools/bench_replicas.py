@@ -6,7 +6,8 @@
 Each configuration runs in its own processes, one after another (``--repeat`` interleaves them):
 ``none`` (vLLM's prefix caching only), ``native`` (each replica its own ``--kv-offloading-size``:
 ``--host-gib`` split evenly), ``pegaflow`` (one engine with a ``--host-gib`` pool, every replica
-attached to it), and the peers of ``tools/lib/peers.py`` (``lmcache``: a private cache per replica,
+attached to it; ``--engine-variants default hold-saves`` runs it once per engine variant instead,
+``tools/lib/engine_variants.py``), and the peers of ``tools/lib/peers.py`` (``lmcache``: a private cache per replica,
 split like native's; ``lmcache-mp`` and ``pegaflow-rs``: one server with the whole budget).
 The replicas share one GPU (each ``--gpu-memory-utilization``, its GPU KV cache capped by
 ``--gpu-blocks`` so the working set does not fit) and start together (``--start``: ``Fleet``).  A router
@@ -135,10 +136,11 @@ def print_table(table: dict) -> None:
     for columns, rows in ((COLUMNS, chats), (burst.COLUMNS, bursts)):
         if not rows:
             continue
-        print(f"{'config':<26}" + "".join(f"{title:>16}" for title, _, _ in columns))
+        w = max([26, *map(len, rows)])  # (an engine variant's name is long)
+        print(f"{'config':<{w}}" + "".join(f"{title:>16}" for title, _, _ in columns))
         for config, row in rows.items():
             cells = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in columns]
-            print(f"{config:<26}" + "".join(f"{c:>16}" for c in cells))
+            print(f"{config:<{w}}" + "".join(f"{c:>16}" for c in cells))
     print_failures(table)
 
 

@@ -5,7 +5,9 @@
 Configurations, each its own server process, one after another (``--repeat`` interleaves
 them: A B C A B C): ``none`` (vLLM's prefix caching only), ``native`` (vLLM's CPU
 offloading, ``--kv-offloading-size``), ``pegaflow`` (a fresh engine each time, the connector's defaults;
-``pegaflow-auto``, ``pegaflow-async`` and ``pegaflow-layerwise`` under that load_mode).  vLLM's
+``pegaflow-auto``, ``pegaflow-async`` and ``pegaflow-layerwise`` under that load_mode;
+``--engine-variants default hold-saves`` runs ``pegaflow`` once per engine variant instead,
+``tools/lib/engine_variants.py``).  vLLM's
 default compilation (CUDA graphs on) unless ``--eager``.  The GPU KV cache is capped by
 ``--gpu-blocks`` so the working set does not fit.  Workloads (``tools/serving_workload.py``):
 
@@ -45,6 +47,7 @@ from tools.lib.runs import (
 from tools.lib.serving_run import measure, record
 from tools.lib.serving_setup import (
     PEGAFLOW_CONFIGS,
+    is_pegaflow,
     peer_leftovers,
     side_processes,
     vllm_settings,
@@ -63,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_config(config: str, args, log_dir: Path, tag: str) -> dict:
     name = f"bench{os.getpid()}"
     trace_path, extra_env = log_dir / f"{tag}.trace.log", {}
-    tracing = config in PEGAFLOW_CONFIGS and args.trace
+    tracing = is_pegaflow(config) and args.trace
     if tracing:  # the connector's step timeline, into its own file
         logging_path = log_dir / f"{tag}.logging.json"
         logging_path.write_text(json.dumps(step_timeline.logging_config(trace_path)))
@@ -180,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(table: dict) -> None:
-    print(f"{'config':<14} {'later rounds s':>15} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'prefix rps':>11} "
+    w = max([14, *map(len, table)])  # (an engine variant's name is long)
+    print(f"{'config':<{w}} {'later rounds s':>15} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'prefix rps':>11} "
           f"{'identical':>9}")
     for config, row in table.items():
         if "failed" in row:
-            print(f"{config:<14} failed: {row['failed']}")
+            print(f"{config:<{w}} failed: {row['failed']}")
             continue
-        print(f"{config:<14} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
+        print(f"{config:<{w}} {row['later_rounds_wall_s']:>15.3f} {row['ttft_p50_ms']:>12.1f} "
               f"{row['ttft_p99_ms']:>12.1f} {row.get('throughput_rps', float('nan')):>11.2f} "
               f"{row.get('identical_share', float('nan')):>9.3f}")
     print_failures(table)

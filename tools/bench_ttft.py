@@ -37,11 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.lib import peers, processes
+from tools.lib import engine_variants, peers, processes
+from tools.lib.engine_variants import variant_name
 from tools.lib.gpu import gpu_name
 from tools.lib.phases import PHASE_TIMEOUT_S, add_phase_args, engine_unless_named, spawn_phase, write_phase
 from tools.lib.ttft_configs import config_rows
-from tools.lib.ttft_figures import backend_figures, summarize_disk, summarize_tpot, table_figures
+from tools.lib.ttft_figures import backend_figures, merged_phases, summarize_disk, summarize_tpot, table_figures
 from tools.lib.ttft_phase import load_modes, run_phase
 from tools.lib.warm_pass import (
     SCRUB_ENV,
@@ -55,17 +56,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def engine_flags(variant: str | None, is_flags: bool) -> list[str]:
     """The engine's flags for one pegaflow phase: a copy path's (``--copy-backends``), or a
-    variant's own flags (``--engine-variants``: ``load-layer-groups=4+hold-saves``;
-    ``default`` or None: none)."""
-    if not variant or variant == "default":
-        return []
-    return [f"--{flag}" for flag in variant.split("+")] if is_flags else ["--copy-backend", variant]
-
-
-def variant_name(variant: str | None) -> str:
-    """A phase's name in the figures' keys: ``default``, a copy path, or a variant without its
-    '=' (``load-layer-groups=4`` -> ``load-layer-groups4``)."""
-    return (variant or "default").replace("=", "")
+    variant's own (``--engine-variants``, ``tools/lib/engine_variants.py``)."""
+    if is_flags or not variant or variant == "default":
+        return engine_variants.engine_flags(variant)
+    return ["--copy-backend", variant]
 
 
 def _spawn(args, phase: str, run: peers.Plan | None = None) -> dict:
@@ -157,6 +151,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--disk-load-modes: unknown {unknown}; choose from {list(load_modes())}")
     if args.copy_backends and args.engine_variants:
         p.error("--copy-backends or --engine-variants, not both")
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1, not {args.repeat}")
     if args.disk_path and args.num_prompts < 2:
         p.error("--disk-path needs --num-prompts 2 or more (the last one is sent beside a new request)")
     if args.engine_name and (args.copy_backends or args.engine_variants or args.disk_path):
@@ -187,11 +183,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copy-backends", nargs="+", choices=["auto", "kernel", "copy-engine", "staged"],
                    help="run the pegaflow phase once per engine copy path, each with a fresh engine "
                         "(the first one's figures are the table's; default: the engine's default)")
-    p.add_argument("--engine-variants", nargs="+", metavar="FLAGS",
-                   help="run the pegaflow phase once per variant, each a fresh engine started with its "
-                        "flags, written without dashes and joined by '+' ('default': none), e.g. default "
-                        "load-layer-groups=4 load-layer-groups=4+hold-saves: each variant's figures under "
-                        "keys named for it, as --copy-backends gives them")
+    engine_variants.add_variants_arg(p)  # each variant's figures under keys named for it
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the pegaflow phase of every copy path or variant N times, interleaved (A B A B), "
+                        "each time with a fresh engine: each one's figures over every repeat, and the spread")
     p.add_argument("--kv-transfer-config", help=argparse.SUPPRESS)
     add_phase_args(p, ["pegaflow", "idle", "native", "none", "disk", *peers.PEERS])
 
@@ -260,10 +255,11 @@ def run_configs(args) -> dict:
         if args.phases_out:
             Path(args.phases_out).write_text(json.dumps(phases))
     if "pegaflow" in args.configs:
-        by_backend, disks = _pegaflow_phases(args)
-        keep("pegaflow_variants", by_backend)
+        repeats, disks = _pegaflow_phases(args)
+        keep("pegaflow_variants", {name: runs[0] for name, runs in repeats.items()})
+        keep("pegaflow_repeats", repeats)
         keep("disks", disks)
-        keep("pegaflow", next(iter(by_backend.values())))
+        keep("pegaflow", next(iter(repeats.values()))[0])
     if "native" in args.configs:
         keep("native", _spawn(args, "native"))
     for config, result in _peer_phases(args, [c for c in args.configs if c in peers.PEERS]).items():
@@ -273,22 +269,10 @@ def run_configs(args) -> dict:
     return phases
 
 
-def merged_phases(paths: list[str]) -> dict:
-    """The phases of several ``--phases-out`` files as one run's (the first file's GPU and model;
-    another GPU in a later file: a warning, the merge goes on)."""
-    files = [json.loads(Path(path).read_text()) for path in paths]
-    phases = dict(files[0])
-    for path, data in zip(paths[1:], files[1:]):
-        if data["gpu"] != phases["gpu"]:
-            print(f"bench_ttft: {path} ran on {data['gpu']}, not {phases['gpu']}", file=sys.stderr)
-        phases.update({k: v for k, v in data.items() if k not in ("gpu", "model", "configs_run")})
-        phases["configs_run"] = list(dict.fromkeys(phases["configs_run"] + data["configs_run"]))
-    return phases
-
-
-def _pegaflow_phases(args) -> tuple[dict[str, dict], dict[str, dict] | None]:
-    """pegaflow's phase once per copy path or variant, each with a fresh engine (or the one
-    ``--engine-name`` names), then the disk phases; every engine started here stopped after."""
+def _pegaflow_phases(args) -> tuple[dict[str, list[dict]], dict[str, dict] | None]:
+    """pegaflow's phase once per copy path or variant and ``--repeat``, interleaved, each with a
+    fresh engine (or the one ``--engine-name`` names), then the disk phases; every engine started
+    here stopped after.  Per copy path or variant: its phases, in the order they ran."""
     from pegaflow.stats.engine_stats import read_stats
     from tools.engine_process import LARGE_POOL_STOP_S, EngineProcess
     backends = args.copy_backends or args.engine_variants or [None]
@@ -307,14 +291,14 @@ def _pegaflow_phases(args) -> tuple[dict[str, dict], dict[str, dict] | None]:
         args.engine_name = started.name
         return started
 
-    by_backend = {}
+    by_backend: dict[str, list[dict]] = {}
     try:
-        for backend in backends:
+        for backend in [b for _ in range(args.repeat) for b in backends]:
             if not given_engine:  # each copy path its own fresh engine
                 if engine is not None:
                     engine.stop(timeout_s=LARGE_POOL_STOP_S)
                 engine = start(backend)
-            by_backend[variant_name(backend)] = peg = _spawn(args, "pegaflow")
+            by_backend.setdefault(variant_name(backend), []).append(peg := _spawn(args, "pegaflow"))
             peg["engine_stats"] = read_stats(args.engine_name)
         disks = _disk_phases(engine, start, args) if disk_dir else None
     finally:
@@ -353,7 +337,7 @@ def report(args, phases: dict) -> int:
         result["engine_variant"] = first
     else:
         result["copy_backend"] = args.copy_backends[0] if args.copy_backends else "engine default"
-    result.update(backend_figures(phases["pegaflow_variants"], none))
+    result.update(backend_figures(phases["pegaflow_variants"], none, phases.get("pegaflow_repeats")))
     result["async_scheduling"] = "off" if args.no_async_scheduling else "vLLM default"
     result["compilation"] = "eager" if args.eager else "vLLM default (CUDA graphs)"
     if args.json:

@@ -2,11 +2,13 @@
 
 The worker side logs, at DEBUG on ``pegaflow.connector.trace``, one line per step that
 loads (``pegaflow/connector/trace.py``): how many loads of how many blocks, the step's
-start on ``time.monotonic`` (the clock every process of the host shares), and the marks
-after it in ms, CPU and GPU::
+start on ``time.monotonic`` (the clock every process of the host shares: where the loads
+went out, ``handle_preemptions`` or ``start_load_kv``), and the marks after it in ms, CPU
+and GPU (``start_load_kv +2.1``: the loads went out 2.1 ms before vLLM's ``start_load_kv``)::
 
-    step 3: 4 load(s) of 2048 blocks, start_load_kv at monotonic 812.5 (ms after
-    start_load_kv): loads_submitted +0.4, ..., gpu last_layer_ready +84.1, gpu forward_done +90.2
+    step 3: 4 load(s) of 2048 blocks, handle_preemptions at monotonic 812.5 (ms after
+    handle_preemptions): loads_submitted +0.4, start_load_kv +2.1, ..., gpu start_load_kv +1.8,
+    gpu last_layer_ready +84.1, gpu forward_done +90.2
 
 and the scheduler side one line per step it plans (what vLLM scheduled, what the connector
 planned), which places each loading step among the decode steps around it::
@@ -27,8 +29,8 @@ from pathlib import Path
 from tools.serving_workload import percentile
 
 TRACE_LOGGER = "pegaflow.connector.trace"
-_LINE = re.compile(r"step \d+: (\d+) load\(s\) of (\d+) blocks, start_load_kv at monotonic "
-                   r"([\d.]+) \(ms after start_load_kv\): (.*)$")
+_LINE = re.compile(r"step \d+: (\d+) load\(s\) of (\d+) blocks, (\w+) at monotonic "
+                   r"([\d.]+) \(ms after \w+\): (.*)$")
 _SCHED = re.compile(r"sched step (\d+) at monotonic ([\d.]+): (\d+) new, (\d+) running, (\d+) tokens, "
                     r"(\d+) finished, (\d+) load\(s\) of (\d+) blocks, (\d+) blocks to save")
 _SCHED_KEYS = ("step", "at", "new", "running", "tokens", "finished", "loads", "load_blocks", "save_blocks")
@@ -48,14 +50,14 @@ def logging_config(trace_path: Path) -> dict:
 
 
 def parse(lines) -> list[dict]:
-    """One dict per traced step: ``loads``, ``blocks``, ``start`` (monotonic s) and each mark
-    in ms (GPU marks named ``gpu_<mark>``)."""
+    """One dict per traced step: ``loads``, ``blocks``, ``start`` (monotonic s), ``sent_at``
+    (the hook the loads went out from) and each mark in ms (GPU marks named ``gpu_<mark>``)."""
     steps = []
     for line in lines:
         if (m := _LINE.search(line)) is None:
             continue
-        step = {"loads": int(m[1]), "blocks": int(m[2]), "start": float(m[3])}
-        for mark in _MARK.finditer(m[4]):
+        step = {"loads": int(m[1]), "blocks": int(m[2]), "sent_at": m[3], "start": float(m[4])}
+        for mark in _MARK.finditer(m[5]):
             step[("gpu_" if mark[1] else "") + mark[2]] = float(mark[3])
         steps.append(step)
     return steps
@@ -80,11 +82,14 @@ def first_admission_ms(schedule: list[dict], since: float) -> float | None:
 
 def summarize(steps: list[dict], start: float = float("-inf"), end: float = float("inf")) -> dict:
     """Of the steps that began in ``[start, end)``: how many, their loads and blocks, and
-    p50/p90/max of every mark (ms after the step's ``start_load_kv``)."""
+    p50/p90/max of every mark (ms after the step's loads went out), and how many steps sent
+    them from each hook (``sent_at``)."""
     mine = [s for s in steps if start <= s["start"] < end]
-    marks = sorted({k for s in mine for k in s} - {"loads", "blocks", "start"})
+    marks = sorted({k for s in mine for k in s} - {"loads", "blocks", "start", "sent_at"})
     out: dict = {"steps": len(mine), "loads": sum(s["loads"] for s in mine),
-                 "blocks": sum(s["blocks"] for s in mine)}
+                 "blocks": sum(s["blocks"] for s in mine),
+                 "sent_at": {hook: sum(s.get("sent_at") == hook for s in mine)
+                             for hook in sorted({s.get("sent_at", "start_load_kv") for s in mine})}}
     for key in ("loads", "blocks"):
         values = [s[key] for s in mine]
         out[f"{key}_per_step_p50"] = percentile(values, 50)

@@ -2,13 +2,15 @@
 the worker's step timeline (``pegaflow.connector.trace``) and the engine's LOAD timing on.
 
     python -m tools.trace_warm_step [--load-mode layerwise|async] [--copy-backend auto|kernel|copy-engine|staged]
-                                    [--no-async-scheduling]
+                                    [--no-async-scheduling] [--eager] [--gpu-hit] [--engine-arg=--FLAG ...]
 
 Prints, per request, the wall time and vLLM's scheduled -> first token (with both
-timestamps on time.monotonic, the clock of the timeline's start_load_kv stamp: their
-difference is the part of the step before the load could start); the timeline lines (one
-per loading step, logged when the next one ends) go to stderr with the rest of the logs.
-Needs a GPU and vLLM.
+timestamps on time.monotonic, the clock of the timeline's stamp where the step's loads went
+out: their difference is the part of the step before the load could start); the timeline
+lines (one per loading step, logged when the next one ends) go to stderr with the rest of
+the logs.  ``--gpu-hit``: the same prompts without pegaflow, vLLM's prefix cache on, so the
+warm passes are GPU prefix-cache hits (the floor a warm load is measured against).  vLLM's
+default compilation (CUDA graphs) unless ``--eager``.  Needs a GPU and vLLM.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def main() -> int:
     p.add_argument("--num-prompts", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=10000)
     p.add_argument("--no-async-scheduling", action="store_true")
+    p.add_argument("--eager", action="store_true", help="enforce_eager (default: CUDA graphs)")
+    p.add_argument("--gpu-hit", action="store_true", help="no pegaflow, vLLM's prefix cache on")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
+                   help="a flag for pegaflow's engine, e.g. --engine-arg=--load-layer-groups=4 (repeatable)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("pegaflow.connector.trace").setLevel(logging.DEBUG)
@@ -41,14 +47,16 @@ def main() -> int:
 
     from pegaflow.connector import kv_transfer_config
     from tools.engine_process import EngineProcess
-    engine = EngineProcess(f"trace{os.getpid()}", "--copy-backend", args.copy_backend,
-                           "--log-level", "DEBUG", backend="cuda", pool_size="8GiB",
-                           start_timeout_s=300)
+    engine = None if args.gpu_hit else EngineProcess(
+        f"trace{os.getpid()}", "--copy-backend", args.copy_backend, "--log-level", "DEBUG", *args.engine_arg,
+        backend="cuda", pool_size="8GiB", start_timeout_s=300)
     try:
+        connector = {} if engine is None else {
+            "enable_prefix_caching": False,
+            "kv_transfer_config": kv_transfer_config(engine.name, load_mode=args.load_mode)}
         llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True,
-                  enforce_eager=True, seed=0, max_model_len=args.prompt_tokens + 400,
-                  gpu_memory_utilization=0.8, enable_prefix_caching=False, disable_log_stats=False,
-                  kv_transfer_config=kv_transfer_config(engine.name, load_mode=args.load_mode),
+                  enforce_eager=args.eager, seed=0, max_model_len=args.prompt_tokens + 400,
+                  gpu_memory_utilization=0.8, disable_log_stats=False, **connector,
                   **({"async_scheduling": False} if args.no_async_scheduling else {}))
         rng = random.Random(1)
         prompts = [[rng.randrange(10, 100000) for _ in range(args.prompt_tokens)]
@@ -66,7 +74,8 @@ def main() -> int:
                       flush=True)
             time.sleep(0.5)  # saves land before the next pass
     finally:
-        engine.stop()
+        if engine is not None:
+            engine.stop()
     return 0
 
 

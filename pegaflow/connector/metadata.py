@@ -64,6 +64,10 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     # Before this step's forward, every SAVE of the steps up to this one must be over: a
     # block they read (one a sliding window let go) is written again in this step.
     wait_saves_through: int = 0
+    # vLLM writes some of this step's load blocks while it prepares the step, after
+    # handle_preemptions (zeroing a new block, copying a partial hit's): the workers send
+    # the loads at start_load_kv, after those writes, rather than at handle_preemptions.
+    loads_after_input_prep: bool = False
     # The scheduler's namespace for each rank (rank index = pp_rank * tp_size + tp_rank): a
     # worker whose own differs would save blocks the scheduler never looks up (worker.py).
     namespaces: tuple[int, ...] = ()

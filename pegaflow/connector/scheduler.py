@@ -32,6 +32,17 @@ from pegaflow.platform.wire import ClientRole, attach_role
 logger = logging.getLogger(__name__)
 
 
+def writes_load_blocks(scheduler_output, loads) -> bool:
+    """Whether vLLM writes a block of ``loads`` while the workers prepare the step, between
+    ``handle_preemptions`` and ``start_load_kv`` (its model runner's ``_update_states``): a new
+    block it zeroes (a Mamba or mixed-precision cache; it skips an async load's) or a partial
+    prefix hit's block copied (read or written).  vLLMs before 0.26 do neither."""
+    written = set(getattr(scheduler_output, "new_block_ids_to_zero", None) or ())
+    for copy in getattr(scheduler_output, "kv_cache_block_copies", None) or ():
+        written.update(copy)  # (src_block_id, dst_block_id)
+    return bool(written) and any(not written.isdisjoint(spec.block_ids) for spec in loads)
+
+
 class SchedulerSide:
     def __init__(self, config: ConnectorConfig, namespaces: list[int], block_size: int, instance: int = 0,
                  num_groups: int = 1, state_groups: frozenset[int] = frozenset()):
@@ -135,6 +146,7 @@ class SchedulerSide:
                 meta.loads.append(state.pending_load)
                 state.is_async_loading = state.pending_load.is_async
                 state.pending_load = None
+        meta.loads_after_input_prep = bool(meta.loads) and writes_load_blocks(scheduler_output, meta.loads)
         log_schedule(self._step, scheduler_output, meta)
         return meta
 

@@ -69,14 +69,15 @@ class StepLoads:
         """The asynchronous loads out: engine command id -> ``AsyncLoad``."""
         return self.pending.by_command
 
-    def start(self, meta: PegaConnectorMetadata | None, connect: Callable[[], EngineClient | None]) -> Lost:
+    def start(self, meta: PegaConnectorMetadata | None, connect: Callable[[], EngineClient | None],
+              hook: str = "start_load_kv") -> Lost:
         """Submit this step's loads on the connection ``connect()`` gives (asked only when
-        there are loads; None: each fails)."""
+        there are loads; None: each fails); ``hook``: vLLM's call they go out from."""
         self.step, self.is_waited, self.client = [], False, None
         self._group_of = {}
         if meta is None or not meta.loads:
             return None
-        self.trace.begin(len(meta.loads), sum(len(s.block_ids) for s in meta.loads))
+        self.trace.begin(len(meta.loads), sum(len(s.block_ids) for s in meta.loads), hook)
         client, lost = connect(), None
         if client is not None and self.memory.has_events and not self._record_start_fence():
             for spec in meta.loads:  # unfenced, a load could race kernels still writing its blocks
@@ -112,9 +113,13 @@ class StepLoads:
         return lost
 
     def _mark_submitted(self) -> None:
+        self.mark_hook("loads_submitted")
+
+    def mark_hook(self, name: str) -> None:
+        """The timeline's mark ``name`` now, on the CPU and (cuda) on vLLM's stream."""
         if self.trace.is_on and self.memory.has_events:
-            self.trace.gpu_mark("loads_submitted", self.memory.current_stream())
-        self.trace.mark("loads_submitted")
+            self.trace.gpu_mark(name, self.memory.current_stream())
+        self.trace.mark(name)
 
     def _record_start_fence(self) -> bool:
         """Blocks vLLM gives to this step's loads may have belonged to requests whose last

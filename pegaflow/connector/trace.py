@@ -1,10 +1,13 @@
 """A timeline of one worker step that loads, logged at DEBUG by ``pegaflow.connector.trace``.
 
-CPU marks (``time.perf_counter``) of the connector's calls, and on CUDA three events on
-vLLM's compute stream: where the step's loads were submitted, where the compute stream
-had the last layer's pages (after its wait), and the end of the forward.  The GPU
-intervals are read at the next step (by then the events have completed), so tracing
-adds no synchronization.  Off (one boolean test per call) unless DEBUG is enabled.
+CPU marks (``time.perf_counter``) of the connector's calls, after the hook the step's loads
+went out from (``handle_preemptions``, or ``start_load_kv`` where vLLM writes their blocks
+while it prepares the step), and on CUDA events on vLLM's compute stream: where the loads
+were submitted, where ``start_load_kv`` found it (loads sent earlier: how far ahead of it
+they went out), where it had the first and last layer's pages (after their waits), and the
+end of the forward.  The GPU intervals are read at the next step (by then the events have
+completed), so tracing adds no synchronization.  Off (one boolean test per call) unless
+DEBUG is enabled.
 
 The scheduler side logs one line per step it plans (``log_schedule``): what vLLM scheduled
 and what the connector planned, on the same monotonic clock, so a step that loads can be
@@ -18,7 +21,7 @@ import time
 
 logger = logging.getLogger(__name__)
 
-GPU_MARKS = ("loads_submitted", "first_layer_ready", "last_layer_ready", "forward_done")
+GPU_MARKS = ("loads_submitted", "start_load_kv", "first_layer_ready", "last_layer_ready", "forward_done")
 
 
 class StepTrace:
@@ -30,16 +33,16 @@ class StepTrace:
         self._label = ""
         self._step = 0
 
-    def begin(self, num_loads: int, num_blocks: int) -> None:
-        """A step with loads starts (called from start_load_kv)."""
+    def begin(self, num_loads: int, num_blocks: int, hook: str = "start_load_kv") -> None:
+        """A step with loads starts: ``hook`` is vLLM's call they go out from."""
         self.is_on = num_loads > 0 and logger.isEnabledFor(logging.DEBUG)
         if not self.is_on:
             return
         self._step += 1
-        self._cpu, self._gpu = [("start_load_kv", time.perf_counter())], {}
+        self._cpu, self._gpu = [(hook, time.perf_counter())], {}
         # time.monotonic is vLLM's clock for a request's scheduled_ts / first_token_ts
         self._label = (f"step {self._step}: {num_loads} load(s) of {num_blocks} blocks, "
-                       f"start_load_kv at monotonic {time.monotonic():.6f}")
+                       f"{hook} at monotonic {time.monotonic():.6f}")
 
     def mark(self, name: str) -> None:
         if self.is_on:
@@ -91,7 +94,7 @@ class StepTrace:
                     parts.append(f"gpu {name} +{first.elapsed_time(gpu[name]):.2f}")
         except RuntimeError as exc:
             parts.append(f"gpu marks unreadable ({exc})")
-        logger.debug("%s (ms after start_load_kv): %s", label, ", ".join(parts))
+        logger.debug("%s (ms after %s): %s", label, cpu[0][0], ", ".join(parts))
 
 
 def log_schedule(step: int, scheduler_output, meta) -> None:

@@ -5,13 +5,24 @@
 and the ones still out (``save_ledger.py``), the saves a failed load taints (``taint.py``) and
 this rank's recent saves (``recent_saves.py``).  One step, in the order vLLM calls it:
 
-    handle_preemptions    wait for saves still reading blocks vLLM hands out again
+    handle_preemptions    wait for saves still reading blocks vLLM hands out again; then
+                          bind the plan and send the step's LOADs (``send_loads``)
     bind                  the plan: acknowledge rewound blocks, hold finished requests
-    start_load_kv         the step's LOADs (fenced before the forward for a full CUDA graph)
+                          (once per plan: a no-op where handle_preemptions bound it)
+    start_load_kv         the LOADs not sent yet; for a full CUDA graph, vLLM's stream
+                          fenced on every layer of them before the forward
     wait_for_layer_load   per layer: vLLM's stream waits, on the GPU, for its copies
     save_kv_layer         per layer: an event once its KV is written
     wait_for_save         the step's one SAVE of every layer; collect answers
     get_finished          judge the step's loads; report saves and loads done
+
+vLLM's V1 model runner calls ``handle_preemptions`` first thing in its step, before it
+prepares the step's inputs, attention metadata and CUDA graph (``GPUModelRunner.execute_model``),
+and ``bind_connector_metadata`` and ``start_load_kv`` with the same plan object just before the
+forward: LOADs sent at ``handle_preemptions`` copy while vLLM prepares.  (Its V2 runner calls
+the three one after another, just before the forward.)  A plan whose load
+blocks vLLM writes while it prepares (``loads_after_input_prep``), and a vLLM that never
+calls ``handle_preemptions``, send them at ``start_load_kv``.
 
 A part whose command breaks the connection returns the error (``Lost``); the owner drops
 the connection (``_drop``) and voids what was sent on it (``_void_if_dropped``): never an
@@ -60,6 +71,7 @@ class WorkerSide:
                                self._register, identity=identity, voters=voters)
         self._num_dropped_seen = 0  # the link's drops whose commands are voided already
         self._meta: PegaConnectorMetadata | None = None
+        self._loads_of: PegaConnectorMetadata | None = None  # the plan whose LOADs are out this step
         self.needs_layer_hooks = False  # this step has loads fenced layer by layer or saves
         self._written = LayersWritten()
         self._is_save_sent = True
@@ -100,12 +112,21 @@ class WorkerSide:
     # -- the step, in vLLM's order --------------------------------------------------------
 
     def handle_preemptions(self, meta: PegaConnectorMetadata) -> None:
+        """The saves still reading blocks this step hands out again are over first (the
+        step's loads may write those blocks); then the step's LOADs go out."""
+        self._end_loads_of_another(meta)
         if meta.preempted_req_ids:
             self.wait_for_saves_of(meta.preempted_req_ids)
         if meta.wait_saves_through:
             self.wait_for_saves_through(meta.wait_saves_through)
+        if meta.loads and not meta.loads_after_input_prep:
+            self.bind(meta)
+            self._send_loads("handle_preemptions")
 
     def bind(self, meta: PegaConnectorMetadata) -> None:
+        if meta is self._meta:
+            return  # bound at handle_preemptions (vLLM passes both hooks the same object)
+        self._end_loads_of_another(meta)
         self._meta = meta
         if not self._is_namespace_checked and meta.namespaces:
             self._check_namespace(meta.namespaces)
@@ -121,10 +142,13 @@ class WorkerSide:
         self.saves.new_step(meta.step)
 
     def start_load_kv(self, runs_layer_hooks: bool = True) -> None:
-        """Submit this step's loads.  ``runs_layer_hooks`` False: vLLM will not call
-        ``wait_for_layer_load`` in this forward (a full CUDA graph replay), so vLLM's
-        stream waits for every layer of the loads here, before the forward."""
-        self._drop(self.loads.start(self._meta, self._client))
+        """Send this step's loads, unless ``handle_preemptions`` did.  ``runs_layer_hooks``
+        False: vLLM will not call ``wait_for_layer_load`` in this forward (a full CUDA graph
+        replay), so vLLM's stream waits for every layer of the loads here, before the forward."""
+        if self._loads_of is None or self._loads_of is not self._meta:
+            self._send_loads("start_load_kv")
+        else:
+            self.loads.mark_hook("start_load_kv")  # the timeline: how far ahead the loads went out
         if not runs_layer_hooks:
             self._drop(self.loads.wait())
             self.loads.fence(range(self.layers.num_virtual))
@@ -150,6 +174,7 @@ class WorkerSide:
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._drop(self.loads.end_step())
+        self._loads_of = None
         self._submit_step_save()  # vLLM versions that skip wait_for_save on some steps
         self._collect()
         sending = self.saves.take_finished()
@@ -175,6 +200,18 @@ class WorkerSide:
         return self.stats.take(is_engine_up=self.link.current() is not None)
 
     # -- parts of the step ----------------------------------------------------------------
+
+    def _send_loads(self, hook: str) -> None:
+        """The bound plan's LOADs, once per plan, from ``hook`` (the timeline's start)."""
+        self._loads_of = self._meta
+        self._drop(self.loads.start(self._meta, self._client, hook))
+
+    def _end_loads_of_another(self, meta: PegaConnectorMetadata) -> None:
+        """LOADs sent for a plan whose step never reached ``get_finished`` (vLLM returned
+        before its forward) are waited for and judged now, reported with this step's."""
+        if self._loads_of is not None and self._loads_of is not meta:
+            self._drop(self.loads.end_step())
+            self._loads_of = None
 
     def _check_namespace(self, namespaces: tuple[int, ...]) -> None:
         """Once, said as an ERROR: the scheduler's namespace for this rank is not this

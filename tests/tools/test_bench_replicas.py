@@ -370,3 +370,24 @@ def test_headline_compares_a_burst_only_run_with_the_none_run_of_the_burst(fleet
     chat_pegaflow = replica_workloads.run_workloads("pegaflow", _args(), fleet, "b") | {"engine": None}
     table = headline([_burst_run("none"), chat_pegaflow])
     assert "identical_share" not in table["pegaflow"] and "outputs_identical" not in table["pegaflow"]
+
+
+def test_main_engine_variants_are_configurations_interleaved_under_repeat(monkeypatch, tmp_path):
+    # Each variant is pegaflow under its own name, run where pegaflow stood, repeated A B A B.
+    ran = []
+
+    def run_config(config, args, log_dir, tag):
+        ran.append(config)
+        later = {"ttft_p50_ms": 50.0, "ttft_p99_ms": 90.0, "errors": 0}
+        return {"config": config, "tag": tag, "later_rounds_wall_s": 1.0 + len(ran), "later_rounds": later,
+                "time_to_ready_s": [1.0], "chat": {"served_share": 0.5, "moved_share": 0.4, "errors": 0},
+                "results": [["r1u0", [1], ""]]}
+    monkeypatch.setattr(bench_replicas, "run_config", run_config)
+    monkeypatch.setattr(bench_replicas, "measured_on", lambda args: ("fake-gpu", args.model))
+    out = tmp_path / "replicas.json"
+    assert bench_replicas.main(["--configs", "none", "pegaflow", "--engine-variants", "default", "hold-saves",
+                                "--repeat", "2", "--log-dir", str(tmp_path), "--json", str(out)]) == 0
+    assert ran == ["none", "pegaflow", "pegaflow+hold-saves"] * 2
+    data = json.loads(out.read_text())
+    assert data["pegaflow+hold-saves"]["runs"] == 2
+    assert data["pegaflow+hold-saves"]["later_rounds_wall_s_spread"] == [4.0, 7.0]

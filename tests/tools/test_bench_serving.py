@@ -136,6 +136,8 @@ def test_server_command_per_config():
     auto = vllm_serve.server_command("pegaflow-auto", Args, "eng")
     extra = json.loads(auto[auto.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
     assert extra == {"engine_name": "eng", "load_mode": "auto"}
+    variant = vllm_serve.server_command("pegaflow+hold-saves", Args, "eng")  # an engine variant's
+    assert json.loads(variant[variant.index("--kv-transfer-config") + 1]) == config
 
 
 def test_counters_sum_labels_of_the_hit_and_pegaflow_counters_only(port):
@@ -307,3 +309,42 @@ def test_hits_of_prefers_tokens_by_source_over_the_hit_counters():
     assert hits_of(found) == {"gpu_hit_tokens": 16.0, "host_hit_tokens": 160.0}
     older = {k: v for k, v in found.items() if "by_source" not in k}  # a vLLM without it
     assert hits_of(older) == {"gpu_hit_tokens": 16.0, "host_hit_tokens": 320.0}
+
+
+def test_main_engine_variants_are_configurations_interleaved_under_repeat(tmp_path, monkeypatch, capsys):
+    # 1. Two repeats of none and pegaflow's engine under three variants, its processes faked.
+    import pegaflow.stats.engine_stats
+    import tools.engine_process
+    from tools.lib import peers
+    engines = []
+
+    class FakeEngine:
+        def __init__(self, name, *flags, **kwargs):
+            self.name = name
+            engines.append(flags)
+
+        def stop(self, timeout_s=None):
+            pass
+    monkeypatch.setattr(tools.engine_process, "EngineProcess", FakeEngine)
+    monkeypatch.setattr(pegaflow.stats.engine_stats, "read_stats", lambda name: {
+        "blocks_saved": 4, "blocks_loaded": 2, "lookup_hit_blocks": 2, "evictions": 0, "latency": {}})
+    monkeypatch.setattr(bench_serving, "Server", _FakeVllmServe)
+    monkeypatch.setattr(bench_serving, "measured_on", lambda args: ("fake-gpu", args.model))
+    monkeypatch.setattr(_Fake, "FIRST_S", 0.0)
+    _FakeVllmServe.started = []
+    out = tmp_path / "serving.json"
+    assert main(["--configs", "none", "pegaflow", "--engine-variants", "default", "hold-saves",
+                 "load-layer-groups=4", "--repeat", "2", "--users", "2", "--rounds", "2", "--context-tokens", "40",
+                 "--prefix-requests", "0", "--port", str(peers.free_port()), "--log-dir", str(tmp_path),
+                 "--engine-arg=--copy-backend=staged", "--json", str(out)]) == 0
+    # 2. Run in order A B C D A B C D, each variant's engine fresh with its own flags.
+    variants = ["pegaflow", "pegaflow+hold-saves", "pegaflow+load-layer-groups=4"]
+    data = json.loads(out.read_text())
+    assert [r["config"] for r in data["runs"]] == ["none", *variants] * 2
+    assert engines == [("--copy-backend=staged",), ("--copy-backend=staged", "--hold-saves"),
+                       ("--copy-backend=staged", "--load-layer-groups=4")] * 2
+    # 3. One row per variant over its two runs, with the spread, answers compared with none's.
+    for config in variants:
+        row = data[config]
+        assert row["runs"] == 2 and len(row["later_rounds_wall_s_spread"]) == 2 and row["outputs_identical"]
+    assert "pegaflow+load-layer-groups=4 " in capsys.readouterr().out

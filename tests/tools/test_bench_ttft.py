@@ -307,7 +307,7 @@ def test_bench_ttft_configs_split_over_calls_merge_into_one_table(monkeypatch, t
         spawned.append(phase)
         return {"none": none, "native": native}.get(phase, native)
     monkeypatch.setattr(bench, "_spawn", spawn)
-    monkeypatch.setattr(bench, "_pegaflow_phases", lambda args: ({"default": peg}, None))
+    monkeypatch.setattr(bench, "_pegaflow_phases", lambda args: ({"default": [peg]}, None))
     monkeypatch.setattr(bench, "_peer_phases", lambda args, configs: {c: native for c in configs})
     monkeypatch.setattr(bench, "gpu_name", lambda: "test-gpu")
     parts = [tmp_path / f"part{i}.json" for i in range(3)]
@@ -323,3 +323,69 @@ def test_bench_ttft_configs_split_over_calls_merge_into_one_table(monkeypatch, t
     merged = json.loads(capsys.readouterr().out)
     assert list(merged["configs"]) == ["none", "pegaflow", "native", "lmcache-mp", "pegaflow-rs"]
     assert merged["gpu"] == "test-gpu" and merged["warm_native_ms_median"] == 90.0
+
+
+def test_bench_ttft_engine_variants_repeat_interleaved_each_with_a_fresh_engine(monkeypatch):
+    # 1. Two variants, three repeats: phases run A B A B A B, each on a fresh engine with its flags.
+    import pegaflow.stats.engine_stats
+    import tools.bench_ttft as bench
+    import tools.engine_process
+    engines, spawned = [], []
+
+    class FakeEngine:
+        def __init__(self, name, *flags, **kwargs):
+            self.name, self.stopped = name, False
+            engines.append(self)
+            self.flags = flags
+
+        def stop(self, timeout_s=None):
+            self.stopped = True
+
+    def spawn(args, phase, run=None):
+        spawned.append((phase, engines[-1].flags))
+        return {"warm_ms": [40.0 + len(spawned)], "cold_ms": [270.0], "cold_tokens": [[1]], "warm_tokens": [[1]],
+                "warm_by_source": {"local_compute": 4, "local_cache_hit": 0, "external_kv_transfer": 96}}
+    monkeypatch.setattr(tools.engine_process, "EngineProcess", FakeEngine)
+    monkeypatch.setattr(pegaflow.stats.engine_stats, "read_stats", lambda name: {"blocks_loaded": 1})
+    monkeypatch.setattr(bench, "_spawn", spawn)
+    args = bench.parse_args(["--configs", "pegaflow", "none", "--engine-variants", "default",
+                             "load-layer-groups=4", "--repeat", "3"])
+    repeats, disks = bench._pegaflow_phases(args)
+    assert spawned == [("pegaflow", ()), ("pegaflow", ("--load-layer-groups=4",))] * 3
+    assert len(engines) == 6 and all(e.stopped for e in engines) and disks is None
+    # 2. Each variant's figures over its three repeats, with each repeat's median and the spread.
+    from tools.lib.ttft_figures import backend_figures
+    out = backend_figures({name: runs[0] for name, runs in repeats.items()}, {"cold_tokens": [[1]]}, repeats)
+    assert out["warm_pegaflow_ms_repeats_load-layer-groups4"] == [42.0, 44.0, 46.0]
+    assert out["warm_pegaflow_ms_spread_load-layer-groups4"] == [42.0, 46.0]
+    assert out["warm_pegaflow_ms_median_default"] == 43.0 and out["outputs_identical_default"] is True
+    # 3. A repeat whose outputs differ makes its variant's outputs not identical.
+    repeats["default"][2]["warm_tokens"] = [[2]]
+    assert backend_figures({"default": repeats["default"][0]}, {"cold_tokens": [[1]]},
+                           repeats)["outputs_identical_default"] is False
+
+
+def test_bench_ttft_merge_keeps_every_calls_engine_variants_and_their_repeats(tmp_path):
+    # 1. A sweep split over three calls: none alone, then two calls of pegaflow variants, one
+    #    variant in both (its repeats of both are kept).
+    from tools.lib.ttft_figures import merged_phases
+
+    def phase(ms):
+        return {"warm_ms": [ms]}
+    files = [{"gpu": "H100", "model": "m", "configs_run": ["none"], "none": {"cold_ms": [1.0]}},
+             {"gpu": "H100", "model": "m", "configs_run": ["pegaflow"], "pegaflow": phase(40.0),
+              "pegaflow_variants": {"default": phase(40.0), "hold-saves": phase(41.0)},
+              "pegaflow_repeats": {"default": [phase(40.0), phase(42.0)], "hold-saves": [phase(41.0)]}},
+             {"gpu": "H100", "model": "m", "configs_run": ["pegaflow"], "pegaflow": phase(37.0),
+              "pegaflow_variants": {"load-layer-groups4": phase(37.0), "default": phase(43.0)},
+              "pegaflow_repeats": {"load-layer-groups4": [phase(37.0)], "default": [phase(43.0)]}}]
+    paths = []
+    for i, data in enumerate(files):
+        paths.append(tmp_path / f"t{i}.json")
+        paths[-1].write_text(json.dumps(data))
+    merged = merged_phases([str(p) for p in paths])
+    # 2. Every variant, in the order first run; the table's pegaflow is the first one's first run.
+    assert list(merged["pegaflow_repeats"]) == ["default", "hold-saves", "load-layer-groups4"]
+    assert [p["warm_ms"] for p in merged["pegaflow_repeats"]["default"]] == [[40.0], [42.0], [43.0]]
+    assert merged["pegaflow"] == phase(40.0) and merged["pegaflow_variants"]["load-layer-groups4"] == phase(37.0)
+    assert merged["none"] == {"cold_ms": [1.0]} and merged["configs_run"] == ["none", "pegaflow"]

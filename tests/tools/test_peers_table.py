@@ -130,6 +130,10 @@ def test_peers_table_pegaflows_own_variants_are_columns_not_marks():
     assert table["configs"]["pegaflow-hold"]["multi_round"]["later_rounds_wall_s"] == 5.5
     assert table["versus"]["multi_round"]["best_other"] == "pegaflow-rs"
     assert markdown(table).splitlines()[2].endswith("| pegaflow | pegaflow-hold | pegaflow vs fastest correct other |")
+    # An engine variant's configuration (--engine-variants hold-saves) is one too, however fast.
+    inputs["serving"]["pegaflow+hold-saves"] = {"later_rounds_wall_s": 0.5, "throughput_rps": 50.0,
+                                                "outputs_identical": True}
+    assert build(inputs, "2026-12-06")["versus"]["multi_round"]["best_other"] == "pegaflow-rs"
 
 
 def test_peers_table_marks_each_mode_on_each_workload_from_its_own_evidence_only():

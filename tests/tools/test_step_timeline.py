@@ -44,6 +44,26 @@ def test_step_timeline_reads_gpu_marks_and_summarizes_a_window():
     assert step_timeline.summarize(steps, 0.0, 0.0)["steps"] == 0
 
 
+def test_step_timeline_reads_the_hook_the_loads_went_out_from(caplog):
+    # 1. One step sent its loads at handle_preemptions (start_load_kv came 2 ms later), the
+    #    next at start_load_kv (vLLM wrote their blocks while it prepared the step).
+    caplog.set_level(logging.DEBUG, logger=step_timeline.TRACE_LOGGER)
+    trace = StepTrace()
+    trace.begin(1, 4, "handle_preemptions")
+    trace.mark("start_load_kv")
+    trace.end()
+    trace.begin(1, 4)
+    trace.end()
+    trace.flush()
+    early, late = step_timeline.parse(r.getMessage() for r in caplog.records)
+    # 2. Each step says its hook, and start_load_kv is a mark of the early one only.
+    assert (early["sent_at"], late["sent_at"]) == ("handle_preemptions", "start_load_kv")
+    assert "start_load_kv" in early and "start_load_kv" not in late
+    summary = step_timeline.summarize([early, late])
+    assert summary["sent_at"] == {"handle_preemptions": 1, "start_load_kv": 1}
+    assert summary["start_load_kv"]["max"] >= 0.0 and "sent_at" not in summary["start_load_kv"]
+
+
 def test_step_timeline_logging_config_sends_the_trace_to_its_file_and_keeps_vllms(tmp_path):
     trace_path = tmp_path / "trace.log"
     code = ("import json, logging, logging.config, sys; "

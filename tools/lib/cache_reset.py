@@ -34,7 +34,7 @@ import urllib.request
 from tools.lib import processes
 from tools.lib.fleet import Fleet
 from tools.lib.replica_workloads import warm_up
-from tools.lib.serving_setup import PEGAFLOW_CONFIGS, Sides
+from tools.lib.serving_setup import Sides, is_pegaflow
 from tools.lib.vllm_serve import reset_gpu_cache
 
 HOW = {"none": "POST /reset_prefix_cache on each replica (vLLM's GPU prefix cache: no host cache)",
@@ -50,7 +50,7 @@ CLEAR_RETRY_S, CLEAR_POLL_S = 10.0, 0.5
 
 
 def can_empty(config: str) -> bool:
-    return config in HOW or config in PEGAFLOW_CONFIGS
+    return config in HOW or is_pegaflow(config)
 
 
 def how(config: str) -> str:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from tools import step_timeline
 from tools.lib import processes
-from tools.lib.serving_setup import PEGAFLOW_CONFIGS, peer_leftovers, vllm_settings
+from tools.lib.serving_setup import is_pegaflow, peer_leftovers, vllm_settings
 from tools.lib.vllm_serve import Server, complete, counters, reset_gpu_cache, server_command
 from tools.serving_workload import RequestResult
 
@@ -113,7 +113,7 @@ class Fleet:
 
     def trace_path(self, replica: int) -> Path | None:
         """Where replica ``replica``'s step timeline goes (``--trace``, pegaflow only)."""
-        if not (self.args.trace and self.config in PEGAFLOW_CONFIGS):
+        if not (self.args.trace and is_pegaflow(self.config)):
             return None
         return self.log_dir / f"{self.tag}.r{replica}.trace.log"
 

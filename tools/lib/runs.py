@@ -12,7 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.lib import peers
+from tools.lib import engine_variants, peers
 from tools.lib.gpu import gpu_name
 from tools.serving_workload import RequestResult, identical_share
 
@@ -77,11 +77,13 @@ def add_chat_args(p: argparse.ArgumentParser, users: int) -> None:
 
 
 def add_run_args(p: argparse.ArgumentParser, log_dir: str) -> None:
-    """The seed, where logs go, the engine's flags and the JSON in and out (shared with bench_replicas)."""
+    """The seed, where logs go, the engine's flags and variants, the JSON in and out (shared with
+    bench_replicas)."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", default=log_dir)
     p.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
                    help="a flag for pegaflow's engine, e.g. --engine-arg=--copy-backend=staged (repeatable)")
+    engine_variants.add_variants_arg(p)  # each variant a configuration, in pegaflow's place
     p.add_argument("--json", metavar="PATH", help="write every figure here (rewritten after every configuration)")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
                    help="run nothing: one table of the runs in these --json files (a run split over calls)")
@@ -90,11 +92,12 @@ def add_run_args(p: argparse.ArgumentParser, log_dir: str) -> None:
 def collect_runs(args, run_config, write_json, progress) -> list[dict]:
     """The runs of ``--merge``'s files, or else every configuration ``--repeat`` times,
     interleaved (A B C A B C; a config named twice: its run-to-run agreement), a line of
-    ``progress(run)`` after each and the JSON rewritten, so a run cut short keeps what it measured."""
+    ``progress(run)`` after each and the JSON rewritten, so a run cut short keeps what it measured.
+    ``--engine-variants``: pegaflow's place in ``args.configs`` taken by one configuration per variant."""
     runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
     if args.merge:
         return runs
-    args.configs = available_configs(args.configs)
+    args.configs = available_configs(engine_variants.with_variants(args.configs, args.engine_variants))
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     for rep in range(args.repeat):

@@ -4,7 +4,8 @@ one way for ``bench_serving``, ``bench_replicas`` and ``bench_pd``.
 - ``pegaflow_transfer_args(engine_name, role, **options)``: the ``--kv-transfer-config`` that
   attaches a vLLM to pegaflow's engine ``engine_name`` through ``PegaKVConnector``;
 - ``side_processes(...)``: a context manager that starts what the configuration needs: a fresh
-  pegaflow engine (``PEGAFLOW_CONFIGS``), or a peer's plan and its server (``tools/lib/peers.py``);
+  pegaflow engine (``PEGAFLOW_CONFIGS``, and the ``--engine-variants``' configurations of
+  ``tools/lib/engine_variants.py``), or a peer's plan and its server (``tools/lib/peers.py``);
   it yields a ``Sides`` and stops them on exit, the engine last (a large pool takes its time
   to give its memory back: waited for, not killed); ``Sides.restart_engine`` empties pegaflow's
   cache between two runs in one set of vLLMs (``tools/lib/cache_reset.py``);
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.lib import peers, processes
+from tools.lib import engine_variants, peers, processes
 
 # pegaflow's configurations: the connector's options beyond the engine's name
 PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "pegaflow-async": {"load_mode": "async"},
@@ -31,6 +32,25 @@ PEGAFLOW_CONFIGS = {"pegaflow": {}, "pegaflow-auto": {"load_mode": "auto"}, "peg
 ENGINE_FLAGS = {"pegaflow-hold": ["--hold-saves"], "pegaflow-groups4": ["--load-layer-groups=4"],
                 "pegaflow-hold-groups4": ["--hold-saves", "--load-layer-groups=4"],
                 "pegaflow-no-compute-once": ["--no-compute-once"]}
+
+
+def connector_options(config: str) -> dict[str, str] | None:
+    """pegaflow's connector options beyond the engine's name for ``config`` (None: not pegaflow)."""
+    if engine_variants.variant_of(config) is not None:
+        return {}  # a variant of the engine's flags, the connector's defaults
+    return PEGAFLOW_CONFIGS.get(config)
+
+
+def is_pegaflow(config: str) -> bool:
+    return connector_options(config) is not None
+
+
+def engine_flags_of(config: str) -> list[str]:
+    """The engine's own flags of a pegaflow configuration (its variant's, or ``ENGINE_FLAGS``')."""
+    variant = engine_variants.variant_of(config)
+    return engine_variants.engine_flags(variant) if variant is not None else ENGINE_FLAGS.get(config, [])
+
+
 ENGINE_STATS = ("blocks_saved", "blocks_loaded", "lookup_hit_blocks", "evictions",
                 "latency")  # its LOOKUP / LOAD / SAVE latency histograms, receipt to answer
 
@@ -95,7 +115,7 @@ def side_processes(config: str, engine_name: str, engine_args: list[str], host_g
         num_starts += 1
         with processes.phase(None, f"{tag} engine start"):
             return engine_process.EngineProcess(
-                engine_name, *engine_args, *ENGINE_FLAGS.get(config, []), backend="cuda",
+                engine_name, *engine_args, *engine_flags_of(config), backend="cuda",
                 pool_size=f"{host_gib}GiB", start_timeout_s=engine_start_timeout_s, log_level="INFO",
                 stderr_path=log)
 
@@ -108,7 +128,7 @@ def side_processes(config: str, engine_name: str, engine_args: list[str], host_g
         engine.wait_pool_pinned()
         return time.monotonic() - started
 
-    if config in PEGAFLOW_CONFIGS:
+    if is_pegaflow(config):
         engine = start_engine()
     try:
         plan = peers.plan(config, peer_pool_bytes, num_vllms) if config in peers.PEERS else None

@@ -40,8 +40,9 @@ NOT_RUN = ("skipped", "failed", "invalid")  # no figures: why, instead
 
 
 def own_variant(name: str) -> bool:
-    """pegaflow under other settings (``pegaflow-hold``, ``pegaflow-layerwise``...), not a peer."""
-    return name.startswith("pegaflow-") and name != "pegaflow-rs"
+    """pegaflow under other settings (``pegaflow-hold``, ``pegaflow-layerwise``, an engine
+    variant's ``pegaflow+hold-saves``...), not a peer."""
+    return name.startswith(("pegaflow-", "pegaflow+")) and name != "pegaflow-rs"
 
 
 def _rows(bench: str, data: dict) -> dict[str, dict]:

@@ -1,12 +1,15 @@
 """bench_ttft's figures from its phases' measurements: the headline (pegaflow against native and
-no connector, TPOT), the disk tier's, each copy path's or engine variant's, and ``--tpot-only``'s.
-The rows per configuration are ``tools/lib/ttft_configs.py``'s.
+no connector, TPOT), the disk tier's, each copy path's or engine variant's, and ``--tpot-only``'s;
+the phases of a run split over calls merged first (``merged_phases``).  The rows per
+configuration are ``tools/lib/ttft_configs.py``'s.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+from pathlib import Path
 
 from tools.lib.ttft_configs import NO_FIGURES, logprobs_match
 from tools.lib.ttft_configs import stats as _stats
@@ -85,23 +88,32 @@ def table_figures(rows: dict[str, dict], peg: dict, native: dict | None, none: d
 
 
 
-def backend_figures(by_backend: dict[str, dict], none: dict) -> dict:
+def backend_figures(by_backend: dict[str, dict], none: dict, repeats: dict[str, list[dict]] | None = None) -> dict:
     """``--copy-backends`` (or ``--engine-variants``): each one's own warm figures, under keys
     named for it, its first tokens' top-5 logprobs against the GPU hit's among them; one whose
-    warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures."""
+    warm pass hit vLLM's GPU prefix cache gets ``invalid_<path>`` (why) and no figures.
+    ``repeats`` (``--repeat``): each one's phases, its figures over every repeat's prompts and
+    ``warm_pegaflow_ms_repeats_<path>``, each repeat's median (their spread: min and max)."""
     out = {}
     for name, phase in by_backend.items():
-        if "failed" in phase:
+        mine = [p for p in (repeats or {}).get(name, [phase]) if "failed" not in p]
+        if not mine:
             continue
-        if reason := invalid_reason(phase.get("warm_by_source")):
+        if reason := next(filter(None, (invalid_reason(p.get("warm_by_source")) for p in mine)), None):
             out[f"invalid_{name}"] = reason
             print(f"bench_ttft: no warm figures for copy path {name}: {reason}", file=sys.stderr)
             continue
-        warm, warm_p90 = _stats(phase["warm_ms"])
+        warm, warm_p90 = _stats([ms for p in mine for ms in p["warm_ms"]])
         out[f"warm_pegaflow_ms_median_{name}"], out[f"warm_pegaflow_ms_p90_{name}"] = warm, warm_p90
-        out[f"cold_ms_median_{name}"] = _stats(phase["cold_ms"])[0]
-        out[f"outputs_identical_{name}"] = phase["cold_tokens"] == phase["warm_tokens"] == none["cold_tokens"]
-        out[f"logprobs_identical_{name}"], out[f"logprobs_compared_{name}"] = logprobs_match(phase, none)
+        out[f"cold_ms_median_{name}"] = _stats([ms for p in mine for ms in p["cold_ms"]])[0]
+        out[f"outputs_identical_{name}"] = all(p["cold_tokens"] == p["warm_tokens"] == none["cold_tokens"]
+                                               for p in mine)
+        matches = [logprobs_match(p, none) for p in mine]
+        out[f"logprobs_identical_{name}"] = None if any(m[0] is None for m in matches) else all(m[0] for m in matches)
+        out[f"logprobs_compared_{name}"] = sum(m[1] for m in matches)
+        if len(mine) > 1:
+            out[f"warm_pegaflow_ms_repeats_{name}"] = each = [_stats(p["warm_ms"])[0] for p in mine]
+            out[f"warm_pegaflow_ms_spread_{name}"] = [min(each), max(each)]
     return out
 
 
@@ -115,3 +127,23 @@ def summarize_tpot(tpot: dict[str, list[float]], gpu: str) -> dict:
             "tpot_ratio_idle_vs_none": med["idle"] / med["none"],
             **{f"tpot_{phase}_ms_each": values for phase, values in tpot.items()}}
 
+
+def merged_phases(paths: list[str]) -> dict:
+    """The phases of several ``--phases-out`` files as one run's (the first file's GPU and model;
+    another GPU in a later file: a warning, the merge goes on).  pegaflow's variants of every
+    file are kept (a sweep split over calls; a variant in two files: its repeats of both), its
+    table's figures the first file's."""
+    files = [json.loads(Path(path).read_text()) for path in paths]
+    phases, repeats = dict(files[0]), {}
+    for path, data in zip(paths, files):
+        if data["gpu"] != phases["gpu"]:
+            print(f"bench_ttft: {path} ran on {data['gpu']}, not {phases['gpu']}", file=sys.stderr)
+        mine = data.get("pegaflow_repeats") or {n: [p] for n, p in data.get("pegaflow_variants", {}).items()}
+        for name, runs in mine.items():
+            repeats[name] = repeats.get(name, []) + runs
+        phases.update({k: v for k, v in data.items() if k not in ("gpu", "model", "configs_run")})
+        phases["configs_run"] = list(dict.fromkeys(phases["configs_run"] + data["configs_run"]))
+    if repeats:
+        phases.update(pegaflow_repeats=repeats, pegaflow_variants={n: runs[0] for n, runs in repeats.items()},
+                      pegaflow=next(iter(repeats.values()))[0])
+    return phases

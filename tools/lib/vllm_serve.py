@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from tools.lib import processes
-from tools.lib.serving_setup import PEGAFLOW_CONFIGS, pegaflow_transfer_args
+from tools.lib.serving_setup import connector_options, pegaflow_transfer_args
 from tools.lib.warm_pass import BY_SOURCE, SOURCES, empty_gpu_cache
 from tools.serving_workload import RequestResult
 
@@ -173,8 +173,8 @@ def server_command(config: str, args, engine_name: str, peer_args: list[str] | N
         cmd.append("--enforce-eager")
     if config == "native":
         cmd += ["--kv-offloading-size", str(args.host_gib), "--kv-offloading-backend", "native"]
-    elif config in PEGAFLOW_CONFIGS:
-        cmd += pegaflow_transfer_args(engine_name, **PEGAFLOW_CONFIGS[config])
+    elif (options := connector_options(config)) is not None:
+        cmd += pegaflow_transfer_args(engine_name, **options)
     return cmd + list(peer_args or ())
 
 

@@ -435,3 +435,28 @@ def test_scheduler_claiming_lookup_waits_on_its_first_ask_only():
     # The LOOKUP told the engine this vLLM's block size, rate and the most it waits.
     (prefill,) = client.prefills
     assert (prefill.block_tokens, prefill.tokens_per_s, prefill.wait_ms) == (16, 2000, 3000)
+
+
+def test_scheduler_load_whose_blocks_vllm_writes_while_preparing_goes_out_at_start_load_kv():
+    # 1. A request with 4 cached blocks is allocated blocks 10-14 and loads 10-13 in its step.
+    from pegaflow.connector.scheduler import RequestState
+    scheduler = SchedulerSide(ConnectorConfig(load_mode="layerwise"), namespaces=[1], block_size=16)
+    request = SimpleNamespace(request_id="r", num_tokens=80, block_hashes=[b"h" * 32] * 5)
+    scheduler.requests["r"] = RequestState(request, lookup_at_tokens=0, lease_ids=(0,))
+    scheduler.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14],)),
+                                       num_external_tokens=64)
+    # 2. vLLM zeroes block 14 only (past the load) and copies 3 -> 4: the load may go out
+    #    at handle_preemptions.
+    output = _step_output()
+    output.new_block_ids_to_zero, output.kv_cache_block_copies = [14], [(3, 4)]
+    meta = scheduler.build_connector_meta(output)
+    assert len(meta.loads) == 1 and meta.loads_after_input_prep is False
+    # 3. A load into a block vLLM zeroes, or copies into, waits for start_load_kv.
+    from pegaflow.connector.scheduler import writes_load_blocks
+    assert writes_load_blocks(SimpleNamespace(new_block_ids_to_zero=[12]), meta.loads)
+    assert writes_load_blocks(SimpleNamespace(kv_cache_block_copies=[(3, 11)]), meta.loads)
+    assert not writes_load_blocks(SimpleNamespace(), meta.loads)  # (an older vLLM: neither field)
+    # 4. Built from such a step, the plan says so.
+    scheduler.requests["r"].pending_load = meta.loads[0]
+    output.new_block_ids_to_zero = [13, 14]
+    assert scheduler.build_connector_meta(output).loads_after_input_prep is True

@@ -35,3 +35,17 @@ def test_trace_is_off_without_debug_or_without_loads(caplog):
     trace.end()
     trace.flush()
     assert caplog.records == []
+
+
+def test_trace_of_loads_sent_at_handle_preemptions_times_from_there(caplog):
+    # Loads sent at handle_preemptions: the line starts there, and start_load_kv is a mark
+    # after it (how far ahead of it the loads went out).
+    caplog.set_level(logging.DEBUG, logger="pegaflow.connector.trace")
+    trace = StepTrace()
+    trace.begin(num_loads=1, num_blocks=4, hook="handle_preemptions")
+    trace.mark("start_load_kv")
+    trace.end()
+    trace.flush()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "4 blocks, handle_preemptions at monotonic" in line
+    assert "(ms after handle_preemptions): start_load_kv +" in line

@@ -533,3 +533,119 @@ def test_worker_save_that_breaks_the_connection_voids_what_was_sent_on_it():
     assert not worker.saves.is_saving({"req-a", "req-c"})
     assert worker.get_finished(set()) == (None, {"req-b"})
     assert worker.get_block_ids_with_load_errors() == {3}
+
+
+class SavingThenLoadingClient(AcceptingClient):
+    """Answers a preempted request's SAVE on the third poll; records, per LOAD, whether that
+    SAVE was still out when it went."""
+
+    def __init__(self, memory, worker):
+        super().__init__(memory)
+        self.worker, self.polls = worker, 0
+
+    def try_take(self, command_id):
+        self.polls += 1
+        if self.polls < 3:
+            return None
+        result = SimpleNamespace(num_stored=1, num_deduped=0, num_dropped=0)
+        return SimpleNamespace(is_ok=True, status=0, result=result)
+
+    def submit_load(self, namespace, block_ids, hashes, **kwargs):
+        self.loads.append(self.worker.saves.is_saving({"req-p"}))
+        return 31
+
+
+def _early_step(memory, **meta_fields):
+    """A worker whose step has a preempted request's SAVE out and one layer-wise load."""
+    from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+    worker = WorkerSide(ConnectorConfig(num_load_slots=2), namespace=1, rank=0, num_blocks=8)
+    worker.layers.num_virtual, worker.memory = 4, memory
+    worker.layers.virtual = {f"l{i}": (i,) for i in range(4)}
+    client = SavingThenLoadingClient(memory, worker)
+    worker.link.use(client)
+    worker.saves.sent(11, ("req-p",))
+    meta = PegaConnectorMetadata(**{"held_req_ids": set(), "preempted_req_ids": {"req-p"}, **meta_fields})
+    meta.loads.append(LoadSpec("req-c", (5, 6), (b"j" * 32, b"k" * 32), (0,), False))
+    return worker, client, meta
+
+
+def test_worker_loads_go_out_at_handle_preemptions_after_the_preempted_saves():
+    # 1. vLLM's first hook of the step: the preempted request's SAVE (which reads blocks the
+    #    load may write) is waited for, then the LOAD goes out, fenced, before input prep.
+    memory = FullGraphMemory()
+    worker, client, meta = _early_step(memory)
+    worker.handle_preemptions(meta)
+    assert client.loads == [False]
+    assert memory.waits == [("record", [(1 + 2) * 4])]
+    # 2. vLLM binds the same plan and starts the loads: nothing is sent or fenced again.
+    worker.bind(meta)
+    worker.start_load_kv()
+    assert client.loads == [False] and len(memory.recorded) == 1
+    # 3. The forward's layers wait for their own events; the step ends with the load kept.
+    worker.wait_for_layer_load("l0")
+    assert memory.waits[1:] == [("wait", [4])]
+    worker.get_finished(set())
+    assert worker.get_block_ids_with_load_errors() == set()
+    assert worker.stats.data.get("loaded_blocks") == 2
+
+
+def test_worker_full_graph_step_of_early_loads_fences_every_layer_at_start_load_kv():
+    # Loads sent at handle_preemptions; the forward replays a full CUDA graph (no per-layer
+    # hook): start_load_kv makes vLLM's stream wait for every layer before the forward.
+    memory = FullGraphMemory()
+    worker, client, meta = _early_step(memory)
+    worker.handle_preemptions(meta)
+    worker.bind(meta)
+    worker.start_load_kv(runs_layer_hooks=False)
+    assert memory.waits == [("record", [(1 + 2) * 4]), ("wait", [4, 5, 6, 7])]
+    assert client.loads == [False]
+
+
+def test_worker_loads_whose_blocks_vllm_writes_while_preparing_go_out_at_start_load_kv():
+    # 1. vLLM zeroes (or copies into) a load block after handle_preemptions: the loads wait.
+    memory = FullGraphMemory()
+    worker, client, meta = _early_step(memory, loads_after_input_prep=True)
+    worker.handle_preemptions(meta)
+    assert client.loads == [] and memory.waits == []
+    # 2. They go out at start_load_kv, behind a fence recorded there (after vLLM's writes).
+    worker.bind(meta)
+    worker.start_load_kv()
+    assert client.loads == [False] and memory.waits == [("record", [(1 + 2) * 4])]
+
+
+def test_worker_of_a_vllm_without_handle_preemptions_sends_loads_at_start_load_kv_once():
+    memory = FullGraphMemory()
+    worker, client, meta = _early_step(memory, preempted_req_ids=set())
+    worker.bind(meta)
+    worker.bind(meta)  # (bound twice: still one plan)
+    worker.start_load_kv()
+    assert len(client.loads) == 1 and len(memory.recorded) == 1
+
+
+def test_worker_plan_bound_unlike_handle_preemptions_ones_judges_those_loads_and_sends_its_own():
+    # 1. handle_preemptions sent plan A's load; vLLM then binds another plan B.
+    from pegaflow.connector.metadata import LoadSpec, PegaConnectorMetadata
+    memory = FullGraphMemory()
+    worker, client, meta = _early_step(memory)
+    worker.handle_preemptions(meta)
+    other = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
+    other.loads.append(LoadSpec("req-d", (7,), (b"m" * 32,), (0,), False))
+    worker.bind(other)
+    # 2. A's load is waited for and judged (loaded, not failed), B's goes out at start_load_kv.
+    assert worker.stats.data.get("loaded_blocks") == 2
+    worker.start_load_kv()
+    assert len(client.loads) == 2 and len(memory.recorded) == 2
+    worker.get_finished(set())
+    assert worker.stats.data.get("loaded_blocks") == 3 and worker.get_block_ids_with_load_errors() == set()
+
+
+def test_worker_plan_bound_at_handle_preemptions_and_again_is_one_step():
+    # vLLM binds the plan handle_preemptions bound already: the rank's window of recent
+    # saves advances once, not twice (it would forget a step's SAVEs a step early).
+    from pegaflow.connector.metadata import PegaConnectorMetadata
+    worker = WorkerSide(ConnectorConfig(), namespace=5, rank=0, num_blocks=16, num_ranks=2)
+    for _ in range(2):
+        meta = PegaConnectorMetadata(held_req_ids=set(), preempted_req_ids=set())
+        worker.bind(meta)
+        worker.bind(meta)
+    assert len(worker._recent_saves) == 2

@@ -115,6 +115,16 @@ def test_side_processes_restart_engine_stops_it_and_starts_an_empty_one_under_it
         assert sides.restart_engine is None
 
 
+def test_side_processes_engine_variant_is_the_engine_with_its_flags_and_the_connectors_defaults(fakes, tmp_path):
+    # --engine-variants load-layer-groups=4+hold-saves: a configuration of its own, its engine
+    # started with the variant's flags after the bench's, its vLLM on the connector's defaults.
+    with _sides("pegaflow+load-layer-groups=4+hold-saves", tmp_path):
+        (engine,) = _FakeEngine.made
+        assert engine.flags == ("--copy-backend=staged", "--load-layer-groups=4", "--hold-saves")
+    assert serving_setup.connector_options("pegaflow+hold-saves") == {}
+    assert serving_setup.is_pegaflow("pegaflow+hold-saves") and not serving_setup.is_pegaflow("pegaflow-rs")
+
+
 def test_side_processes_stops_the_engine_when_the_run_fails(fakes, tmp_path):
     with pytest.raises(RuntimeError, match="vllm serve exited"), _sides("pegaflow", tmp_path):
         raise RuntimeError("vllm serve exited (1)")
