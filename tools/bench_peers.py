@@ -86,8 +86,8 @@ def run_config(config: str, args, out_dir: Path, log_dir: Path) -> None:
                 files.write("serving", {"runs": [run]}, one)
             if "ttft" in args.workloads:
                 # pegaflow's engine keeps the serving's blocks: no prompt of the TTFT's can hit them, and
-                # its pool holds both without evicting (an engine restart would cost ~30 s)
-                reset = cache_reset.empty_caches(config, fleet, sides, args.seed + RESET_SEED, restart_engine=False)
+                # its pool holds both without evicting
+                reset = cache_reset.empty_caches(config, fleet, sides, args.seed + RESET_SEED, empty_engine=False)
                 with processes.phase(None, f"{config} warm TTFT"):
                     phase = served_ttft.measure(fleet.port(0), config, _ttft_prompts(args))
                 files.write("ttft", {"phase": phase | {"reset_before": reset}})

@@ -200,6 +200,23 @@ class BlockIndex:
                 self.table.free(entry.offset, entry.entry_bytes)  # a kept pool's next engine must not take it in
         return num_found
 
+    def drop_namespace(self, namespace: int) -> tuple[int, int]:
+        """Forget every block of ``namespace`` (a RESET), as ``drop`` forgets one: each unused
+        entry now; one a lease, a load or a copy still uses (a SAVE writing it, a disk read
+        or write) is never served again and dropped when that ends.  A kept pool's entries
+        not taken in yet go too.  Returns (how many, how many of them were held so)."""
+        entries, num_dropped, num_held = self.entries, 0, 0
+        for key in [k for k, e in entries.items() if k[0] == namespace and not e.is_doomed]:
+            entry = entries[key]
+            num_dropped += 1
+            if is_unused(entry):
+                self.drop_entry(key)
+            else:
+                entry.is_doomed = True
+                num_held += 1
+                self.table.free(entry.offset, entry.entry_bytes)  # a kept pool's next engine must not take it in
+        return num_dropped + self.kept.drop_namespace(namespace), num_held
+
     def expire_leases(self, now: float) -> int:
         expired = [lease_id for lease_id, lease in self.leases.items() if lease.expires_at <= now]
         for lease_id in expired:

@@ -67,7 +67,7 @@ class KeptEntries:
         batch.sort(key=lambda p: p[1])
         taken = []
         for _, _, key, entry in batch:
-            if key in self.entries:
+            if key in self.entries or entry.is_doomed:  # saved again meanwhile, or reset
                 self.table.free(entry.offset, entry.entry_bytes)
                 self.pool.free(entry.offset)
             else:
@@ -75,3 +75,14 @@ class KeptEntries:
                 taken.append(key)
         self.policy.insert_oldest(taken)
         return len(taken)
+
+    def drop_namespace(self, namespace: int) -> int:
+        """A RESET of ``namespace``: its entries not taken in yet never will be (their pages
+        are freed once ``grow`` reaches them); returns how many."""
+        num_dropped = 0
+        for _, _, key, entry in self.beyond_ready:
+            if key[0] == namespace and not entry.is_doomed:
+                entry.is_doomed = True
+                self.table.free(entry.offset, entry.entry_bytes)  # nor taken in by a next engine
+                num_dropped += 1
+        return num_dropped

@@ -3,7 +3,8 @@
 A record is decoded once into a typed command (``pegaflow.platform.protocol``, where each
 command's fields and answer are declared) and handed to its handler, which takes the typed
 command and returns its answer or ``LATER`` (``received.py``: the one rule by which every
-command is answered once).  SAVE and LOAD are ``transfers.py``'s, LOOKUP ``lookup.py``'s.
+command is answered once).  SAVE and LOAD are ``transfers.py``'s, LOOKUP ``lookup.py``'s,
+RESET ``reset.py``'s.
 
 A bad command (unknown opcode, wrong version, payload past the arena, block id out of
 range, ...) is answered with its status and changes nothing.
@@ -49,6 +50,7 @@ from ..stats import StatsWriter
 from .lookup import Lookups
 from .prefill_claims import PrefillClaims
 from .received import LATER, Received, untimed
+from .reset import Resets
 from .slow_commands import RefusedCommands
 from .transfers import Transfers
 
@@ -82,6 +84,7 @@ class Dispatcher:
         self.transfers = Transfers(index, backend, stats, self.answer, self.claims)
         self.lookups = Lookups(index, stats, self.answer_later, lookup_wait_s,
                                self.transfers.issuing.is_issuing_save, clients, remote, self.claims)
+        self.resets = Resets(index, stats, clients, disk)  # RESET: a namespace emptied (reset.py)
         self.voters = VoterTable()  # the namespaces whose clients vote (``votes.py``)
         self.refusals = RefusedCommands()  # refused setup commands, logged at a bounded rate
         self.handlers: dict[Opcode, Callable] = {
@@ -91,6 +94,7 @@ class Dispatcher:
             Opcode.RELEASE: self._release, Opcode.SAVE: self.transfers.save,
             Opcode.LOAD: self.transfers.load, Opcode.DROP: self._drop,
             Opcode.RELEASE_CLAIM: self.claims.release,  # compute once (prefill_claims.py)
+            Opcode.RESET: self.resets.reset,
         }
         assert set(self.handlers) == set(COMMANDS), "every command needs a handler"
 

@@ -19,6 +19,7 @@ scan, so across a restart it is write order.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -164,6 +165,11 @@ class DiskStore:
         else:
             block.is_doomed = True
         return True
+
+    def keys_of(self, namespace: int) -> list[Key]:
+        """The keys of ``namespace`` on disk or being written (removed ones left out)."""
+        return [key for key, block in itertools.chain(self._blocks.items(), self._writing.items())
+                if key[0] == namespace and not block.is_doomed]
 
     def poll(self) -> list[DiskDone]:
         done_list = []

@@ -14,6 +14,7 @@ one thread, and keeps the index in step::
                         waiting on it goes on), one that fails is doomed (its LOAD answers
                         MISSING_BLOCK: vLLM recomputes it); a written block is on disk
     forget(keys)        a DROP: the disk's copies go too
+    forget_namespace(n) a RESET: every file of the namespace goes
 
 A block is on disk, in the pool, or both; the two tiers evict by their own LRU.
 """
@@ -214,6 +215,10 @@ class DiskTier:
     def forget(self, keys: list[Key]) -> int:
         """Remove the disk's copies of ``keys`` (blocks found bad); returns how many."""
         return sum(self.store.remove(key) for key in keys)
+
+    def forget_namespace(self, namespace: int) -> int:
+        """Remove the disk's copies of every block of ``namespace`` (a RESET); returns how many."""
+        return self.forget(self.store.keys_of(namespace))
 
     def update_stats(self) -> None:
         store, c, stats = self.store, self.store.counters, self.stats

@@ -43,6 +43,8 @@ from pegaflow.platform.protocol import (
     RegisterEvents,
     Release,
     ReleaseClaim,
+    Reset,
+    ResetAnswer,
     Save,
     Voters,
     checked,
@@ -371,6 +373,11 @@ class EngineClient:
     def drop_nowait(self, namespace: int, hashes, since_command: int = 0) -> None:
         """``submit_drop``, fire and forget: its answer is dropped on arrival."""
         self.answers.ignore(self.submit_drop(namespace, hashes, since_command))
+
+    def reset(self, namespace: int, timeout_s: float | None = None) -> ResetAnswer:
+        """Empty the engine's cache of ``namespace`` (ours, or one our vLLM instance's clients
+        attached under: ``engine/commands/reset.py``); CommandError if refused."""
+        return checked(self.wait(self.submit(Reset(namespace), timeout_s=timeout_s), timeout_s)).result
 
     def submit_load(self, namespace: int, block_ids, hashes: list[bytes], *, lease_id: int = 0,
                     layer: int = ALL_LAYERS, event_index: int = NO_EVENT,

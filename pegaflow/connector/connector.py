@@ -196,6 +196,14 @@ class PegaKVConnector(*_BASES):
     def update_connector_output(self, connector_output) -> None:
         self._scheduler.update_connector_output(connector_output)
 
+    def reset_cache(self) -> bool | None:
+        """vLLM's ``reset_prefix_cache`` with ``reset_external``: the engine's blocks of this
+        model emptied (True), or not (False: unreachable, refused, no answer in time).  A
+        worker's connector, or a connector whose cache is off, has nothing to reset (None)."""
+        if self._scheduler is None or self._is_off:
+            return None
+        return self._scheduler.reset_cache()
+
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_work()
 

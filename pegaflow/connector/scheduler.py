@@ -27,6 +27,8 @@ from pegaflow.connector.prefix_lookups import LOOKUP_MAX_AGE_S, Lookups
 from pegaflow.connector.request_state import RequestState
 from pegaflow.connector.stats import PegaKVConnectorStats
 from pegaflow.connector.trace import log_schedule
+from pegaflow.platform.errors import CommandError, EngineTimeoutError, PegaflowError
+from pegaflow.platform.protocol import Reset, checked
 from pegaflow.platform.wire import ClientRole, attach_role
 
 logger = logging.getLogger(__name__)
@@ -299,6 +301,41 @@ class SchedulerSide:
                    if block_id in invalid_block_ids]
             if bad:
                 state.num_saved_blocks = min(state.num_saved_blocks, min(bad))
+
+    def reset_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache`` with ``reset_external``: every rank's namespace emptied in
+        the engine (a RESET each, ``engine/commands/reset.py``).  False where the engine is
+        unreachable, refuses, or has not answered within ``command_timeout_ms`` (vLLM then
+        reports that the reset failed); never raises into vLLM, never waits longer."""
+        client = self.link.client()
+        if client is None:
+            logger.warning("pegaflow scheduler: cache not reset: engine %r unreachable", self.config.engine_name)
+            return False
+        timeout_s = self.config.command_timeout_ms / 1e3
+        deadline, ids, answers = time.monotonic() + timeout_s, [], []
+        try:
+            for namespace in dict.fromkeys(self.namespaces):  # (MLA's ranks share one)
+                ids.append(client.submit(Reset(namespace), timeout_s=timeout_s))
+            for command_id in ids:
+                answers.append(client.wait(command_id, max(deadline - time.monotonic(), 0.0)))
+        except EngineTimeoutError as exc:
+            for command_id in ids[len(answers):]:  # answered later: dropped then
+                client.abandon(command_id)
+            logger.warning("pegaflow scheduler: cache not reset: %s", exc)
+            return False
+        except PegaflowError as exc:
+            self.link.fail(exc)
+            logger.warning("pegaflow scheduler: cache not reset: %s: %s", type(exc).__name__, exc)
+            return False
+        try:
+            results = [checked(answer).result for answer in answers]
+        except CommandError as exc:  # refused: e.g. a rank's namespace no worker of ours attached under
+            logger.warning("pegaflow scheduler: cache not reset, the engine refused: %s", exc)
+            return False
+        logger.info("pegaflow scheduler: cache reset: %d blocks dropped (%d in use, freed when let go), "
+                    "%d disk blocks", sum(r.num_dropped for r in results), sum(r.num_held for r in results),
+                    sum(r.num_disk_dropped for r in results))
+        return True
 
     def take_stats(self) -> PegaKVConnectorStats | None:
         return self.stats.take(is_engine_up=not self.link.is_down)

@@ -55,6 +55,9 @@ _STATS_COUNTERS = [
     # their blocks were saved (claimer gone, request aborted or preempted, a save failed)
     "claims", "claim_blocks", "claim_waits", "claim_wait_blocks", "claim_tokens_saved", "claim_wait_ns",
     "claim_declines", "claim_timeouts", "claims_dropped",
+    # RESETs (``engine/commands/reset.py``): namespaces emptied, the pool's blocks they dropped,
+    # of those the ones still in use then (freed when let go), and the disk tier's blocks
+    "resets", "reset_blocks_dropped", "reset_blocks_held", "reset_disk_blocks_dropped",
 ]
 NUM_OPCODE_COUNTERS = 16
 NUM_STATUS_COUNTERS = 16

@@ -50,10 +50,9 @@ from pegaflow.platform.stats_layout import (
 )
 
 MAGIC = 0x574F4C4641474550  # b"PEGAFLOW" little-endian
-WIRE_VERSION = 16  # 16: REGION's gpu_uuid, LOOKUP's WAIT_REFUSED; 15: request_id is command_id;
-#                  14: compute once (a LOOKUP's CLAIM and
-#                  its PREFILL record, RELEASE_CLAIM); 13: the stats count LOOKUP waits refused; 12: ATTACH
-#                  carries the kv_role, LOOKUP its wait
+WIRE_VERSION = 16  # 16: REGION's gpu_uuid, LOOKUP's WAIT_REFUSED, RESET (a namespace emptied); 15: request_id
+#                  is command_id; 14: compute once (a LOOKUP's CLAIM and its PREFILL record, RELEASE_CLAIM);
+#                  13: the stats count LOOKUP waits refused; 12: ATTACH carries the kv_role, LOOKUP its wait
 ALL_LAYERS = 0xFFFF
 NO_EVENT = 0xFFFFFFFF
 HASH_BYTES = 32
@@ -77,6 +76,7 @@ class Opcode(IntEnum):
     PING = 10
     DROP = 11
     RELEASE_CLAIM = 12
+    RESET = 13
 
 
 class Status(IntEnum):

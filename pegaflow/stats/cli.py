@@ -70,6 +70,7 @@ def format_once(s: dict) -> str:
              f"loaded  {s['blocks_loaded']} blocks ({format_size(s['bytes_loaded'])})",
              f"lookups {s['lookups']}: {s['lookup_hit_blocks']} of {s['lookup_blocks']} blocks hit",
              *claim_lines(s),
+             *reset_lines(s),
              f"commands {s['commands']}, errors {s['errors']}"]
     answered = [f"{op} p50 {_ms(latency_quantile(h, 0.5))} p99 {_ms(latency_quantile(h, 0.99))} "
                 f"({sum(h['counts'])})" for op, h in s["latency"].items() if sum(h["counts"])]
@@ -114,6 +115,14 @@ def claim_lines(s: dict) -> list[str]:
             f"{s['claim_wait_ns'] / 1e9:.1f} s for them and were served {s['claim_wait_blocks']} blocks "
             f"({s['claim_tokens_saved']} tokens not computed again); {s['claim_declines']} declined, "
             f"{s['claim_timeouts']} past their deadline, {s['claims_dropped']} dropped"]
+
+
+def reset_lines(s: dict) -> list[str]:
+    """RESETs (vLLM's reset_prefix_cache with reset_external), once one came: what they dropped."""
+    if not s.get("resets"):
+        return []
+    return [f"resets  {s['resets']}: {s['reset_blocks_dropped']} pool blocks dropped ({s['reset_blocks_held']} "
+            f"in use then, freed when let go), {s['reset_disk_blocks_dropped']} disk blocks"]
 
 
 def remote_lines(s: dict) -> list[str]:

@@ -105,6 +105,10 @@ METRICS = {
     "claim_declines": (True, "LOOKUPs that reached a claim and computed instead: the wait looked longer"),
     "claim_timeouts": (True, "claims past their deadline before their blocks were saved"),
     "claims_dropped": (True, "claims ended unsaved: claimer gone, request aborted or preempted, save failed"),
+    "resets": (True, "RESETs: a namespace's cache emptied (vLLM's reset_prefix_cache with reset_external)"),
+    "reset_blocks_dropped": (True, "pool blocks RESETs dropped"),
+    "reset_blocks_held": (True, "of those, blocks in use then (leased or being copied): freed when let go"),
+    "reset_disk_blocks_dropped": (True, "disk tier blocks RESETs removed"),
 }
 
 

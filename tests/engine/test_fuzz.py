@@ -23,7 +23,7 @@ from pegaflow.platform.wire import BLOCK_ID, GPU_UUID_BYTES, HOST_GPU_UUID, Comm
 from tests.engine.conftest import KVClient, random_hashes
 
 NUM_EXAMPLES = 25
-OPCODES = [int(op) for op in Opcode if op != Opcode.DETACH] + [0, 12, 200, 65535]
+OPCODES = [int(op) for op in Opcode if op != Opcode.DETACH] + [0, max(Opcode) + 1, 200, 65535]
 NUM_COMMANDS = st.integers(400, 480)
 ANSWER_TIMEOUT_S = 20.0
 
@@ -61,9 +61,11 @@ def _register(rng: np.random.Generator, fuzz: KVClient) -> tuple[int, bool]:
     return command_id, gpu_uuid != HOST_GPU_UUID
 
 
-def _command(rng: np.random.Generator, fuzz: KVClient, foreign: set[int]) -> int:
+def _command(rng: np.random.Generator, fuzz: KVClient, foreign: set[int], resets: set[int],
+             honest_namespace: int) -> int:
     """Submit one random command; returns its request id (added to ``foreign`` for a
-    REGISTER whose GPU is not the host's)."""
+    REGISTER whose GPU is not the host's, to ``resets`` for a RESET).  Namespaces include
+    the honest client's: a RESET of it is not the fuzzer's to make."""
     opcode = _pick(rng, OPCODES)
     if opcode == Opcode.REGISTER and rng.random() < 0.5:
         command_id, is_foreign = _register(rng, fuzz)
@@ -74,7 +76,7 @@ def _command(rng: np.random.Generator, fuzz: KVClient, foreign: set[int]) -> int
     fields = dict(layer=_pick(rng, [0, 1, 3, 0xFFFF, int(rng.integers(65536))]),
                   region_id=_pick(rng, [0, 1, int(rng.integers(65536))]),
                   event_index=_pick(rng, [0, 3, 0xFFFFFFFF, int(rng.integers(2**32))]),
-                  namespace=_pick(rng, [1, 2, int(rng.integers(2**63))]),
+                  namespace=_pick(rng, [1, 2, int(rng.integers(2**63)), honest_namespace]),
                   arg=_pick(rng, [0, 1, int(rng.integers(2**63)), 2**64 - 1]),
                   flags=_pick(rng, [0, CommandFlag.RELEASE_LEASE, CommandFlag.AFTER_CLIENT,
                                         CommandFlag.ONE_EVENT, int(rng.integers(65536))]))
@@ -85,9 +87,15 @@ def _command(rng: np.random.Generator, fuzz: KVClient, foreign: set[int]) -> int
         return fuzz.submit_raw(opcode=opcode, num_items=num_items,
                                payload_offset=int(rng.integers(2**40)),
                                payload_bytes=int(rng.integers(1, 2**20)), **fields)
-    payload = _payload(rng, opcode, min(num_items, 64))
-    return fuzz.client.submit(Opcode(opcode) if opcode in Opcode._value2member_map_ else opcode,
-                              payload=payload, num_items=num_items, **fields)
+    is_plain_reset = opcode == Opcode.RESET and rng.random() < 0.5  # well-formed: its namespace alone
+    if is_plain_reset:
+        num_items, fields["flags"] = 0, 0
+    payload = [] if is_plain_reset else _payload(rng, opcode, min(num_items, 64))
+    command_id = fuzz.client.submit(Opcode(opcode) if opcode in Opcode._value2member_map_ else opcode,
+                                    payload=payload, num_items=num_items, **fields)
+    if opcode == Opcode.RESET:
+        resets.add(command_id)
+    return command_id
 
 
 def _collect(fuzz: KVClient, seen: dict[int, list[int]], wanted: set[int]) -> None:
@@ -124,9 +132,10 @@ def test_fuzz_every_command_is_answered_once_and_others_stay_exact(fuzz_engine, 
         # 2. The fuzzer pipelines its commands, ``batch`` at a time, reading answers after
         #    each batch (never more unread than the engine holds back for it).
         commands_before = fuzz_engine.stats()["commands"]  # the answers the engine sent so far
-        seen, sent, foreign = {}, [], set()
+        seen, sent, foreign, resets = {}, [], set(), set()
         for start in range(0, num_commands, batch):
-            ids = [_command(rng, fuzz, foreign) for _ in range(min(batch, num_commands - start))]
+            ids = [_command(rng, fuzz, foreign, resets, namespace)
+                   for _ in range(min(batch, num_commands - start))]
             sent += ids
             _collect(fuzz, seen, set(ids))
             assert set(ids) <= seen.keys(), sorted(set(ids) - seen.keys())
@@ -141,6 +150,9 @@ def test_fuzz_every_command_is_answered_once_and_others_stay_exact(fuzz_engine, 
         assert sorted(seen) == sorted(sent) and {len(statuses) for statuses in seen.values()} == {1}
         # A REGISTER of memory on a GPU the engine does not see is never taken.
         assert [seen[i] for i in sorted(foreign) if seen[i] != [Status.BAD_ARGUMENT]] == []
+        # No RESET of the fuzzer's is taken: it attached under no namespace (step 4 loads the
+        # honest client's blocks, which a RESET of its namespace would have dropped).
+        assert resets and [seen[i] for i in sorted(resets) if seen[i] == [Status.OK]] == []
         # 4. A DETACH with commands pipelined behind it: each is answered once, the DETACH
         #    OK, the rest NOT_ATTACHED (the slot is not freed under them).
         detach = fuzz.client.submit(Opcode.DETACH)

@@ -15,7 +15,7 @@ import pytest
 
 import pegaflow.stats.engine_stats
 from tools import bench_peers, bench_replicas, bench_serving, peers_table
-from tools.lib import peers
+from tools.lib import cache_reset, peers
 from tools.lib.serving_setup import ENGINE_STATS, Sides
 from tools.lib.warm_pass import BY_SOURCE
 
@@ -33,6 +33,7 @@ class _Caches:
         private = config in ("native", "lmcache")  # a cache in each vLLM process
         self.host = [set() for _ in range(replicas)] if private else [set()] * replicas
         self.cleared = []  # how each emptying came (engine restart, server clear...)
+        self.refuses_external = False  # a connector whose reset_cache fails (pegaflow's engine refusing)
 
     def serve(self, replica: int, prompt: list[int]) -> tuple[int, int]:
         """GPU-hit and host-hit tokens of ``prompt``; its blocks then kept in both caches."""
@@ -79,6 +80,8 @@ class _Replica(BaseHTTPRequestHandler):
         if self.path.startswith("/reset_prefix_cache"):
             caches.gpu[srv.replica].clear()
             if self.path.endswith("reset_external=true"):
+                if caches.refuses_external:  # vLLM: the GPU's reset, but the connector's failed
+                    return self._send({"success": False})
                 caches.clear_host("reset_external", [srv.replica])
             return self._send({"success": True})
         if self.path == "/collective_rpc":
@@ -165,6 +168,7 @@ class _Clear(BaseHTTPRequestHandler):
 class _Fakes:
     caches: dict[str, _Caches] = {}
     kept = 0
+    refuses_external = False  # pegaflow's replicas answer reset_external with success false
 
 
 _FAKES = _Fakes()
@@ -175,6 +179,7 @@ def _side_processes(config, name, engine_args, host_gib, log_dir, tag, *, peer_p
                     engine_start_timeout_s, num_vllms=1):
     caches = _FAKES.caches[config] = _Caches(config, 2)
     if config == "pegaflow":
+        caches.refuses_external = _FAKES.refuses_external
         yield Sides(name, True, None, lambda: caches.clear_host("engine restart") or 1.5)
         return
     if config == "lmcache":  # in vLLM's process: no server, nothing that empties it
@@ -194,7 +199,7 @@ def _side_processes(config, name, engine_args, host_gib, log_dir, tag, *, peer_p
 
 @pytest.fixture
 def fakes(monkeypatch):
-    _FAKES.caches, _FAKES.kept, _Fleet.made = {}, 0, []
+    _FAKES.caches, _FAKES.kept, _FAKES.refuses_external, _Fleet.made = {}, 0, False, []
     monkeypatch.setattr(bench_peers, "Fleet", _Fleet)
     monkeypatch.setattr(bench_peers, "side_processes", _side_processes)
     monkeypatch.setattr(peers, "unavailable", lambda config: None)
@@ -228,14 +233,16 @@ def test_bench_peers_repeats_in_one_fleet_each_start_from_empty_caches(fakes, tm
         assert runs[0]["reset_before"]["how"] == runs[2]["reset_before"]["how"]
         assert runs[1]["reset_before"]["how"].startswith(
             {"none": "POST /reset_prefix_cache on", "native": "POST /reset_prefix_cache?reset_external",
-             "pegaflow": "GPU prefix caches reset, then the engine", "lmcache-mp": "GPU prefix caches reset, then POST "
+             "pegaflow": "GPU prefix caches reset, then POST /reset_prefix_cache?reset_external",
+             "lmcache-mp": "GPU prefix caches reset, then POST "
              "/cache/clear", "pegaflow-rs": "GPU prefix caches reset, then POST /cache/memory"}[config])
     # 4. The later rounds of a shared cache are served from it; each emptying came its own way:
     #    one before the TTFT (not pegaflow's engine: its pool keeps the serving's blocks) and one
-    #    before each of the three repeats.
+    #    before each of the three repeats (pegaflow's: reset_external on both replicas, no restart).
     later = json.loads((out / "pegaflow.replicas.json").read_text())["runs"][1]
     assert later["chat"]["served_share"] > 0
-    assert fakes.caches["pegaflow"].cleared == ["engine restart"] * 3
+    assert later["reset_before"]["engine_reset"] == [True, True] and "engine_restart_s" not in later["reset_before"]
+    assert fakes.caches["pegaflow"].cleared == ["reset_external"] * 6
     assert fakes.caches["lmcache-mp"].cleared == ["/cache/clear"] * 4
     assert fakes.caches["pegaflow-rs"].cleared == ["/cache/memory/cleanup"] * 4
     assert fakes.caches["native"].cleared == ["reset_external"] * 8  # two replicas, four emptyings
@@ -277,7 +284,6 @@ def test_bench_peers_files_merge_into_the_benches_tables(fakes, tmp_path, capsys
 
 def test_bench_peers_a_server_that_keeps_blocks_is_asked_again_and_its_answer_kept(fakes, tmp_path, monkeypatch,
                                                                                    capsys):
-    from tools.lib import cache_reset
     monkeypatch.setattr(cache_reset, "CLEAR_RETRY_S", 0.3)
     monkeypatch.setattr(cache_reset, "CLEAR_POLL_S", 0.1)
     fakes.kept = 3  # pegaflow-rs says 3 blocks stayed referenced after each cleanup
@@ -286,6 +292,20 @@ def test_bench_peers_a_server_that_keeps_blocks_is_asked_again_and_its_answer_ke
     answer = runs[1]["reset_before"]["server_answer"]
     assert answer["still_referenced_blocks"] == 3 and answer["tries"] >= 2
     assert "still holds 3 referenced blocks" in capsys.readouterr().err
+
+
+def test_bench_peers_pegaflow_reset_that_fails_falls_back_to_an_engine_restart(fakes, tmp_path, capsys):
+    # 1. pegaflow's replicas answer reset_external with success false (the engine refused).
+    fakes.refuses_external = True
+    out = _run(tmp_path, "pegaflow", extra=("--repeat", "2"))
+    runs = json.loads((out / "pegaflow.replicas.json").read_text())["runs"]
+    # 2. Each emptying restarted the engine instead, and the record says why; round 0 still
+    #    found every cache empty.
+    assert fakes.caches["pegaflow"].cleared == ["engine restart"] * 2
+    assert all(r["reset_before"]["engine_reset"] == [False, False] and r["reset_before"]["engine_restart_s"] > 0
+               and r["reset_before"]["how"] == cache_reset.RESTARTED for r in runs)
+    assert all(r["round0_hit_tokens"] == {"gpu_hit_tokens": 0, "host_hit_tokens": 0} for r in runs)
+    assert "reset_external failed on replicas [0, 1]: restarting the engine" in capsys.readouterr().err
 
 
 def test_bench_peers_a_peer_failing_leaves_its_error_and_the_next_configuration_runs(fakes, tmp_path, monkeypatch):

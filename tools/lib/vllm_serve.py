@@ -137,6 +137,13 @@ def reset_gpu_cache(port: int, external: bool = False) -> float:
     return empty_gpu_cache(lambda: json.loads(_get(port, path, method="POST"))["success"])
 
 
+def reset_connector_cache(port: int) -> bool:
+    """``POST /reset_prefix_cache?reset_external=true`` once: whether the server's GPU prefix
+    cache and its connector's cache were both reset (vLLM calls the connector's ``reset_cache``;
+    pegaflow's drops its model's blocks in the engine, and False says the engine did not)."""
+    return bool(json.loads(_get(port, "/reset_prefix_cache?reset_external=true", method="POST"))["success"])
+
+
 def hits_of(found: dict[str, float]) -> dict[str, float]:
     """Prefix-cache hits (tokens) in a server's ``counters()``: its GPU cache's and the
     external (host) ones.  From ``vllm:prompt_tokens_by_source`` where this vLLM has it (added

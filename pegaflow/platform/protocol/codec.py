@@ -46,6 +46,7 @@ from .commands import (
     RegisterEvents,
     Release,
     ReleaseClaim,
+    Reset,
     Save,
     Unregister,
     Voters,
@@ -273,6 +274,12 @@ def _encode_release_claim(c: ReleaseClaim) -> Encoded:
     return Encoded(Opcode.RELEASE_CLAIM, num_items=len(records), payload=(records,))
 
 
+def _decode_reset(rec, payload: np.ndarray) -> Reset:
+    if rec[NUM_ITEMS_AT] or len(payload) or rec[FLAGS_AT]:  # it names its namespace, nothing more
+        raise CommandError(Status.BAD_PAYLOAD, "RESET carries no items, payload or flags")
+    return Reset(rec[NAMESPACE_AT])
+
+
 _ENCODED_DETACH, _ENCODED_UNREGISTER, _ENCODED_PING = (
     Encoded(Opcode.DETACH), Encoded(Opcode.UNREGISTER), Encoded(Opcode.PING))
 
@@ -289,6 +296,7 @@ ENCODERS: dict[Opcode, Callable[..., Encoded]] = {
     Opcode.PING: lambda c: _ENCODED_PING,
     Opcode.DROP: _encode_drop,
     Opcode.RELEASE_CLAIM: _encode_release_claim,
+    Opcode.RESET: lambda c: Encoded(Opcode.RESET, namespace=c.namespace),
 }
 
 DECODERS: dict[Opcode, Callable[..., object]] = {
@@ -304,6 +312,7 @@ DECODERS: dict[Opcode, Callable[..., object]] = {
     Opcode.PING: lambda rec, payload: _PING,
     Opcode.DROP: _decode_drop,
     Opcode.RELEASE_CLAIM: lambda rec, payload: ReleaseClaim(_hashes(rec, payload, "RELEASE_CLAIM")),
+    Opcode.RESET: _decode_reset,
 }
 
 if not set(COMMANDS) == set(Opcode) == set(ENCODERS) == set(DECODERS):

@@ -21,6 +21,7 @@ one encoder and one decoder between it and the fixed SUBMISSION record plus payl
     Load(namespace, block_ids, hashes, ...)   pool -> client pages    -> LoadAnswer
     Ping()                                                            -> PingAnswer
     Drop(namespace, hashes, since_command)    forget blocks from bad data -> DropAnswer
+    Reset(namespace)                      every block of a namespace forgotten -> ResetAnswer
 
 What a SAVE or LOAD of several layers means for events (one rule, named):
 
@@ -91,6 +92,12 @@ class LoadAnswer(NamedTuple):
 
 class DropAnswer(NamedTuple):
     num_found: int  # blocks it held that the SAVEs named stored
+
+
+class ResetAnswer(NamedTuple):
+    num_dropped: int       # the pool's blocks of the namespace forgotten
+    num_held: int          # of them leased or being copied then: never served again, freed when let go
+    num_disk_dropped: int  # the disk tier's blocks of the namespace removed
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +242,18 @@ class Drop:
         return keys_of(self.namespace, self.hashes)
 
 
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Empty the cache of one namespace (``engine/commands/reset.py`` says whose namespaces
+    a client may name): vLLM's ``reset_prefix_cache`` with ``reset_external``."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.RESET
+    Answer: ClassVar[type] = ResetAnswer
+    namespace: int
+
+
 Command = (Attach | Detach | Register | Unregister | RegisterEvents | Lookup | Release | Save | Load | Ping | Drop
-           | ReleaseClaim)
+           | ReleaseClaim | Reset)
 COMMANDS: dict[Opcode, type] = {kind.OPCODE: kind for kind in Command.__args__}
 ANSWERS: dict[Opcode, type] = {opcode: kind.Answer for opcode, kind in COMMANDS.items()}
 

@@ -585,3 +585,68 @@ def test_connector_with_loads_and_saves_off_holds_no_engine_slot(engine):
         assert vllm.worker.get_kv_connector_stats() is None
     finally:
         vllm.close()
+
+
+# -- reset_cache: vLLM's reset_prefix_cache(reset_connector=True) -----------------------------
+
+
+def test_connector_reset_cache_empties_the_engine_and_the_same_prompt_misses(engine):
+    # 1. A first vLLM saves the prompt's five blocks.
+    _warm(engine.name, PROMPT)
+    second = VllmInstance(engine.name)
+    try:
+        # 2. A second vLLM resets its prefix cache and the connector's: vLLM says it worked.
+        assert second.scheduler.reset_prefix_cache(reset_connector=True) is True
+        stats = read_stats(engine.name)
+        assert (stats["resets"], stats["reset_blocks_dropped"], stats["pool_blocks_used"]) == (1, 5, 0)
+        # 3. The same prompt is computed again: no load planned.
+        second.add(make_request("after-reset", PROMPT))
+        assert not second.step_until_admitted("after-reset").loads
+        second.run_until_done()
+    finally:
+        second.close()
+
+
+def test_connector_reset_cache_is_false_when_the_engine_is_gone(engine):
+    # 1. A vLLM attached to an engine that is then killed.
+    second = VllmInstance(engine.name)
+    try:
+        engine.proc.send_signal(signal.SIGKILL)
+        engine.proc.wait(10)
+        # 2. The reset fails (False, no exception): vLLM reports it failed.
+        assert second.scheduler.connector.reset_cache() is False
+        assert second.scheduler.reset_prefix_cache(reset_connector=True) is False
+    finally:
+        second.close()
+
+
+def test_connector_reset_cache_is_false_when_the_engine_does_not_answer_in_time(engine):
+    # 1. A vLLM whose commands wait 300 ms at most; the engine is stopped (SIGSTOP).
+    second = VllmInstance(engine.name, extra={"command_timeout_ms": 300})
+    try:
+        assert second.scheduler.connector._scheduler.link.client() is not None
+        engine.proc.send_signal(signal.SIGSTOP)
+        try:
+            # 2. False once the deadline passes, not a hang (the bound is generous: a loaded machine).
+            started = time.monotonic()
+            assert second.scheduler.connector.reset_cache() is False
+            assert time.monotonic() - started < 5.0
+        finally:
+            engine.proc.send_signal(signal.SIGCONT)
+        # 3. The engine answers again: the next reset works (the late answer was dropped).
+        assert second.scheduler.connector.reset_cache() is True
+    finally:
+        second.close()
+
+
+def test_connector_reset_cache_is_false_when_the_engine_refuses(engine):
+    # 1. TP=2: the scheduler resets both ranks' namespaces; rank 1's worker has gone, so no
+    #    client of this vLLM is attached under its namespace.
+    second = VllmInstance(engine.name, tp_size=2)
+    try:
+        second.workers[1].shutdown()
+        # 2. The engine refuses that RESET: False, and vLLM reports the reset failed.
+        assert second.scheduler.connector.reset_cache() is False
+        assert read_stats(engine.name)["errors_by_status"]["bad_argument"] == 1
+    finally:
+        second.close()

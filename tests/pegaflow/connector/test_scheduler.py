@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from pegaflow.connector.config import ConnectorConfig
 from pegaflow.connector.prefix_lookups import FIRST_WAIT_S
 from pegaflow.connector.scheduler import SchedulerSide
-from pegaflow.platform.errors import EngineTimeoutError
+from pegaflow.platform.errors import EngineGoneError, EngineTimeoutError
 from pegaflow.platform.protocol import Completion
 from pegaflow.platform.wire import Opcode, Status
 
@@ -460,3 +460,51 @@ def test_scheduler_load_whose_blocks_vllm_writes_while_preparing_goes_out_at_sta
     scheduler.requests["r"].pending_load = meta.loads[0]
     output.new_block_ids_to_zero = [13, 14]
     assert scheduler.build_connector_meta(output).loads_after_input_prep is True
+
+
+class SilentClient:
+    """An engine that takes RESETs and never answers them; or one gone at submit."""
+
+    epoch = 1
+
+    def __init__(self, is_gone: bool = False):
+        self.is_gone, self.submitted, self.abandoned, self._ids = is_gone, [], [], iter(range(1, 1000))
+
+    def is_engine_up(self):
+        return True
+
+    def submit(self, command, timeout_s=None):
+        if self.is_gone:
+            raise EngineGoneError("engine exited")
+        self.submitted.append(command.namespace)
+        return next(self._ids)
+
+    def wait(self, command_id, timeout_s):
+        raise EngineTimeoutError("no answer")
+
+    def abandon(self, command_id):
+        self.abandoned.append(command_id)
+
+    def revoke(self):
+        pass
+
+    def close(self, detach=True, timeout_s=0.0):
+        pass
+
+
+def test_scheduler_reset_cache_unanswered_is_false_and_its_late_answers_are_dropped():
+    # 1. TP=2 (MLA: both ranks share a namespace, plus a pipeline stage's own): one RESET per
+    #    namespace, none answered.
+    scheduler = SchedulerSide(ConnectorConfig(command_timeout_ms=50), namespaces=[5, 5, 6], block_size=16)
+    client = SilentClient()
+    scheduler.link.use(client)
+    # 2. False, and each RESET's answer is given up (dropped when it comes, not kept forever).
+    assert scheduler.reset_cache() is False
+    assert client.submitted == [5, 6] and client.abandoned == [1, 2]
+    assert not scheduler.link.is_down  # only slow: the connection stays
+
+
+def test_scheduler_reset_cache_on_an_engine_gone_is_false_and_drops_the_connection():
+    scheduler = SchedulerSide(ConnectorConfig(), namespaces=[5], block_size=16)
+    scheduler.link.use(SilentClient(is_gone=True))
+    assert scheduler.reset_cache() is False and scheduler.link.is_down

@@ -23,6 +23,7 @@ from pegaflow.platform.protocol import (
     RegisterEvents,
     Release,
     ReleaseClaim,
+    Reset,
     Save,
     Unregister,
     Voters,
@@ -78,6 +79,7 @@ def _samples() -> list:
         Ping(),
         Drop(9, _hashes(2), since_command=40),
         ReleaseClaim(_hashes(5, 2)),
+        Reset(0x5EED),
     ]
 
 
@@ -153,6 +155,20 @@ def test_protocol_payload_of_the_wrong_size_is_refused(opcode, payload, num_item
     with pytest.raises(CommandError) as info:
         protocol.DECODERS[opcode](rec, payload)
     assert info.value.status == Status.BAD_PAYLOAD
+
+
+@pytest.mark.parametrize("payload,fields", [
+    (_hashes(1).view(np.uint8), dict(num_items=1)),  # a hash record: RESET names no blocks
+    (np.zeros(0, np.uint8), dict(num_items=3)),       # items it does not carry
+    (np.zeros(0, np.uint8), dict(flags=int(CommandFlag.CLAIM))),  # a flag no RESET has
+])
+def test_protocol_reset_with_anything_beyond_its_namespace_is_refused(payload, fields):
+    # A RESET is its namespace alone: a record that says more was not written by our codec.
+    rec = _record(Opcode.RESET, namespace=9, **fields)
+    with pytest.raises(CommandError) as info:
+        protocol.DECODERS[Opcode.RESET](rec, payload)
+    assert info.value.status == Status.BAD_PAYLOAD
+    assert protocol.DECODERS[Opcode.RESET](_record(Opcode.RESET, namespace=9), protocol.NO_PAYLOAD) == Reset(9)
 
 
 def test_protocol_claim_lookup_without_its_prefill_record_is_refused():

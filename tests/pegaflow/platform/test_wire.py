@@ -126,6 +126,14 @@ def test_wire_fingerprint_changes_with_the_wire_version(monkeypatch):
     assert wire._fingerprint() != wire.FINGERPRINT
 
 
+def test_wire_fingerprint_changes_when_an_opcode_is_added(monkeypatch):
+    # A client of this version that knows no RESET (RESET came within version 16) is told
+    # at attach by the fingerprint, not by an engine answering BAD_OPCODE later.
+    without_reset = enum.IntEnum("Opcode", [(m.name, int(m)) for m in wire.Opcode if m is not wire.Opcode.RESET])
+    monkeypatch.setattr(wire, "Opcode", without_reset)
+    assert wire._fingerprint() != wire.FINGERPRINT
+
+
 def _renumbered(enum_type: type[enum.Enum]) -> type[enum.Enum]:
     """The same enum with its last member's value moved (what a careless edit would do)."""
     members = [(m.name, int(m.value)) for m in enum_type]

@@ -257,6 +257,16 @@ def test_stat_cli_claims_line_once_a_claim_was_made():
     assert "1 declined" in line
 
 
+def test_stat_cli_resets_line_once_a_reset_came():
+    from pegaflow.platform.wire import STATS_COUNTER_NAMES
+    from pegaflow.stats.cli import reset_lines
+    stats = dict.fromkeys(STATS_COUNTER_NAMES, 0)
+    assert reset_lines(stats) == []
+    stats.update(resets=2, reset_blocks_dropped=40, reset_blocks_held=3, reset_disk_blocks_dropped=7)
+    assert reset_lines(stats) == ["resets  2: 40 pool blocks dropped (3 in use then, freed when let go), "
+                                  "7 disk blocks"]
+
+
 def test_stat_cli_client_list_shows_each_kv_role(engine):
     # A prefill vLLM's worker and a decode vLLM's scheduler say their kv_role at ATTACH;
     # the client list (JSON and text) shows it beside their role.
