@@ -46,6 +46,16 @@ class SlotTable:
         ring_doorbell(self.name)
         return slot
 
+    def wait_all_free_but(self, num_kept: int, timeout_s: float = WAIT_S) -> None:
+        """Until every slot but ``num_kept`` is FREE: the clients that went before are
+        reclaimed (on a loaded machine the engine's reclaim takes its time)."""
+        deadline = time.monotonic() + timeout_s
+        while (busy := int(np.count_nonzero(self.slots["state"] != SlotState.FREE))) > num_kept:
+            if time.monotonic() >= deadline:
+                pytest.fail(f"{busy} slots still taken after {timeout_s} s, not {num_kept}: "
+                            f"states {self.slots['state'].tolist()}")
+            time.sleep(0.01)
+
     def wait_state(self, slot: int, state: SlotState, timeout_s: float = WAIT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while int(self.slots["state"][slot]) != state:
