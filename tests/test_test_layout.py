@@ -35,9 +35,6 @@ ALLOWED = {
     "engine/remote/store.py": "a thin client of Mooncake Store; tests use tests/engine/remote/fake_store.py",
     "pegaflow/client/host_memory.py": "the host backend's KV segment; used by every engine test",
     # Tested through a neighbour; not yet split (docs/contributing.md: one file per module).
-    "pegaflow/platform/protocol/codec.py": "tested through test_protocol.py; not yet split",
-    "pegaflow/platform/protocol/commands.py": "tested through test_protocol.py; not yet split",
-    "pegaflow/platform/protocol/envelope.py": "tested through test_protocol.py; not yet split",
     "engine/process/options.py": "tested through tests/engine/test_config.py; not yet split",
     "engine/blocks/entries.py": "tested through tests/engine/blocks/test_index.py; not yet split",
     "engine/blocks/eviction.py": "tested through tests/engine/blocks/test_index.py; not yet split",
