@@ -35,8 +35,6 @@ ALLOWED = {
     "engine/remote/store.py": "a thin client of Mooncake Store; tests use tests/engine/remote/fake_store.py",
     "pegaflow/client/host_memory.py": "the host backend's KV segment; used by every engine test",
     # Tested through a neighbour; not yet split (docs/contributing.md: one file per module).
-    "engine/blocks/entries.py": "tested through tests/engine/blocks/test_index.py; not yet split",
-    "engine/blocks/eviction.py": "tested through tests/engine/blocks/test_index.py; not yet split",
     "engine/blocks/kept_entries.py": "tested through tests/engine/blocks/test_index.py; not yet split",
     "engine/blocks/writes.py": "tested through tests/engine/blocks/test_index.py; not yet split",
     "engine/clients/claims.py": "tested through tests/engine/clients/; not yet split",
