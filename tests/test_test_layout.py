@@ -45,7 +45,6 @@ ALLOWED = {
     "engine/remote/workers.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "pegaflow/connector/load_commands.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/connector/memory.py": "tested through tests/pegaflow/connector/; not yet split",
-    "pegaflow/connector/model_support.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/connector/request_state.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/connector/save_commands.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/platform/arena.py": "tested through tests/pegaflow/platform/test_ring.py; not yet split",
