@@ -47,8 +47,6 @@ ALLOWED = {
     "pegaflow/connector/memory.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/connector/request_state.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/connector/save_commands.py": "tested through tests/pegaflow/connector/; not yet split",
-    "pegaflow/platform/arena.py": "tested through tests/pegaflow/platform/test_ring.py; not yet split",
-    "pegaflow/platform/waits.py": "tested through tests/pegaflow/platform/test_ring.py; not yet split",
     "pegaflow/platform/errors.py": "tested through the tests of each raiser; not yet split",
     "pegaflow/platform/pool_layout.py": "tested through tests/engine/memory/test_pool_table.py; not yet split",
     "pegaflow/proxy/routing.py": "tested through tests/pegaflow/proxy/test_app.py; not yet split",
