@@ -49,7 +49,6 @@ ALLOWED = {
     "pegaflow/connector/save_commands.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/platform/errors.py": "tested through the tests of each raiser; not yet split",
     "pegaflow/platform/pool_layout.py": "tested through tests/engine/memory/test_pool_table.py; not yet split",
-    "pegaflow/proxy/routing.py": "tested through tests/pegaflow/proxy/test_app.py; not yet split",
     "pegaflow/stats/engine_stats.py": "tested through tests/pegaflow/stats/; not yet split",
 }
 
