@@ -40,7 +40,6 @@ ALLOWED = {
     "engine/commands/received.py": "a received command's record and the LATER marker; every handler's tests use them",
     "engine/disk/scan.py": "tested through tests/engine/disk/test_tier.py; not yet split",
     "engine/disk/workers.py": "tested through tests/engine/disk/test_tier.py; not yet split",
-    "engine/remote/header.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "engine/remote/store_lookups.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "engine/remote/workers.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "pegaflow/connector/load_commands.py": "tested through tests/pegaflow/connector/; not yet split",
@@ -49,7 +48,6 @@ ALLOWED = {
     "pegaflow/connector/save_commands.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/platform/errors.py": "tested through the tests of each raiser; not yet split",
     "pegaflow/platform/pool_layout.py": "tested through tests/engine/memory/test_pool_table.py; not yet split",
-    "pegaflow/stats/engine_stats.py": "tested through tests/pegaflow/stats/; not yet split",
 }
 
 
