@@ -38,7 +38,6 @@ ALLOWED = {
     "engine/blocks/kept_entries.py": "tested through tests/engine/blocks/test_index.py; not yet split",
     "engine/blocks/writes.py": "tested through tests/engine/blocks/test_index.py; not yet split",
     "engine/commands/received.py": "a received command's record and the LATER marker; every handler's tests use them",
-    "engine/remote/store_lookups.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "engine/remote/workers.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "pegaflow/connector/load_commands.py": "tested through tests/pegaflow/connector/; not yet split",
     "pegaflow/connector/memory.py": "tested through tests/pegaflow/connector/; not yet split",
