@@ -36,9 +36,8 @@ ALLOWED = {
     "engine/remote/store.py": "a thin client of Mooncake Store; tests use tests/engine/remote/fake_store.py",
     "pegaflow/client/host_memory.py": "the host backend's KV segment; used by every engine test",
     # Tested through a neighbour; not yet split (docs/contributing.md: one file per module).
-    "engine/blocks/kept_entries.py": "tested through tests/engine/blocks/test_index.py; not yet split",
-    "engine/blocks/writes.py": "tested through tests/engine/blocks/test_index.py; not yet split",
-    "engine/clients/client.py": "tested through tests/engine/clients/test_client_table.py; not yet split",
+    "engine/blocks/kept_entries.py": "tested through tests/engine/test_keep_pool.py; not yet split",
+    "engine/clients/client.py": "a client's record and answers; tested through tests/engine/clients/ and commands/; not yet split",
     "engine/commands/received.py": "a received command's record and the LATER marker; every handler's tests use them",
     "engine/remote/workers.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "pegaflow/connector/load_commands.py": "tested through tests/pegaflow/connector/; not yet split",
