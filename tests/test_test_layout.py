@@ -15,37 +15,37 @@ COVERED = ("pegaflow", "engine")
 
 # Modules without a test file of their own, each with its reason.
 ALLOWED = {
-    # No logic of its own.
-    "engine/threads.py": "one helper (join every thread within one deadline); used by shutdown",
-    "pegaflow/platform/records.py": "declares numpy record dtypes; tested through test_wire.py",
+    # No logic of its own: declarations, records, constants, a shim.
+    "engine/threads.py": "one helper (join threads within one deadline); used by every close",
+    "engine/commands/received.py": "a received command's record and the LATER marker; every handler's tests use them",
+    "pegaflow/platform/records.py": "declares numpy record dtypes; every layout of test_wire.py uses it",
     "pegaflow/platform/env_vars.py": "constants: the connector's environment variable names",
-    "pegaflow/platform/stats_layout.py": "record layouts of the stats segment; tested through test_wire.py",
+    "pegaflow/platform/errors.py": "the error hierarchy; each error tested where it is raised",
+    "pegaflow/platform/pool_layout.py": "the pool table's record layouts; tests/engine/memory/test_pool_table.py",
+    "pegaflow/platform/stats_layout.py": "the stats segment's record layouts; tests/pegaflow/stats/test_cli.py",
+    "pegaflow/connector/request_state.py": "a dataclass record of one request; its owners' tests use it",
     "pegaflow/proxy/__main__.py": "a `python -m` shim over pegaflow/proxy/cli.py",
-    "pegaflow/proxy/config.py": "a frozen config record; its checks tested through test_cli.py",
-    "pegaflow/proxy/metrics.py": "declares the proxy's Prometheus series; tested through test_app.py",
+    "pegaflow/proxy/config.py": "a frozen config record; its checks tested through tests/pegaflow/proxy/test_cli.py",
+    "pegaflow/proxy/metrics.py": "declares the proxy's Prometheus series; read through its test_app.py",
     "pegaflow/platform/cuda/results.py": "one unwrap of a cuda-python result; GPU-only",
     # GPU-only: their tests need CUDA and live in the gpu-marked files named.
     "pegaflow/platform/cuda/driver.py": "GPU-only; tested through tests/pegaflow/platform/cuda/test_ipc.py",
-    "pegaflow/platform/cuda/nvrtc.py": "GPU-only; tested through tests/engine/copy/test_cuda*.py",
-    "pegaflow/platform/cuda/batch_copy.py": "GPU-only; tested through tests/engine/copy/test_cuda*.py",
-    "engine/copy/kernels.py": "GPU-only; tested through tests/engine/copy/test_cuda*.py",
-    # Wiring: tested through the whole engine process.
+    "pegaflow/platform/cuda/nvrtc.py": "GPU-only; tested through tests/engine/copy/test_kernel_cache.py",
+    "pegaflow/platform/cuda/batch_copy.py": "GPU-only; tested through tests/engine/copy/test_cuda_*.py",
+    "engine/copy/kernels.py": "GPU-only; tested through tests/engine/copy/test_cuda_*.py and test_staged.py",
+    # Wiring and thin clients: tested through a whole engine process or a fake.
     "engine/process/shutdown.py": "the engine's stop; tested through tests/engine/process/test_server.py",
-    "engine/stats.py": "counters in the stats segment; tested through tests/pegaflow/stats/test_cli.py",
-    "engine/disk/open.py": "the disk tier's wiring; tested through tests/engine/disk/test_tier.py",
-    "engine/remote/store.py": "a thin client of Mooncake Store; tests use tests/engine/remote/fake_store.py",
-    "pegaflow/client/host_memory.py": "the host backend's KV segment; used by every engine test",
-    # Tested through a neighbour; not yet split (docs/contributing.md: one file per module).
+    "engine/stats.py": "counters in the stats segment; read through tests/pegaflow/stats/test_cli.py",
+    "engine/disk/open.py": "the disk tier's wiring; tested through tests/engine/disk/test_disk_engine.py",
+    "engine/remote/store.py": "a thin client of Mooncake Store; tests/engine/remote/test_remote_engine.py runs it",
+    "pegaflow/client/host_memory.py": "the host backend's KV segment; every engine test uses it",
+    # Logic tested through a neighbour; not yet split (docs/contributing.md: one file per module).
     "engine/blocks/kept_entries.py": "tested through tests/engine/test_keep_pool.py; not yet split",
-    "engine/clients/client.py": "a client's record and answers; tested through tests/engine/clients/ and commands/; not yet split",
-    "engine/commands/received.py": "a received command's record and the LATER marker; every handler's tests use them",
+    "engine/clients/client.py": "tested through tests/engine/clients/ and tests/engine/commands/; not yet split",
     "engine/remote/workers.py": "tested through tests/engine/remote/test_tier.py; not yet split",
-    "pegaflow/connector/load_commands.py": "tested through tests/pegaflow/connector/; not yet split",
-    "pegaflow/connector/memory.py": "tested through tests/pegaflow/connector/; not yet split",
-    "pegaflow/connector/request_state.py": "tested through tests/pegaflow/connector/; not yet split",
-    "pegaflow/connector/save_commands.py": "tested through tests/pegaflow/connector/; not yet split",
-    "pegaflow/platform/errors.py": "tested through the tests of each raiser; not yet split",
-    "pegaflow/platform/pool_layout.py": "tested through tests/engine/memory/test_pool_table.py; not yet split",
+    "pegaflow/connector/load_commands.py": "tested through tests/pegaflow/connector/test_worker.py; not yet split",
+    "pegaflow/connector/memory.py": "tested through tests/pegaflow/connector/test_worker.py; not yet split",
+    "pegaflow/connector/save_commands.py": "tested through tests/pegaflow/connector/test_worker.py; not yet split",
 }
 
 
