@@ -40,7 +40,6 @@ ALLOWED = {
     "engine/remote/store.py": "a thin client of Mooncake Store; tests/engine/remote/test_remote_engine.py runs it",
     "pegaflow/client/host_memory.py": "the host backend's KV segment; every engine test uses it",
     # Logic tested through a neighbour; not yet split (docs/contributing.md: one file per module).
-    "engine/blocks/kept_entries.py": "tested through tests/engine/test_keep_pool.py; not yet split",
     "engine/clients/client.py": "tested through tests/engine/clients/ and tests/engine/commands/; not yet split",
     "engine/remote/workers.py": "tested through tests/engine/remote/test_tier.py; not yet split",
     "pegaflow/connector/load_commands.py": "tested through tests/pegaflow/connector/test_worker.py; not yet split",
