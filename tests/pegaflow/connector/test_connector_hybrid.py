@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pegaflow.connector.connector import HAS_FAILED_RECVING, kv_cache_groups
+from pegaflow.connector.connector import HAS_FAILED_RECVING
 from pegaflow.stats.engine_stats import read_stats
 from tests.pegaflow.connector.vllm_harness import (
     BLOCK,
@@ -24,6 +24,7 @@ from tests.pegaflow.connector.vllm_harness import (
     WINDOW,
     VllmInstance,
     block_pattern,
+    group_of,
     make_request,
 )
 
@@ -35,11 +36,6 @@ needs_failed_recving = pytest.mark.skipif(not HAS_FAILED_RECVING, reason="this v
 
 PROMPT = list(range(300, 300 + 6 * BLOCK + 5))  # 6 full blocks and 5 tokens
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _group(name: str, spec_type: str, block_size: int = BLOCK) -> SimpleNamespace:
-    """A KV cache group of one layer, its spec a stand-in of vLLM's class of that name."""
-    return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": block_size})())
 
 
 @pytest.fixture
@@ -174,53 +170,6 @@ def test_connector_hybrid_block_a_window_let_go_waits_for_its_save_before_reuse(
         second.close()
 
 
-def test_connector_hybrid_group_whose_state_is_not_blocks_turns_the_cache_off():
-    # A group of Mamba state (or any spec whose blocks are not positions' KV) cannot be
-    # served from stored blocks: the cache is off for that model, vLLM keeps working.
-    config = SimpleNamespace(kv_cache_groups=[_group("a", "FullAttentionSpec"), _group("m", "MambaSpec")])
-    names, why = kv_cache_groups(config, BLOCK)
-    assert names == [["a"], ["m"]] and "MambaSpec" in why
-    config.kv_cache_groups = [_group("a", "FullAttentionSpec"), _group("s", "SlidingWindowSpec", 32)]
-    assert "32-token" in kv_cache_groups(config, BLOCK)[1]
-    config.kv_cache_groups = [_group("a", "FullAttentionSpec"), _group("s", "SlidingWindowSpec")]
-    assert kv_cache_groups(config, BLOCK)[1] is None
-    # A vLLM that cannot take a failed load of several groups (0.26): off, saying how to be
-    # served (one group, the hybrid manager off); one group needs no such word.
-    assert "--disable-hybrid-kv-cache-manager" in kv_cache_groups(config, BLOCK, can_fail_requests=False)[1]
-    config.kv_cache_groups = config.kv_cache_groups[:1]
-    assert kv_cache_groups(config, BLOCK, can_fail_requests=False)[1] is None
-
-
-def test_connector_hybrid_groups_hashed_finer_than_a_block_turn_the_cache_off():
-    # vLLM hashes a prefix every prefix_match_unit tokens where it has several groups: a
-    # block stored under such a hash would be served to a prompt sharing only its first
-    # unit of tokens.  Off, unless the unit is the block.
-    config = SimpleNamespace(kv_cache_groups=[_group("a", "FullAttentionSpec"), _group("s", "SlidingWindowSpec")])
-    assert "every 8 tokens" in kv_cache_groups(config, BLOCK, hash_unit=8)[1]
-    assert kv_cache_groups(config, BLOCK, hash_unit=BLOCK)[1] is None
-
-
-def test_connector_one_group_is_served_only_where_it_keeps_a_block_per_position():
-    # One group of full attention (MLA, a sink: its subclasses) keeps every position's block,
-    # so a failed load is recomputed from the failed block.  Of a window on every layer vLLM
-    # keeps no blocks before the window, and Mamba state is not positions: off for both.
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
-
-    def one(spec):
-        return kv_cache_groups(SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l"],
-                                                                                kv_cache_spec=spec)]), BLOCK)[1]
-
-    assert one(FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)) is None
-    assert one(MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)) is None
-    window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16,
-                               sliding_window=4 * BLOCK)
-    assert "could not be recomputed" in one(window)
-    assert "could not be recomputed" in one(type("RSWASpec", (FullAttentionSpec,), {})(
-        block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16))
-    assert "MambaSpec" in one(type("MambaSpec", (), {"block_size": BLOCK})())
-
-
 def test_connector_claims_hybrid_support_on_every_vllm():
     # vLLM turns its hybrid manager off for a connector that does not claim it, and a hybrid
     # SSM model then fails to start: pegaflow claims it whatever vLLM can take, a vLLM
@@ -249,8 +198,8 @@ def test_connector_hybrid_model_with_a_mamba_group_starts_with_the_cache_off(vll
     from pegaflow.connector import PegaKVConnector
     from tests.pegaflow.connector.vllm_harness import TINY_MODEL
 
-    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[_group("attn", "FullAttentionSpec"),
-                                                                     _group("ssm", "MambaSpec")])
+    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[group_of("attn", "FullAttentionSpec"),
+                                                                     group_of("ssm", "MambaSpec")])
     config = VllmInstance._vllm_config(vllm_engine.name, {}, TINY_MODEL, 256, "bfloat16", 1)
     worker = PegaKVConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     worker.register_kv_caches({"attn": torch.zeros(8, 2, 16, 128), "ssm": torch.zeros(8, 3, 5)})
@@ -277,8 +226,8 @@ def test_connector_sliding_window_groups_on_a_vllm_without_failed_requests_start
 
     monkeypatch.setattr(connector_module, "HAS_FAILED_RECVING", False)
 
-    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[_group("full", "FullAttentionSpec"),
-                                                                     _group("swa", "SlidingWindowSpec")])
+    kv_cache_config = SimpleNamespace(num_blocks=8, kv_cache_groups=[group_of("full", "FullAttentionSpec"),
+                                                                     group_of("swa", "SlidingWindowSpec")])
     config = VllmInstance._vllm_config("nosuchengine", {}, TINY_MODEL, 256, "bfloat16", 1)
     with caplog.at_level("ERROR", logger="pegaflow.connector.connector"):
         scheduler = connector_module.PegaKVConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)

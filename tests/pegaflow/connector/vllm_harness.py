@@ -21,6 +21,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -61,6 +62,11 @@ THREE_GROUPS = (("full", (0,)), ("sliding", (1,)), ("sliding", (2,)))  # as Gemm
 
 init_none_hash(sha256)
 _HASHER = get_request_block_hasher(BLOCK, sha256)
+
+
+def group_of(name: str, spec_type: str, block_size: int = BLOCK) -> SimpleNamespace:
+    """A KV cache group of one layer, its spec a stand-in of vLLM's class of that name."""
+    return SimpleNamespace(layer_names=[name], kv_cache_spec=type(spec_type, (), {"block_size": block_size})())
 
 
 def block_pattern(block_hash: bytes, layer: int, rank: int = 0) -> np.ndarray:
