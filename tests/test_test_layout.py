@@ -39,9 +39,6 @@ ALLOWED = {
     "engine/disk/open.py": "the disk tier's wiring; tested through tests/engine/disk/test_disk_engine.py",
     "engine/remote/store.py": "a thin client of Mooncake Store; tests/engine/remote/test_remote_engine.py runs it",
     "pegaflow/client/host_memory.py": "the host backend's KV segment; every engine test uses it",
-    # Logic tested through a neighbour; not yet split (docs/contributing.md: one file per module).
-    "engine/clients/client.py": "tested through tests/engine/clients/ and tests/engine/commands/; not yet split",
-    "pegaflow/connector/memory.py": "tested through tests/pegaflow/connector/test_worker.py; not yet split",
 }
 
 
