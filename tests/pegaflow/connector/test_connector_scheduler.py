@@ -644,7 +644,12 @@ def test_connector_reset_cache_is_false_when_the_engine_refuses(engine):
     #    client of this vLLM is attached under its namespace.
     second = VllmInstance(engine.name, tp_size=2)
     try:
+        attached = read_stats(engine.name)["clients_attached"]
         second.workers[1].shutdown()
+        deadline = time.monotonic() + 30  # the engine takes its DETACH in its own time
+        while read_stats(engine.name)["clients_attached"] >= attached:
+            assert time.monotonic() < deadline, "rank 1's worker never detached"
+            time.sleep(0.01)
         # 2. The engine refuses that RESET: False, and vLLM reports the reset failed.
         assert second.scheduler.connector.reset_cache() is False
         assert read_stats(engine.name)["errors_by_status"]["bad_argument"] == 1
