@@ -11,7 +11,7 @@ def test_engine_variants_are_flags_without_dashes_joined_by_plus():
     assert engine_flags("default") == engine_flags(None) == []
     assert variant_name("load-layer-groups=4+hold-saves") == "load-layer-groups4+hold-saves"
     assert variant_name(None) == "default"
-    # Every flag a variant of issue 51's sweep names is one the engine takes, with the value meant.
+    # Every flag a variant of the defaults sweep names is one the engine takes, with the value meant.
     from engine.process.options import config_from_args
     config = config_from_args(engine_flags("load-layer-groups=8+hold-saves"), environ={})
     assert config.hold_saves is True and config.load_layer_groups == 8
