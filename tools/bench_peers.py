@@ -136,8 +136,11 @@ def run_or_fail(config: str, args, out_dir: Path, log_dir: Path) -> None:
 
 
 def merge_ttft(paths: list[str]) -> dict:
-    """bench_ttft's rows (``tools/lib/ttft_configs.py``) of the ``CONFIG.ttft.json`` files."""
+    """bench_ttft's rows (``tools/lib/ttft_configs.py``) of the ``CONFIG.ttft.json`` files (a
+    ``CONFIG.failed.json`` among them: that configuration's row says why it has no figures)."""
     files = [json.loads(Path(path).read_text()) for path in paths]
+    failed = {f["config"]: {"failed": f["failed"]} for f in files if "failed" in f}
+    files = [f for f in files if "failed" not in f]
     gpus = sorted({f["gpu"] for f in files})
     if len(gpus) != 1:
         raise SystemExit(f"bench_peers: the TTFT files ran on {gpus}: one card's run only")
@@ -147,6 +150,7 @@ def merge_ttft(paths: list[str]) -> dict:
             raise SystemExit(f"bench_peers: no {needed} among the TTFT files: its row is the reference")
     rows = config_rows(phases["pegaflow"], phases.get("native"), phases["none"],
                        {c: p for c, p in phases.items() if c in peers.PEERS})
+    rows |= {config: row for config, row in failed.items() if config not in rows}  # why, instead of figures
     return {"gpu": gpus[0], "model": files[0]["model"], "method": "vllm serve, POST /v1/completions of one token "
             "with top-5 logprobs, one prompt at a time, on one replica of a two-replica fleet", "configs": rows}
 

@@ -132,7 +132,8 @@ COLUMNS = (("later rounds s", "later_rounds_wall_s", "{:.2f}"), ("TTFT p50", "tt
 def print_table(table: dict) -> None:
     """The chat's, documents' and restart's table; then the burst's, where one ran."""
     bursts = {config: row for config, row in table.items() if "burst_wall_s" in row}
-    chats = {config: row for config, row in table.items() if "later_rounds_wall_s" in row or not bursts}
+    chats = {config: row for config, row in table.items()
+             if "later_rounds_wall_s" in row or not bursts and "failed" not in row}
     for columns, rows in ((COLUMNS, chats), (burst.COLUMNS, bursts)):
         if not rows:
             continue
@@ -141,6 +142,9 @@ def print_table(table: dict) -> None:
         for config, row in rows.items():
             cells = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in columns]
             print(f"{config:<{w}}" + "".join(f"{c:>16}" for c in cells))
+    for config, row in table.items():
+        if "failed" in row:
+            print(f"{config} failed: {row['failed']}")
     print_failures(table)
 
 

@@ -139,11 +139,7 @@ def headline(runs: list[dict]) -> dict:
     def errors(mine: list[dict]) -> int:
         return sum(r["later_rounds"]["errors"] + (r["shared_prefix"] or {}).get("errors", 0) for r in mine)
 
-    table = headline_rows([r for r in runs if "failed" not in r], figures, errors)
-    for run in runs:  # a configuration none of whose runs finished: why, instead of figures
-        if "failed" in run and run["config"] not in table:
-            table[run["config"]] = {"failed": run["failed"], "errors": 0}
-    return table
+    return headline_rows(runs, figures, errors)
 
 
 def main(argv: list[str] | None = None) -> int:

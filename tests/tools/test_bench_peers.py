@@ -313,9 +313,20 @@ def test_bench_peers_a_peer_failing_leaves_its_error_and_the_next_configuration_
         raise ConnectionRefusedError("no server")
     monkeypatch.setattr(bench_peers, "side_processes", lambda config, *a, **k: (broken if config == "lmcache-mp"
                                                                                else _side_processes)(config, *a, **k))
-    out = _run(tmp_path, "lmcache-mp", "none", extra=("--repeat", "1"))
+    out = _run(tmp_path, "lmcache-mp", "none", "pegaflow", extra=("--repeat", "1"))
     assert "no server" in json.loads((out / "lmcache-mp.failed.json").read_text())["failed"]
     assert [r["repeat"] for r in json.loads((out / "none.replicas.json").read_text())["runs"]] == [0]
+    # Its file merges with the others': each bench's row for it says why, with no figure.
+    failed = str(out / "lmcache-mp.failed.json")
+    for bench, kind in ((bench_replicas, "replicas"), (bench_serving, "serving")):
+        merged = tmp_path / f"{kind}.json"
+        assert bench.main(["--merge", *map(str, sorted(out.glob(f"*.{kind}.json"))), failed,
+                           "--json", str(merged)]) == 0
+        row = json.loads(merged.read_text())["lmcache-mp"]
+        assert "no server" in row["failed"] and "later_rounds_wall_s" not in row
+    assert bench_peers.main(["--merge-ttft", *map(str, sorted(out.glob("*.ttft.json"))), failed,
+                             "--json", str(tmp_path / "ttft.json")]) == 0
+    assert "no server" in json.loads((tmp_path / "ttft.json").read_text())["configs"]["lmcache-mp"]["failed"]
 
 
 def test_bench_peers_refuses_repeats_where_a_cache_cannot_be_emptied():

@@ -167,3 +167,15 @@ def test_peers_table_marks_each_mode_on_each_workload_from_its_own_evidence_only
     assert ("- LMCache 0.5.3, in-process LMCacheConnectorV1 (LMCache#4463): warm 10k-token TTFT: wrong: "
             "first-token logprobs differ") in text
     assert "| not run |" in next(line for line in text.splitlines() if line.startswith("| multi-round"))
+
+
+def test_peers_table_a_peer_that_failed_is_not_run_in_its_cell_and_says_why_in_its_marks():
+    # A peer whose server did not start is "not run" on every workload (never "wrong", never a
+    # figure); its marks keep the bench's reason.
+    inputs = _inputs()
+    inputs["ttft"]["configs"]["lmcache-mp"] = {"failed": "its server exited (3)"}
+    table = build({"ttft": inputs["ttft"]}, "2026-12-07")
+    assert table["marks"]["lmcache-mp"]["on"]["warm_ttft_10k"] == "not run (failed: its server exited (3))"
+    assert "lmcache-mp" not in table["wrong"]
+    row = next(line for line in markdown(table).splitlines() if line.startswith("| warm 10k-token TTFT"))
+    assert "| not run |" in row and "failed" not in row

@@ -37,7 +37,10 @@ def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
     """One row per configuration (in the order they first ran): the median of each of
     ``figures_of(its runs)`` and their spread, its failed requests (``errors_of``), and
     whether every answer equals the first ``none`` run's that has its request (merged files
-    may hold ``none`` runs of different workloads: bench_replicas's chat and its burst)."""
+    may hold ``none`` runs of different workloads: bench_replicas's chat and its burst).
+    A configuration none of whose runs finished (each ``failed``): why, instead of figures."""
+    failed = [r for r in runs if "failed" in r]
+    runs = [r for r in runs if "failed" not in r]
     firsts: dict = {}
     for run in runs:
         if run["config"] == "none":
@@ -62,6 +65,8 @@ def headline_rows(runs: list[dict], figures_of, errors_of) -> dict:
             row["identical_share"] = min(shares)
             row["outputs_identical"] = all(s == 1.0 for s in shares)
         out[config] = row
+    for run in failed:
+        out.setdefault(run["config"], {"failed": run["failed"], "errors": 0})
     return out
 
 
@@ -94,9 +99,9 @@ def collect_runs(args, run_config, write_json, progress) -> list[dict]:
     interleaved (A B C A B C; a config named twice: its run-to-run agreement), a line of
     ``progress(run)`` after each and the JSON rewritten, so a run cut short keeps what it measured.
     ``--engine-variants``: pegaflow's place in ``args.configs`` taken by one configuration per variant."""
-    runs = [run for path in args.merge for run in json.loads(Path(path).read_text())["runs"]]
     if args.merge:
-        return runs
+        return [run for path in args.merge for run in merged_runs(json.loads(Path(path).read_text()))]
+    runs = []
     args.configs = available_configs(engine_variants.with_variants(args.configs, args.engine_variants))
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +112,16 @@ def collect_runs(args, run_config, write_json, progress) -> list[dict]:
             if args.json:
                 write_json(args, runs)
     return runs
+
+
+def merged_runs(data: dict) -> list[dict]:
+    """A ``--json`` file's runs; bench_peers's ``CONFIG.failed.json`` (a peer that did not run):
+    one run that says why."""
+    if "runs" in data:
+        return data["runs"]
+    if "failed" in data and "config" in data:
+        return [{"config": data["config"], "tag": f"{data['config']}-failed", "failed": data["failed"]}]
+    raise SystemExit(f"not a bench's --json file (no runs, no failed): keys {sorted(data)}")
 
 
 def print_failures(table: dict) -> None:

@@ -142,7 +142,8 @@ def _format(cell: dict | None, figure: str, unit: str) -> str:
     if cell is None:
         return "not run"
     if figure not in cell:
-        return next(iter(cell))  # skipped / failed / invalid
+        kind = next(iter(cell))  # skipped / failed / invalid: why, in its marks
+        return "not run" if kind == "failed" else kind  # (a failed start may be the bench's own)
     text = f"{cell[figure]:.3g} {unit}" if cell[figure] < 100 else f"{cell[figure]:.0f} {unit}"
     if "served_share" in cell:
         text += f" ({cell['served_share']:.0%} served)"
