@@ -99,8 +99,8 @@ def test_readme_why_table_every_figure_is_its_source_key():
 
 def test_readme_why_table_has_sources_for_the_figure_rows():
     section = why_section(README.read_text())
-    assert len(sources(section)) == 6
-    assert sum(len(keys) for keys in sources(section).values()) >= 30
+    assert len(sources(section)) == 11
+    assert sum(len(keys) for keys in sources(section).values()) >= 50
 
 
 def test_figure_mismatches_finds_one_figure_changed():
