@@ -20,10 +20,12 @@ out="${1:-.gpu-bundle/peers}"
 
 # peer folder -> wheels (exact versions; docs/peers.md says why each is needed). LMCache's server
 # imports the Prometheus exporter at its application's startup (its metrics, without an OTLP
-# endpoint): 0.66b2 is the one for the vLLM bundle's opentelemetry-sdk 1.45.2; it needs
-# prometheus-client <1.0, carried rather than left to the image's unknown version.
+# endpoint): 0.66b2 is the one built for the vLLM bundle's opentelemetry-sdk 1.45.2 (it pins
+# sdk~=1.45.2; LMCache's own <=0.61b0 pin would need sdk 1.40). prometheus-client 0.24.1: the
+# newest LMCache allows (<=0.24.1), which the exporter (<1.0) and vLLM (>=0.18) allow too;
+# carried rather than left to the image's unknown version.
 lmcache=(lmcache==0.5.3 aiofile==3.12.3 caio==0.12.10 sortedcontainers==2.4.0
-         opentelemetry-exporter-prometheus==0.66b2 prometheus-client==0.26.0)
+         opentelemetry-exporter-prometheus==0.66b2 prometheus-client==0.24.1)
 pegaflow_rs=(pegaflow-llm-cu13==0.25.1)
 
 # glibc 2.28 at most for LMCache's folder (caio then comes as its pure-Python wheel); PegaFlow

@@ -44,6 +44,8 @@ UNREACHED = {
         "LMCache's OTLP push mode, only with --otlp-endpoint, which the benches do not pass",
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter.OTLPSpanExporter":
         "LMCache's tracing, only with --enable-tracing and --otlp-endpoint, which the benches do not pass",
+    "vllm.distributed.parallel_state.get_decode_context_model_parallel_rank":
+        "PegaFlow's connector, only with decode context parallelism > 1 (vLLM 0.26 lacks it; docs/peers.md)",
 }
 PACKAGE = {"lmcache": "lmcache", "pegaflow-rs": "pegaflow"}
 _OPTIONAL = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
