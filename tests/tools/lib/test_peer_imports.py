@@ -83,3 +83,17 @@ def test_peers_unavailable_lmcache_mp_names_a_missing_startup_import(peers_dir):
     assert reason is not None and reason.startswith(
         "lmcache: cannot import no_such_exporter_pkg.prometheus.PrometheusMetricReader")
     assert "otel_init.py:7" in reason
+
+
+def test_check_unreached_backend_import_is_not_a_failure(tmp_path, monkeypatch):
+    # LMCache's cache engine loads its GDS allocator, whose function imports cufile (never used here).
+    _write(tmp_path, {"standingds/__init__.py": "", "standingds/gds.py": """
+        def allocate():
+            from no_such_cufile_pkg.bindings import cuFileBufRegister
+        """})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [f.module for f in peer_imports.check(("standingds.gds",), "standingds")] == [
+        "no_such_cufile_pkg.bindings.cuFileBufRegister"]
+    monkeypatch.setitem(peer_imports.UNREACHED, "no_such_cufile_pkg", "a backend the benches never configure")
+    assert peer_imports.check(("standingds.gds",), "standingds") == []
+    assert peer_imports.unreached("no_such_cufile_pkg.bindings") and not peer_imports.unreached("no_such_cufile")
