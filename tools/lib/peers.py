@@ -82,8 +82,10 @@ _LMCACHE_EXTENSIONS = (
     "    importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))\n")
 _CHECKS = {
     "lmcache": _LMCACHE_EXTENSIONS + "import lmcache.integration.vllm.vllm_v1_adapter\n",
+    # the server's and the connector's modules, then every import they make only once running
+    # (the metrics exporter at the server's startup): tools/lib/peer_imports.py
     "lmcache-mp": _LMCACHE_EXTENSIONS + (
-        "import lmcache.v1.multiprocess.http_server, lmcache.integration.vllm.vllm_multi_process_adapter\n"),
+        "import sys\nfrom tools.lib import peer_imports\nsys.exit(peer_imports.main(['lmcache']))\n"),
     "pegaflow-rs": (
         "import os, subprocess, sys, torch, pegaflow\n"
         "if not os.path.realpath(pegaflow.__file__).startswith(os.path.realpath(sys.argv[1])):\n"
