@@ -37,8 +37,8 @@ class ClientTable:
                  drop_held: Callable[[int], None], own_pid_is_client: bool = False,
                  attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         """``release_client``: a closed client's leases and memory given back (the dispatcher's);
-        ``drop_held``: its copies held for its GPU ended (the backend's); ``own_pid_is_client``:
-        the engine runs in its clients' process (tests)."""
+        ``drop_held``: a slot's client is gone, its copies held for its GPU end (the backend's);
+        ``own_pid_is_client``: the engine runs in its clients' process (tests)."""
         self.engine_name = engine_name
         self.segments, self.stats, self.release_client = segments, stats, release_client
         self.drop_held = drop_held
@@ -160,8 +160,8 @@ class ClientTable:
 
     def _reclaim_dead(self, client: ClientState, why: str) -> None:
         client.is_attached = False  # a LOOKUP of it still parked is let go at once
-        if client.num_inflight:  # its copies still touch its memory; reclaim once they are done,
-            self.drop_held(client.slot)  # and those held for its GPU end now
+        self.drop_held(client.slot)  # the backend told: those held for its GPU end now
+        if client.num_inflight:  # its copies still touch its memory; reclaim once they are done
             return
         logger.warning("client slot %d: pid %d %s; reclaiming its slot, leases and memory",
                        client.slot, client.pid, why)
