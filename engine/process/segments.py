@@ -18,7 +18,7 @@ import posix_ipc
 
 from pegaflow.platform import in_place_segments, shm
 from pegaflow.platform.errors import EngineNotRunningError, ForeignSegmentError
-from pegaflow.platform.locks import ControlLock
+from pegaflow.platform.locks import ControlLock, remove_lock_dir_if_empty
 from pegaflow.platform.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.platform.wire import (
     CLIENT_STATS,
@@ -34,7 +34,7 @@ from pegaflow.platform.wire import (
 from ..config import MAX_SLOTS, EngineConfig
 from ..memory.host_capacity import check_room
 from ..memory.pool_table import PoolTable, table_bytes
-from .name_lock import claim_name, release_name
+from .name_lock import claim_name, name_lock_path, release_name
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +103,9 @@ class EngineSegments:
         self.pool_table: shm.Segment | None = None  # with --keep-pool only
         self.has_started = False   # the pool opened (``mark_started``): only then is a new pool kept
         self._name_lock = claim_name(config.name)
-        _remove_dead_in_place(config.name)
-        self.control = self._create_control()
-        try:
+        try:  # a failed start leaves nothing behind, its lock files neither
+            _remove_dead_in_place(config.name)
+            self.control = self._create_control()
             self._create_rest()
         except BaseException:
             self.unlink_all()
@@ -253,6 +253,12 @@ class EngineSegments:
         but the pool and its table with --keep-pool.  With ``release_pool`` (no copy may
         still touch it), a pool not kept gives its memory back first: an engine started
         under the name as soon as it is free must find the room."""
+        try:
+            self._unlink_segments(release_pool)
+        finally:  # the name free again, whatever failed above
+            self._release_locks()
+
+    def _unlink_segments(self, release_pool: bool) -> None:
         # With --keep-pool, a kept pool always stays (it still holds its blocks), a new one
         # only if the engine started (a failed start leaves nothing behind).
         keep = self.config.keep_pool and (self.is_pool_kept or self.has_started)
@@ -274,6 +280,10 @@ class EngineSegments:
             shm.unlink_semaphore(name)
         self._segments.clear()
         self._semaphores.clear()
+
+    def _release_locks(self) -> None:
+        """The control lock's file and the name's removed (the name last: it keeps the next
+        engine out until everything is gone), then their directory if nothing else is in it."""
         if getattr(self, "lock", None) is not None:
             try:
                 os.unlink(self.lock.path)
@@ -284,6 +294,7 @@ class EngineSegments:
         if self._name_lock is not None:
             release_name(self.config.name, self._name_lock)  # free for the next engine
             self._name_lock = None
+            remove_lock_dir_if_empty(name_lock_path(self.config.name))
 
     def free_slot(self, slot: int) -> None:
         self._slot_generations[slot] = (self._slot_generations[slot] + 1) % 2**64
