@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import signal
 
-# Threads started while imports run (numpy's BLAS pool) inherit this mask, so SIGTERM and
-# SIGINT always reach the main thread, whose handler stops the loop at once.
+# Every thread inherits this mask (numpy's BLAS pool, started while imports run, too), so
+# SIGTERM and SIGINT stay pending until the stop watch's thread takes them (a start waiting
+# for the name sees them pending: name_lock.py).
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 
 import ctypes  # noqa: E402
@@ -19,6 +20,7 @@ from pegaflow.platform.errors import PegaflowError, ShmError, StartInterruptedEr
 
 from .process.options import build_parser, config_from_parsed, warn_unknown_env  # noqa: E402
 from .process.server import EngineServer  # noqa: E402
+from .process.stop_watch import StopWatch  # noqa: E402
 
 logger = logging.getLogger("engine")
 
@@ -71,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         say(PROG, f"cannot start: {exc}")
         return EXIT_FAILED
     tighten_timer_slack()
-    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: server.request_stop())
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-    server.serve_forever()
+    watch = StopWatch(server)  # a stop signal stops the loop, and the process within a bound
+    watch.start()
+    try:
+        server.serve_forever()
+    finally:
+        watch.done()
     return EXIT_OK
 
 

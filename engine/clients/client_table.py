@@ -37,8 +37,8 @@ class ClientTable:
                  drop_held: Callable[[int], None], own_pid_is_client: bool = False,
                  attach_timeout_s: float = ATTACH_TIMEOUT_S) -> None:
         """``release_client``: a closed client's leases and memory given back (the dispatcher's);
-        ``drop_held``: its copies held for its GPU ended (the backend's); ``own_pid_is_client``:
-        the engine runs in its clients' process (tests)."""
+        ``drop_held``: a slot's client is gone, its copies held for its GPU end (the backend's);
+        ``own_pid_is_client``: the engine runs in its clients' process (tests)."""
         self.engine_name = engine_name
         self.segments, self.stats, self.release_client = segments, stats, release_client
         self.drop_held = drop_held
@@ -115,7 +115,7 @@ class ClientTable:
             if client.is_detached:
                 self.retire(client, force=not is_alive)
             elif not is_alive or client.closed_by_client:
-                self._reclaim_dead(client, "is gone" if not is_alive else "closed its ring")
+                self._reclaim_dead(client, "is gone" if not is_alive else "closed its ring", is_gone=not is_alive)
         self._free_stray_slots()
 
     def _problem(self, client: ClientState, now: float) -> str | None:
@@ -158,10 +158,11 @@ class ClientTable:
         finally:
             self.segments.lock.release()
 
-    def _reclaim_dead(self, client: ClientState, why: str) -> None:
+    def _reclaim_dead(self, client: ClientState, why: str, is_gone: bool) -> None:
         client.is_attached = False  # a LOOKUP of it still parked is let go at once
-        if client.num_inflight:  # its copies still touch its memory; reclaim once they are done,
-            self.drop_held(client.slot)  # and those held for its GPU end now
+        if is_gone or client.num_inflight:  # the backend told: those held for its GPU end now
+            self.drop_held(client.slot)     # (and a gone client's handles are let go off its thread)
+        if client.num_inflight:  # its copies still touch its memory; reclaim once they are done
             return
         logger.warning("client slot %d: pid %d %s; reclaiming its slot, leases and memory",
                        client.slot, client.pid, why)

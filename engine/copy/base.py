@@ -133,7 +133,9 @@ class CopyBackend(abc.ABC):
     def drop_held(self, slot: int) -> None:
         """Copies of ``slot`` held until its client's GPU has written their data, never
         issued (``--hold-saves``): ended now with an error, ``poll`` reports them.  Its client
-        is gone: the data may never be written, and its slot waits for them.  None here."""
+        is gone (called for every client found dead): the data may never be written, and its
+        slot waits for them; the CUDA backend also lets go of its handles off the engine's
+        thread when it is unregistered (``releases.py``).  Nothing here."""
 
     @abc.abstractmethod
     def submit(self, op: CopyOp) -> None:

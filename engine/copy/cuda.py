@@ -20,7 +20,8 @@ never wait for a copy; ``unregister_client`` waits for the slot's copies, and
                                on that layer's low-priority stream
     poll()                     the ops whose completion event has fired (cuEventQuery)
     drop_held(slot)            its held SAVEs ended (its client is gone: the data may never come)
-    unregister_client(slot)    close its handles and events
+    unregister_client(slot)    close its handles and events; a gone client's off this thread,
+                               not waited for (``releases.py``)
 
 Ordering.  A SAVE reads only bytes the client finished writing (it waits for the client's
 event first); a LOAD records the client's event of each layer once that layer is in, and the
@@ -59,6 +60,7 @@ from .held_saves import HeldSaves, last_wait_event
 from .kernels import StagingRing
 from .paths import op_path
 from .probe import choose_path
+from .releases import Releaser, release_logged
 from .visible_gpus import VisibleGpus
 
 logger = logging.getLogger(__name__)
@@ -96,6 +98,10 @@ class CudaBackend(CopyBackend):
         self._ready: list[CopyDone] = []
         self.hold_saves = hold_saves
         self._held = HeldSaves()  # with hold_saves: SAVEs waiting for their client's data (held_saves.py)
+        self._gone: set[int] = set()  # slots whose client is gone, their handles not yet let go
+        self._releaser = Releaser()  # lets go of a gone client's handles (releases.py)
+        self._num_waits_let_go = 0  # held SAVEs ended unissued: a gate's wait on a client event
+        #                             stays on the GPU, and may never end if that client is gone
         self.probes: list[dict] = []  # what ``auto`` measured and chose, for tools and logs
 
     def _device(self, device: int) -> Device:
@@ -157,7 +163,9 @@ class CudaBackend(CopyBackend):
         self._clients.set_events(slot, handles)
 
     def unregister_client(self, slot: int) -> None:
-        self.drop_held(slot)
+        """Its copies drained, its handles let go: a gone client's (``drop_held``) off this
+        thread, not waited for; a release the driver refuses is logged, never raised."""
+        self._end_held(slot, "the client left before its data to save was written")
         pending = [f for f in self._inflight if f.slot == slot]
         if pending:
             logger.warning("slot %d unregistered with %d copies in flight: draining", slot,
@@ -165,10 +173,25 @@ class CudaBackend(CopyBackend):
             for f in pending:
                 driver.use_device(f.device)
                 driver.synchronize_event(f.done)
-        self._clients.close_slot(slot)
+        steps = self._clients.close_slot(slot)
+        if slot in self._gone:
+            self._gone.discard(slot)
+            self._releaser.submit(steps, f"slot {slot}: letting go of a gone client's memory and events")
+        else:
+            release_logged(steps, f"slot {slot}: letting go of its memory and events")
 
     def drop_held(self, slot: int) -> None:
-        self._ready += self._held.drop_slot(slot, "the client left before its data to save was written")
+        """Its client is gone: its held SAVEs end now, its handles go off this thread."""
+        self._gone.add(slot)
+        self._end_held(slot, "the client left before its data to save was written")
+
+    def _end_held(self, slot: int, why: str) -> None:
+        ended = self._held.take_slot(slot)
+        if ended:
+            logger.warning("slot %d: %d held saves ended (%s); their waits on its events stay on "
+                           "the GPU", slot, len(ended), why)
+            self._num_waits_let_go += len(ended)
+        self._ready += [CopyDone(held.op.token, why) for held in ended]
 
     def poll(self) -> list[CopyDone]:
         self._held.issue_ready(lambda held: self._start(self._device(held.regions[0].device), held.op,
@@ -197,9 +220,13 @@ class CudaBackend(CopyBackend):
         """Release every mapping once no copy runs.  Copies still running after ``wait_s``
         (they wait on client GPU work that never ends) keep everything mapped: unmapping
         memory under a running copy could fault the device, and the process exit tears
-        the contexts down anyway."""
+        the contexts down anyway.  Never longer than about twice ``wait_s``: client handles
+        are let go off this thread, waited for up to ``wait_s``; after held SAVEs ended
+        unissued (a wait on a client's event that may never end), nothing that could wait
+        for the GPU is released (``releases.py``)."""
         for held in self._held.close():  # never issued: nothing to wait for
             self._ready.append(CopyDone(held.op.token, "engine closing"))
+            self._num_waits_let_go += 1
         deadline = time.monotonic() + wait_s
         while self._inflight:
             for done in self.poll():
@@ -212,8 +239,17 @@ class CudaBackend(CopyBackend):
                 return
             time.sleep(1e-3)
         self._ready = []
+        self._gone |= self._clients.slots  # each let go off this thread, the wait for them bounded
         for slot in self._clients.slots:
             self.unregister_client(slot)
+        if not self._releaser.close(wait_s):  # (it says what it left)
+            logger.error("leaving the pool, staging and devices to the process exit")
+            return
+        if self._num_waits_let_go:
+            logger.error("%d held saves ended unissued: their waits on client events may never end "
+                         "on the GPU, and releasing the pool, staging and devices could wait for them: "
+                         "left to the process exit", self._num_waits_let_go)
+            return
         self._staging.close()
         if self._pinned is not None:  # the pinning thread is over: what it pinned is final
             self._pinned.close()

@@ -68,21 +68,34 @@ class ClientMappings:
             events = self._events[(slot, device)] = [driver.open_ipc_event(h) for h in handles]
         return events
 
-    def close_slot(self, slot: int) -> None:
-        """Unmap the slot's memory and destroy its events (no copy of it may still run)."""
+    def close_slot(self, slot: int) -> list:
+        """Forget the slot's memory and events (no copy of it may still run); returns the
+        driver calls that let go of them, in order (``(release, handle)``, each device made
+        current first), for the caller to run: at once, or off the engine's thread for a
+        gone client (``releases.py``)."""
+        steps = []
         for key in [k for k in self.regions if k[0] == slot]:
-            self._drop_region(key)
-        self._close_events(slot)
+            steps += self._forget_region(key)
+        steps += self._forget_events(slot)
         self._event_handles.pop(slot, None)
+        return steps
 
     def _drop_region(self, key: tuple[int, int]) -> None:
+        for release, handle in self._forget_region(key):
+            release(handle)
+
+    def _forget_region(self, key: tuple[int, int]) -> list:
         region = self.regions.pop(key, None)
-        if region is not None:
-            driver.use_device(region.device)
-            MAPPINGS.release(region.device, region.handle)
+        address = None if region is None else MAPPINGS.release(region.device, region.handle)
+        return [] if address is None else [(driver.use_device, region.device), (driver.close_ipc_mem, address)]
 
     def _close_events(self, slot: int) -> None:
+        for release, handle in self._forget_events(slot):
+            release(handle)
+
+    def _forget_events(self, slot: int) -> list:
+        steps = []
         for key in [k for k in self._events if k[0] == slot]:
-            driver.use_device(key[1])
-            for event in self._events.pop(key):
-                driver.destroy_event(event)
+            steps.append((driver.use_device, key[1]))
+            steps += [(driver.destroy_event, event) for event in self._events.pop(key)]
+        return steps

@@ -31,12 +31,15 @@ class IpcMappings:
         entry[1] += 1
         return entry[0]
 
-    def release(self, device: int, handle: bytes) -> None:
+    def release(self, device: int, handle: bytes) -> int | None:
+        """One reference let go; the address to unmap (``driver.close_ipc_mem``, by the
+        caller, on ``device``) once it was the last, else None."""
         entry = self._open[(device, handle)]
         entry[1] -= 1
         if entry[1] == 0:
             del self._open[(device, handle)]
-            driver.close_ipc_mem(entry[0])
+            return entry[0]
+        return None
 
 
 MAPPINGS = IpcMappings()

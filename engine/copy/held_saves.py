@@ -31,6 +31,7 @@ from pegaflow.platform.errors import CudaError
 from pegaflow.platform.protocol import layer_event
 
 from .base import CopyDone, CopyOp, Direction
+from .releases import release_logged
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +87,8 @@ class HeldSaves:
                 driver.wait(gate, client_events[event])
             driver.record(marker, gate)
         except CudaError:
-            driver.destroy_event(marker)  # its state unknown: not back to the idle ones
-            raise
+            release_logged([(driver.destroy_event, marker)], f"holding save {op.token}")  # its state
+            raise  # unknown: not back to the idle ones
         self._held.append(Held(replace(op, wait_event=None, wait_per_layer=False), regions, dev, marker))
 
     def issue_ready(self, start: Callable[[Held], None], done: list[CopyDone],
@@ -103,7 +104,8 @@ class HeldSaves:
                     continue
             except CudaError as exc:
                 logger.error("held save %d: its client's data was never written: %s", held.op.token, exc)
-                driver.destroy_event(held.marker)  # its state unknown: not back to the idle ones
+                release_logged([(driver.destroy_event, held.marker)],  # its state unknown: not back
+                               f"held save {held.op.token}'s marker")  # to the idle ones
                 done.append(CopyDone(held.op.token, f"CudaError: {exc}"))
                 continue
             held.dev.idle_events.append(held.marker)
@@ -114,21 +116,19 @@ class HeldSaves:
                 done.append(CopyDone(held.op.token, f"{type(exc).__name__}: {exc}"))
         self._held = waiting
 
-    def drop_slot(self, slot: int, why: str) -> list[CopyDone]:
-        """End every held SAVE of ``slot`` (never issued) with ``why``."""
-        return [CopyDone(held.op.token, why) for held in self.take_slot(slot)]
-
     def take_slot(self, slot: int) -> list[Held]:
         """Every held SAVE of ``slot`` (its client is leaving), taken out; its streams and
-        markers are let go without waiting (a gone client's work may never end)."""
+        markers are let go without waiting (a gone client's work may never end), a release
+        the driver refuses logged, never raised: the SAVEs must still end."""
         mine = [held for held in self._held if held.op.slot == slot]
         self._held = [held for held in self._held if held.op.slot != slot]
+        why = f"slot {slot}: letting go of its held saves' gate"
         for key in [key for key in self._gates if key[1] == slot]:
             driver.use_device(key[0])
-            driver.destroy_stream(self._gates.pop(key))
+            release_logged([(driver.destroy_stream, self._gates.pop(key))], why)
         for held in mine:
             driver.use_device(held.dev.device)
-            driver.destroy_event(held.marker)
+            release_logged([(driver.destroy_event, held.marker)], why)
         return mine
 
     def close(self) -> list[Held]:

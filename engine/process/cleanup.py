@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pegaflow.platform import in_place_segments, shm
 from pegaflow.platform.errors import ForeignSegmentError
 from pegaflow.platform.in_place_segments import InPlaceSegment
-from pegaflow.platform.locks import lock_path
+from pegaflow.platform.locks import lock_path, remove_lock_dir_if_empty
 
 from ..config import MAX_SLOTS
 from .name_lock import claim_name, release_name
@@ -63,6 +63,7 @@ def clean(name: str) -> Cleaned:
         _remove_file(lock_path(name, "claims"))
     finally:
         release_name(name, name_lock)  # its file unlinked while still locked, as a stopping engine does
+        remove_lock_dir_if_empty(lock_path(name, "lock"))
     foreign = tuple(refused + refused_sems + [s.name for s in found if not s.is_ours])
     return Cleaned(pid, num_segments, num_semaphores, num_bytes, foreign, len(gone),
                    sum(s.num_bytes for s in gone), tuple(s for s in found if s.is_ours and s.is_owner_alive))

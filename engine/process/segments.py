@@ -8,6 +8,7 @@ are removed first, and so are the in-place KV caches of its CPU workers that are
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -18,7 +19,7 @@ import posix_ipc
 
 from pegaflow.platform import in_place_segments, shm
 from pegaflow.platform.errors import EngineNotRunningError, ForeignSegmentError
-from pegaflow.platform.locks import ControlLock
+from pegaflow.platform.locks import ControlLock, lock_path, remove_lock_dir_if_empty
 from pegaflow.platform.ring import RingSegmentView, reset_slots, ring_segment_bytes
 from pegaflow.platform.wire import (
     CLIENT_STATS,
@@ -34,7 +35,7 @@ from pegaflow.platform.wire import (
 from ..config import MAX_SLOTS, EngineConfig
 from ..memory.host_capacity import check_room
 from ..memory.pool_table import PoolTable, table_bytes
-from .name_lock import claim_name, release_name
+from .name_lock import claim_name, name_lock_path, release_name
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +103,11 @@ class EngineSegments:
         self.is_pool_kept = False  # the pool and its table are an earlier engine's, kept
         self.pool_table: shm.Segment | None = None  # with --keep-pool only
         self.has_started = False   # the pool opened (``mark_started``): only then is a new pool kept
+        self.is_unlinking = False  # ``unlink_all`` has begun
         self._name_lock = claim_name(config.name)
-        _remove_dead_in_place(config.name)
-        self.control = self._create_control()
-        try:
+        try:  # a failed start leaves nothing behind, its lock files neither
+            _remove_dead_in_place(config.name)
+            self.control = self._create_control()
             self._create_rest()
         except BaseException:
             self.unlink_all()
@@ -253,10 +255,35 @@ class EngineSegments:
         but the pool and its table with --keep-pool.  With ``release_pool`` (no copy may
         still touch it), a pool not kept gives its memory back first: an engine started
         under the name as soon as it is free must find the room."""
+        self.is_unlinking = True
+        try:
+            self._unlink_segments(release_pool)
+        finally:  # the name free again, whatever failed above
+            self._release_locks()
+
+    def unlink_names(self) -> None:
+        """Only the names of what ``unlink_all`` would unlink, and the lock files: for a stop
+        that cannot finish (``stop_watch.py``), from another thread, just before the process
+        exits (nothing is closed or given back: the exit does it)."""
+        kept = self._kept_names()
+        for segment in list(self._segments):
+            if segment.name not in kept:
+                shm.unlink_segment(segment.name)
+        for name in list(self._semaphores):
+            shm.unlink_semaphore(name)
+        for path in (lock_path(self.config.name, "claims"), name_lock_path(self.config.name)):
+            with contextlib.suppress(FileNotFoundError):  # removed already
+                os.unlink(path)
+        remove_lock_dir_if_empty(name_lock_path(self.config.name))
+
+    def _kept_names(self) -> set[str]:
         # With --keep-pool, a kept pool always stays (it still holds its blocks), a new one
         # only if the engine started (a failed start leaves nothing behind).
         keep = self.config.keep_pool and (self.is_pool_kept or self.has_started)
-        kept = {shm.ipc_name(self.config.name, what) for what in KEPT} if keep else set()
+        return {shm.ipc_name(self.config.name, what) for what in KEPT} if keep else set()
+
+    def _unlink_segments(self, release_pool: bool) -> None:
+        kept = self._kept_names()
         if kept and self.pool is not None:
             logger.info("keeping the pool and its table for the next engine named %r (--keep-pool)",
                         self.config.name)
@@ -274,6 +301,10 @@ class EngineSegments:
             shm.unlink_semaphore(name)
         self._segments.clear()
         self._semaphores.clear()
+
+    def _release_locks(self) -> None:
+        """The control lock's file and the name's removed (the name last: it keeps the next
+        engine out until everything is gone), then their directory if nothing else is in it."""
         if getattr(self, "lock", None) is not None:
             try:
                 os.unlink(self.lock.path)
@@ -284,6 +315,7 @@ class EngineSegments:
         if self._name_lock is not None:
             release_name(self.config.name, self._name_lock)  # free for the next engine
             self._name_lock = None
+            remove_lock_dir_if_empty(name_lock_path(self.config.name))
 
     def free_slot(self, slot: int) -> None:
         self._slot_generations[slot] = (self._slot_generations[slot] + 1) % 2**64

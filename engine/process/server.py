@@ -102,15 +102,22 @@ class EngineServer:
         self.doorbell.sem.release()  # wake the loop if it sleeps
 
     def serve_forever(self) -> None:
+        """Serve until ``request_stop``; the stop runs however the loop ended (an error in
+        it too: logged, then raised once the engine's shared memory and lock files are gone)."""
         monotonic, idle_spin_s = time.monotonic, self.config.idle_spin_s
         last_work = monotonic()
-        while not self.is_stopping:
-            now = monotonic()
-            if self.run_once(now):
-                last_work = now
-            elif now - last_work > idle_spin_s:
-                self._sleep(now)
-        self.shutdown()
+        try:
+            while not self.is_stopping:
+                now = monotonic()
+                if self.run_once(now):
+                    last_work = now
+                elif now - last_work > idle_spin_s:
+                    self._sleep(now)
+        except BaseException:
+            logger.exception("engine %r: its loop failed; stopping", self.config.name)
+            raise
+        finally:
+            self.shutdown()
 
     def run_once(self, now: float) -> bool:
         if now >= self._next_claim_check:

@@ -39,6 +39,10 @@ def shut_down(server) -> None:
                      "pinning" if not pinner_stopped else "disk or remote I/O")
         server.segments.unlink_all(release_pool=False)
         return
-    server.backend.close()
-    server.segments.unlink_all(release_pool=server.backend.num_inflight() == 0)
+    is_closed = False
+    try:
+        server.backend.close()
+        is_closed = True
+    finally:  # a backend that failed to close: its shared memory and lock files go all the same
+        server.segments.unlink_all(release_pool=is_closed and server.backend.num_inflight() == 0)
     logger.info("engine %r stopped; its shared memory is unlinked", server.config.name)

@@ -5,6 +5,9 @@ vLLM must share with the engine anyway; ``<tmp>/pegaflow-<uid>`` where there is 
 created 0700.  One that another user made, a link, or one others may read or write is never
 used: the first of ``pegaflow-<uid>.1`` .. ``.3`` that is ours is (``lock_dir``), so no
 name another user squats stops an engine.  Lock files are opened without following links.
+The engine removes its two files when it stops, and the directory once nothing else is in it
+(``remove_lock_dir_if_empty``); whoever creates a lock file makes the directory again if it
+went meanwhile (``open_lock_file``).
 
     name lock      <name>.lock     the engine holds it for its lifetime: one engine a name
     control lock   <name>.claims   clients claim slots and the engine accepts them under it;
@@ -13,6 +16,8 @@ name another user squats stops an engine.  Lock files are opened without followi
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -26,6 +31,7 @@ from pegaflow.platform.waits import poll_until
 logger = logging.getLogger(__name__)
 
 SHM_BASE = "/dev/shm"
+NUM_REMAKES = 8  # a lock file's directory made again at most this often while opening it
 NUM_LOCK_DIRS = 4  # pegaflow-<uid>, then .1 .. .3 where another user took the name
 _fallbacks_said: set[str] = set()  # fallback directories already logged (once a process)
 
@@ -100,20 +106,49 @@ def lock_path(engine_name: str, what: str) -> str:
 
 
 def open_lock_file(path: str, create: bool) -> int:
-    """An fd of the lock file at ``path`` (never through a link), checked to be ours."""
+    """An fd of the lock file at ``path`` (never through a link), checked to be ours.  With
+    ``create``, a directory removed since ``path`` was named (the last engine in it stopped:
+    ``remove_lock_dir_if_empty``) is made again, private, and the open retried."""
     flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
-    try:
-        fd = os.open(path, flags, 0o600)
-    except FileNotFoundError as exc:
-        raise EngineNotRunningError(f"lock {path} does not exist") from exc
-    except OSError as exc:  # ELOOP: a link planted where the lock goes
-        raise ForeignSegmentError(f"cannot open the lock {path}: {exc}") from exc
+    for _ in range(NUM_REMAKES):
+        try:
+            fd = os.open(path, flags, 0o600)
+            break
+        except FileNotFoundError as exc:
+            if not create:
+                raise EngineNotRunningError(f"lock {path} does not exist") from exc
+            _remake_dir(os.path.dirname(path))
+        except OSError as exc:  # ELOOP: a link planted where the lock goes
+            raise ForeignSegmentError(f"cannot open the lock {path}: {exc}") from exc
+    else:
+        raise ForeignSegmentError(f"cannot open the lock {path}: its directory keeps disappearing")
     try:
         check_private(path, os.fstat(fd))
     except ForeignSegmentError:
         os.close(fd)
         raise
     return fd
+
+
+def _remake_dir(path: str) -> None:
+    with contextlib.suppress(FileExistsError):  # made again meanwhile by another process
+        os.mkdir(path, 0o700)
+    if (problem := _dir_problem(path, os.geteuid())) is not None:
+        raise ForeignSegmentError(f"the lock directory {path} {problem}")
+
+
+def remove_lock_dir_if_empty(path: str) -> bool:
+    """Remove the directory of ``path`` (a lock file just removed) if nothing is left in it:
+    True if removed.  ``rmdir`` removes only an empty directory, in one step, so a lock file
+    another engine made first keeps it, and one made after finds it gone and makes it again
+    (``open_lock_file``)."""
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+            logger.warning("lock directory %s kept: %s", os.path.dirname(path), exc)
+        return False
+    return True
 
 
 class ControlLock:

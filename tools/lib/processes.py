@@ -6,8 +6,9 @@ SIGINT, SIGTERM or SIGHUP (``timeout`` sends SIGTERM), with what each left in /d
   core, a server's workers), with SIGTERM as its parent-death signal (the bench killed with
   SIGKILL: the child still stops); registered until ``stop``.
 - ``stop(proc)``: its stop signal to its whole group, SIGKILL to the group past its timeout (and
-  to any straggler of the group once its leader is gone), then ``leftovers()``: what it made in
-  /dev/shm removed.
+  to any straggler of the group once its leader is gone), then the CUDA driver's files of the
+  group's processes (``cuda.shm.<n>.<hex pid>.<n>``: a killed process cannot remove its own)
+  once they are gone, and ``leftovers()``: what it made in /dev/shm removed.
 - ``register(proc, label, stop)`` / ``forget(proc)``: a process some other class starts and
   stops (``tools/engine_process.py``'s engine), stopped here only if the bench ends with it
   still registered.
@@ -32,6 +33,7 @@ import ctypes
 import datetime
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +48,8 @@ SHM_DIR = Path("/dev/shm")
 _PR_SET_PDEATHSIG = 1
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing is loaded between fork and exec
+_CUDA_SHM = re.compile(r"cuda\.shm\.\d+\.([0-9a-fA-F]+)\.\d+")  # the CUDA driver's, per process
+GONE_WAIT_S = 15.0  # after SIGKILL, for the group's processes to be gone (a GPU's may take seconds)
 
 
 @dataclass(slots=True)
@@ -117,6 +121,7 @@ def stop_all() -> None:
 
 def _stop_group(proc: subprocess.Popen, sig: int, timeout_s: float,
                 leftovers: Callable[[], None] | None) -> None:
+    members = _group_pids(proc.pid)
     if proc.poll() is None:
         if isinstance(leftovers, SegmentsMade):
             leftovers.note_group(proc.pid)
@@ -127,6 +132,7 @@ def _stop_group(proc: subprocess.Popen, sig: int, timeout_s: float,
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
     _signal_group(proc.pid, signal.SIGKILL)  # what the leader started and left running
+    remove_cuda_shm_of(members)
     if leftovers is not None:
         leftovers()
 
@@ -225,6 +231,45 @@ def _held_shm_names(pgid: int | None = None) -> set[str]:
                     if (at := line.find(prefix)) >= 0:
                         held.add(line[at + len(prefix):].strip().removesuffix(" (deleted)"))
     return held
+
+
+def remove_cuda_shm_of(pids: set[int], wait_s: float = GONE_WAIT_S) -> list[str]:
+    """The CUDA driver's /dev/shm files of ``pids`` (``cuda.shm.<n>.<hex pid>.<n>``, one set per
+    process that used a GPU; a process killed with SIGKILL leaves its own), removed once no
+    live process has that pid: those of a pid still alive after ``wait_s``, or another
+    process's by now, are kept (logged).  Returns the names removed."""
+    deadline = time.monotonic() + wait_s
+    while (alive := {pid for pid in pids if _is_live(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    removed = []
+    for name in sorted(os.listdir(SHM_DIR)) if pids else ():
+        match = _CUDA_SHM.fullmatch(name)
+        if match is None or int(match[1], 16) not in pids or not _is_ours(SHM_DIR / name):
+            continue
+        if int(match[1], 16) in alive or _is_live(int(match[1], 16)):
+            logger.warning("kept /dev/shm/%s: its process (or one that has its pid now) is alive", name)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / name).unlink()
+            removed.append(name)
+    if removed:
+        logger.info("removed the CUDA driver's files of stopped processes: %s", ", ".join(removed))
+    return removed
+
+
+def _group_pids(pgid: int) -> set[int]:
+    """The pids of group ``pgid``'s processes now (zombies too: their files are left as well)."""
+    return {int(pid) for pid in filter(str.isdigit, os.listdir("/proc")) if _in_group(int(pid), pgid)}
+
+
+def _is_live(pid: int) -> bool:
+    """Whether a process that is not a zombie has ``pid`` (a zombie has let go of everything)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2] not in "ZX"
 
 
 def _in_group(pid: int, pgid: int) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.process.server import EngineServer
 from pegaflow.platform.locks import ControlLock
-from pegaflow.platform.wire import SlotState
+from pegaflow.platform.wire import STATS, SlotState, Status
 from tests.conftest import shm_leftovers
 
 _names = itertools.count()
@@ -136,10 +136,12 @@ def _save_then_wait(conn, engine_name: str) -> None:
     conn.recv()
 
 
-def _holding_backend(monkeypatch):
+def _holding_backend(monkeypatch, event_done=lambda event: False, destroy=None):
     """The host backend with --hold-saves as the cuda backend has it: each SAVE held in a real
     ``HeldSaves`` (engine/copy/held_saves.py) on a stand-in driver whose client work never
-    ends (its marker never fires), and ended by ``CudaBackend.drop_held`` itself."""
+    ends (its marker never fires; ``event_done`` its query), and ended by
+    ``CudaBackend.drop_held`` itself; ``destroy``: the driver's destroy of a stream or event
+    (by default it succeeds, each handle listed in ``let_go``)."""
     from types import SimpleNamespace
 
     from engine.copy.base import Direction
@@ -147,20 +149,22 @@ def _holding_backend(monkeypatch):
     cuda = pytest.importorskip("engine.copy.cuda")  # (held_saves, like it, needs cuda-python)
     held_saves = pytest.importorskip("engine.copy.held_saves")
     let_go = []  # streams and markers the driver was told to destroy
-    for call, stand_in in (("use_device", lambda device: None), ("event_done", lambda event: False),
+    destroy = destroy or let_go.append
+    for call, stand_in in (("use_device", lambda device: None), ("event_done", event_done),
                            ("create_stream", lambda low_priority=True: "gate"), ("wait", lambda s, e: None),
-                           ("record", lambda event, stream: None), ("destroy_stream", let_go.append),
-                           ("destroy_event", let_go.append)):
+                           ("record", lambda event, stream: None), ("destroy_stream", destroy),
+                           ("destroy_event", destroy)):
         monkeypatch.setattr(held_saves.driver, call, stand_in)
 
     class HoldingBackend(HostBackend):
         drop_held = cuda.CudaBackend.drop_held  # (the product's: its ended SAVEs into ``_ready``)
+        _end_held = cuda.CudaBackend._end_held
         _ready = property(lambda self: self._done, lambda self, done: setattr(self, "_done", done))
 
         def __init__(self):
             super().__init__()
             self.held, self.let_go = held_saves.HeldSaves(), let_go
-            self._held = self.held
+            self._held, self._gone, self._num_waits_let_go = self.held, set(), 0
             self.dev = SimpleNamespace(device=0, idle_events=[], event=lambda: "marker")
 
         def submit(self, op):
@@ -178,16 +182,16 @@ def _holding_backend(monkeypatch):
     return HoldingBackend()
 
 
-def test_client_table_client_killed_while_its_save_is_held_is_reclaimed(monkeypatch):
-    # 1. An engine whose backend holds every SAVE until its client's GPU has written the data
-    #    (--hold-saves), and that data never comes: the client's process is killed meanwhile.
+def _kill_a_client_whose_save_is_held(backend, on_kill=lambda: None) -> None:
+    """An engine on ``backend`` (a ``_holding_backend``) in a thread; a client process submits
+    a SAVE the engine holds, then is killed (``on_kill`` right after); the engine must end the
+    held SAVE and reclaim the slot, then stop leaving nothing behind."""
     import threading
 
     from pegaflow.platform import shm
     from tests.spawn import start_child
 
     name = f"t{os.getpid()}_held{next(_names)}"
-    backend = _holding_backend(monkeypatch)
     server = EngineServer(EngineConfig(name=name, backend="host", pool_bytes=4 << 20, slab_bytes=1 << 20,
                                        num_slots=2), backend=backend)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -203,13 +207,16 @@ def test_client_table_client_killed_while_its_save_is_held_is_reclaimed(monkeypa
             time.sleep(0.01)
         child.kill()
         child.join(30)
-        # 2. The engine ends the held SAVE (its data will never be written) and reclaims the
-        #    slot: nothing stays in flight, no client is left.
+        on_kill()
+        # The engine ends the held SAVE (its data will never be written) and reclaims the
+        # slot: nothing stays in flight, no client is left.
         while server.table.clients or backend.num_inflight():
+            assert thread.is_alive(), "the engine's loop died"
             assert time.monotonic() < deadline, "the killed client's slot was never reclaimed"
             time.sleep(0.01)
         assert not len(backend.held) and server.dispatcher.pending == {}
-        assert backend.let_go == ["gate", "marker"]  # let go without waiting for the client's GPU
+        stats = server.segments.stats.array(STATS, 1)[0]
+        assert int(stats["errors_by_status"][Status.COPY_FAILED]) == 1  # the SAVE's answer
     finally:
         if child.is_alive():
             child.kill()
@@ -218,3 +225,47 @@ def test_client_table_client_killed_while_its_save_is_held_is_reclaimed(monkeypa
         server.request_stop()
         thread.join(30)
     assert not thread.is_alive() and shm_leftovers(name) == []
+
+
+def test_client_table_client_killed_while_its_save_is_held_is_reclaimed(monkeypatch):
+    # An engine whose backend holds every SAVE until its client's GPU has written the data
+    # (--hold-saves), and that data never comes: the client's process is killed meanwhile.
+    backend = _holding_backend(monkeypatch)
+    _kill_a_client_whose_save_is_held(backend)
+    assert backend.let_go == ["gate", "marker"]  # let go without waiting for the client's GPU
+
+
+def test_client_table_client_killed_while_its_save_is_held_is_reclaimed_when_the_driver_refuses_the_release(
+        monkeypatch, caplog):
+    # The driver refuses to destroy the gone client's gate stream and marker (an error of its
+    # dead context): the held SAVE still ends, the slot is still reclaimed, and why is logged.
+    from pegaflow.platform.errors import CudaError
+
+    def refused(handle):
+        raise CudaError(f"cuEventDestroy: CUDA_ERROR_LAUNCH_FAILED ({handle})")
+
+    backend = _holding_backend(monkeypatch, destroy=refused)
+    _kill_a_client_whose_save_is_held(backend)
+    assert "letting go of its held saves' gate" in caplog.text and "CUDA_ERROR_LAUNCH_FAILED" in caplog.text
+
+
+def test_client_table_client_killed_while_its_save_is_held_is_reclaimed_when_its_marker_query_fails(
+        monkeypatch, caplog):
+    # Once the client is killed, querying the held SAVE's marker fails (the wait on its event
+    # errors out) and so does destroying the marker: the SAVE ends COPY_FAILED with the reason
+    # logged, the slot is reclaimed, the engine serves on.
+    from pegaflow.platform.errors import CudaError
+    is_killed = []
+
+    def query(event):
+        if is_killed:
+            raise CudaError("cuEventQuery: CUDA_ERROR_LAUNCH_FAILED")
+        return False
+
+    def destroy(handle):
+        if is_killed:
+            raise CudaError("cuEventDestroy: CUDA_ERROR_LAUNCH_FAILED")
+
+    backend = _holding_backend(monkeypatch, event_done=query, destroy=destroy)
+    _kill_a_client_whose_save_is_held(backend, on_kill=lambda: is_killed.append(True))
+    assert "its client's data was never written" in caplog.text or "held saves ended" in caplog.text

@@ -21,6 +21,8 @@ class FakeDriver:
         monkeypatch.setattr(cuda_clients.driver, "destroy_event", self.events.remove)
         monkeypatch.setattr(cuda_clients.MAPPINGS, "acquire", self.acquire)
         monkeypatch.setattr(cuda_clients.MAPPINGS, "release", lambda device, handle: self.mapped.pop(handle))
+        self.unmapped: list[int] = []
+        monkeypatch.setattr(cuda_clients.driver, "close_ipc_mem", self.unmapped.append)
 
     def acquire(self, device: int, handle: bytes) -> int:
         self.mapped[handle] = 0x7000_0000 + 0x100_0000 * len(self.mapped)
@@ -56,8 +58,14 @@ def test_client_mappings_slot_is_mapped_with_its_events_and_closed_whole(monkeyp
     assert region.extent == (1 << 20) - 4096
     assert m.num_events(3) == 4 and len(m.events(3, 0)) == 4 and len(fake.events) == 4
     assert m.slots == {3}
-    m.close_slot(3)
-    assert m.regions == {} and fake.mapped == {} and fake.events == [] and m.num_events(3) == 0
+    address = fake.mapped[b"a".ljust(wire.IPC_HANDLE_BYTES, b"\0")]
+    # Forgotten at once; the driver calls that let go are the caller's to run (in order).
+    steps = m.close_slot(3)
+    assert m.regions == {} and fake.mapped == {} and m.num_events(3) == 0 and m.slots == set()
+    assert len(fake.events) == 4 and fake.unmapped == []
+    for release, handle in steps:
+        release(handle)
+    assert fake.events == [] and fake.unmapped == [address]
 
 
 def test_client_mappings_new_event_pool_replaces_the_old_one(monkeypatch):

@@ -75,7 +75,8 @@ def _backend(monkeypatch, hold_saves=True):
     backend.hold_saves, backend.started = hold_saves, []
     dev = _device()
     events = [f"event{i}" for i in range(8)]
-    backend._clients = SimpleNamespace(events=lambda slot, device: events, close_slot=lambda slot: None)
+    backend._clients = SimpleNamespace(events=lambda slot, device: events, close_slot=lambda slot: [])
+    backend._gone, backend._releaser, backend._num_waits_let_go = set(), cuda.Releaser(), 0
     monkeypatch.setattr(backend, "_validate", lambda op: [SimpleNamespace(device=0)], raising=False)
     monkeypatch.setattr(backend, "_device", lambda device: dev, raising=False)
     backend.issued = []

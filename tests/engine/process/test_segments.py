@@ -172,3 +172,51 @@ def test_engine_start_removes_killed_cpu_workers_kv_caches_and_keeps_running_one
         assert "removed 1 KV cache segment(s)" in engine.stderr_text()
         assert not shm.unlink_segment(left)
         assert [s.name for s in in_place_segments.find(name)] == [running.name]
+
+
+def _segments_with_private_locks(tmp_path, monkeypatch, tag: str):
+    """An engine's segments whose lock files live under ``tmp_path`` (a stand-in /dev/shm for
+    the locks only: no other engine of this host shares the directory)."""
+    from engine.config import EngineConfig
+    from engine.process.segments import EngineSegments
+    from pegaflow.platform import locks
+    monkeypatch.setattr(locks, "SHM_BASE", str(tmp_path))
+    name = f"t{os.getpid()}_{tag}"
+    segs = EngineSegments(EngineConfig(name=name, pool_bytes=4 << 20, slab_bytes=1 << 20, num_slots=2))
+    return segs, tmp_path / f"pegaflow-{os.geteuid()}", name
+
+
+def test_segments_unlink_all_removes_the_lock_files_and_their_directory_once_empty(tmp_path, monkeypatch):
+    # 1. Two engines' lock files in one directory: the first to stop leaves the other's.
+    first, lock_dir, name = _segments_with_private_locks(tmp_path, monkeypatch, "lockdir1")
+    second, _, other = _segments_with_private_locks(tmp_path, monkeypatch, "lockdir2")
+    assert sorted(os.listdir(lock_dir)) == [f"{name}.claims", f"{name}.lock", f"{other}.claims", f"{other}.lock"]
+    first.unlink_all()
+    assert sorted(os.listdir(lock_dir)) == [f"{other}.claims", f"{other}.lock"]
+    # 2. The last one removes its files and the directory.
+    second.unlink_all()
+    assert not lock_dir.exists()
+
+
+def test_segments_unlink_all_removes_the_lock_files_even_when_a_segment_unlink_fails(tmp_path, monkeypatch):
+    # An unlink that fails midway (here: the first segment's) still frees the name: its lock
+    # files go, the error is raised.
+    segs, lock_dir, name = _segments_with_private_locks(tmp_path, monkeypatch, "lockfail")
+    real_unlink, failed = shm.unlink_segment, []
+
+    def unlink_once_failing(segment_name):
+        if not failed:
+            failed.append(segment_name)
+            raise OSError("unlink refused")
+        return real_unlink(segment_name)
+
+    monkeypatch.setattr(shm, "unlink_segment", unlink_once_failing)
+    try:
+        with pytest.raises(OSError, match="unlink refused"):
+            segs.unlink_all()
+        assert not lock_dir.exists()
+    finally:  # what the failed unlink left, removed for the next test
+        monkeypatch.setattr(shm, "unlink_segment", real_unlink)
+        for leftover in [e for e in os.listdir("/dev/shm") if f".{name}." in e]:
+            (shm.unlink_semaphore if leftover.startswith("sem.") else shm.unlink_segment)(
+                "/" + leftover.removeprefix("sem."))

@@ -498,3 +498,25 @@ def test_server_shutdown_answers_queued_commands_with_shutting_down(inprocess_en
         assert client.poll() == []
     finally:
         client.close()
+
+
+def test_engine_server_loop_that_fails_still_stops_and_leaves_nothing_behind(tmp_path, monkeypatch, caplog):
+    # 1. An engine (in this process, its lock files under a stand-in /dev/shm) whose loop
+    #    raises on its first pass (a bug, a backend error nobody caught).
+    from pegaflow.platform import locks
+    from tests.conftest import shm_leftovers
+    monkeypatch.setattr(locks, "SHM_BASE", str(tmp_path))
+    name = f"t{os.getpid()}_loopfail"
+    server = EngineServer(EngineConfig(name=name, backend="host", pool_bytes=4 << 20, slab_bytes=1 << 20,
+                                       num_slots=2))
+
+    def failing_pass(now):
+        raise RuntimeError("a pass that fails")
+
+    monkeypatch.setattr(server, "run_once", failing_pass)
+    # 2. serve_forever raises it, logged, after the stop: segments, lock files and their
+    #    directory gone.
+    with pytest.raises(RuntimeError, match="a pass that fails"):
+        server.serve_forever()
+    assert "its loop failed; stopping" in caplog.text
+    assert shm_leftovers(name) == [] and not (tmp_path / f"pegaflow-{os.geteuid()}").exists()

@@ -99,6 +99,51 @@ def test_processes_new_segments_since_removes_what_the_stopped_group_held_and_no
             path.unlink()
 
 
+
+CUDA_USER = textwrap.dedent("""
+    import os, subprocess, sys, time
+    shm = sys.argv[1]
+    open(os.path.join(shm, "cuda.shm.0.%x.1" % os.getpid()), "w").close()  # as the CUDA driver names it
+    if sys.argv[2] == "server":
+        core = subprocess.Popen([sys.executable, __file__, shm, "core"])
+        open(os.path.join(shm, "other.%x" % os.getpid()), "w").close()
+        open(os.path.join(shm, "core"), "w").write(str(core.pid))
+    time.sleep(600)
+""")
+
+
+def test_processes_stop_removes_the_cuda_driver_files_of_the_groups_processes_and_no_others(tmp_path, monkeypatch):
+    # 1. A child (a vLLM) and the process it started (its engine core) each make a file named
+    #    as the CUDA driver names its per-process files; so does a live process that is not
+    #    theirs (this one); the child also makes a file of another pattern.
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(processes, "SHM_DIR", shm)
+    (tmp_path / "cuda_user.py").write_text(CUDA_USER)
+    proc = processes.start([sys.executable, str(tmp_path / "cuda_user.py"), str(shm), "server"], label="vllm",
+                           stop_timeout_s=1.0)
+    deadline = time.monotonic() + 30
+    while not (shm / "core").exists() or not (shm / "core").read_text() or len(list(shm.glob("cuda.shm.*"))) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    core = int((shm / "core").read_text())
+    mine = shm / f"cuda.shm.0.{os.getpid():x}.1"
+    mine.write_bytes(b"")
+    # 2. Stopped: the files of its group's processes go once they are gone; this live
+    #    process's stays, and so does the file of another pattern.
+    processes.stop(proc)
+    assert _wait_gone([proc.pid, core])
+    assert sorted(p.name for p in shm.iterdir()) == sorted(["core", mine.name, f"other.{proc.pid:x}"])
+
+
+def test_processes_remove_cuda_shm_of_keeps_the_files_of_a_pid_still_alive(tmp_path, monkeypatch):
+    # A pid of the fleet that is alive (not gone within the wait, or another process's by now).
+    monkeypatch.setattr(processes, "SHM_DIR", tmp_path)
+    alive = tmp_path / f"cuda.shm.0.{os.getpid():x}.1"
+    alive.write_bytes(b"")
+    assert processes.remove_cuda_shm_of({os.getpid()}, wait_s=0.0) == [] and alive.exists()
+
+
 BENCH = textwrap.dedent("""
     import subprocess, sys, time
     from tools.lib import processes
