@@ -164,6 +164,7 @@ def test_prefill_claims_lookup_reaching_the_claimers_save_in_flight_waits_for_th
     # 1. The claimer claims the blocks and its forward starts: its SAVE is in flight (WRITING).
     h.lookup(claimer, hashes)
     h.save(claimer, hashes)
+    h.dispatcher.claims.sweep(time.monotonic())  # (a housekeeping pass: the claim stands)
     # 2. The asker's LOOKUP reaches them now: it waits for the claim, far past the engine's
     #    wait for saves in flight (40 ms: a forward on a shared GPU lasts longer).
     waited = h.lookup(asker, hashes)
