@@ -20,7 +20,8 @@ them again (docs/replicas.md, "Compute once").
                     compute (aborted, preempted, finished short: ``release``; the rest stand),
                   - its client goes (``release_slot``: a dead one reclaimed),
                   - a SAVE of its blocks fails or finds no room (``save_failed``),
-                  - its deadline passes;
+                  - its deadline passes with some of its blocks not on their way yet (those
+                    being saved are waited for past it: they land, or their SAVE fails);
                 the parked LOOKUPs then look again (``has_ended``): what is READY is
                 theirs, the rest their vLLM computes.
 
@@ -191,7 +192,7 @@ class PrefillClaims:
             if self._num_unsaved(claim) == 0:
                 self._measure(claim)
                 self._end(claim)
-            elif now >= claim.deadline:
+            elif now >= claim.deadline and self._num_absent(claim):
                 self.stats.add("claim_timeouts")
                 self._end(claim, is_counted=False)
         self.claims = [c for c in self.claims if not c.is_over]
@@ -220,9 +221,21 @@ class PrefillClaims:
         entries = self.index.entries
         return sum(not _is_ready(entries.get((claim.namespace, h))) for h in claim.hashes)
 
+    def _num_absent(self, claim: Claim) -> int:
+        """Its blocks no SAVE has reached yet (no entry in its namespace, or a doomed one)."""
+        entries = self.index.entries
+        return sum(not _is_on_its_way(entries.get((claim.namespace, h))) for h in claim.hashes)
+
     def _live(self, hash_key: bytes, now: float) -> tuple[Claim, int] | None:
+        """The claim on a block while it holds: before its deadline, and past it while the
+        block's SAVE is on its way (the claimer is computing it: it lands, or its SAVE fails)."""
         found = self.by_hash.get(hash_key)
-        return found if found is not None and not found[0].is_over and now < found[0].deadline else None
+        if found is None or found[0].is_over:
+            return None
+        claim = found[0]
+        if now < claim.deadline or _is_on_its_way(self.index.entries.get((claim.namespace, hash_key))):
+            return found
+        return None
 
     def _claimed_stop(self, keys: list[Key], start: int, instance: int, now: float) -> int | None:
         """Where ``keys`` past ``start`` reach a block another instance claimed that is not
@@ -245,6 +258,11 @@ class PrefillClaims:
 def stated_s_per_block(prefill: Prefill) -> float:
     """A LOOKUP's prefill seconds a block, as it states them."""
     return prefill.block_tokens / prefill.tokens_per_s if prefill.tokens_per_s else float("inf")
+
+
+def _is_on_its_way(entry) -> bool:
+    """Whether a block's entry (None: none) is READY or being saved (not doomed)."""
+    return entry is not None and not entry.is_doomed
 
 
 def _is_ready(entry) -> bool:

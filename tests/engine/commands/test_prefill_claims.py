@@ -177,16 +177,25 @@ def test_prefill_claims_lookup_reaching_the_claimers_save_in_flight_waits_for_th
     assert (h.stat("claim_waits"), h.stat("claim_wait_blocks")) == (1, 4)
 
 
-def test_prefill_claims_waiter_waits_past_the_claims_deadline_for_blocks_being_written(burst):
-    h = burst.h
-    # 1. The claimer's forward starts late: its SAVE goes out, then the claim's deadline passes.
+def test_prefill_claims_waiter_waits_past_the_claims_deadline_for_blocks_being_written(burst, monkeypatch):
+    h, claims = burst.h, burst.h.dispatcher.claims
+    # 1. The claimer's forward starts late: its SAVE goes out, then the claim's deadline passes
+    #    and a housekeeping pass runs: the claim stands (its blocks are on their way).
     h.save(burst.claimer, burst.hashes)
-    h.resume(time.monotonic() + prefill_claims.MAX_CLAIM_S + 1)
-    # 2. The waiter waits on (the blocks are coming, within its own wait), then gets them all.
-    assert _answer(burst.waiter, burst.waited) is None
+    later = time.monotonic() + prefill_claims.MAX_CLAIM_S + 1
+    monkeypatch.setattr(prefill_claims.time, "monotonic", lambda: later)
+    claims.sweep(later)
+    assert len(claims.claims) == 1 and h.stat("claim_timeouts") == 0
+    # 2. The waiter waits on (within its own wait), and so does a new asker's LOOKUP, far past
+    #    the engine's 40 ms wait for saves in flight.
+    late = h.client(2, instance=3)
+    waited = h.lookup(late, burst.hashes)
+    h.resume(later + 1.0)
+    assert _answer(burst.waiter, burst.waited) is None and _answer(late, waited) is None
+    # 3. The saves land: both get the four blocks.
     h.finish_saves()
-    h.resume()
-    assert _answer(burst.waiter, burst.waited)["value"] == 4
+    h.resume(later + 1.0)
+    assert _answer(burst.waiter, burst.waited)["value"] == 4 and _answer(late, waited)["value"] == 4
 
 
 def test_prefill_claims_released_on_abort_lets_the_waiter_compute(burst):
