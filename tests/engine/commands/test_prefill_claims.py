@@ -284,6 +284,27 @@ def test_prefill_claims_past_its_deadline_ends_and_is_counted(burst, monkeypatch
     assert h.stat("claim_timeouts") == 1 and [c.instance for c in claims.claims] == [3]
 
 
+def test_prefill_claims_waiter_of_absent_blocks_wakes_at_the_claims_deadline():
+    h = Harness()
+    claimer, waiter = h.client(0, instance=1), h.client(1, instance=2)
+    hashes = _hashes(4)
+    h.lookup(claimer, hashes)
+    h.lookup(waiter, hashes)
+    (claim,) = h.dispatcher.claims.claims
+    # 1. Parked on blocks no SAVE has reached: the loop wakes for it at the claim's deadline,
+    #    sooner than the end of the waiter's own wait.
+    assert h.dispatcher.waiting.next_deadline() == claim.deadline
+    # 2. The first two blocks' SAVE is in flight: they are waited for past the claim's deadline
+    #    (the copy's end is work that wakes the loop).
+    h.save(claimer, hashes[:2])
+    h.resume()
+    assert h.dispatcher.waiting.next_deadline() > claim.deadline
+    # 3. They land; the last two are still absent: the claim's deadline again.
+    h.finish_saves()
+    h.resume()
+    assert h.dispatcher.waiting.next_deadline() == claim.deadline
+
+
 def test_prefill_claims_wait_longer_than_computing_is_declined():
     h = Harness()
     claimer, asker = h.client(0, instance=1), h.client(1, instance=2)
