@@ -34,8 +34,9 @@ as with the wait off, under the status WAIT_REFUSED (its values as OK's), and co
 ``lookup_waits_refused``.
 
 A LOOKUP that reaches blocks another vLLM instance claimed (compute once,
-``prefill_claims.py``) is parked here too, with the deadline the claim gives it, and waits
-while its prefix stops at a block still being written or still claimed.
+``prefill_claims.py``) is parked here too, for at most the asker's own wait, and waits while
+its prefix stops at a block still being written, or at an absent one still claimed (until
+that claim's deadline: the loop wakes for it).
 
 A parked LOOKUP counts in its client's ``num_inflight`` (its slot stays until answered).
 """
@@ -176,6 +177,8 @@ class WaitingLookups:
         waiting = WaitingLookup(client, received, keys, deadline, now, num_ready, marks, prefill=prefill)
         if why == "writing":
             waiting.wake_at = min(waiting.deadline, abandoned_at(self.index, stop))
+        elif claim_wait is not None:
+            waiting.wake_at = min(waiting.deadline, self._claim_end(waiting, stop))
         self.park(waiting)
         return Parked.YES
 
@@ -251,5 +254,12 @@ class WaitingLookups:
             waiting.wake_at = min(waiting.deadline, abandoned_at(self.index, waiting.keys[waiting.num_usable]))
             return False
         if waiting.prefill is not None and why == "absent":  # a block another instance claimed?
-            return not self.claims.holds(waiting.keys[waiting.num_usable], waiting.client.instance)
+            claim_end = self._claim_end(waiting, waiting.keys[waiting.num_usable])
+            waiting.wake_at = min(waiting.deadline, claim_end)
+            return claim_end <= now
         return True
+
+    def _claim_end(self, waiting: WaitingLookup, key: Key) -> float:
+        """When the claim another instance holds on ``key`` ends the wait (now: none holds it)."""
+        held_until = self.claims.held_until(key, waiting.client.instance)
+        return -float("inf") if held_until is None else held_until

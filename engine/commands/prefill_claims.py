@@ -5,34 +5,45 @@ them again (docs/replicas.md, "Compute once").
     claim       a LOOKUP that takes part (its ``Prefill``) and misses: each block past its
                 hits that no entry holds and no live claim names is claimed for its
                 instance, with a deadline from the prefill it expects (its blocks, its rate)
-    wait_until  another instance's LOOKUP whose prefix, past its READY and WRITING blocks,
-                reaches a claimed block: parked (``lookup_waits.py``) until the deadline
-                this gives, if the claimer's blocks still to come up to the last one the
-                asker wants, at the claimer's rate, take no longer than the asker's own
-                blocks from its READY prefix on at its rate; else answered now (a decline,
-                counted)
-    holds       whether a parked LOOKUP's stop is still claimed: it waits on while it is
+    wait_until  another instance's LOOKUP whose prefix, past its READY blocks and blocks
+                being written that no claim covers, reaches a claimed block (absent, or
+                being written by the claimer's SAVE): parked (``lookup_waits.py``), at most
+                the asker's ``wait_ms``, if the claimer's blocks still to come up to the
+                last one the asker wants, at the claimer's rate, take no longer than the
+                asker's own blocks from its READY prefix on at its rate; else answered now
+                (a decline, counted)
+    held_until  how long a parked LOOKUP's stop is still claimed: it waits on while it is
+                (or while the block is being written)
     ends        a claim ends when
-                  - each of its blocks is saved, or being saved, in its namespace (``sweep``,
-                    at housekeeping: a waiter then waits for those still being saved as any),
+                  - each of its blocks is READY in its namespace (``sweep``, at housekeeping),
                   - its instance sends RELEASE_CLAIM for the blocks its request will not
                     compute (aborted, preempted, finished short: ``release``; the rest stand),
                   - its client goes (``release_slot``: a dead one reclaimed),
                   - a SAVE of its blocks fails or finds no room (``save_failed``),
-                  - its deadline passes;
+                  - its deadline passes with some of its blocks not on their way yet (those
+                    being saved are waited for past it: they land, or their SAVE fails);
                 the parked LOOKUPs then look again (``has_ended``): what is READY is
                 theirs, the rest their vLLM computes.
 
-The prefill rate behind a claim's deadline and the wait-or-compute choice is the one the
-LOOKUP states (the connector's ``prefill_tokens_per_s``) until the engine has measured the
-instance's own: each claim whose blocks all came, from the claim to its last block's SAVE,
-queueing in vLLM included (smoothed over claims).
+A claim covers its blocks until they are READY, not only until their SAVE arrives: vLLM
+issues a prefill's SAVEs as its forward starts, and on a GPU that several replicas share the
+forward and its copies take far longer than the engine's wait for saves in flight
+(``--lookup-wait-ms``); a LOOKUP that reached them then would have been answered short and its
+vLLM would compute them again.
+
+Rates.  The wait-or-compute choice compares the rates the two LOOKUPs state (the
+connector's ``prefill_tokens_per_s``), like for like.  A claim's deadline is its blocks at
+the claimer's stated rate, or at the rate the engine measured for its instance where that is
+slower: each claim whose blocks all came, from the claim to its last block's SAVE, queueing
+in vLLM included (smoothed over claims).  That measurement is no prefill rate (a claim whose
+request ran at once measures almost nothing, one queued behind others its queue), so it only
+ever lengthens a deadline, never a wait's odds.
 
 A claim never makes a block READY, it only delays an answer: a waiter loads what any LOOKUP
-would find, so a claim costs time (at most its deadline, and the asker's ``wait_ms``), never
-a wrong token.  With chunked prefill the claimer saves its prefix a chunk at a time; a waiter
-waits for the whole run it wants, and is answered with the chunks saved so far only when the
-claim ends without the rest.
+would find, so a claim costs time (at most the asker's ``wait_ms``), never a wrong token.
+With chunked prefill the claimer saves its prefix a chunk at a time; a waiter waits for the
+whole run it wants, and is answered with the chunks saved so far only when the claim ends
+without the rest.
 
 Claims are keyed by block hash, not by namespace: the LOOKUPs of one request's TP ranks (a
 namespace each) arrive one after another, and two instances racing for one prefix must not
@@ -61,13 +72,14 @@ class Claim:
     hashes: list[bytes]  # its blocks, in prefix order
     ordinals: list[int]  # each one's place among the blocks its vLLM computes (1: the first)
     made_at: float       # monotonic
-    s_per_block: float   # the claimer's expected prefill time of one block
+    s_per_block: float   # the claimer's prefill time of one block, as its LOOKUP states it
     deadline: float      # monotonic
     is_over: bool = False
 
     def num_left(self, entries, last: int) -> int:
-        """Its blocks up to ordinal ``last`` that no entry holds yet (neither saved nor on its way)."""
-        return sum(o <= last and (self.namespace, h) not in entries for h, o in zip(self.hashes, self.ordinals))
+        """Its blocks up to ordinal ``last`` not READY yet (not saved, or their SAVE still on its way)."""
+        return sum(o <= last and not _is_ready(entries.get((self.namespace, h)))
+                   for h, o in zip(self.hashes, self.ordinals))
 
 
 class PrefillClaims:
@@ -85,12 +97,12 @@ class PrefillClaims:
         if not self.is_on or prefill is None or not prefill.tokens_per_s:
             return
         now, entries = time.monotonic(), self.index.entries
-        s_per_block = self.s_per_block(client.instance, prefill)
+        s_per_block = stated_s_per_block(prefill)
         free = [(i - num_hits + 1, key[1]) for i, key in enumerate(keys[num_hits:], num_hits)
                 if key not in entries and self._live(key[1], now) is None]
         if not free:
             return
-        expected_s = (len(keys) - num_hits) * s_per_block
+        expected_s = (len(keys) - num_hits) * max(s_per_block, self.measured.get(client.instance, 0.0))
         claim = Claim(client.instance, client.slot, keys[0][0], [h for _, h in free], [o for o, _ in free],
                       now, s_per_block, now + min(SLACK * expected_s + MARGIN_S, MAX_CLAIM_S))
         self.claims.append(claim)
@@ -100,8 +112,10 @@ class PrefillClaims:
         self.stats.add("claim_blocks", len(free))
 
     def wait_until(self, client, keys: list[Key], start: int, prefill: Prefill | None) -> float | None:
-        """How long (a monotonic deadline) a LOOKUP of ``client`` whose READY prefix is
-        ``start`` blocks waits for another instance's claim; None: it does not."""
+        """How long (a monotonic deadline: the asker's ``wait_ms``) a LOOKUP of ``client``
+        whose READY prefix is ``start`` blocks waits for another instance's claim; None: it
+        does not.  (While the blocks it stops at are not being written, the claim's own
+        deadline ends the wait sooner: ``held_until``.)"""
         if not self.is_on or prefill is None or not prefill.wait_ms:
             return None
         now = time.monotonic()
@@ -116,21 +130,17 @@ class PrefillClaims:
                 break
             num_claimed, last = num_claimed + 1, found[1]
         num_own = position - start + num_claimed  # what the asker computes if it does not wait
-        own_s = num_own * self.s_per_block(client.instance, prefill)
+        own_s = num_own * stated_s_per_block(prefill)
         if claim.num_left(self.index.entries, last) * claim.s_per_block > own_s * (1 + 1e-9):  # (a tie waits)
             self.stats.add("claim_declines")
             return None
-        return min(claim.deadline, now + prefill.wait_ms / 1e3)
+        return now + prefill.wait_ms / 1e3
 
-    def s_per_block(self, instance: int, prefill: Prefill) -> float:
-        """An instance's prefill seconds a block: measured, else as its LOOKUP states."""
-        stated = prefill.block_tokens / prefill.tokens_per_s if prefill.tokens_per_s else float("inf")
-        return self.measured.get(instance, stated)
-
-    def holds(self, key: Key, instance: int) -> bool:
-        """Whether another instance than ``instance`` holds a live claim on ``key``'s block."""
+    def held_until(self, key: Key, instance: int) -> float | None:
+        """The deadline of the live claim another instance than ``instance`` holds on
+        ``key``'s block (None: none holds it)."""
         found = self._live(key[1], time.monotonic())
-        return found is not None and found[0].instance != instance
+        return found[0].deadline if found is not None and found[0].instance != instance else None
 
     def note_seen(self) -> None:
         """The parked LOOKUPs are looking again: the ends so far are seen."""
@@ -182,14 +192,14 @@ class PrefillClaims:
             if self._num_unsaved(claim) == 0:
                 self._measure(claim)
                 self._end(claim)
-            elif now >= claim.deadline:
+            elif now >= claim.deadline and self._num_absent(claim):
                 self.stats.add("claim_timeouts")
                 self._end(claim, is_counted=False)
         self.claims = [c for c in self.claims if not c.is_over]
 
     def _measure(self, claim: Claim) -> None:
-        """A claim whose blocks all came: its instance's prefill time a block, from the
-        claim to its last block's SAVE."""
+        """A claim whose blocks all came: its instance's time a block from the claim to its
+        last block's SAVE (queueing in vLLM included), a floor under its next deadlines."""
         entries = self.index.entries
         spent_s = max(entries[(claim.namespace, h)].started_at for h in claim.hashes) - claim.made_at
         if spent_s <= 0 or not claim.ordinals:
@@ -207,22 +217,54 @@ class PrefillClaims:
                 del self.by_hash[hash_key]
 
     def _num_unsaved(self, claim: Claim) -> int:
-        """Its blocks no entry of its namespace holds (neither READY nor being written)."""
+        """Its blocks not READY in its namespace (absent, or their SAVE still on its way)."""
         entries = self.index.entries
-        return sum((claim.namespace, h) not in entries for h in claim.hashes)
+        return sum(not _is_ready(entries.get((claim.namespace, h))) for h in claim.hashes)
+
+    def _num_absent(self, claim: Claim) -> int:
+        """Its blocks no SAVE has reached yet (no entry in its namespace, or a doomed one)."""
+        entries = self.index.entries
+        return sum(not _is_on_its_way(entries.get((claim.namespace, h))) for h in claim.hashes)
 
     def _live(self, hash_key: bytes, now: float) -> tuple[Claim, int] | None:
+        """The claim on a block while it holds: before its deadline, and past it while the
+        block's SAVE is on its way (the claimer is computing it: it lands, or its SAVE fails)."""
         found = self.by_hash.get(hash_key)
-        return found if found is not None and not found[0].is_over and now < found[0].deadline else None
+        if found is None or found[0].is_over:
+            return None
+        claim = found[0]
+        if now < claim.deadline or _is_on_its_way(self.index.entries.get((claim.namespace, hash_key))):
+            return found
+        return None
 
     def _claimed_stop(self, keys: list[Key], start: int, instance: int, now: float) -> int | None:
-        """Where ``keys`` past ``start`` and the blocks being written reach a block another
-        instance claimed (None: they reach none first)."""
+        """Where ``keys`` past ``start`` reach a block another instance claimed that is not
+        READY (absent, or its SAVE on its way), past READY blocks and blocks being written
+        that no such claim covers (None: they reach none first)."""
         entries = self.index.entries
         for i in range(start, len(keys)):
             entry = entries.get(keys[i])
-            if entry is not None and not entry.is_doomed:
-                continue  # READY, or on its way: the wait for saves in flight covers it
+            if _is_ready(entry):
+                continue
             found = self._live(keys[i][1], now)
-            return i if found is not None and found[0].instance != instance else None
+            if found is not None and found[0].instance != instance:
+                return i
+            if entry is None or entry.is_doomed:
+                return None
+            # being written, claimed by no other instance: the wait for saves in flight covers it
         return None
+
+
+def stated_s_per_block(prefill: Prefill) -> float:
+    """A LOOKUP's prefill seconds a block, as it states them."""
+    return prefill.block_tokens / prefill.tokens_per_s if prefill.tokens_per_s else float("inf")
+
+
+def _is_on_its_way(entry) -> bool:
+    """Whether a block's entry (None: none) is READY or being saved (not doomed)."""
+    return entry is not None and not entry.is_doomed
+
+
+def _is_ready(entry) -> bool:
+    """Whether a block's entry (None: none) can be loaded now (READY, or read from disk for a load)."""
+    return entry is not None and not entry.is_doomed and (entry.is_ready or entry.is_promoting)

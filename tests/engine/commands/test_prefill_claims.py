@@ -157,6 +157,47 @@ def test_prefill_claims_waiter_is_served_the_claimers_blocks_once_saved(burst):
     assert h.stat("claim_tokens_saved") == 4 * BLOCK_TOKENS and h.stat("claims_dropped") == 0
 
 
+def test_prefill_claims_lookup_reaching_the_claimers_save_in_flight_waits_for_the_claim():
+    h = Harness()
+    claimer, asker = h.client(0, instance=1), h.client(1, instance=2)
+    hashes = _hashes(4)
+    # 1. The claimer claims the blocks and its forward starts: its SAVE is in flight (WRITING).
+    h.lookup(claimer, hashes)
+    h.save(claimer, hashes)
+    h.dispatcher.claims.sweep(time.monotonic())  # (a housekeeping pass: the claim stands)
+    # 2. The asker's LOOKUP reaches them now: it waits for the claim, far past the engine's
+    #    wait for saves in flight (40 ms: a forward on a shared GPU lasts longer).
+    waited = h.lookup(asker, hashes)
+    h.resume(time.monotonic() + 1.0)
+    assert _answer(asker, waited) is None
+    # 3. The saves land: served the whole run, counted as a wait for a claim.
+    h.finish_saves()
+    h.resume()
+    assert _answer(asker, waited)["value"] == 4
+    assert (h.stat("claim_waits"), h.stat("claim_wait_blocks")) == (1, 4)
+
+
+def test_prefill_claims_waiter_waits_past_the_claims_deadline_for_blocks_being_written(burst, monkeypatch):
+    h, claims = burst.h, burst.h.dispatcher.claims
+    # 1. The claimer's forward starts late: its SAVE goes out, then the claim's deadline passes
+    #    and a housekeeping pass runs: the claim stands (its blocks are on their way).
+    h.save(burst.claimer, burst.hashes)
+    later = time.monotonic() + prefill_claims.MAX_CLAIM_S + 1
+    monkeypatch.setattr(prefill_claims.time, "monotonic", lambda: later)
+    claims.sweep(later)
+    assert len(claims.claims) == 1 and h.stat("claim_timeouts") == 0
+    # 2. The waiter waits on (within its own wait), and so does a new asker's LOOKUP, far past
+    #    the engine's 40 ms wait for saves in flight.
+    late = h.client(2, instance=3)
+    waited = h.lookup(late, burst.hashes)
+    h.resume(later + 1.0)
+    assert _answer(burst.waiter, burst.waited) is None and _answer(late, waited) is None
+    # 3. The saves land: both get the four blocks.
+    h.finish_saves()
+    h.resume(later + 1.0)
+    assert _answer(burst.waiter, burst.waited)["value"] == 4 and _answer(late, waited)["value"] == 4
+
+
 def test_prefill_claims_released_on_abort_lets_the_waiter_compute(burst):
     h = burst.h
     # 1. Another instance cannot release the claim: the waiter still waits.
@@ -243,6 +284,27 @@ def test_prefill_claims_past_its_deadline_ends_and_is_counted(burst, monkeypatch
     assert h.stat("claim_timeouts") == 1 and [c.instance for c in claims.claims] == [3]
 
 
+def test_prefill_claims_waiter_of_absent_blocks_wakes_at_the_claims_deadline():
+    h = Harness()
+    claimer, waiter = h.client(0, instance=1), h.client(1, instance=2)
+    hashes = _hashes(4)
+    h.lookup(claimer, hashes)
+    h.lookup(waiter, hashes)
+    (claim,) = h.dispatcher.claims.claims
+    # 1. Parked on blocks no SAVE has reached: the loop wakes for it at the claim's deadline,
+    #    sooner than the end of the waiter's own wait.
+    assert h.dispatcher.waiting.next_deadline() == claim.deadline
+    # 2. The first two blocks' SAVE is in flight: they are waited for past the claim's deadline
+    #    (the copy's end is work that wakes the loop).
+    h.save(claimer, hashes[:2])
+    h.resume()
+    assert h.dispatcher.waiting.next_deadline() > claim.deadline
+    # 3. They land; the last two are still absent: the claim's deadline again.
+    h.finish_saves()
+    h.resume()
+    assert h.dispatcher.waiting.next_deadline() == claim.deadline
+
+
 def test_prefill_claims_wait_longer_than_computing_is_declined():
     h = Harness()
     claimer, asker = h.client(0, instance=1), h.client(1, instance=2)
@@ -255,24 +317,47 @@ def test_prefill_claims_wait_longer_than_computing_is_declined():
     assert h.stat("claim_declines") == 1 and h.stat("claim_waits") == 0
 
 
-def test_prefill_claims_measure_the_claimers_rate_from_its_saves(burst):
-    h, claims = burst.h, burst.h.dispatcher.claims
-    # 1. The claimer states one block a second, but its 4 blocks' SAVEs came 0.4 s after its claim.
-    (claim,) = claims.claims
-    h.save(burst.claimer, burst.hashes)
+def _claim_measured(h: Harness, client, hashes: list[bytes], prefill: Prefill, spent_s: float) -> None:
+    """``client``'s LOOKUP of ``hashes`` claims them; their SAVEs land, begun ``spent_s`` after
+    the claim; the housekeeping measures the claim."""
+    claims = h.dispatcher.claims
+    assert _answer(client, h.lookup(client, hashes, prefill))["value"] == 0
+    claim = claims.claims[-1]
+    h.save(client, hashes)
     h.finish_saves()
-    for key in protocol.keys_of(NAMESPACE, encode_hashes(burst.hashes)):
-        h.dispatcher.index.entries[key].started_at = claim.made_at + 0.4
+    for key in protocol.keys_of(NAMESPACE, encode_hashes(hashes)):
+        h.dispatcher.index.entries[key].started_at = claim.made_at + spent_s
     claims.sweep(time.monotonic())
+
+
+def test_prefill_claims_measured_time_lengthens_a_deadline_never_shortens_it():
+    h = Harness()
+    claims = h.dispatcher.claims
+    claimer = h.client(0, instance=1)
+    quick = Prefill(BLOCK_TOKENS, 1600, 60_000)  # states 10 ms a block
+    # 1. The claimer's 4 blocks' SAVEs came 0.4 s after its claim (it was queued in its vLLM).
+    _claim_measured(h, claimer, _hashes(4), quick, 0.4)
     assert claims.measured[1] == pytest.approx(0.1)
-    # 2. Its next claim's deadline follows the measured rate (twice 0.4 s, plus the margin),
-    h.lookup(burst.claimer, _hashes(4, b"e"))
-    (claim,) = claims.claims
-    assert claim.deadline - claim.made_at == pytest.approx(2 * 0.4 + prefill_claims.MARGIN_S)
-    # 3. and an asker that states 0.2 s a block, which would decline a 1 s-a-block claim, waits.
-    asker = h.client(2, instance=3)
-    quick = Prefill(BLOCK_TOKENS, 80, 60_000)
-    waited = h.lookup(asker, _hashes(4, b"e"), quick)
+    # 2. Its next claim's deadline follows the slower measured time (twice 0.4 s, plus the margin),
+    h.lookup(claimer, _hashes(4, b"e"), quick)
+    assert claims.claims[-1].deadline - claims.claims[-1].made_at == pytest.approx(2 * 0.4 + prefill_claims.MARGIN_S)
+    # 3. but a claim stating a slower rate (one block a second) keeps the deadline it states.
+    h.lookup(claimer, _hashes(4, b"f"))
+    assert claims.claims[-1].deadline - claims.claims[-1].made_at == pytest.approx(
+        min(2 * 4.0 + prefill_claims.MARGIN_S, prefill_claims.MAX_CLAIM_S))
+
+
+def test_prefill_claims_measured_instance_still_waits_for_a_claim_at_the_same_stated_rate():
+    h = Harness()
+    claimer, asker = h.client(0, instance=1), h.client(1, instance=2)
+    # 1. The asker's instance had a claim whose SAVEs came at once (its request ran at once):
+    #    measured almost nothing a block.
+    _claim_measured(h, asker, _hashes(4, b"a"), SLOW, 1e-4)
+    assert h.dispatcher.claims.measured[2] < 1e-3
+    # 2. A claimer stating the same rate claims a new prefix; the asker's LOOKUP of it waits
+    #    (the rates compared are the stated ones: its measurement is no prefill rate).
+    h.lookup(claimer, _hashes(4))
+    waited = h.lookup(asker, _hashes(4))
     assert _answer(asker, waited) is None and h.stat("claim_declines") == 0
 
 
