@@ -6,12 +6,12 @@ them again (docs/replicas.md, "Compute once").
                 hits that no entry holds and no live claim names is claimed for its
                 instance, with a deadline from the prefill it expects (its blocks, its rate)
     wait_until  another instance's LOOKUP whose prefix, past its READY blocks and blocks
-                being written that no claim covers, reaches a claimed block (absent, or
-                being written by the claimer's SAVE): parked (``lookup_waits.py``), at most
-                the asker's ``wait_ms``, if the claimer's blocks still to come up to the
-                last one the asker wants, at the claimer's rate, take no longer than the
-                asker's own blocks from its READY prefix on at its rate; else answered now
-                (a decline, counted)
+                being written that no claim covers, reaches a block claimed in its
+                namespace (absent, or being written by the claimer's SAVE): parked
+                (``lookup_waits.py``), at most the asker's ``wait_ms``, if the claimer's
+                blocks still to come up to the last one the asker wants, at the claimer's
+                rate, take no longer than the asker's own blocks from its READY prefix on
+                at its rate; else answered now (a decline, counted)
     held_until  how long a parked LOOKUP's stop is still claimed: it waits on while it is
                 (or while the block is being written)
     ends        a claim ends when
@@ -47,7 +47,15 @@ without the rest.
 
 Claims are keyed by block hash, not by namespace: the LOOKUPs of one request's TP ranks (a
 namespace each) arrive one after another, and two instances racing for one prefix must not
-each win a rank of it.  An instance never waits for its own claims.
+each win a rank of it.  An instance never waits for its own claims.  A claim records the
+namespaces its own instance's LOOKUPs named for its blocks (the first rank's claims them,
+the later ranks' add theirs), and another instance's LOOKUP waits for it only in one of
+those: vLLM's block hashes are token-based, so a second model on the engine sent a prompt the
+first is prefilling has the same hashes in a namespace of its own, and would wait for blocks
+it can never load.  Such a LOOKUP neither waits for nor claims those blocks (its vLLM
+computes them, as without compute once).  Where an asker's later rank looks up before the
+claimer's same rank has (the two instances' LOOKUPs interleaved), that rank does not wait
+either: a wait lost, not a hang or a wrong token (the rank's vLLM computes what it misses).
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ class Claim:
     instance: int        # whose (its vLLM instance); never waited for by that instance
     slot: int            # the client that made it (the instance's scheduler)
     namespace: int       # where its blocks are saved (its LOOKUP's)
+    namespaces: set[int]  # where its instance's LOOKUPs named them (its TP ranks'): only there is it waited for
     hashes: list[bytes]  # its blocks, in prefix order
     ordinals: list[int]  # each one's place among the blocks its vLLM computes (1: the first)
     made_at: float       # monotonic
@@ -93,18 +102,24 @@ class PrefillClaims:
 
     def claim(self, client, keys: list[Key], num_hits: int, prefill: Prefill | None) -> None:
         """Claim for ``client``'s instance the blocks of ``keys`` past ``num_hits`` that no
-        entry holds and no live claim names."""
+        entry holds and no live claim names; its own live claims on them add ``keys``'
+        namespace (a later TP rank's LOOKUP)."""
         if not self.is_on or prefill is None or not prefill.tokens_per_s:
             return
         now, entries = time.monotonic(), self.index.entries
         s_per_block = stated_s_per_block(prefill)
-        free = [(i - num_hits + 1, key[1]) for i, key in enumerate(keys[num_hits:], num_hits)
-                if key not in entries and self._live(key[1], now) is None]
+        free = []
+        for i, key in enumerate(keys[num_hits:], num_hits):
+            found = self._live(key[1], now)
+            if found is not None and found[0].instance == client.instance:  # its own: a later TP rank's
+                found[0].namespaces.add(key[0])                               # LOOKUP names its namespace
+            elif found is None and key not in entries:
+                free.append((i - num_hits + 1, key[1]))
         if not free:
             return
         expected_s = (len(keys) - num_hits) * max(s_per_block, self.measured.get(client.instance, 0.0))
-        claim = Claim(client.instance, client.slot, keys[0][0], [h for _, h in free], [o for o, _ in free],
-                      now, s_per_block, now + min(SLACK * expected_s + MARGIN_S, MAX_CLAIM_S))
+        claim = Claim(client.instance, client.slot, keys[0][0], {keys[0][0]}, [h for _, h in free],
+                      [o for o, _ in free], now, s_per_block, now + min(SLACK * expected_s + MARGIN_S, MAX_CLAIM_S))
         self.claims.append(claim)
         for ordinal, hash_key in free:
             self.by_hash[hash_key] = (claim, ordinal)
@@ -138,9 +153,9 @@ class PrefillClaims:
 
     def held_until(self, key: Key, instance: int) -> float | None:
         """The deadline of the live claim another instance than ``instance`` holds on
-        ``key``'s block (None: none holds it)."""
-        found = self._live(key[1], time.monotonic())
-        return found[0].deadline if found is not None and found[0].instance != instance else None
+        ``key``'s block in ``key``'s namespace (None: none holds it)."""
+        found = self._waited_for(key, instance, time.monotonic())
+        return None if found is None else found[0].deadline
 
     def note_seen(self) -> None:
         """The parked LOOKUPs are looking again: the ends so far are seen."""
@@ -237,17 +252,24 @@ class PrefillClaims:
             return found
         return None
 
+    def _waited_for(self, key: Key, instance: int, now: float) -> tuple[Claim, int] | None:
+        """The live claim on ``key``'s block that a LOOKUP of ``instance`` waits for: another
+        instance's, in ``key``'s namespace (None: none)."""
+        found = self._live(key[1], now)
+        if found is None or found[0].instance == instance or key[0] not in found[0].namespaces:
+            return None
+        return found
+
     def _claimed_stop(self, keys: list[Key], start: int, instance: int, now: float) -> int | None:
-        """Where ``keys`` past ``start`` reach a block another instance claimed that is not
-        READY (absent, or its SAVE on its way), past READY blocks and blocks being written
-        that no such claim covers (None: they reach none first)."""
+        """Where ``keys`` past ``start`` reach a block another instance claimed in their
+        namespace that is not READY (absent, or its SAVE on its way), past READY blocks and
+        blocks being written that no such claim covers (None: they reach none first)."""
         entries = self.index.entries
         for i in range(start, len(keys)):
             entry = entries.get(keys[i])
             if _is_ready(entry):
                 continue
-            found = self._live(keys[i][1], now)
-            if found is not None and found[0].instance != instance:
+            if self._waited_for(keys[i], instance, now) is not None:
                 return i
             if entry is None or entry.is_doomed:
                 return None

@@ -92,11 +92,11 @@ class Harness:
         self.dispatcher.handle(client.state, rec)
         return command_id
 
-    def lookup(self, client, hashes, prefill: Prefill | None = SLOW) -> int:
-        return self.send(client, Lookup(NAMESPACE, encode_hashes(hashes), prefill=prefill))
+    def lookup(self, client, hashes, prefill: Prefill | None = SLOW, namespace: int = NAMESPACE) -> int:
+        return self.send(client, Lookup(namespace, encode_hashes(hashes), prefill=prefill))
 
-    def save(self, client, hashes) -> int:
-        return self.send(client, Save(NAMESPACE, np.arange(len(hashes), dtype=np.int32), encode_hashes(hashes)))
+    def save(self, client, hashes, namespace: int = NAMESPACE) -> int:
+        return self.send(client, Save(namespace, np.arange(len(hashes), dtype=np.int32), encode_hashes(hashes)))
 
     def finish_saves(self, error: str | None = None) -> None:
         """Every copy held so far ends (``error``: failed)."""
@@ -373,6 +373,48 @@ def test_prefill_claims_never_wait_for_own_instance_or_without_prefill():
     assert _answer(other, h.lookup(other, hashes, prefill=None))["value"] == 0
     assert _answer(other, h.lookup(other, hashes, prefill=Prefill(BLOCK_TOKENS, 16, 0)))["value"] == 0
     assert h.stat("claims") == 1 and h.stat("claim_waits") == h.stat("claim_declines") == 0
+
+
+def test_prefill_claims_lookup_of_another_model_is_answered_at_once():
+    h = Harness()
+    claimer, other = h.client(0, instance=1), h.client(1, instance=2)
+    hashes = _hashes(4)
+    # 1. A model's vLLM claims a new prompt's blocks in its namespace.
+    h.lookup(claimer, hashes)
+    # 2. Another model's vLLM is sent the same prompt: the same (token-based) hashes in a
+    #    namespace of its own, where the claimer's blocks will never land.  It is answered at
+    #    once with a miss (its vLLM computes them), neither waiting nor declining, and claims
+    #    nothing the claimer holds.
+    found = _answer(other, h.lookup(other, hashes, namespace=NAMESPACE + 1))
+    assert found is not None and found["value"] == 0
+    assert h.stat("claim_waits") == h.stat("claim_declines") == 0 and h.stat("claims") == 1
+    # 3. A replica of the claimer's model still waits for it.
+    twin = h.client(2, instance=3)
+    waited = h.lookup(twin, hashes)
+    h.resume()
+    assert _answer(twin, waited) is None
+
+
+def test_prefill_claims_follower_with_two_tp_ranks_waits_on_both():
+    h = Harness()
+    claimer, follower = h.client(0, instance=1), h.client(1, instance=2)
+    hashes, ranks = _hashes(4), (NAMESPACE, NAMESPACE + 1)  # a namespace for each TP rank
+    # 1. Both instances' LOOKUPs of one prompt, a LOOKUP a rank, interleaved: the claimer's
+    #    first rank claims the blocks, its second names its namespace; the follower waits on
+    #    both ranks.
+    waited = []
+    for namespace in ranks:
+        assert _answer(claimer, h.lookup(claimer, hashes, namespace=namespace))["value"] == 0
+        waited.append(h.lookup(follower, hashes, namespace=namespace))
+    h.resume()
+    assert [w.received.command_id for w in h.dispatcher.waiting.items] == waited and h.stat("claims") == 1
+    # 2. The claimer's ranks save the blocks: the follower's ranks are served all four.
+    for namespace in ranks:
+        h.save(claimer, hashes, namespace)
+    h.finish_saves()
+    h.resume()
+    assert [_answer(follower, w)["value"] for w in waited] == [4, 4]
+    assert (h.stat("claim_waits"), h.stat("claim_declines")) == (2, 0)
 
 
 def test_prefill_claims_engine_with_compute_once_off_claims_nothing():
