@@ -38,7 +38,17 @@ class StopWatch:
         self._thread = threading.Thread(target=self._watch, name="pegaflow-stop", daemon=True)
 
     def start(self) -> None:
+        """(From the main thread.)  A thread started before the stop signals were blocked
+        (an embedder's, or one an import started ahead of ``engine.__main__``) would take them
+        with their default action, killing the engine with nothing removed: a handler asks the
+        loop to stop instead, as the watch's thread does with the signals it takes."""
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handle)
         self._thread.start()
+
+    def _handle(self, signum: int, _frame) -> None:
+        logger.info("%s: stopping", signal.Signals(signum).name)
+        self.server.request_stop()
 
     def done(self) -> None:
         self._stopped.set()

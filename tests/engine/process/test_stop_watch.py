@@ -57,3 +57,55 @@ def test_stop_watch_engine_whose_loop_never_returns_exits_after_its_grace_leavin
                            capture_output=True)
         proc.stdout.close()
         proc.stderr.close()
+
+
+THREAD_FIRST_ENGINE = textwrap.dedent("""
+    import sys, threading
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # before the mask
+    from engine.__main__ import main
+    print("starting", flush=True)
+    sys.exit(main(["--name", sys.argv[1], "--backend", "host", "--pool-size", "4MiB",
+                   "--slab-size", "1MiB", "--max-clients", "2"]))
+""")
+
+
+def _wait_serving(name: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Until a client of ``name`` is answered a PING."""
+    from pegaflow.client.connection import EngineClient
+    from pegaflow.platform.errors import PegaflowError
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            client = EngineClient.connect(name, timeout_s=2.0)
+            break
+        except PegaflowError:
+            assert time.monotonic() < deadline, f"engine {name} not serving after {timeout_s}s"
+            time.sleep(0.05)
+    try:
+        assert client.ping() == 0
+    finally:
+        client.close()
+
+
+def test_stop_watch_signal_taken_by_a_thread_older_than_the_mask_still_stops_the_engine_cleanly():
+    # 1. An engine whose process had a thread before engine.__main__ blocked the stop
+    #    signals: that thread is the only one SIGTERM can be delivered to.
+    name = unique_engine_name("older")
+    proc = subprocess.Popen([sys.executable, "-c", THREAD_FIRST_ENGINE, name], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "starting"
+        _wait_serving(name, proc)  # (its loop runs: the handlers are in)
+        # 2. SIGTERM: a graceful stop (exit 0, everything removed), not the default action's kill.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60.0) == 0
+        assert shm_leftovers(name) == [] and not os.path.exists(name_lock_path(name))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run([sys.executable, "-m", "engine", "--clean", name], cwd=REPO_ROOT, timeout=60,
+                       capture_output=True)
+        proc.stdout.close()
+        proc.stderr.close()
