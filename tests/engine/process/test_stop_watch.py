@@ -3,6 +3,7 @@ while its loop's thread never returns from a call (a real engine process, its lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -31,12 +32,28 @@ STUCK_ENGINE = textwrap.dedent("""
 """)
 
 
+@contextlib.contextmanager
+def _engine_process(script: str, name: str):
+    """The engine process ``script`` starts under ``name``; killed and its names cleaned if a
+    test leaves it running."""
+    proc = subprocess.Popen([sys.executable, "-c", script, name], cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:  # (a stop that failed: what it left removed for the next test)
+            proc.kill()
+            proc.wait()
+            subprocess.run([sys.executable, "-m", "engine", "--clean", name], cwd=REPO_ROOT, timeout=60,
+                           capture_output=True)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 def test_stop_watch_engine_whose_loop_never_returns_exits_after_its_grace_leaving_nothing():
     # 1. An engine process whose loop's thread is stuck in a call from its first pass on.
     name = unique_engine_name("stuck")
-    proc = subprocess.Popen([sys.executable, "-c", STUCK_ENGINE, name], cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with _engine_process(STUCK_ENGINE, name) as proc:
         assert proc.stdout.readline().strip() == "serving"
         assert shm_leftovers(name) and os.path.exists(name_lock_path(name))
         # 2. SIGTERM: the loop never sees it; the stop watch does.  After its grace the
@@ -49,14 +66,6 @@ def test_stop_watch_engine_whose_loop_never_returns_exits_after_its_grace_leavin
         assert "did not stop within" in err and "in stuck" in err
         assert shm_leftovers(name) == [] and not os.path.exists(name_lock_path(name))
         assert not os.path.exists(lock_path(name, "claims"))
-    finally:
-        if proc.poll() is None:  # (a stop that failed: what it left removed for the next test)
-            proc.kill()
-            proc.wait()
-            subprocess.run([sys.executable, "-m", "engine", "--clean", name], cwd=REPO_ROOT, timeout=60,
-                           capture_output=True)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 THREAD_FIRST_ENGINE = textwrap.dedent("""
@@ -92,20 +101,10 @@ def test_stop_watch_signal_taken_by_a_thread_older_than_the_mask_still_stops_the
     # 1. An engine whose process had a thread before engine.__main__ blocked the stop
     #    signals: that thread is the only one SIGTERM can be delivered to.
     name = unique_engine_name("older")
-    proc = subprocess.Popen([sys.executable, "-c", THREAD_FIRST_ENGINE, name], cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with _engine_process(THREAD_FIRST_ENGINE, name) as proc:
         assert proc.stdout.readline().strip() == "starting"
         _wait_serving(name, proc)  # (its loop runs: the handlers are in)
         # 2. SIGTERM: a graceful stop (exit 0, everything removed), not the default action's kill.
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60.0) == 0
         assert shm_leftovers(name) == [] and not os.path.exists(name_lock_path(name))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        subprocess.run([sys.executable, "-m", "engine", "--clean", name], cwd=REPO_ROOT, timeout=60,
-                       capture_output=True)
-        proc.stdout.close()
-        proc.stderr.close()
